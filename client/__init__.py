@@ -1,0 +1,1 @@
+"""client package (filled by the cluster issue)."""

@@ -1,0 +1,1 @@
+"""coordinator package (filled by the cluster issue)."""

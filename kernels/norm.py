@@ -1,0 +1,31 @@
+"""RMSNorm, optionally fused with the residual add that precedes it.
+
+`rms_norm(x, weight, eps, residual=None)`: without residual returns `norm(x)`; with residual
+returns `(norm(x + residual), x + residual)` — the sum is the next layer's residual. The
+reference matches HF transformers bit for bit in float32: the add happens in x's dtype, the
+normalisation in float32, the weight multiply after casting back. Triton kernel beside it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import use_triton
+
+
+def rms_norm_ref(x, weight, eps, residual=None):
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(dtype)
+    return out if residual is None else (out, residual)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    if use_triton(x):
+        from .norm_triton import rms_norm_triton
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)

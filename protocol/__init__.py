@@ -1,0 +1,18 @@
+"""Wire protocol and shared request types. Never imports torch.
+
+Owns: `SamplingParams`, request status / finish reasons / deltas / outputs, typed errors, and
+(in `kinds`, `messages`, `codec`) the ZMQ message structs with their msgpack encoding.
+"""
+
+from .errors import (EngineError, InferClusterError, InvalidRequestError, ModelNotFoundError,
+                     NoReplicaError, OutOfMemoryError, OverloadedError, ProtocolError,
+                     RequestTimeoutError, error_from_code)
+from .outputs import FinishReason, RequestDelta, RequestOutput, RequestStatus, REQUEST_TRANSITIONS
+from .sampling_params import SamplingParams
+
+__all__ = [
+    "SamplingParams", "FinishReason", "RequestDelta", "RequestOutput", "RequestStatus",
+    "REQUEST_TRANSITIONS", "InferClusterError", "InvalidRequestError", "ModelNotFoundError",
+    "OutOfMemoryError", "ProtocolError", "OverloadedError", "NoReplicaError",
+    "RequestTimeoutError", "EngineError", "error_from_code",
+]

@@ -1,0 +1,90 @@
+"""Typed errors shared by every process.
+
+Owns: the error classes a user can see, each with a stable `code` string so an error can cross
+the wire (as `{"code": ..., "message": ...}`) and be raised again as the same type on the other
+side. Never imports torch.
+
+To add an error: subclass `InferClusterError`, give it a unique `code`; `error_from_code` finds
+it through the registry built below.
+"""
+
+from __future__ import annotations
+
+
+class InferClusterError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    code = "internal"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "message": self.message}
+
+
+class InvalidRequestError(InferClusterError, ValueError):
+    """The request (prompt, sampling params, ids) is malformed or out of range."""
+
+    code = "invalid_request"
+
+
+class ModelNotFoundError(InferClusterError, FileNotFoundError):
+    """The model name or directory cannot be resolved to a checkpoint."""
+
+    code = "model_not_found"
+
+
+class OutOfMemoryError(InferClusterError, MemoryError):
+    """The request can never fit in the KV pool, or the pool cannot be allocated."""
+
+    code = "out_of_memory"
+
+
+class ProtocolError(InferClusterError):
+    """Bytes on a socket are not a valid message of this protocol version."""
+
+    code = "protocol"
+
+
+class OverloadedError(InferClusterError):
+    """The coordinator's admission limit is reached; retry later."""
+
+    code = "overloaded"
+
+
+class NoReplicaError(InferClusterError):
+    """No live replica is left to serve the request."""
+
+    code = "no_replica"
+
+
+class RequestTimeoutError(InferClusterError, TimeoutError):
+    """The request's deadline passed before it finished."""
+
+    code = "timeout"
+
+
+class EngineError(InferClusterError):
+    """The engine failed while running a request (a bug or a device fault)."""
+
+    code = "engine"
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+ERRORS_BY_CODE: dict[str, type[InferClusterError]] = {"internal": InferClusterError}
+for _cls in _all_subclasses(InferClusterError):
+    if _cls.code in ERRORS_BY_CODE:
+        raise RuntimeError(f"duplicate error code {_cls.code!r}")
+    ERRORS_BY_CODE[_cls.code] = _cls
+
+
+def error_from_code(code: str, message: str) -> InferClusterError:
+    """Rebuild a typed error from its wire form; unknown codes become the base class."""
+    return ERRORS_BY_CODE.get(code, InferClusterError)(message)
