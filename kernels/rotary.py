@@ -25,8 +25,11 @@ def _rotate_ref(x, cos, sin):
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     c, s = cos[:, None, :], sin[:, None, :]
-    x[..., :half] = (x1 * c - x2 * s).to(x.dtype)
-    x[..., half:] = (x2 * c + x1 * s).to(x.dtype)
+    # Both halves are computed before either is written: for float32 `.float()` is a view of x.
+    out1 = (x1 * c - x2 * s).to(x.dtype)
+    out2 = (x2 * c + x1 * s).to(x.dtype)
+    x[..., :half] = out1
+    x[..., half:] = out2
 
 
 def apply_rotary_ref(q, k, positions, cos_cache, sin_cache) -> None:

@@ -1,0 +1,79 @@
+"""Triton RMSNorm with an optional fused residual add.
+
+Owns: `rms_norm_triton(x, weight, eps, residual=None)`, the GPU twin of `rms_norm_ref`: returns
+`norm(x)`, or `(norm(x + residual), x + residual)`. Inputs are never modified; the sum and the
+output are new tensors. Rounding follows the reference (HF): the add is rounded to the input
+dtype, the normalisation runs in float32 and is rounded back before the weight multiply.
+
+Grid: (num_rows,), one program per row with the whole hidden size in one tile (hidden sizes of
+the models we serve are <= 16k). To extend (e.g. a +1 offset on the weight), change the kernel's
+final multiply and keep the reference in step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_MAX_HIDDEN = 65536
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
+                     sx, sr, so, ss, ACT_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
+        # The reference adds in the activation dtype; round the sum the same way.
+        x = (x + r).to(ACT_DTYPE)
+        tl.store(sum_ptr + row * ss + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    h = (x * inv).to(ACT_DTYPE).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * so + cols, (w * h).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(t, hidden):
+    # Row stride is passed to the kernel; only the hidden dim has to be unit-stride.
+    t2 = t.reshape(-1, hidden)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def rms_norm_triton(x, weight, eps, residual=None):
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    if hidden > _MAX_HIDDEN:
+        raise ValueError(f"hidden size {hidden} > {_MAX_HIDDEN} is not supported")
+    # dtype of the (optional) sum, where the normalisation is rounded; then the weight multiply
+    # promotes exactly as `weight * h.to(dtype)` does in the reference.
+    act_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    if act_dtype not in _TL_DTYPES:
+        raise ValueError(f"unsupported dtype {act_dtype}; expected float32, float16 or bfloat16")
+    out_dtype = torch.promote_types(weight.dtype, act_dtype)
+    x2 = _rows(x, hidden)
+    r2 = _rows(residual, hidden) if residual is not None else x2
+    weight = weight.contiguous()
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    summed = torch.empty(x.shape, dtype=act_dtype, device=x.device) if residual is not None else out
+    rows = x2.shape[0]
+    if rows and hidden:
+        sum2 = summed.view(-1, hidden)
+        out2 = out.view(-1, hidden)
+        block = triton.next_power_of_2(hidden)
+        num_warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
+        _rms_norm_kernel[(rows,)](x2, r2, weight, out2, sum2, hidden, eps,
+                                  x2.stride(0), r2.stride(0), out2.stride(0), sum2.stride(0),
+                                  ACT_DTYPE=_TL_DTYPES[act_dtype],
+                                  HAS_RESIDUAL=residual is not None, BLOCK=block,
+                                  num_warps=num_warps)
+    return out if residual is None else (out, summed)

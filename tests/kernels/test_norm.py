@@ -1,0 +1,52 @@
+"""Triton RMSNorm (+ fused residual add) vs `rms_norm_ref`."""
+
+import pytest
+import torch
+
+from kernels.norm import rms_norm_ref
+from kernels.norm_triton import rms_norm_triton
+from tests.kernels.conftest import tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 1024), (33, 80), (2, 3, 128)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_ref(device, dtype, shape, with_residual):
+    x = torch.randn(shape, device=device, dtype=dtype)
+    weight = 1 + 0.1 * torch.randn(shape[-1], device=device, dtype=dtype)
+    residual = torch.randn_like(x) if with_residual else None
+    x_before = x.clone()
+    res_before = residual.clone() if with_residual else None
+    got = rms_norm_triton(x, weight, 1e-6, residual)
+    ref = rms_norm_ref(x, weight, 1e-6, residual)
+    atol, rtol = tol(dtype)
+    if with_residual:
+        assert isinstance(got, tuple) and len(got) == 2
+        torch.testing.assert_close(got[0], ref[0], atol=atol, rtol=rtol)
+        torch.testing.assert_close(got[1], ref[1], atol=atol, rtol=rtol)
+        assert torch.equal(residual, res_before)
+    else:
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+    assert torch.equal(x, x_before)
+
+
+def test_rms_norm_float32_weight_promotes_like_ref(device):
+    x = torch.randn(5, 96, device=device, dtype=torch.bfloat16)
+    weight = torch.rand(96, device=device)
+    got, ref = rms_norm_triton(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5)
+    assert got.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_rms_norm_strided_rows(device):
+    base = torch.randn(6, 300, device=device)
+    x = base[:, 7:7 + 128]
+    weight = torch.randn(128, device=device)
+    torch.testing.assert_close(rms_norm_triton(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_rms_norm_rejects_bad_weight():
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm_triton(torch.zeros(2, 8), torch.ones(4), 1e-6)
