@@ -1,0 +1,74 @@
+"""Incremental detokenization with stop strings.
+
+Owns: turning a growing list of output token ids into text deltas without re-decoding the whole
+sequence each step, holding back an incomplete UTF-8 character (shown by the tokenizer as
+U+FFFD) and, while stop strings are set, the last `max(len(stop)) - 1` characters (they may be
+the start of a stop string). `push()` returns the new visible text and whether a stop string
+ended the request; the text never contains the stop string itself.
+
+Technique: decode a small window that starts a few tokens before the unread ones and diff it
+with the decoding of that window without them; byte-level BPE tokenizers then give the exact
+new characters, including a leading space.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+_WINDOW = 6  # tokens of left context kept so merges/spaces decode the same way
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, context_token_ids: Sequence[int], stop: Sequence[str] = (),
+                 skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.vocab_limit = len(tokenizer)
+        self.skip_special = skip_special_tokens
+        self.tokens = [t for t in context_token_ids if t < self.vocab_limit]
+        self.prefix_offset = max(0, len(self.tokens) - _WINDOW)
+        self.read_offset = len(self.tokens)
+        self.stop = list(stop)
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""          # all text decoded so far (stop string cut off at the end)
+        self.num_emitted = 0    # characters of `text` already returned
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def push(self, token_ids: Sequence[int], final: bool = False) -> tuple[str, bool]:
+        """Add tokens; return (text to emit now, stopped by a stop string)."""
+        self.tokens.extend(t for t in token_ids if t < self.vocab_limit)
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        full = self._decode(self.tokens[self.prefix_offset:])
+        if full.endswith("\ufffd") and not final:
+            new = ""  # an incomplete multi-byte character: wait for the next token
+        else:
+            new = full[len(prefix):]
+            self.prefix_offset = max(self.prefix_offset, len(self.tokens) - _WINDOW)
+            self.read_offset = len(self.tokens)
+        start_search = max(0, len(self.text) - self.hold)
+        self.text += new
+        stopped = False
+        if self.stop:
+            cut = self._find_stop(start_search)
+            if cut is not None:
+                self.text = self.text[:cut]
+                stopped = True
+        limit = len(self.text) if (stopped or final) else max(self.num_emitted, len(self.text) - self.hold)
+        out = self.text[self.num_emitted:limit]
+        self.num_emitted = limit
+        return out, stopped
+
+    def flush(self) -> str:
+        """Release any held-back text (the request ended for another reason)."""
+        out = self.text[self.num_emitted:]
+        self.num_emitted = len(self.text)
+        return out
+
+    def _find_stop(self, start: int) -> Optional[int]:
+        best = None
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i != -1 and (best is None or i < best):
+                best = i
+        return best

@@ -1,0 +1,104 @@
+"""`LLM`: the offline, in-process API over one `DynamicEngine`.
+
+Owns: batch generation with a progress bar, folding streamed deltas into `RequestOutput`s in
+input order, and the step-level surface (`add_request`, `step`, `abort`, ...) for callers that
+drive the engine themselves. Holds no scheduling logic of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from protocol import RequestDelta, RequestOutput, SamplingParams
+
+from .config import EngineConfig
+from .engine import DynamicEngine, Prompt
+
+
+class LLM:
+    def __init__(self, model: str = "tiny-random", **engine_options):
+        self.config = EngineConfig(model=model, **engine_options)
+        self.engine = DynamicEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._outputs: dict[str, RequestOutput] = {}
+
+    # -- batch ----------------------------------------------------------------------------------
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt (a string, a token-id list, or a list of either); returns
+        outputs in input order. Bad input raises before any request is queued."""
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.add_request(prompt, p))
+        except Exception:
+            for rid in ids:
+                self.abort(rid)
+            self._drain_aborted(ids)
+            raise
+        pending = set(ids)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="Generating", unit="req", dynamic_ncols=True)
+        try:
+            while pending:
+                for delta in self.step():
+                    if delta.finished and delta.request_id in pending:
+                        pending.discard(delta.request_id)
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [self._outputs.pop(rid) for rid in ids]
+
+    def _drain_aborted(self, ids):
+        pending = set(ids)
+        while pending and self.engine.has_unfinished_requests():
+            for d in self.step():
+                pending.discard(d.request_id)
+        for rid in ids:
+            self._outputs.pop(rid, None)
+
+    # -- step level -----------------------------------------------------------------------------
+
+    def add_request(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None, priority: int = 0) -> str:
+        rid = self.engine.add_request(prompt, sampling_params, request_id, priority)
+        req = self.engine.scheduler.requests[rid]
+        self._outputs[rid] = RequestOutput(rid, list(req.prompt_token_ids), prompt=req.prompt)
+        return rid
+
+    def step(self) -> list[RequestDelta]:
+        deltas = self.engine.step()
+        for d in deltas:
+            out = self._outputs.get(d.request_id)
+            if out is not None:
+                out.apply(d)
+        return deltas
+
+    def abort(self, request_id: str) -> bool:
+        return self.engine.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def get_output(self, request_id: str) -> Optional[RequestOutput]:
+        """The output so far of a request added with `add_request` (final once finished)."""
+        return self._outputs.get(request_id)
+
+    def stats(self) -> dict:
+        return self.engine.stats()

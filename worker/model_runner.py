@@ -1,0 +1,170 @@
+"""`ModelRunner`: builds this rank's model on its device, loads weights, sizes and owns the KV
+pool, and runs one forward pass per `SchedulerOutput`.
+
+Owns: device/dtype resolution, weight loading (checkpoint or `dummy`), the warm-up pass that
+measures activation memory before the KV pool is sized from `gpu_memory_utilization`, and
+`execute()`. It sees nothing of the scheduler but the `SchedulerOutput`, and returns logits of
+the rows to sample; sampling happens in the engine.
+To extend (CUDA graphs, other attention backends): wrap `_forward`, keep `execute`'s contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from protocol import OutOfMemoryError
+
+from .config import EngineConfig
+from .context import DynamicContext
+from .loader import iter_checkpoint
+from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
+from .models.parallel import ParallelState
+from .scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(config: EngineConfig, local_rank: int = 0) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
+        index = config.device_ids[local_rank] if config.device_ids else local_rank
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def resolve_dtype(config: EngineConfig, hf_config, device: torch.device) -> torch.dtype:
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    if device.type == "cpu":
+        return torch.float32
+    ckpt = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", "") or "")
+    return torch.float16 if "float16" in ckpt and "bfloat16" not in ckpt else torch.bfloat16
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
+                 max_model_len: int, ps: Optional[ParallelState] = None,
+                 layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0):
+        self.config = config
+        self.spec = spec
+        self.ps = ps or ParallelState()
+        self.device = resolve_device(config, local_rank)
+        self.dtype = resolve_dtype(config, hf_config, self.device)
+        self.max_model_len = max_model_len
+        start, end = layer_range or (0, spec.num_layers)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        with _default_dtype(self.dtype), torch.device(self.device):
+            self.model = DecoderModel(spec, self.ps, start, end)
+        self._load_weights(model_path)
+        self.model.eval()
+        self.model.init_rope(max_model_len, self.device)
+        self.num_layers = end - start
+        self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 1
+        self.num_kv_blocks = self._size_kv_pool()
+        self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
+                                      self.num_kv_heads, spec.head_dim, self.dtype, self.device)
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _load_weights(self, model_path: Path) -> None:
+        if self.config.load_format == "dummy":
+            gen = torch.Generator(device=self.device).manual_seed(self.config.seed)
+            for name, p in self.model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.data.fill_(1.0)
+                else:
+                    p.data.normal_(0.0, 0.02, generator=gen)
+            return
+        loaded = self.model.load_weights(iter_checkpoint(model_path))
+        missing = sorted(set(dict(self.model.named_parameters())) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint {str(model_path)!r} lacks weights for: {', '.join(missing[:8])}"
+                             + (" ..." if len(missing) > 8 else ""))
+
+    def _bytes_per_block(self) -> int:
+        return DynamicContext.bytes_per_block(self.num_layers, self.config.block_size,
+                                              self.num_kv_heads, self.spec.head_dim, self.dtype)
+
+    def _size_kv_pool(self) -> int:
+        """Blocks to allocate: the configured count, else what fits the memory budget after a
+        warm-up pass of `max_num_batched_tokens` tokens, never more than the most that
+        `max_num_seqs` sequences of `max_model_len` tokens could use."""
+        bs = self.config.block_size
+        most_useful = self.config.max_num_seqs * (-(-self.max_model_len // bs)) + 1
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        per_block = self._bytes_per_block()
+        if self.device.type != "cuda":
+            return max(1, min(most_useful, int(self.config.cpu_kv_cache_gib * 2**30) // per_block))
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._warm_up()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.gpu_memory_utilization - peak - used_by_others
+        num_blocks = int(budget // per_block)
+        if num_blocks <= 0:
+            raise OutOfMemoryError(
+                f"no GPU memory left for the KV cache on {self.device} (weights + activations peak at "
+                f"{peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB); raise gpu_memory_utilization "
+                f"or lower max_num_batched_tokens")
+        log.info("KV pool: %d blocks of %d tokens (%.2f GiB), activation peak %.2f GiB",
+                 min(num_blocks, most_useful), bs, min(num_blocks, most_useful) * per_block / 2**30,
+                 peak / 2**30)
+        return min(num_blocks, most_useful)
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        bs = self.config.block_size
+        n = min(self.config.max_num_batched_tokens, self.max_model_len)
+        num_blocks = -(-n // bs)
+        ctx = DynamicContext(self.num_layers, num_blocks, bs, self.num_kv_heads, self.spec.head_dim,
+                             self.dtype, self.device)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(n, device=dev),
+            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=dev)[None],
+            seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+            max_query_len=n, max_seq_len=n)
+        ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        hidden = self._forward(ids, torch.arange(n, device=dev), meta, ctx.kv_caches)
+        if self.model.is_last:
+            self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs):])
+        torch.cuda.synchronize(dev)
+        del ctx
+
+    # -- per step -------------------------------------------------------------------------------
+
+    def _forward(self, input_ids, positions, meta, kv_caches, hidden=None, residual=None):
+        out, _ = self.model(input_ids, positions, meta, kv_caches, hidden, residual)
+        return out
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
+        """Run one step. Returns float32 logits `[num_sampled, vocab]` and the request id of
+        each row."""
+        inputs = self.context.prepare(out)
+        hidden = self._forward(inputs.input_ids, inputs.positions, inputs.meta, self.context.kv_caches)
+        logits = self.model.compute_logits(hidden[inputs.sample_indices]).float()
+        return logits, inputs.sample_request_ids

@@ -1,0 +1,1 @@
+"""Model families: one decoder (decoder.py) and its tensor-parallel layers (parallel.py)."""

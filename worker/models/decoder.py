@@ -1,0 +1,262 @@
+"""One decoder-only transformer covering Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm),
+with tied or untied embeddings, GQA, and tensor/pipeline sharding.
+
+Owns: the module tree, the forward pass over a flat batch of tokens with an explicit
+`AttentionMetadata`, and the mapping from HF checkpoint names to our fused parameters
+(`load_weights`). All math goes through `kernels/` dispatch functions. Never reads any global
+state: the KV caches and metadata arrive as arguments.
+
+To add a family: extend `ModelSpec.from_hf_config` (how its config names map to ours) and, if
+its checkpoint names differ, `_checkpoint_target`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from kernels import apply_rotary, build_rope_cache, kv_append, paged_attention, rms_norm, silu_and_mul
+
+from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
+                       VocabParallelEmbedding)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs (see kernels/attention.py for the exact contract)."""
+
+    slot_mapping: torch.Tensor      # [num_tokens] int64, -1 = padding
+    block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor          # [num_seqs] int32, context length incl. this step's tokens
+    query_start_loc: torch.Tensor   # [num_seqs + 1] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+@dataclass
+class ModelSpec:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rope: dict
+
+    @classmethod
+    def from_hf_config(cls, c) -> "ModelSpec":
+        mt = getattr(c, "model_type", None)
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {mt!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+        if "rope_theta" not in rope:
+            rope["rope_theta"] = getattr(c, "rope_theta", 10000.0)
+        return cls(model_type=mt, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                   intermediate_size=c.intermediate_size, num_layers=c.num_hidden_layers,
+                   num_heads=c.num_attention_heads,
+                   num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                   head_dim=head_dim, rms_norm_eps=c.rms_norm_eps,
+                   max_position_embeddings=c.max_position_embeddings,
+                   tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+                   qkv_bias=mt == "qwen2" or bool(getattr(c, "attention_bias", False)),
+                   qk_norm=mt == "qwen3", rope=rope)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies for the default, linear and llama3 rope types."""
+    d = spec.head_dim
+    base = float(spec.rope["rope_theta"])
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    kind = spec.rope.get("rope_type", spec.rope.get("type", "default")) or "default"
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(spec.rope["factor"])
+    if kind == "llama3":
+        factor, lo, hi = (float(spec.rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+        old_len = float(spec.rope["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+
+    def forward(self, x, residual=None):
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, ps: ParallelState):
+        super().__init__()
+        tp = ps.tp_size
+        if spec.num_heads % tp:
+            raise ValueError(f"num_attention_heads ({spec.num_heads}) is not divisible by tensor_parallel_size ({tp})")
+        kv_replicas = 1
+        if spec.num_kv_heads < tp:  # fewer KV heads than ranks: replicate each KV head
+            if tp % spec.num_kv_heads:
+                raise ValueError(f"tensor_parallel_size ({tp}) must be a multiple of num_key_value_heads ({spec.num_kv_heads})")
+            kv_replicas = tp // spec.num_kv_heads
+        self.num_heads = spec.num_heads // tp
+        self.num_kv_heads = max(1, spec.num_kv_heads // tp)
+        self.head_dim = d = spec.head_dim
+        self.scale = d ** -0.5
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(spec.hidden_size, [spec.num_heads * d, spec.num_kv_heads * d,
+                                                                spec.num_kv_heads * d],
+                                             spec.qkv_bias, ps, num_replicas=[1, kv_replicas, kv_replicas])
+        self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
+        self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
+
+    def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q = qkv[:, :self.q_size].view(n, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(n, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        apply_rotary(q, k, positions, *rope_cache)
+        k_cache, v_cache = kv_cache
+        kv_append(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                              meta.seq_lens, self.scale, meta.max_query_len)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, ps: ParallelState):
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(spec.hidden_size, [spec.intermediate_size] * 2, False, ps)
+        self.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, False, ps)
+
+    def forward(self, x):
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, ps: ParallelState):
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Attention(spec, ps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec, ps)
+
+    def forward(self, x, residual, positions, meta, kv_cache, rope_cache):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, meta, kv_cache, rope_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DecoderModel(nn.Module):
+    """Layers `[layer_start, layer_end)` of the model; the first stage owns the embedding, the
+    last the final norm and LM head (pipeline parallel passes (hidden, residual) between)."""
+
+    def __init__(self, spec: ModelSpec, ps: Optional[ParallelState] = None,
+                 layer_start: int = 0, layer_end: Optional[int] = None):
+        super().__init__()
+        ps = ps or ParallelState()
+        self.spec = spec
+        self.ps = ps
+        self.layer_start = layer_start
+        self.layer_end = spec.num_layers if layer_end is None else layer_end
+        self.is_first = layer_start == 0
+        self.is_last = self.layer_end == spec.num_layers
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ps) if self.is_first else None
+        self.layers = nn.ModuleList(DecoderLayer(spec, ps) for _ in range(self.layer_start, self.layer_end))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if self.is_last else None
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps) if self.is_last else None
+        self.rope_cache: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    def init_rope(self, max_positions: int, device) -> None:
+        self.rope_cache = build_rope_cache(rope_inv_freq(self.spec).to(device), max_positions)
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches,
+                hidden=None, residual=None):
+        """Returns (hidden, residual); on the last stage hidden is final-normed."""
+        if self.is_first:
+            hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache)
+        if self.is_last:
+            hidden, _ = self.norm(hidden, residual)
+        return hidden, residual
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden)
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into our (fused, sharded) parameters. Returns the names of
+        our parameters that were loaded, so the caller can report missing ones."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            for target, shard_id in self._checkpoint_target(name):
+                param = params.get(target)
+                if param is None:
+                    continue  # another pipeline stage's layer, or an unused buffer
+                loader = getattr(param, "weight_loader", None)
+                with torch.no_grad():
+                    if loader is None:
+                        param.data.copy_(tensor)
+                    else:
+                        loader(param, tensor.to(param.dtype), shard_id)
+                loaded.add(target)
+        return loaded
+
+    _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
+
+    def _checkpoint_target(self, name: str) -> list[tuple[str, int]]:
+        if "rotary_emb" in name:
+            return []
+        if name == "model.embed_tokens.weight":
+            targets = [("embed_tokens.weight", 0)]
+            if self.spec.tie_word_embeddings:
+                targets.append(("lm_head.weight", 0))
+            return targets
+        if name == "lm_head.weight":
+            return [] if self.spec.tie_word_embeddings else [("lm_head.weight", 0)]
+        if name == "model.norm.weight":
+            return [("norm.weight", 0)]
+        m = self._LAYER.match(name)
+        if not m:
+            return []
+        idx = int(m.group(1)) - self.layer_start
+        rest = m.group(2)
+        for ckpt, (ours, shard) in self._FUSED.items():
+            if f".{ckpt}." in f".{rest}":
+                return [(f"layers.{idx}.{rest.replace(ckpt, ours)}", shard)]
+        return [(f"layers.{idx}.{rest}", 0)]

@@ -1,0 +1,137 @@
+"""Tensor-parallel building blocks: column/row-parallel linears, vocab-parallel embedding and
+LM head. With `tp_size == 1` they are plain matmuls (no communication).
+
+Owns: how a full checkpoint tensor is cut into this rank's shard (`weight_loader`) and the
+collective each layer needs (all-reduce after a row-parallel linear or the embedding, all-gather
+of logits). `ParallelState` carries the rank, size and process group explicitly: there is no
+module-level state. To add a sharded layer: give every parameter a `weight_loader(param,
+loaded, shard_id)` that copies this rank's slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ParallelState:
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_group: Optional[object] = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.all_reduce(x, group=self.tp_group)
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
+        return torch.cat(parts, dim=-1)
+
+
+def _divide(n: int, d: int, what: str) -> int:
+    if n % d:
+        raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({d})")
+    return n // d
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split across ranks. `output_sizes` lists the logical
+    sub-matrices stacked in W (e.g. q, k, v) so each is split on its own; `replicas` lets a
+    sub-matrix with fewer heads than ranks be replicated (KV heads < tp_size)."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool, ps: ParallelState,
+                 num_replicas: Optional[Sequence[int]] = None):
+        super().__init__()
+        self.ps = ps
+        self.output_sizes = list(output_sizes)
+        # num_replicas[i] ranks share the same shard of sub-matrix i.
+        self.num_replicas = list(num_replicas or [1] * len(output_sizes))
+        self.shard_sizes = [_divide(size * r, ps.tp_size, "output size")
+                            for size, r in zip(self.output_sizes, self.num_replicas)]
+        out = sum(self.shard_sizes)
+        self.weight = nn.Parameter(torch.empty(out, input_size), requires_grad=False)
+        self.weight.weight_loader = self.load_shard
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
+            self.bias.weight_loader = self.load_shard
+        else:
+            self.register_parameter("bias", None)
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        size = self.shard_sizes[shard_id]
+        offset = sum(self.shard_sizes[:shard_id])
+        shard_rank = self.ps.tp_rank // self.num_replicas[shard_id]
+        piece = loaded.narrow(0, shard_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(piece)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split across ranks; partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, ps: ParallelState):
+        super().__init__()
+        self.ps = ps
+        self.shard_size = _divide(input_size, ps.tp_size, "input size")
+        self.weight = nn.Parameter(torch.empty(output_size, self.shard_size), requires_grad=False)
+        self.weight.weight_loader = self.load_shard
+        if bias:  # added once, after the reduction
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = lambda p, w, shard_id=0: p.data.copy_(w)
+        else:
+            self.register_parameter("bias", None)
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        param.data.copy_(loaded.narrow(1, self.ps.tp_rank * self.shard_size, self.shard_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ps.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split by vocab range; rows outside this rank's range contribute zeros
+    and one all-reduce assembles the full vectors."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ps: ParallelState):
+        super().__init__()
+        self.ps = ps
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // ps.tp_size)
+        self.start = ps.tp_rank * self.shard_size
+        self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.load_shard
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        rows = loaded[self.start:self.start + self.shard_size]
+        param.data.zero_()
+        param.data[:rows.shape[0]].copy_(rows)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.ps.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.shard_size)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside[:, None], 0)
+        return self.ps.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over this rank's vocab shard, gathered to full width (padding rows dropped)."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = F.linear(hidden, self.weight)
+        return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]

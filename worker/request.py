@@ -1,0 +1,67 @@
+"""`Request`: one sequence's state inside a replica. Plain Python.
+
+Owns: the token lists, the KV block table, how many tokens have KV computed, and the lifecycle
+status (moved only through `transition`, checked against `REQUEST_TRANSITIONS`).
+`output_token_ids` starts with any `resume_token_ids` (tokens a dead replica already delivered):
+they count as generated but `num_emitted_tokens` skips them when building deltas.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from protocol import REQUEST_TRANSITIONS, RequestStatus, SamplingParams
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_seq: int, priority: int = 0, eos_token_ids: tuple[int, ...] = (),
+                 resume_token_ids: Optional[list[int]] = None, prompt: Optional[str] = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_seq = arrival_seq
+        self.eos_token_ids = eos_token_ids
+        self.output_token_ids: list[int] = list(resume_token_ids or [])
+        self.num_emitted_tokens = len(self.output_token_ids)
+        self.status = RequestStatus.WAITING
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.finish_reason: Optional[str] = None
+        self.error: Optional[dict] = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Lower comes first: priority, then arrival (FCFS)."""
+        return (self.priority, self.arrival_seq)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def transition(self, new: RequestStatus) -> None:
+        if new not in REQUEST_TRANSITIONS[self.status]:
+            raise RuntimeError(f"request {self.request_id}: illegal transition {self.status.name} -> {new.name}")
+        self.status = new
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_ids})")
