@@ -20,7 +20,7 @@ class LLM:
         self.config = EngineConfig(model=model, **engine_options)
         self.engine = DynamicEngine(self.config)
         self.tokenizer = self.engine.tokenizer
-        self._outputs: dict[str, RequestOutput] = {}
+        self._outputs: dict[str, RequestOutput] = {}  # requests `generate` is collecting
 
     # -- batch ----------------------------------------------------------------------------------
 
@@ -42,7 +42,10 @@ class LLM:
         ids = []
         try:
             for prompt, p in zip(prompts, params):
-                ids.append(self.add_request(prompt, p))
+                rid = self.add_request(prompt, p)
+                req = self.engine.scheduler.requests[rid]
+                self._outputs[rid] = RequestOutput(rid, list(req.prompt_token_ids), prompt=req.prompt)
+                ids.append(rid)
         except Exception:
             for rid in ids:
                 self.abort(rid)
@@ -77,10 +80,7 @@ class LLM:
 
     def add_request(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, priority: int = 0) -> str:
-        rid = self.engine.add_request(prompt, sampling_params, request_id, priority)
-        req = self.engine.scheduler.requests[rid]
-        self._outputs[rid] = RequestOutput(rid, list(req.prompt_token_ids), prompt=req.prompt)
-        return rid
+        return self.engine.add_request(prompt, sampling_params, request_id, priority)
 
     def step(self) -> list[RequestDelta]:
         deltas = self.engine.step()
@@ -95,10 +95,6 @@ class LLM:
 
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
-
-    def get_output(self, request_id: str) -> Optional[RequestOutput]:
-        """The output so far of a request added with `add_request` (final once finished)."""
-        return self._outputs.get(request_id)
 
     def stats(self) -> dict:
         return self.engine.stats()

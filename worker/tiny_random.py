@@ -99,9 +99,24 @@ def build_checkpoint(out_dir: str | os.PathLike, spec: dict, seed: int = 0, weig
         return out
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _perturb(model, seed)
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "infer_cluster.json").write_text(json.dumps({"seed": seed, "spec": spec}))
     return out
+
+
+def _perturb(model, seed: int) -> None:
+    """HF initialises biases to 0 and norm weights to 1; give them seeded noise so those code
+    paths (Qwen2 qkv bias, q/k norms) are really exercised by parity tests."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+            elif name.endswith("norm.weight"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
 def ensure_embedded_model(name: str) -> Path:
