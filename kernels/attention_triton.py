@@ -1,0 +1,352 @@
+"""Triton paged attention: a split-K decode kernel and a varlen causal prefill kernel.
+
+Owns: `paged_attention_triton`, the GPU twin of `paged_attention_ref` (same contract: query rows of
+sequence i are the last q_len_i positions of its seq_lens[i]-token context, read through its
+block table; GQA by head groups). Must never read KV positions >= seq_lens[i] (block tables may be
+padded with junk ids) and never sync with the host when `max_query_len` is given, so the decode
+path can be captured in a CUDA graph.
+
+Kernels:
+- `_decode_kernel`, used when max_query_len == 1. Grid (num_seqs, num_kv_heads, num_splits). One
+  program owns all query heads of one KV head (padded to >= 16 rows for tl.dot), so each K/V tile
+  is loaded once for the whole group. The context is cut into `num_splits` partitions computed in
+  parallel (flash-decoding); with more than one, each writes a normalised partial output plus its
+  log-sum-exp, and `_reduce_kernel` (grid (num_seqs, num_heads)) merges them. The split count is
+  chosen from tensor shapes only (block-table width, batch, SM count), never from seq_lens values.
+- `_prefill_kernel`, for everything else (prefill, chunked prefill over a cached prefix, mixed
+  batches). Grid (num_seqs, num_heads, cdiv(max_query_len, BLOCK_M)). Flash-attention online
+  softmax over K/V tiles gathered through the block table; tiles entirely before the block's first
+  query position skip the causal mask, the remaining diagonal tiles apply it.
+
+Numerics: scores, softmax statistics and accumulators are float32; exponentials are base 2 with
+the scale folded into log2(e). On CUDA with fp16/bf16 inputs the tl.dot operands stay in that dtype
+(probabilities are cast to it for P@V, as usual); in float32 or on the CPU interpreter the dots
+run in float32 with input_precision="ieee" (the interpreter's bf16 math is wrong).
+
+Head dims: any even size up to 256; tiles are padded to a power of two >= 16 and masked.
+To extend (e.g. sliding window, fp8 KV), change `_attend_tile` (the one place a K/V tile is
+loaded and folded in) and the loop bounds; keep the reference in step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_MAX_HEAD_DIM = 256
+_MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
+_MAX_SPLITS = 64
+_sm_counts: dict[int, int] = {}
+
+
+@triton.jit
+def _dot(a, b, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    if LOWP:
+        res = tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
+    else:
+        res = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return res
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row, start, hi, q_pos, page_size,
+                 sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2, offs_d, d_mask,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOWP: tl.constexpr,
+                 DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold KV positions [start, start+BLOCK_N) into the running softmax state of q's rows.
+    k_ptr/v_ptr already point at the right KV head. MASKED: positions may reach `hi` (and, if
+    CAUSAL, pass a row's own position `q_pos`); unmasked tiles are known to be fully visible."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_mask = offs_n < hi
+    else:
+        n_mask = offs_n >= 0
+    # Page lookup per token, so tiles need not align with pages. Masked lanes never touch
+    # the table, which is how padded block-table entries stay unread.
+    blk = tl.load(bt_row + offs_n // page_size, mask=n_mask, other=0).to(tl.int64)
+    pos = (offs_n % page_size).to(tl.int64)
+    kt = tl.load(k_ptr + (blk * sk_b + pos * sk_s)[None, :] + offs_d[:, None] * sk_d,
+                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+    s = _dot(q, kt, LOWP, DOT_DTYPE) * scale_log2
+    if MASKED:
+        visible = n_mask[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A row with nothing visible yet keeps m = -inf; subtract 0 instead so it stays NaN-free.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_ptr + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
+                   scale_log2, partition, page_size,
+                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
+                   so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(qsl_ptr + seq)
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    ctx = tl.load(lens_ptr + seq)
+    lo = split * partition
+    hi = tl.where(has_query, tl.minimum(lo + partition, ctx), lo)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
+                mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    q_pos = offs_g  # unused: decode sees its whole context (CAUSAL=False)
+    for start in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_ptr + kvh * sk_h, v_ptr + kvh * sv_h,
+                                     bt_row, start, hi, q_pos, page_size, sk_b, sk_s, sk_d,
+                                     sv_b, sv_s, sv_d, scale_log2, offs_d, d_mask,
+                                     True, False, LOWP, DOT_DTYPE, BLOCK_N)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if SPLIT:
+        # Normalised partial output + its log2-sum-exp; an empty partition gets -inf (weight 0).
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
+        tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
+                 mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split, lse, mask=g_mask)
+    else:
+        tl.store(out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d,
+                 o.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :] & has_query)
+
+
+@triton.jit
+def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, out_ptr, num_splits,
+                   spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
+                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.load(qsl_ptr + seq)
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h + offs_s,
+                  mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
+    o = tl.load(po + offs_s[:, None] * spo_p + offs_d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    denom = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + row.to(tl.int64) * so_t + head * so_h + offs_d * so_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, scale_log2, page_size,
+                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
+                    so_t, so_h, so_d,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    mblk = tl.program_id(2)
+    kvh = head // GROUP
+    row0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - row0
+    ctx = tl.load(lens_ptr + seq)
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_pos = ctx - q_len + offs_m
+    first_pos = ctx - q_len + mblk * BLOCK_M
+    active = mblk * BLOCK_M < q_len
+    # Keys before the block's first query position are visible to every row: whole tiles of
+    # them run unmasked; the rest (up to the last row's position) take the causal mask.
+    full_hi = tl.where(active, (first_pos // BLOCK_N) * BLOCK_N, 0)
+    hi = tl.where(active, tl.minimum(ctx, first_pos + BLOCK_M), 0)
+    rows = (row0 + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
+    for start in range(0, full_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, bt_row, start, hi, q_pos,
+                                     page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2,
+                                     offs_d, d_mask, False, True, LOWP, DOT_DTYPE, BLOCK_N)
+    for start in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, bt_row, start, hi, q_pos,
+                                     page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2,
+                                     offs_d, d_mask, True, True, LOWP, DOT_DTYPE, BLOCK_N)
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
+             o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _dot_mode(q):
+    """(LOWP, DOT_DTYPE): native half-precision dots on CUDA, float32 everywhere else."""
+    lowp = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    return lowp, (_TL_DTYPES[q.dtype] if lowp else tl.float32)
+
+
+def _tiles(q, block_d):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Half-precision tiles are sized for H100 shared
+    memory; float32 (no tensor cores, 4-byte tiles) gets smaller ones so wide heads still fit.
+    On the interpreter small tiles keep several tiles per test case, exercising the boundaries."""
+    if not q.is_cuda:
+        return 16, 16, 4, 1
+    if q.dtype == torch.float32:
+        return 32, 32, 4, 2
+    if block_d <= 128:
+        return 64, 64, 4, 3
+    return 64, 32, 8, 2
+
+
+def _target_programs(device) -> int:
+    """Programs needed to fill the device a few times over; below it, decode splits the context."""
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return 4 * _sm_counts[idx]
+
+
+def plan_decode_splits(num_seqs, num_kv_heads, max_ctx, block_n, device, num_splits=None):
+    """(num_splits, partition_tokens) from shapes only (CUDA-graph safe). `max_ctx` is the most
+    tokens a block table row can address; `num_splits` forces a count (tests, benchmarks)."""
+    max_ctx = max(max_ctx, 1)
+    if num_splits is None:
+        programs = max(num_seqs * num_kv_heads, 1)
+        num_splits = min(triton.cdiv(_target_programs(device), programs),
+                         triton.cdiv(max_ctx, _MIN_PARTITION), _MAX_SPLITS)
+    num_splits = max(1, min(num_splits, triton.cdiv(max_ctx, block_n)))
+    if num_splits == 1:
+        return 1, 1 << 30  # one partition covers any context
+    partition = triton.cdiv(triton.cdiv(max_ctx, num_splits), block_n) * block_n
+    return triton.cdiv(max_ctx, partition), partition
+
+
+def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens):
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q must be [tokens, heads, head_dim] and caches [blocks, block_size, "
+                         f"kv_heads, head_dim]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads of dim {head_dim} do not fit "
+                         f"{num_kv_heads} KV heads of dim {k_cache.shape[3]}")
+    if head_dim > _MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {head_dim} > {_MAX_HEAD_DIM} is not supported")
+    if q.dtype not in _TL_DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; expected float32, float16 or bfloat16")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,) or block_tables.dim() != 2 \
+            or block_tables.shape[0] < num_seqs:
+        raise ValueError(f"need query_start_loc [{num_seqs + 1}] and block_tables [>= {num_seqs},"
+                         f" max_blocks]; got {tuple(query_start_loc.shape)}, "
+                         f"{tuple(block_tables.shape)}")
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                           max_query_len=None):
+    _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if seq_lens.shape[0] == 0 or q.shape[0] == 0:
+        return out
+    if max_query_len is None:
+        # Host sync, acceptable only in this fallback: callers on the hot path pass it.
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())
+    if max_query_len <= 0:
+        return out
+    if max_query_len == 1:
+        decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out)
+    else:
+        prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                          max_query_len, out)
+    return out
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                     num_splits=None):
+    """Decode kernel (every sequence has at most one query row) writing into `out`."""
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _, block_n, num_warps, num_stages = _tiles(q, block_d)
+    block_g = max(16, triton.next_power_of_2(group))
+    splits, partition = plan_decode_splits(num_seqs, num_kv_heads,
+                                           block_tables.shape[1] * page_size, block_n, q.device,
+                                           num_splits)
+    if splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # never touched when SPLIT is off
+    lowp, dot_dtype = _dot_mode(q)
+    po_strides = part_out.stride()[:3] if splits > 1 else (0, 0, 0)
+    pl_strides = part_lse.stride()[:2] if splits > 1 else (0, 0)
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
+        scale * _LOG2E, partition, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n,
+        SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, num_warps=num_warps,
+        num_stages=num_stages)
+    if splits > 1:
+        _reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, query_start_loc, out, splits, *po_strides, *pl_strides,
+            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                      max_query_len, out):
+    """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches)."""
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d)
+    lowp, dot_dtype = _dot_mode(q)
+    grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
+        page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
+        *out.stride(), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp, DOT_DTYPE=dot_dtype, num_warps=num_warps,
+        num_stages=num_stages)
+    return out

@@ -1,0 +1,166 @@
+"""Triton paged attention (decode split-K and varlen prefill kernels) vs `paged_attention_ref`.
+
+Every batch is built with traps: block-table padding and the unused tail of each sequence's last
+block point at NaN-filled KV, so any read past seq_lens shows up as NaN in the output.
+"""
+
+import pytest
+import torch
+
+from kernels.attention import paged_attention_ref
+from kernels.attention_triton import decode_attention, paged_attention_triton, plan_decode_splits
+from tests.kernels.conftest import tol
+
+
+def make_batch(device, dtype, q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, block_size):
+    """Random paged batch; block ids are shuffled so sequences' pages interleave in the cache."""
+    assert all(q <= c for q, c in zip(q_lens, ctx_lens))
+    blocks_per_seq = [(c + block_size - 1) // block_size for c in ctx_lens]
+    num_blocks = sum(blocks_per_seq) + 2
+    poison = num_blocks - 1
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    k_cache[poison] = float("nan")
+    v_cache[poison] = float("nan")
+    ids = torch.randperm(num_blocks - 1)
+    width = max(blocks_per_seq + [1]) + 2
+    block_tables = torch.full((len(ctx_lens), width), poison, dtype=torch.int32)
+    used = 0
+    for i, (ctx, n) in enumerate(zip(ctx_lens, blocks_per_seq)):
+        block_tables[i, :n] = ids[used:used + n]
+        used += n
+        if ctx % block_size:
+            last = block_tables[i, n - 1]
+            k_cache[last, ctx % block_size:] = float("nan")
+            v_cache[last, ctx % block_size:] = float("nan")
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    q = torch.randn(starts[-1], num_heads, head_dim, dtype=dtype)
+    as_int = dict(dtype=torch.int32, device=device)
+    return (q.to(device), k_cache.to(device), v_cache.to(device), block_tables.to(device),
+            torch.tensor(starts, **as_int), torch.tensor(ctx_lens, **as_int))
+
+
+def check(batch, dtype, max_query_len=None, scale=None):
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    got = paged_attention_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens, scale,
+                                 max_query_len)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, scale)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert not torch.isnan(got).any(), "read KV past seq_lens (NaN trap)"
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+    return got
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+# (q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, block_size); one query row per sequence
+# at most, so these take the decode kernel. GQA ratios 1/2/4/8, page sizes 16/32, empty rows.
+DECODE_CASES = [
+    ([1, 1, 1], [1, 7, 33], 2, 2, 32, 16),
+    ([1, 0, 1], [40, 5, 17], 4, 2, 64, 32),
+    ([1, 1], [16, 70], 4, 1, 128, 16),
+    ([0, 1, 1], [3, 49, 32], 8, 1, 48, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}/{c[3]}"
+                         f"-d{c[4]}-bs{c[5]}")
+def test_decode_matches_ref(device, dtype, case):
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    batch = make_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    check(batch, dtype, max_query_len=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [3, 8])
+def test_decode_split_k_matches_ref(device, dtype, num_splits):
+    # Forced split counts: partitions of 16..48 tokens, some of them empty for the short sequence.
+    batch = make_batch(device, dtype, [1, 1, 0], [130, 20, 9], 4, 2, 64, 16)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    out = torch.full_like(q, 7.0)
+    decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
+                     num_splits=num_splits)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def test_decode_long_context_plans_a_split(device):
+    # Through the public entry: a few programs and a long context must split (flash-decoding).
+    batch = make_batch(device, torch.float32, [1], [601], 4, 2, 32, 32)
+    splits, partition = plan_decode_splits(1, 2, batch[3].shape[1] * 32, 16, torch.device(device))
+    assert splits > 1 and splits * partition >= 601
+    check(batch, torch.float32, max_query_len=1)
+
+
+def test_split_plan_uses_shapes_only():
+    cpu = torch.device("cpu")
+    assert plan_decode_splits(256, 8, 4096, 64, cpu) == (1, 1 << 30)  # batch fills the device
+    splits, partition = plan_decode_splits(1, 1, 40960, 64, cpu)
+    assert 1 < splits <= 64 and partition % 64 == 0 and splits * partition >= 40960
+    assert plan_decode_splits(1, 1, 100, 64, cpu, num_splits=50)[0] <= 2  # never emptier tiles
+
+
+# Prefill / chunked prefill / mixed: odd lengths, prefixes longer than the query, q_len 0 rows,
+# decode rows mixed in, GQA, padded head dims (48, 80), page sizes 16/32.
+PREFILL_CASES = [
+    ([7, 1, 33], [7, 1, 33], 2, 2, 32, 16),            # plain prefill, odd lengths
+    ([5, 0, 1, 17], [70, 4, 23, 17], 4, 2, 64, 16),    # cached prefixes, empty, decode row
+    ([3, 20], [52, 40], 8, 1, 80, 32),                  # chunked prefill, GQA 8, padded dim
+    ([1, 18], [1, 18], 4, 1, 48, 16),                   # GQA 4, padded dim
+    ([2, 1, 9], [33, 64, 9], 2, 1, 128, 32),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}/{c[3]}"
+                         f"-d{c[4]}-bs{c[5]}")
+def test_prefill_matches_ref(device, dtype, case):
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    batch = make_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    check(batch, dtype, max_query_len=max(q_lens))
+
+
+def test_max_query_len_fallback_and_strided_q(device):
+    # No max_query_len (host fallback), and q as a slice of a fused qkv tensor.
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        device, torch.float32, [4, 1], [10, 30], 4, 2, 32, 16)
+    qkv = torch.randn(q.shape[0], 8 * 32, device=device)
+    qkv[:, :4 * 32] = q.reshape(q.shape[0], -1)
+    q_view = qkv[:, :4 * 32].view(q.shape[0], 4, 32)
+    assert not q_view.is_contiguous()
+    check((q_view, k_cache, v_cache, block_tables, qsl, seq_lens), torch.float32)
+
+
+def test_all_empty_and_bad_shapes():
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        "cpu", torch.float32, [0, 0], [3, 5], 2, 1, 32, 16)
+    assert paged_attention_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens, 1.0).shape \
+        == (0, 2, 32)
+    with pytest.raises(ValueError, match="do not fit"):
+        wide = k_cache.expand(-1, -1, 2, -1)
+        paged_attention_triton(torch.zeros(1, 3, 32), wide, wide, block_tables, qsl, seq_lens, 1.0)
+
+
+# Bigger shapes run on the GPU only (the interpreter would take minutes).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gpu_decode_large(gpu_device, dtype):
+    ctx = [1, 17, 600, 611, 4097, 100, 32768 // 4]
+    batch = make_batch(gpu_device, dtype, [1] * len(ctx), ctx, 16, 8, 128, 16)
+    check(batch, dtype, max_query_len=1)
+    check(make_batch(gpu_device, dtype, [1] * 64, [613] * 64, 32, 4, 64, 32), dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_gpu_prefill_large(gpu_device, dtype, head_dim):
+    q_lens = [1000, 1, 0, 257, 64, 1]
+    ctx_lens = [1000, 1500, 10, 2000, 64, 900]
+    batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, head_dim, 16)
+    check(batch, dtype, max_query_len=1000)
