@@ -1,0 +1,151 @@
+"""Offline throughput: our engine vs HF transformers on the same model and prompts, one run.
+
+Workload (nano-vllm's): N sequences, prompt and output lengths uniform in [lo, hi], ignore_eos.
+Prints one table (output tokens/s for each system and the ratio) and writes JSON.
+
+HF baselines: `sequential` runs `generate` on each prompt alone (its own output length; the
+CPU default), `continuous` uses transformers' continuous batching `generate_batch`
+(`attn_implementation="paged|sdpa"`; the GPU default; one max_new_tokens for all, so its rate is
+its generated tokens over its time). `--hf-max-seqs` limits how many prompts HF runs (it is
+slow); its rate is still tokens/s over those.
+
+Examples:
+  python bench/throughput.py --model tiny-random --num-seqs 64 --prompt-len 16 128 --output-len 16 128
+  python bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \\
+      --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.workload import random_workload  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-random")
+    ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--num-seqs", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128], metavar=("LO", "HI"))
+    ap.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LO", "HI"))
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--pipeline-parallel-size", type=int, default=1)
+    ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
+    ap.add_argument("--hf-max-seqs", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench/results/throughput.json")
+    return ap.parse_args(argv)
+
+
+def run_ours(args, prompts, out_lens):
+    from protocol import SamplingParams
+    from worker import LLM
+
+    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+              tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in out_lens]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up (lazy init, kernels)
+    _sync()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    _sync()
+    elapsed = time.perf_counter() - t
+    n_tokens = sum(len(o.token_ids) for o in outs)
+    info = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
+            "num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
+            "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"]}
+    path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
+    llm.close() if hasattr(llm, "close") else None
+    del llm
+    return info, path, dtype, device
+
+
+def _sync():
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_hf(mode, model_path, dtype, device, load_format, prompts, out_lens):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype}
+    if mode == "continuous":
+        kwargs["attn_implementation"] = "paged|sdpa"
+    if load_format == "dummy":
+        config = AutoConfig.from_pretrained(str(model_path))
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), **kwargs).to(device)
+    model.eval()
+    n_tokens = 0
+    t = time.perf_counter()
+    with torch.inference_mode():
+        if mode == "sequential":
+            from tqdm.auto import tqdm
+            for p, n in tqdm(list(zip(prompts, out_lens)), desc="HF generate", unit="req"):
+                g = model.generate(torch.tensor([p], device=device), max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False, pad_token_id=0)
+                n_tokens += g.shape[1] - len(p)
+        else:
+            from transformers import GenerationConfig
+            cfg = GenerationConfig(max_new_tokens=max(out_lens), min_new_tokens=max(out_lens),
+                                   do_sample=False, eos_token_id=-1, pad_token_id=0)
+            res = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=True)
+            n_tokens = sum(len(r.generated_tokens) for r in res.values())
+    _sync()
+    elapsed = time.perf_counter() - t
+    return {"mode": mode, "tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
+            "num_seqs": len(prompts)}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from worker.loader import load_hf_config, resolve_model_path
+
+    vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
+    prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
+                                        vocab, args.seed)
+    ours, path, dtype, device = run_ours(args, prompts, out_lens)
+    result = {"model": args.model, "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
+                                                "output_len": args.output_len}, "ours": ours}
+    mode = args.hf if args.hf != "auto" else ("continuous" if device.type == "cuda" else "sequential")
+    if mode != "none":
+        k = args.hf_max_seqs or len(prompts)
+        result["hf"] = run_hf(mode, path, dtype, device, args.load_format, prompts[:k], out_lens[:k])
+        result["ratio"] = ours["tokens_per_s"] / result["hf"]["tokens_per_s"]
+    print(f"\nmodel={args.model} device={ours['device']} dtype={ours['dtype']} seqs={args.num_seqs} "
+          f"prompt={args.prompt_len} output={args.output_len}")
+    print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}")
+    print(f"{'infer-cluster':<28}{ours['tokens']:>10}{ours['seconds']:>10.2f}{ours['tokens_per_s']:>12.1f}")
+    if "hf" in result:
+        hf = result["hf"]
+        print(f"{'HF transformers (' + hf['mode'] + ')':<28}{hf['tokens']:>10}{hf['seconds']:>10.2f}"
+              f"{hf['tokens_per_s']:>12.1f}")
+        print(f"ratio (ours / HF): {result['ratio']:.2f}x")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
