@@ -1,0 +1,118 @@
+"""`AsyncInferenceClient`: the `InferenceClient` surface for asyncio code.
+
+Owns: the asyncio adapters. Replies still arrive on the one IO thread of an inner
+`InferenceClient`; each delta is handed to the event loop with `call_soon_threadsafe`, so nothing
+here blocks the loop and nothing polls. Never imports torch.
+
+Usage::
+
+    async with AsyncInferenceClient("tcp://127.0.0.1:5555") as client:
+        handle = client.submit("Hello", SamplingParams(max_tokens=16))
+        async for delta in handle.stream():
+            print(delta.text, end="")
+        out = await handle.result()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Optional
+
+from protocol import RequestDelta, RequestOutput, RequestStatus
+
+from .client import InferenceClient
+from .handle import RequestHandle
+
+
+class AsyncRequestHandle:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._final: asyncio.Future = loop.create_future()
+        self._handle: Optional[RequestHandle] = None
+
+    def _on_delta(self, delta: RequestDelta) -> None:  # IO thread
+        self._loop.call_soon_threadsafe(self._put, delta)
+
+    def _put(self, delta: RequestDelta) -> None:  # event loop
+        self._queue.put_nowait(delta)
+        if delta.finished and not self._final.done():
+            self._final.set_result(None)
+
+    @property
+    def request_id(self) -> str:
+        return self._handle.request_id
+
+    @property
+    def status(self) -> RequestStatus:
+        return self._handle.status
+
+    @property
+    def output(self) -> RequestOutput:
+        return self._handle.output
+
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def cancel(self) -> bool:
+        return self._handle.cancel()
+
+    async def result(self, timeout: Optional[float] = None) -> RequestOutput:
+        """Like `RequestHandle.result`: the output, or the typed error for "error" endings."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._final), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"request {self.request_id!r} has not finished after {timeout} s") from None
+        return self._handle._final_output()
+
+    async def stream(self) -> AsyncIterator[RequestDelta]:
+        while True:
+            delta = await self._queue.get()
+            yield delta
+            if delta.finished:
+                return
+
+
+class AsyncInferenceClient:
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", **kwargs):
+        self._client = InferenceClient(address, **kwargs)
+
+    @property
+    def address(self) -> str:
+        return self._client.address
+
+    def submit(self, prompt, sampling_params=None, request_id=None, priority=0,
+               timeout=None) -> AsyncRequestHandle:
+        """Non-blocking (the send is queued to the IO thread); call from inside the loop."""
+        handle = AsyncRequestHandle(asyncio.get_running_loop())
+        handle._handle = self._client._submit(prompt, sampling_params, request_id, priority,
+                                              timeout, handle._on_delta)
+        return handle
+
+    async def generate(self, prompts, sampling_params=None, timeout=None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
+                  else [sampling_params] * len(prompts))
+        handles = [self.submit(p, sp, timeout=timeout) for p, sp in zip(prompts, params)]
+        await asyncio.gather(*(h._final for h in handles))
+        return [h.output for h in handles]
+
+    async def status(self, timeout: float = 5.0) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, self._client.status, timeout)
+
+    async def control(self, action: str, replica: Optional[str] = None, timeout: float = 5.0) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._client.control, action, replica, timeout)
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._client.close)
+
+    def close(self) -> None:
+        self._client.close()
+
+    async def __aenter__(self) -> "AsyncInferenceClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()

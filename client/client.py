@@ -1,0 +1,254 @@
+"""`InferenceClient`: submit requests to an infer-cluster coordinator and get results back.
+
+Owns: the public client API (`submit` -> `RequestHandle`, `generate`, `status`, `control`,
+`close`), request-id bookkeeping, and routing each reply from the IO thread to its handle.
+Thread-safe: any thread may submit, wait, stream or cancel; all socket work happens on the one IO
+thread (`client/io_thread.py`). Never imports torch (the client runs where no GPU stack is).
+
+Usage::
+
+    with InferenceClient("tcp://127.0.0.1:5555") as client:
+        handle = client.submit("Hello", SamplingParams(max_tokens=32, temperature=0))
+        for delta in handle.stream():
+            print(delta.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Callable, Optional, Sequence, Union
+
+import zmq
+
+from protocol import (InvalidRequestError, NoReplicaError, ProtocolError, RequestDelta,
+                      RequestOutput, SamplingParams)
+from protocol import codec
+from protocol.kinds import ConnectionKind, ReplyKind
+from protocol.messages import (CancelRequest, ControlRequest, DeltaPayload, Message,
+                               StatusRequest, SubmitRequest)
+
+from .handle import RequestHandle
+from .io_thread import ClientIO
+
+log = logging.getLogger("infer_cluster.client")
+
+Prompt = Union[str, Sequence[int]]
+
+
+def _check_prompt(prompt) -> tuple[Optional[str], Optional[list]]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        return prompt, None
+    if isinstance(prompt, (list, tuple)):
+        ids = list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        if not all(type(t) is int and t >= 0 for t in ids):
+            raise InvalidRequestError("a token-id prompt must be a list of non-negative integers")
+        return None, ids
+    raise InvalidRequestError(f"the prompt must be a string or a list of token ids, "
+                              f"got {type(prompt).__name__}")
+
+
+def _check_params(sampling_params) -> SamplingParams:
+    if sampling_params is None:
+        return SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return sampling_params
+    if isinstance(sampling_params, dict):
+        return SamplingParams.from_dict(sampling_params)
+    raise InvalidRequestError(f"sampling_params must be SamplingParams or a dict, "
+                              f"got {type(sampling_params).__name__}")
+
+
+class InferenceClient:
+    """A connection to one coordinator. Cheap requests, one socket, one IO thread."""
+
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, name: str = "",
+                 heartbeat_interval: float = 1.0, coordinator_timeout: float = 30.0,
+                 max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES, socket_hwm: int = 100_000):
+        if heartbeat_interval <= 0 or coordinator_timeout <= heartbeat_interval:
+            raise ValueError("need 0 < heartbeat_interval < coordinator_timeout")
+        self.address = address
+        self.max_frame_bytes = max_frame_bytes
+        self._ctx = zmq.Context(io_threads=1)
+        self._lock = threading.Lock()
+        self._handles: dict[str, RequestHandle] = {}
+        self._waiters: dict[int, collections.deque] = {
+            ReplyKind.STATUS_REPLY: collections.deque(), ReplyKind.CONTROL_REPLY: collections.deque()}
+        self.model: str = ""
+        self.num_replicas: int = 0
+        self.last_error: Optional[Exception] = None
+        self._closed = False
+        self._io = ClientIO(self._ctx, address, name or "client", self._on_message,
+                            self._on_silence, heartbeat_interval, coordinator_timeout,
+                            socket_hwm, max_frame_bytes)
+        self._io.start()
+
+    # -------------------------------------------------------------- requests
+
+    def submit(self, prompt: Prompt, sampling_params: Union[SamplingParams, dict, None] = None,
+               request_id: Optional[str] = None, priority: int = 0,
+               timeout: Optional[float] = None) -> RequestHandle:
+        """Send one request; returns at once with its handle. `prompt` is text or token ids;
+        `timeout` (seconds) is a deadline enforced by the coordinator (finish_reason
+        "timeout", KV freed). Raises `InvalidRequestError` for bad input."""
+        return self._submit(prompt, sampling_params, request_id, priority, timeout, None)
+
+    def _submit(self, prompt, sampling_params, request_id, priority, timeout,
+                listener: Optional[Callable[[RequestDelta], None]]) -> RequestHandle:
+        text, ids = _check_prompt(prompt)
+        params = _check_params(sampling_params)
+        rid = request_id if request_id is not None else uuid.uuid4().hex
+        if not isinstance(rid, str) or not 0 < len(rid) <= 256:
+            raise InvalidRequestError("request_id must be a string of 1..256 characters")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequestError(f"priority must be an integer, got {priority!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise InvalidRequestError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        msg = SubmitRequest(request_id=rid, prompt=text, prompt_token_ids=ids,
+                            sampling_params=params.to_dict(), priority=priority,
+                            timeout=float(timeout) if timeout is not None else None)
+        try:
+            payload = codec.encode(msg, self.max_frame_bytes)
+        except ProtocolError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        handle = RequestHandle(self, rid, text, ids, listener)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            if rid in self._handles:
+                raise InvalidRequestError(f"request id {rid!r} is already in flight on this client")
+            self._handles[rid] = handle
+        self._io.send(payload)
+        return handle
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params=None,
+                 timeout: Optional[float] = None) -> list[RequestOutput]:
+        """Submit a batch and wait for all; outputs in input order. Like the offline
+        `LLM.generate`, a failed request is an output with `finish_reason == "error"`."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
+                  else [sampling_params] * len(prompts))
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        handles = [self.submit(p, sp, timeout=timeout) for p, sp in zip(prompts, params)]
+        for h in handles:
+            h.wait()
+        return [h.output for h in handles]
+
+    def _send_cancel(self, request_id: str) -> None:
+        self._io.send(codec.encode(CancelRequest(request_id=request_id)))
+
+    # -------------------------------------------------------------- operator calls
+
+    def _call(self, msg: Message, reply_kind: int, timeout: float):
+        future: Future = Future()
+        with self._lock:
+            self._waiters[reply_kind].append(future)
+        self._io.send(codec.encode(msg))
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply from the coordinator at {self.address} in {timeout} s; "
+                               "is it running?") from None
+
+    def status(self, timeout: float = 5.0) -> dict:
+        """Cluster status: {"coordinator": {...stats}, "replicas": [{...per replica}]}."""
+        reply = self._call(StatusRequest(), ReplyKind.STATUS_REPLY, timeout)
+        return {"coordinator": reply.coordinator, "replicas": reply.replicas}
+
+    def control(self, action: str, replica: Optional[str] = None, timeout: float = 5.0) -> dict:
+        """pause / resume / drain / shutdown one replica (by name) or all of them."""
+        reply = self._call(ControlRequest(action=action, replica=replica),
+                           ReplyKind.CONTROL_REPLY, timeout)
+        return {"ok": reply.ok, "message": reply.message, "replicas": reply.replicas}
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    # -------------------------------------------------------------- IO-thread callbacks
+
+    def _on_message(self, msg: Message) -> None:
+        kind = msg.KIND
+        if kind is ReplyKind.DELTA:
+            for payload in msg.deltas:
+                self._deliver(payload)
+        elif kind in self._waiters:
+            with self._lock:
+                waiter = self._waiters[kind].popleft() if self._waiters[kind] else None
+            if waiter is not None:
+                waiter.set_result(msg)
+        elif kind is ReplyKind.ERROR:
+            self._on_error(msg)
+        elif kind is ConnectionKind.HELLO_ACK:
+            self.model, self.num_replicas = msg.model, msg.num_replicas
+        elif kind is not ConnectionKind.PONG:
+            log.warning("ignoring unexpected %s from the coordinator", kind.name)
+
+    def _deliver(self, payload: DeltaPayload) -> None:
+        with self._lock:
+            handle = self._handles.get(payload.request_id)
+        if handle is None:
+            return  # cancelled-and-closed or unknown: nothing waits for it
+        if handle._deliver(payload.to_delta(), payload.prompt_token_ids):
+            with self._lock:
+                self._handles.pop(payload.request_id, None)
+
+    def _on_error(self, msg) -> None:
+        log.warning("coordinator error (%s): %s", msg.code, msg.message)
+        self.last_error = ProtocolError(msg.message) if msg.code == "protocol" else None
+        if msg.request_id is not None:
+            self._deliver(DeltaPayload.from_delta(RequestDelta(
+                request_id=msg.request_id, finish_reason="error",
+                error={"code": msg.code, "message": msg.message})))
+
+    def _on_silence(self, seconds: float) -> None:
+        """The coordinator has been silent too long: end every open request with an error
+        rather than let callers wait forever."""
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+        if handles:
+            log.error("no reply from coordinator %s for %.0f s; failing %d request(s)",
+                      self.address, seconds, len(handles))
+        for h in handles:
+            h._deliver(RequestDelta(request_id=h.request_id, finish_reason="error", error=NoReplicaError(
+                f"lost contact with the coordinator at {self.address} ({seconds:.0f} s silent)").to_dict()))
+
+    # -------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Abort what is still running (the coordinator frees its KV blocks) and disconnect."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._handles.values())
+            self._handles.clear()
+        self._io.stop()
+        for h in handles:
+            h._deliver(RequestDelta(request_id=h.request_id, finish_reason="abort"))
+        self._ctx.term()
+
+    def __enter__(self) -> "InferenceClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,417 @@
+"""Every wire message as a typed dataclass, one per kind.
+
+Owns: the structs that cross a socket (client <-> coordinator <-> replica), their `to_wire()`
+(a plain map with `"v"` and `"k"`) and `from_wire()` (validates types, ranges and sizes, raises
+`ProtocolError` saying which field of which message is wrong). `MESSAGE_TYPES` maps each kind to
+its struct; the import-time check at the bottom fails if a kind has no struct or two.
+Never imports torch, never pickles, never trusts a field it has not checked.
+
+To add a message: add its kind in `protocol/kinds.py`, then a `@dataclass(kw_only=True)` class
+here deriving from `Message` with `KIND = ...` and each field declared with `wire(checker)`.
+New fields on an existing message must have defaults (old peers omit them; unknown keys are
+ignored), so adding one needs no version bump.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from .errors import ProtocolError
+from .fields import (MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct,
+                     boolean, integer, list_of, number, one_of, optional, plain_map, string,
+                     struct, token_ids as token_id_list, wire, _type_name)
+from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
+                    ReplyKind, RequestKind, kind_from_number)
+from .outputs import FinishReason, RequestDelta
+
+
+class ReplicaState(str, enum.Enum):
+    """A replica's lifecycle as the replica reports it and the coordinator tracks it."""
+
+    STARTING = "starting"    # connected, HELLO not yet acknowledged
+    ACTIVE = "active"        # takes new requests
+    PAUSED = "paused"        # keeps its requests but does not step or take new ones
+    DRAINING = "draining"    # finishes in-flight requests, takes no new ones
+    DRAINED = "drained"      # draining finished; idle until RESUME or SHUTDOWN
+    STOPPING = "stopping"    # exiting
+    DEAD = "dead"            # coordinator only: heartbeat timeout, socket gone or GOODBYE
+
+
+REQUEST_ID = string(MAX_ID_CHARS, min_len=1)
+NAME = string(MAX_NAME_CHARS)
+COUNT = integer(0, 1 << 62)
+PRIORITY = integer(-(1 << 31), (1 << 31) - 1)
+SECONDS = number(0.0, 7 * 24 * 3600.0)
+FINISH_REASONS = tuple(r.value for r in FinishReason)
+REPLICA_STATES = tuple(s.value for s in ReplicaState)
+CONTROL_ACTIONS = ("pause", "resume", "drain", "shutdown")
+
+
+def _logprob_data(depth: int = 0):
+    """Logprob entries are nested lists / maps of numbers keyed by token id (int) or string."""
+    def check(value, where):
+        if value is None or isinstance(value, (int, float, str, bool)):
+            return value
+        if depth > 3:
+            raise ProtocolError(f"{where} is nested too deeply")
+        inner = _logprob_data(depth + 1)
+        if isinstance(value, list):
+            if len(value) > MAX_LIST_ITEMS:
+                raise ProtocolError(f"{where} has {len(value)} items; at most {MAX_LIST_ITEMS}")
+            return [inner(v, where) for v in value]
+        if isinstance(value, dict):
+            if len(value) > MAX_LIST_ITEMS:
+                raise ProtocolError(f"{where} has {len(value)} keys; at most {MAX_LIST_ITEMS}")
+            for k in value:
+                if isinstance(k, bool) or not isinstance(k, (int, str)):
+                    raise ProtocolError(f"{where} keys must be token ids, got {_type_name(k)}")
+            return {k: inner(v, where) for k, v in value.items()}
+        raise ProtocolError(f"{where} holds an unsupported value of type {_type_name(value)}")
+    return check
+
+
+# ---------------------------------------------------------------- nested structs (no kind)
+
+@dataclass(kw_only=True)
+class ErrorInfo(Struct):
+    code: str = wire(string(64, min_len=1))
+    message: str = wire(string(64 * 1024), default="")
+
+
+@dataclass(kw_only=True)
+class ReplicaCapacity(Struct):
+    """What a replica can hold; sent once in HELLO."""
+
+    model: str = wire(NAME)
+    num_total_blocks: int = wire(COUNT, default=0)
+    block_size: int = wire(integer(1, 1 << 20), default=16)
+    max_num_seqs: int = wire(integer(1, 1 << 30), default=1)
+    max_model_len: int = wire(integer(1, 1 << 30), default=1)
+
+
+@dataclass(kw_only=True)
+class ReplicaLoad(Struct):
+    """How busy a replica is; sent with every heartbeat."""
+
+    num_running: int = wire(COUNT, default=0)
+    num_waiting: int = wire(COUNT, default=0)
+    num_requests: int = wire(COUNT, default=0)
+    num_free_blocks: int = wire(COUNT, default=0)
+    num_total_blocks: int = wire(COUNT, default=0)
+    num_preemptions: int = wire(COUNT, default=0)
+    prefix_cache_hit_tokens: int = wire(COUNT, default=0)
+    num_generated_tokens: int = wire(COUNT, default=0)
+    tokens_per_s: float = wire(number(0.0), default=0.0)
+
+
+@dataclass(kw_only=True)
+class DeltaPayload(Struct):
+    """One request's progress in one engine step (the wire form of `RequestDelta`)."""
+
+    request_id: str = wire(REQUEST_ID)
+    token_ids: list = wire(token_id_list(), default_factory=list)
+    text: str = wire(string(MAX_TEXT_CHARS), default="")
+    logprobs: Optional[list] = wire(optional(list_of(_logprob_data(), 1 << 20)), default=None)
+    finish_reason: Optional[str] = wire(optional(one_of(*FINISH_REASONS)), default=None)
+    error: Optional[ErrorInfo] = wire(optional(struct(ErrorInfo)), default=None)
+    num_prompt_tokens: int = wire(COUNT, default=0)
+    num_cached_tokens: int = wire(COUNT, default=0)
+    # The prompt as the engine tokenized it; sent once, with a request's first delta.
+    prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
+
+    def validate(self) -> None:
+        if self.error is not None and self.finish_reason is None:
+            raise ProtocolError(f"delta for {self.request_id!r} has an error but no finish_reason")
+
+    @classmethod
+    def from_delta(cls, delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> "DeltaPayload":
+        error = None
+        if delta.error is not None:
+            error = ErrorInfo(code=str(delta.error.get("code", "engine")),
+                              message=str(delta.error.get("message", "")))
+        return cls(request_id=delta.request_id, token_ids=list(delta.token_ids), text=delta.text,
+                   logprobs=delta.logprobs, finish_reason=delta.finish_reason, error=error,
+                   num_prompt_tokens=delta.num_prompt_tokens,
+                   num_cached_tokens=delta.num_cached_tokens, prompt_token_ids=prompt_token_ids)
+
+    def to_delta(self) -> RequestDelta:
+        return RequestDelta(request_id=self.request_id, token_ids=list(self.token_ids),
+                            text=self.text, logprobs=self.logprobs,
+                            finish_reason=self.finish_reason,
+                            error=self.error.to_dict() if self.error is not None else None,
+                            num_prompt_tokens=self.num_prompt_tokens,
+                            num_cached_tokens=self.num_cached_tokens)
+
+
+# ---------------------------------------------------------------- message base
+
+@dataclass(kw_only=True)
+class Message(Struct):
+    """A struct that travels as one frame: `{"v": version, "k": kind, **fields}`."""
+
+    KIND: ClassVar[enum.IntEnum]
+
+    def to_wire(self) -> dict:
+        data = self.to_dict()
+        data["v"] = PROTOCOL_VERSION
+        data["k"] = int(self.KIND)
+        return data
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "Message":
+        """Validate a decoded map and build the message of its kind.
+
+        Called on `Message` it accepts any kind; on a subclass, only that kind."""
+        if not isinstance(data, dict):
+            raise ProtocolError(f"a message must be a map, got {_type_name(data)}")
+        version = data.get("v")
+        if type(version) is not int or version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"peer speaks protocol version {version!r}, this side speaks {PROTOCOL_VERSION}; "
+                "run the same infer-cluster release on clients, coordinator and replicas")
+        number_ = data.get("k")
+        if isinstance(number_, bool) or not isinstance(number_, int):
+            raise ProtocolError(f"message kind must be an integer, got {_type_name(number_)}")
+        kind = kind_from_number(number_)
+        if kind is None:
+            raise ProtocolError(f"unknown message kind {number_}; the peer may be newer than this side")
+        target = MESSAGE_TYPES[kind]
+        if cls is not Message and target is not cls:
+            raise ProtocolError(f"expected a {cls.KIND.name} message, got {kind.name}")
+        return target.from_dict(data, kind.name)
+
+
+# ---------------------------------------------------------------- connection
+
+@dataclass(kw_only=True)
+class Hello(Message):
+    KIND = ConnectionKind.HELLO
+    replica_name: str = wire(string(MAX_NAME_CHARS, min_len=1))
+    capacity: ReplicaCapacity = wire(struct(ReplicaCapacity))
+    pid: int = wire(COUNT, default=0)
+    host: str = wire(NAME, default="")
+
+
+@dataclass(kw_only=True)
+class HelloAck(Message):
+    KIND = ConnectionKind.HELLO_ACK
+    coordinator: str = wire(NAME, default="")
+    heartbeat_interval: float = wire(number(0.01, 3600.0), default=1.0)
+    num_replicas: int = wire(COUNT, default=0)
+    model: str = wire(NAME, default="")
+
+
+@dataclass(kw_only=True)
+class Heartbeat(Message):
+    KIND = ConnectionKind.HEARTBEAT
+    state: str = wire(one_of(*REPLICA_STATES), default=ReplicaState.ACTIVE.value)
+    load: ReplicaLoad = wire(struct(ReplicaLoad), default_factory=ReplicaLoad)
+
+
+@dataclass(kw_only=True)
+class HeartbeatAck(Message):
+    KIND = ConnectionKind.HEARTBEAT_ACK
+
+
+@dataclass(kw_only=True)
+class ClientHello(Message):
+    KIND = ConnectionKind.CLIENT_HELLO
+    client_name: str = wire(NAME, default="")
+
+
+@dataclass(kw_only=True)
+class Ping(Message):
+    KIND = ConnectionKind.PING
+
+
+@dataclass(kw_only=True)
+class Pong(Message):
+    KIND = ConnectionKind.PONG
+
+
+@dataclass(kw_only=True)
+class Goodbye(Message):
+    KIND = ConnectionKind.GOODBYE
+    reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class Reregister(Message):
+    KIND = ConnectionKind.REREGISTER
+    reason: str = wire(string(4096), default="")
+
+
+# ---------------------------------------------------------------- requests
+
+def _check_one_prompt(msg) -> None:
+    if (msg.prompt is None) == (msg.prompt_token_ids is None):
+        raise ProtocolError(f"{msg.KIND.name} {msg.request_id!r} needs exactly one of "
+                            "'prompt' (text) and 'prompt_token_ids'")
+
+
+@dataclass(kw_only=True)
+class SubmitRequest(Message):
+    """A client's request. `sampling_params` is checked by `SamplingParams.from_dict` at the
+    coordinator (bad values are an `invalid_request` reply, not a protocol error)."""
+
+    KIND = RequestKind.SUBMIT
+    request_id: str = wire(REQUEST_ID)
+    prompt: Optional[str] = wire(optional(string(MAX_TEXT_CHARS)), default=None)
+    prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
+    sampling_params: dict = wire(plain_map(), default_factory=dict)
+    priority: int = wire(PRIORITY, default=0)
+    timeout: Optional[float] = wire(optional(number(0.001, 7 * 24 * 3600.0)), default=None)
+
+    def validate(self) -> None:
+        _check_one_prompt(self)
+
+
+@dataclass(kw_only=True)
+class CancelRequest(Message):
+    KIND = RequestKind.CANCEL
+    request_id: str = wire(REQUEST_ID)
+
+
+@dataclass(kw_only=True)
+class DispatchRequest(Message):
+    """Coordinator -> replica. `resume_token_ids` are tokens the client already has (from a
+    replica that died); the engine treats them as generated and emits only what follows."""
+
+    KIND = RequestKind.DISPATCH
+    request_id: str = wire(REQUEST_ID)
+    prompt: Optional[str] = wire(optional(string(MAX_TEXT_CHARS)), default=None)
+    prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
+    sampling_params: dict = wire(plain_map(), default_factory=dict)
+    priority: int = wire(PRIORITY, default=0)
+    resume_token_ids: list = wire(token_id_list(), default_factory=list)
+
+    def validate(self) -> None:
+        _check_one_prompt(self)
+
+
+@dataclass(kw_only=True)
+class AbortRequest(Message):
+    KIND = RequestKind.ABORT
+    request_ids: list = wire(list_of(REQUEST_ID))
+
+
+# ---------------------------------------------------------------- replies
+
+@dataclass(kw_only=True)
+class DeltaReply(Message):
+    """Coordinator -> client: deltas of that client's requests (batched per engine step)."""
+
+    KIND = ReplyKind.DELTA
+    deltas: list = wire(list_of(struct(DeltaPayload)), default_factory=list)
+
+
+@dataclass(kw_only=True)
+class StepOutput(Message):
+    """Replica -> coordinator: every delta one engine step produced, plus the current load."""
+
+    KIND = ReplyKind.STEP_OUTPUT
+    deltas: list = wire(list_of(struct(DeltaPayload)), default_factory=list)
+    load: Optional[ReplicaLoad] = wire(optional(struct(ReplicaLoad)), default=None)
+
+
+@dataclass(kw_only=True)
+class ErrorReply(Message):
+    """A message could not be accepted. `request_id` is set when the error is about a request
+    that is not tracked (otherwise the request ends with an error delta instead)."""
+
+    KIND = ReplyKind.ERROR
+    code: str = wire(string(64, min_len=1))
+    message: str = wire(string(64 * 1024), default="")
+    request_id: Optional[str] = wire(optional(REQUEST_ID), default=None)
+
+
+@dataclass(kw_only=True)
+class StatusReply(Message):
+    KIND = ReplyKind.STATUS_REPLY
+    coordinator: dict = wire(plain_map(), default_factory=dict)
+    replicas: list = wire(list_of(plain_map(), 4096), default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ControlReply(Message):
+    KIND = ReplyKind.CONTROL_REPLY
+    ok: bool = wire(boolean(), default=True)
+    message: str = wire(string(64 * 1024), default="")
+    replicas: list = wire(list_of(NAME, 4096), default_factory=list)
+
+
+# ---------------------------------------------------------------- control
+
+@dataclass(kw_only=True)
+class Pause(Message):
+    KIND = ControlKind.PAUSE
+    reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class Resume(Message):
+    KIND = ControlKind.RESUME
+    reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class Drain(Message):
+    KIND = ControlKind.DRAIN
+    reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class Shutdown(Message):
+    KIND = ControlKind.SHUTDOWN
+    graceful: bool = wire(boolean(), default=True)
+    reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class StatusRequest(Message):
+    KIND = ControlKind.STATUS
+
+
+@dataclass(kw_only=True)
+class ControlRequest(Message):
+    """Client (operator) -> coordinator: apply `action` to one replica (by name) or to all."""
+
+    KIND = ControlKind.CONTROL
+    action: str = wire(one_of(*CONTROL_ACTIONS))
+    replica: Optional[str] = wire(optional(NAME), default=None)
+
+
+# ---------------------------------------------------------------- lifecycle
+
+@dataclass(kw_only=True)
+class ReplicaStateChange(Message):
+    KIND = LifecycleKind.REPLICA_STATE
+    state: str = wire(one_of(*REPLICA_STATES))
+    reason: str = wire(string(4096), default="")
+
+
+def _build_message_types() -> dict[enum.IntEnum, type[Message]]:
+    """Every kind has exactly one struct (SGLang-style import-time check)."""
+    table: dict[enum.IntEnum, type[Message]] = {}
+
+    def walk(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from walk(sub)
+
+    for cls in walk(Message):
+        kind = cls.__dict__.get("KIND")
+        if kind is None:
+            raise RuntimeError(f"{cls.__name__} derives from Message but declares no KIND")
+        if kind in table:
+            raise RuntimeError(f"{kind!r} has two structs: {table[kind].__name__}, {cls.__name__}")
+        table[kind] = cls
+    missing = [k for k in ALL_KINDS if k not in table]
+    if missing:
+        raise RuntimeError(f"message kinds without a struct: {missing}")
+    return table
+
+
+MESSAGE_TYPES: dict[enum.IntEnum, type[Message]] = _build_message_types()

@@ -1,0 +1,142 @@
+"""Test helpers for coordinator unit tests: an in-process coordinator and a scripted fake replica.
+
+The fake replica speaks the real wire protocol over a real DEALER socket; tests drive it by hand
+(`recv`, `step`) so every interleaving is deterministic. Integration tests use the real
+`EngineServer` instead. No test functions live here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import zmq
+
+from coordinator.config import CoordinatorConfig
+from coordinator.server import Coordinator
+from protocol import codec
+from protocol.messages import (DeltaPayload, Goodbye, Heartbeat, Hello, ReplicaCapacity,
+                               ReplicaLoad, StepOutput)
+
+
+class CoordinatorThread:
+    """A `Coordinator` on free loopback ports, served by a background thread."""
+
+    def __init__(self, **overrides):
+        cfg = dict(host="127.0.0.1", port=0, replica_port=0, heartbeat_interval=0.1,
+                   replica_timeout=0.6, client_timeout=1.0, no_replica_timeout=1.0)
+        cfg.update(overrides)
+        self.coord = Coordinator(CoordinatorConfig(**cfg), context=zmq.Context())
+        self.front = self.coord.front_address
+        self.back = self.coord.back_address
+        self.thread = threading.Thread(target=self.coord.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.coord.request_stop(graceful=False)
+        self.thread.join(5)
+        assert not self.thread.is_alive(), "coordinator thread did not stop"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def fake_tokens(prompt_key: str, n: int) -> list[int]:
+    """The fake engine's deterministic 'model': token i depends only on the prompt and i."""
+    base = sum(prompt_key.encode()) % 1000
+    return [(base + 7 * i) % 5000 + 10 for i in range(n)]
+
+
+class FakeReplica:
+    """A replica speaking the wire protocol, driven step by step by the test."""
+
+    def __init__(self, address: str, name: str = "fake", model: str = "tiny-random",
+                 register: bool = True):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, f"{name}-{os.urandom(4).hex()}".encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.name = name
+        self.model = model
+        self.requests: dict[str, dict] = {}  # attempt id -> {"dispatch", "emitted"}
+        self.aborted: list[str] = []
+        self.other: list = []
+        if register:
+            self.register()
+
+    def send(self, msg):
+        self.sock.send_multipart([b"", codec.encode(msg)])
+
+    def register(self):
+        self.send(Hello(replica_name=self.name, capacity=ReplicaCapacity(
+            model=self.model, num_total_blocks=100, block_size=16, max_num_seqs=8,
+            max_model_len=512), pid=os.getpid(), host="localhost"))
+        msg = self.recv_one(2.0)
+        assert msg is not None and msg.KIND.name == "HELLO_ACK", msg
+
+    def recv_one(self, timeout: float):
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        frames = self.sock.recv_multipart()
+        return codec.decode(frames[-1])
+
+    def pump(self, timeout: float = 0.05) -> None:
+        """Read everything that arrived; track dispatches and aborts."""
+        while True:
+            msg = self.recv_one(timeout)
+            if msg is None:
+                return
+            timeout = 0.01
+            kind = msg.KIND.name
+            if kind == "DISPATCH":
+                self.requests[msg.request_id] = {"dispatch": msg, "emitted": 0}
+            elif kind == "ABORT":
+                for rid in msg.request_ids:
+                    if self.requests.pop(rid, None) is not None:
+                        self.aborted.append(rid)
+            else:
+                self.other.append(msg)
+
+    def wait_for_requests(self, n: int, timeout: float = 3.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n and time.monotonic() < deadline:
+            self.pump(0.05)
+        assert len(self.requests) >= n, f"{self.name} got {len(self.requests)} of {n} requests"
+
+    def step(self, num_tokens: int = 1) -> list[str]:
+        """Emit up to `num_tokens` new tokens for every request; finished ones end with
+        "length". Returns the attempt ids that finished."""
+        deltas, finished = [], []
+        for rid, st in list(self.requests.items()):
+            d = st["dispatch"]
+            key = d.prompt if d.prompt is not None else ",".join(map(str, d.prompt_token_ids))
+            max_tokens = d.sampling_params.get("max_tokens", 16)
+            done_before = len(d.resume_token_ids) + st["emitted"]
+            n = min(num_tokens, max_tokens - done_before)
+            toks = fake_tokens(key, done_before + n)[done_before:]
+            st["emitted"] += n
+            is_last = done_before + n >= max_tokens
+            deltas.append(DeltaPayload(request_id=rid, token_ids=toks,
+                                       text="".join(f"<{t}>" for t in toks),
+                                       finish_reason="length" if is_last else None))
+            if is_last:
+                finished.append(rid)
+                del self.requests[rid]
+        if deltas:
+            self.send(StepOutput(deltas=deltas))
+        return finished
+
+    def heartbeat(self, **load):
+        self.send(Heartbeat(state="active", load=ReplicaLoad(**load)))
+
+    def goodbye(self):
+        self.send(Goodbye(reason="test"))
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
