@@ -25,6 +25,8 @@ class Request:
         self.arrival_seq = arrival_seq
         self.eos_token_ids = eos_token_ids
         self.output_token_ids: list[int] = list(resume_token_ids or [])
+        # prompt + output, kept as one list so per-step slicing never re-concatenates
+        self.all_token_ids: list[int] = self.prompt_token_ids + self.output_token_ids
         self.num_emitted_tokens = len(self.output_token_ids)
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []
@@ -42,11 +44,11 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
 
     @property
     def sort_key(self) -> tuple[int, int]:

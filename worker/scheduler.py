@@ -19,7 +19,7 @@ from typing import Optional
 
 from protocol import FinishReason, OutOfMemoryError, RequestStatus
 
-from .block_allocator import BlockAllocator, hash_full_blocks
+from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 from .request import Request
 
 
@@ -202,7 +202,7 @@ class Scheduler:
             if not s.needs_sample:
                 continue
             token = sampled[s.request_id]
-            req.output_token_ids.append(token)
+            req.append_token(token)
             advanced.append(req)
             reason = self._stop_reason(req, token)
             if reason is not None:
@@ -213,13 +213,16 @@ class Scheduler:
     def _cache_full_blocks(self, req: Request) -> None:
         if not self.allocator.enable_prefix_caching:
             return
-        num_full = req.num_computed_tokens // self.block_size
-        if num_full == 0:
+        bs = self.block_size
+        num_full = req.num_computed_tokens // bs
+        if num_full <= req.num_registered_blocks:
             return
-        req.block_hashes = hash_full_blocks(req.all_token_ids[:num_full * self.block_size],
-                                            self.block_size, req.block_hashes[:num_full])
+        hashes = req.block_hashes
+        for idx in range(len(hashes), num_full):  # only the newly full blocks are hashed
+            parent = hashes[-1] if hashes else NO_PARENT
+            hashes.append(hash_block(parent, req.all_token_ids[idx * bs:(idx + 1) * bs]))
         for idx in range(req.num_registered_blocks, num_full):
-            self.allocator.register(req.block_ids[idx], req.block_hashes[idx])
+            self.allocator.register(req.block_ids[idx], hashes[idx])
         req.num_registered_blocks = num_full
 
     def _stop_reason(self, req: Request, token: int) -> Optional[str]:
