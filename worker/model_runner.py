@@ -21,6 +21,7 @@ from protocol import OutOfMemoryError
 
 from .config import EngineConfig
 from .context import DynamicContext
+from .cuda_graphs import DecodeGraphs
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
 from .models.parallel import ParallelState
@@ -82,6 +83,11 @@ class ModelRunner:
         self.num_kv_blocks = self._size_kv_pool()
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
                                       self.num_kv_heads, spec.head_dim, self.dtype, self.device)
+        self.graphs: Optional[DecodeGraphs] = None
+        if self.device.type == "cuda" and not config.enforce_eager and self.model.is_last and self.model.is_first:
+            self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
+                                       min(config.max_num_seqs, 512),
+                                       -(-max_model_len // config.block_size), self.device)
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -160,11 +166,20 @@ class ModelRunner:
         out, _ = self.model(input_ids, positions, meta, kv_caches, hidden, residual)
         return out
 
+    def _forward_logits(self, input_ids, positions, meta, kv_caches):
+        """Decode-only forward: every row is sampled (the body of the CUDA graphs)."""
+        return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches))
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
-        """Run one step. Returns float32 logits `[num_sampled, vocab]` and the request id of
-        each row."""
+        """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
+        in float32) and the request id of each row."""
         inputs = self.context.prepare(out)
-        hidden = self._forward(inputs.input_ids, inputs.positions, inputs.meta, self.context.kv_caches)
-        logits = self.model.compute_logits(hidden[inputs.sample_indices]).float()
+        meta = inputs.meta
+        n = inputs.input_ids.shape[0]
+        if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,
+                                                           len(inputs.sample_request_ids)):
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta), inputs.sample_request_ids
+        hidden = self._forward(inputs.input_ids, inputs.positions, meta, self.context.kv_caches)
+        logits = self.model.compute_logits(hidden[inputs.sample_indices])
         return logits, inputs.sample_request_ids

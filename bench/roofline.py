@@ -1,0 +1,119 @@
+"""Hardware ceilings for a decode-heavy workload, from measured (not datasheet) rates.
+
+Measures device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate on the
+current GPU, then for a model shape and workload computes:
+  - decode floor: per step, all weight bytes + the live KV bytes of the batch, over bandwidth;
+  - prefill floor: 2 x params x prompt tokens (+ attention FLOPs), over the matmul rate;
+  - the output tokens/s ceiling of the whole workload (sum of those floors), and the
+    batch-1 TPOT bound (weight bytes / bandwidth).
+Importable (`measure_device`, `workload_ceiling`) so other benchmarks print it beside their
+figures; `python bench/roofline.py --model qwen3-0.6b-shape` prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def measure_device(size_mib: int = 1024, n: int = 4096):
+    import torch
+
+    dev = torch.device("cuda")
+    x = torch.randn(size_mib * 2**20 // 2, dtype=torch.bfloat16, device=dev)
+    y = torch.empty_like(x)
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+
+    def timed(fn, reps=20):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(reps):
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return sorted(times)[len(times) // 2]
+
+    t_copy = timed(lambda: y.copy_(x))
+    t_mm = timed(lambda: torch.mm(a, b))
+    return {"copy_GBps": 2 * x.numel() * 2 / t_copy / 1e9, "bf16_TFLOPs": 2 * n ** 3 / t_mm / 1e12,
+            "device": torch.cuda.get_device_name()}
+
+
+def model_numbers(model: str) -> dict:
+    from worker.loader import load_hf_config, resolve_model_path
+    from worker.models.decoder import ModelSpec
+
+    s = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(model)))
+    d = s.head_dim
+    attn = s.hidden_size * (s.num_heads + 2 * s.num_kv_heads) * d + s.num_heads * d * s.hidden_size
+    mlp = 3 * s.hidden_size * s.intermediate_size
+    layer_params = s.num_layers * (attn + mlp)
+    head = s.vocab_size * s.hidden_size
+    params = layer_params + head * (1 if s.tie_word_embeddings else 2)
+    # per token: embedding row read is negligible; LM head is a full matmul
+    matmul_params = layer_params + head
+    return {"params": params, "matmul_params": matmul_params, "weight_bytes": 2 * matmul_params,
+            "kv_bytes_per_token": 2 * s.num_layers * s.num_kv_heads * d * 2,
+            "attn_flops_per_token_ctx": 4 * s.num_layers * s.num_heads * d}
+
+
+def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: dict) -> dict:
+    """Tokens/s ceiling if decode ran at full bandwidth and prefill at full matmul rate."""
+    m = model_numbers(model)
+    bw, flops = dev["copy_GBps"] * 1e9, dev["bf16_TFLOPs"] * 1e12
+    prefill_tokens = sum(prompt_lens)
+    prefill_s = (2 * m["matmul_params"] * prefill_tokens
+                 + sum(m["attn_flops_per_token_ctx"] * p * p / 2 for p in prompt_lens)) / flops
+    # decode: sequences in waves of max_batch; each step reads weights once and every live KV
+    decode_s = 0.0
+    order = sorted(range(len(prompt_lens)), key=lambda i: i)
+    for w in range(0, len(order), max_batch):
+        wave = order[w:w + max_batch]
+        steps = max(output_lens[i] for i in wave)
+        kv_total = sum(m["kv_bytes_per_token"] * (prompt_lens[i] * min(steps, output_lens[i])
+                                                  + min(steps, output_lens[i]) ** 2 / 2) for i in wave)
+        decode_s += steps * m["weight_bytes"] / bw + kv_total / bw
+    total_out = sum(output_lens)
+    return {"prefill_floor_s": prefill_s, "decode_floor_s": decode_s,
+            "ceiling_tokens_per_s": total_out / (prefill_s + decode_s),
+            "tpot_bound_ms": m["weight_bytes"] / bw * 1e3, **m}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-0.6b-shape")
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[100, 1024])
+    ap.add_argument("--output-len", type=int, nargs=2, default=[100, 1024])
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--out", default="bench/results/roofline.json")
+    args = ap.parse_args(argv)
+    from bench.workload import random_workload
+    from worker.loader import load_hf_config, resolve_model_path
+
+    vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
+    prompts, outs = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len), vocab)
+    dev = measure_device()
+    res = {"device": dev, "model": args.model,
+           **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev)}
+    print(f"{dev['device']}: copy {dev['copy_GBps']:.0f} GB/s, bf16 matmul {dev['bf16_TFLOPs']:.0f} TFLOP/s")
+    print(f"{args.model}: {res['params'] / 1e9:.2f} B params, weights {res['weight_bytes'] / 2**30:.2f} GiB")
+    print(f"prefill floor {res['prefill_floor_s']:.2f} s, decode floor {res['decode_floor_s']:.2f} s, "
+          f"ceiling {res['ceiling_tokens_per_s']:.0f} output tok/s, batch-1 TPOT bound {res['tpot_bound_ms']:.3f} ms")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()
