@@ -1,0 +1,221 @@
+"""IncrementalDetokenizer on the embedded byte-level BPE tokenizer.
+
+Streams must concatenate to exactly `tokenizer.decode(all ids)`, never show U+FFFD for a
+character that spans tokens, cut stop strings (also ones spanning tokens) and release held-back
+text on `flush()`.
+"""
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from transformers import AutoTokenizer
+
+from worker.detokenizer import IncrementalDetokenizer
+from worker.tiny_random import build_tokenizer
+
+TEXTS = [
+    "Hello, world! How are you today?",
+    'def main():\n    print("hello world")\n\n\n  x = 1  \n',
+    "héllo wörld — 日本",
+    "🙂 ok 😀😀 ñ",
+    " leading space and trailing ",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(path)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def stream(detok, ids, chunk=1, final_last=False):
+    """Push `ids` `chunk` at a time; return the list of (text, stopped) results."""
+    results = []
+    for i in range(0, len(ids), chunk):
+        last = i + chunk >= len(ids)
+        results.append(detok.push(ids[i:i + chunk], final=final_last and last))
+        if results[-1][1]:
+            break
+    return results
+
+
+def test_tokenizer_splits_multibyte_characters(tokenizer):
+    # The premise of the U+FFFD tests: single tokens decode to partial characters.
+    ids = encode(tokenizer, "日本")
+    assert len(ids) >= 2
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("context", ["", "The quick brown fox", "日"])
+def test_one_token_at_a_time_equals_full_decode(tokenizer, text, context):
+    ctx_ids = encode(tokenizer, context)
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, ctx_ids)
+    results = stream(detok, ids)
+    pieces = [t for t, _ in results]
+    assert not any(stopped for _, stopped in results)
+    for piece in pieces:
+        assert "\ufffd" not in piece
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert detok.flush() == ""
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("chunk", [2, 3, 7])
+def test_chunked_pushes_equal_full_decode(tokenizer, text, chunk):
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Hello"))
+    pieces = [t for t, _ in stream(detok, ids, chunk=chunk, final_last=True)]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_incomplete_character_is_held_until_complete(tokenizer):
+    ids = encode(tokenizer, "日")
+    assert len(ids) == 3  # three UTF-8 bytes, three byte tokens
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "a"))
+    assert detok.push(ids[:1]) == ("", False)
+    assert detok.push(ids[1:2]) == ("", False)
+    assert detok.push(ids[2:]) == ("日", False)
+
+
+def test_final_push_releases_incomplete_character(tokenizer):
+    ids = encode(tokenizer, "日")
+    detok = IncrementalDetokenizer(tokenizer, [])
+    assert detok.push(ids[:1]) == ("", False)
+    text, stopped = detok.push(ids[1:2], final=True)
+    assert text == tokenizer.decode(ids[:2]) and not stopped
+
+
+def test_long_stream_past_the_window(tokenizer):
+    text = " ".join(["The quick brown fox jumps over the lazy dog 日本語"] * 8)
+    ids = encode(tokenizer, text)
+    assert len(ids) > 100
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Once upon a time"))
+    pieces = [t for t, _ in stream(detok, ids)]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_special_and_out_of_vocab_ids_add_no_text(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Hi"))
+    ids = encode(tokenizer, " there")
+    eos = tokenizer.eos_token_id
+    assert "".join(detok.push([i])[0] for i in ids) == " there"
+    assert detok.push([eos]) == ("", False)
+    assert detok.push([len(tokenizer) + 5]) == ("", False)  # padded vocab rows of the model
+    assert detok.push(encode(tokenizer, "!")) == ("!", False)
+
+
+# -- stop strings -----------------------------------------------------------------------------
+
+def run_stop(tokenizer, text, stop):
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, "Q:"), stop=stop)
+    results = stream(detok, ids)
+    return ids, results, detok
+
+
+@pytest.mark.parametrize("text,stop,expected", [
+    ("Hello, world! How are you today?", ["How"], "Hello, world! "),
+    ("Hello, world! How are you today?", ["world! How"], "Hello, "),  # spans three tokens
+    ("Hello, world! How are you today?", ["you", "world"], "Hello, "),  # the earliest wins
+    ("Hello, world! How are you today?", ["Hello"], ""),
+    ("Hello, world! How are you today?", ["?"], "Hello, world! How are you today"),
+    ("héllo wörld — 日本", ["ö"], "héllo w"),
+    ("héllo wörld — 日本", ["— 日"], "héllo wörld "),
+    ("line one\nline two\n", ["\n"], "line one"),
+])
+def test_stop_string_cuts_text(tokenizer, text, stop, expected):
+    ids, results, detok = run_stop(tokenizer, text, stop)
+    emitted = "".join(t for t, _ in results)
+    assert emitted == expected
+    assert results[-1][1] is True
+    assert not any(stopped for _, stopped in results[:-1])
+    # It stops on the token that completes the stop string, not later.
+    consumed = ids[:len(results)]
+    full = tokenizer.decode(consumed)
+    assert any(full.endswith(s) or s in full for s in stop)
+    assert not any(s in tokenizer.decode(ids[:len(results) - 1]) for s in stop)
+    assert all("\ufffd" not in t for t, _ in results)
+    assert detok.flush() == ""
+
+
+def test_stop_string_spanning_tokens_is_never_partly_emitted(tokenizer):
+    text = "Hello, world! How are you today?"
+    stop = "world! How"
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[stop])
+    emitted = ""
+    for i in ids:
+        piece, stopped = detok.push([i])
+        emitted += piece
+        assert "world" not in emitted  # held back while it may still become the stop string
+        if stopped:
+            break
+    assert stopped and emitted == "Hello, "
+
+
+def test_held_text_released_by_flush(tokenizer):
+    text = "Hello, world! How are you"
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["never"])  # holds 4 characters
+    emitted = "".join(t for t, _ in stream(detok, ids))
+    assert emitted == text[:-4]
+    assert detok.flush() == " you"[-4:]
+    assert detok.flush() == ""
+
+
+def test_partial_stop_prefix_at_the_end_is_released(tokenizer):
+    # "How ar" looks like the start of "How are" and is held; the request ends another way.
+    ids = encode(tokenizer, "Hello, world! How")
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["How are"])
+    emitted = "".join(t for t, _ in stream(detok, ids))
+    assert emitted + detok.flush() == "Hello, world! How"
+    assert len(emitted) == len("Hello, world! How") - 6
+
+
+def test_final_push_releases_held_text(tokenizer):
+    ids = encode(tokenizer, "Hello, world!")
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["xyz"])
+    results = stream(detok, ids, final_last=True)
+    assert "".join(t for t, _ in results) == "Hello, world!"
+    assert detok.flush() == ""
+
+
+def test_without_stop_strings_nothing_is_held(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, [])
+    ids = encode(tokenizer, "Hello, world")
+    got = [detok.push([i])[0] for i in ids]
+    assert got == [tokenizer.decode([i]) for i in ids]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(blacklist_characters="\ufffd"), max_size=40),
+       context=st.sampled_from(["", "Hi", "日本"]), chunk=st.integers(1, 4))
+def test_random_text_streams_exactly(tokenizer, text, context, chunk):
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, encode(tokenizer, context))
+    pieces = [t for t, _ in stream(detok, ids, chunk=chunk)]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) + detok.flush() == text
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.sampled_from("ab é日\n"), max_size=30), stop=st.text(st.sampled_from("ab é日\n"), min_size=1, max_size=4))
+def test_random_stop_strings(tokenizer, text, stop):
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[stop])
+    results = stream(detok, ids)
+    emitted = "".join(t for t, _ in results)
+    if stop in text:
+        assert results[-1][1] is True
+        assert emitted == text[:text.index(stop)]
+    else:
+        assert not any(s for _, s in results)
+        assert emitted + detok.flush() == text
