@@ -41,6 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
@@ -58,7 +59,7 @@ def run_ours(args, prompts, out_lens):
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               tensor_parallel_size=args.tensor_parallel_size,
-              pipeline_parallel_size=args.pipeline_parallel_size)
+              pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in out_lens]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up (lazy init, kernels)
     _sync()
@@ -69,7 +70,8 @@ def run_ours(args, prompts, out_lens):
     n_tokens = sum(len(o.token_ids) for o in outs)
     info = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
             "num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
-            "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"]}
+            "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"],
+            "step_seconds": llm.stats()["step_seconds"]}
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close() if hasattr(llm, "close") else None
     del llm
@@ -141,6 +143,8 @@ def main(argv=None):
         print(f"{'HF transformers (' + hf['mode'] + ')':<28}{hf['tokens']:>10}{hf['seconds']:>10.2f}"
               f"{hf['tokens_per_s']:>12.1f}")
         print(f"ratio (ours / HF): {result['ratio']:.2f}x")
+    print("engine time by phase (s, incl. warm-up):",
+          {k: round(v, 2) for k, v in ours["step_seconds"].items()})
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -72,6 +72,7 @@ class DynamicEngine:
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
         self._arrivals = itertools.count()
         self._num_generated = 0
+        self._phase_seconds: dict[str, float] = {}
         self._started = time.monotonic()
 
     def _resolve_max_model_len(self) -> int:
@@ -145,16 +146,24 @@ class DynamicEngine:
     def step(self) -> list[RequestDelta]:
         """Run one scheduling step; return the deltas of every request that progressed."""
         deltas, self._pending = self._pending, []
-        out = self.scheduler.schedule()
+        out = self._timed("schedule", self.scheduler.schedule)
         if out.is_empty:
             return deltas
         try:
-            sampled, logprobs = self._run(out)
+            sampled, logprobs = self._timed("forward_and_sample", self._run, out)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("step failed; failing the %d scheduled requests", len(out.requests))
             return deltas + self._fail(out, exc)
-        advanced, _ = self.scheduler.update(out, sampled)
-        return deltas + [self._post_process(req, logprobs.get(req.request_id)) for req in advanced]
+        advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
+        return deltas + self._timed("detokenize", lambda: [
+            self._post_process(req, logprobs.get(req.request_id)) for req in advanced])
+
+    def _timed(self, phase: str, fn, *args):
+        """Run one phase of the step and add its wall time to `stats()["step_seconds"]`."""
+        t = time.perf_counter()
+        result = fn(*args)
+        self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + time.perf_counter() - t
+        return result
 
     def _run(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, object]]:
         logits, row_ids = self.runner.execute(out)
@@ -213,7 +222,8 @@ class DynamicEngine:
                 "num_total_blocks": self.allocator.num_blocks,
                 "num_generated_tokens": self._num_generated,
                 "generated_tokens_per_s": self._num_generated / elapsed,
-                "max_num_seqs": self.config.max_num_seqs}
+                "max_num_seqs": self.config.max_num_seqs,
+                "step_seconds": dict(self._phase_seconds)}
 
     def capacity(self) -> dict:
         return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA llama8b
+# Writes logs and JSON under ${OUT:-bench/results}.
+set -uo pipefail
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
+for stage in "$@"; do
+  echo "=== $stage $(date -u +%H:%M:%S)"
+  case $stage in
+    env) python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
+    tests) python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider 2>&1 | tee "$OUT/gpu_kernel_tests.log" | tail -15 ;;
+    parity) python3 -m pytest -q tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_parity.log" | tail -15 ;;
+    roofline) python3 bench/roofline.py --out "$OUT/roofline.json" ;;
+    kernels) python3 bench/kernels.py --out "$OUT/kernels.json" 2>&1 | tail -30 ;;
+    tpot) python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_qwen3.json" 2>&1 | tail -8 ;;
+    workloadA) python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+        --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf ${HF_MODE:-continuous} \
+        --out "$OUT/workloadA_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
+    small) python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+        --num-seqs 64 --prompt-len 100 300 --output-len 100 300 --hf none --out "$OUT/small.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
+    llama8b) python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+        --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+        --out "$OUT/workloadA_llama8b.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done

@@ -1,0 +1,74 @@
+"""Batch-1 decode latency (TPOT) vs its bandwidth bound (weight bytes / measured bandwidth).
+
+Runs one request at a time (prompt `--prompt-len`, `--output-len` new tokens, greedy,
+ignore_eos) through the offline engine's step API, timing every decode step; reports the median
+TPOT, TTFT, and the bound from bench/roofline.py. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="qwen3-0.6b-shape")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--out", default="bench/results/latency.json")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from protocol import SamplingParams
+    from worker import LLM
+
+    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
+              num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    ttfts, tpots = [], []
+    for r in range(args.repeats + 1):
+        prompt = [(r * 131 + j * 7) % 5000 + 10 for j in range(args.prompt_len)]
+        rid = llm.add_request(prompt, params)
+        stamps = []
+        t0 = time.perf_counter()
+        done = False
+        while not done:
+            for d in llm.step():
+                if d.request_id == rid:
+                    stamps.append(time.perf_counter())
+                    done = d.finished
+        if r == 0:
+            continue  # warm-up
+        ttfts.append(stamps[0] - t0)
+        tpots.extend(b - a for a, b in zip(stamps, stamps[1:]))
+    res = {"model": args.model, "ttft_ms": statistics.median(ttfts) * 1e3,
+           "tpot_ms_p50": statistics.median(tpots) * 1e3,
+           "tpot_ms_p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3}
+    if torch.cuda.is_available():
+        from bench.roofline import measure_device, model_numbers
+        dev = measure_device()
+        m = model_numbers(args.model)
+        res["tpot_bound_ms"] = m["weight_bytes"] / (dev["copy_GBps"] * 1e9) * 1e3
+        res["device"] = dev
+        res["fraction_of_bound"] = res["tpot_bound_ms"] / res["tpot_ms_p50"]
+    print(json.dumps({k: v for k, v in res.items() if k != "device"}, indent=1))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
