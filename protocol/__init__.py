@@ -4,7 +4,7 @@ Owns: `SamplingParams`, request status / finish reasons / deltas / outputs, type
 (in `kinds`, `messages`, `codec`) the ZMQ message structs with their msgpack encoding.
 """
 
-from .errors import (EngineError, InferClusterError, InvalidRequestError, ModelNotFoundError,
+from .errors import (ConfigError, EngineError, InferClusterError, InvalidRequestError, ModelNotFoundError,
                      NoReplicaError, OutOfMemoryError, OverloadedError, ProtocolError,
                      RequestTimeoutError, error_from_code)
 from .outputs import FinishReason, RequestDelta, RequestOutput, RequestStatus, REQUEST_TRANSITIONS
@@ -14,5 +14,5 @@ __all__ = [
     "SamplingParams", "FinishReason", "RequestDelta", "RequestOutput", "RequestStatus",
     "REQUEST_TRANSITIONS", "InferClusterError", "InvalidRequestError", "ModelNotFoundError",
     "OutOfMemoryError", "ProtocolError", "OverloadedError", "NoReplicaError",
-    "RequestTimeoutError", "EngineError", "error_from_code",
+    "RequestTimeoutError", "EngineError", "ConfigError", "error_from_code",
 ]

@@ -30,6 +30,12 @@ class InvalidRequestError(InferClusterError, ValueError):
     code = "invalid_request"
 
 
+class ConfigError(InvalidRequestError):
+    """An engine or cluster option is out of range or inconsistent."""
+
+    code = "invalid_config"
+
+
 class ModelNotFoundError(InferClusterError, FileNotFoundError):
     """The model name or directory cannot be resolved to a checkpoint."""
 

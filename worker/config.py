@@ -12,17 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from protocol.errors import InvalidRequestError
+from protocol.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
-
-
-class ConfigError(InvalidRequestError):
-    """An engine option is out of range or inconsistent."""
-
-    code = "invalid_config"
 
 
 def _positive_int(name, value, allow_none=False):

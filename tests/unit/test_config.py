@@ -151,8 +151,6 @@ def test_errors_round_trip_by_code():
     assert type(error_from_code("no-such-code", "x")).__name__ == "InferClusterError"
 
 
-@pytest.mark.xfail(strict=True, reason="ERRORS_BY_CODE is built when protocol.errors is imported, "
-                   "before worker.config defines ConfigError, so 'invalid_config' is unknown there")
 def test_config_error_round_trips_by_code():
     assert ERRORS_BY_CODE.get("invalid_config") is ConfigError
     assert type(error_from_code("invalid_config", "x")) is ConfigError
