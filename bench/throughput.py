@@ -132,8 +132,12 @@ def main(argv=None):
     mode = args.hf if args.hf != "auto" else ("continuous" if device.type == "cuda" else "sequential")
     if mode != "none":
         k = args.hf_max_seqs or len(prompts)
-        result["hf"] = run_hf(mode, path, dtype, device, args.load_format, prompts[:k], out_lens[:k])
-        result["ratio"] = ours["tokens_per_s"] / result["hf"]["tokens_per_s"]
+        try:
+            result["hf"] = run_hf(mode, path, dtype, device, args.load_format, prompts[:k], out_lens[:k])
+            result["ratio"] = ours["tokens_per_s"] / result["hf"]["tokens_per_s"]
+        except Exception as exc:  # an HF API change must not lose our own figures
+            print(f"HF baseline ({mode}) failed: {type(exc).__name__}: {exc}")
+            result["hf_error"] = f"{type(exc).__name__}: {exc}"
     print(f"\nmodel={args.model} device={ours['device']} dtype={ours['dtype']} seqs={args.num_seqs} "
           f"prompt={args.prompt_len} output={args.output_len}")
     print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}")
