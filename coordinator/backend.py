@@ -36,6 +36,12 @@ def _unknown(coord, identity: bytes, now: float) -> None:
 
 def on_hello(coord, identity, msg, now) -> None:
     old = coord.registry.get(identity)
+    if old is not None and msg.session and msg.session == old.session:
+        old.last_seen = now  # a retried HELLO that crossed our HELLO_ACK: just acknowledge again
+        coord.outbox.to_replica(old, HelloAck(
+            coordinator=coord.config.name, heartbeat_interval=coord.config.heartbeat_interval,
+            num_replicas=len(coord.registry), model=old.capacity.model))
+        return
     if old is not None:
         coord.dispatcher.replica_lost(old, "registered again (its old requests are gone)", now)
     models = {r.capacity.model for r in coord.registry.live()}
@@ -103,7 +109,8 @@ def on_replica_state(coord, identity, msg, now) -> None:
 def on_replica_goodbye(coord, identity, msg, now) -> None:
     record = coord.registry.get(identity)
     if record is not None:
-        coord.dispatcher.replica_lost(record, f"said goodbye: {msg.reason or 'exiting'}", now)
+        coord.dispatcher.replica_lost(record, f"said goodbye: {msg.reason or 'exiting'}", now,
+                                      expected=True)
 
 
 def on_client_message_on_replica_port(coord, identity, msg, now) -> None:

@@ -122,12 +122,15 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ replica loss
 
-    def replica_lost(self, replica: ReplicaRecord, reason: str, now: float) -> None:
+    def replica_lost(self, replica: ReplicaRecord, reason: str, now: float,
+                     expected: bool = False) -> None:
         """Forget the replica and re-route every request it held (resuming streamed ones)."""
         if not replica.is_alive:
             return
-        log.warning("replica %s (%s pid %d) lost: %s; re-routing %d request(s)", replica.name,
-                    replica.host or "?", replica.pid, reason, replica.num_requests)
+        level = logging.WARNING if replica.num_requests or not expected else logging.INFO
+        log.log(level, "replica %s (%s pid %d) %s: %s; re-routing %d request(s)", replica.name,
+                replica.host or "?", replica.pid, "left" if expected else "lost", reason,
+                replica.num_requests)
         self.registry.remove(replica, now, reason)
         self.policy.forget(replica.key)
         self.stats.num_replica_deaths += 1

@@ -42,6 +42,7 @@ class ReplicaRecord:
     index: int                  # registration number, for stable ordering in tables
     pid: int = 0
     host: str = ""
+    session: str = ""
     state: ReplicaState = ReplicaState.ACTIVE
     registered_at: float = 0.0
     last_seen: float = 0.0
@@ -104,6 +105,7 @@ class ReplicaRegistry:
             raise ValueError("identity already registered; remove the old record first")
         record = ReplicaRecord(key=key, name=hello.replica_name, capacity=hello.capacity,
                                index=self._num_registered, pid=hello.pid, host=hello.host,
+                               session=hello.session,
                                registered_at=now, last_seen=now,
                                load=ReplicaLoad(num_total_blocks=hello.capacity.num_total_blocks,
                                                 num_free_blocks=hello.capacity.num_total_blocks))

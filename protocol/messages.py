@@ -192,6 +192,9 @@ class Hello(Message):
     capacity: ReplicaCapacity = wire(struct(ReplicaCapacity))
     pid: int = wire(COUNT, default=0)
     host: str = wire(NAME, default="")
+    # Same value on HELLO retries of one registration attempt, so a retry that crosses the
+    # HELLO_ACK is recognised as a duplicate instead of a re-registration.
+    session: str = wire(string(64), default="")
 
 
 @dataclass(kw_only=True)

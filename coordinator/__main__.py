@@ -1,0 +1,5 @@
+"""`python -m coordinator ...` is `infer-cluster ...` (used by `serve` to start children)."""
+
+from .cli import main
+
+main()

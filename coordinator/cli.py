@@ -1,0 +1,199 @@
+"""`infer-cluster`: the command line (click).
+
+Owns: the commands `serve`, `coordinator`, `replica`, `status`, `control`, `generate`, `bench`,
+their help texts and turning errors into one line. It must never import torch at module level
+(`status` and `bench` run where no GPU stack is installed): engine work happens in replica
+processes, or behind a lazy import for the offline `generate` and for `replica`.
+Engine flags are generated from the fields of `worker.config.EngineConfig` (a torch-free module),
+so a new engine option shows up here without edits.
+
+To add a command: write a function decorated with `@main.command()`; keep the work in a module
+of its own and the command itself to argument handling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import click
+
+from worker.config import EngineConfig
+
+from .cli_options import (CliError, coordinator_options, engine_argv, engine_options,
+                          given_engine_options)
+from .config import CoordinatorConfig
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.pass_context
+def main(ctx, log_level):
+    """infer-cluster: a ZMQ-distributed LLM serving cluster.
+
+    Quick start: `infer-cluster serve` (coordinator + one replica of the embedded tiny-random
+    model on tcp://127.0.0.1:5555), then `infer-cluster generate --address
+    tcp://127.0.0.1:5555 "Hello"`. Without --address, `generate` runs the engine in-process.
+    """
+    ctx.obj = {"log_level": log_level}
+    _setup_logging(log_level)
+
+
+def _coordinator_config(kw: dict) -> CoordinatorConfig:
+    try:
+        return CoordinatorConfig(
+            host=kw["host"], port=kw["port"], replica_port=kw["replica_port"],
+            routing=kw["routing"], max_requests=kw["max_requests"],
+            heartbeat_interval=kw["heartbeat_interval"], replica_timeout=kw["replica_timeout"],
+            client_timeout=kw["client_timeout"], drain_timeout=kw["drain_timeout"],
+            max_frame_bytes=kw["max_frame_bytes"])
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
+
+
+def _coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
+    return ["--host", cfg.host, "--port", str(cfg.port), "--replica-port", str(cfg.replica_port),
+            "--routing", cfg.routing, "--max-requests", str(cfg.max_requests),
+            "--heartbeat-interval", str(cfg.heartbeat_interval),
+            "--replica-timeout", str(cfg.replica_timeout),
+            "--client-timeout", str(cfg.client_timeout),
+            "--drain-timeout", str(cfg.drain_timeout),
+            "--max-frame-bytes", str(cfg.max_frame_bytes)]
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "*", "") else host
+
+
+# ---------------------------------------------------------------------------------- serve
+
+@main.command()
+@coordinator_options
+@click.option("--data-parallel-size", "-dp", default=1, show_default=True, type=int,
+              help="number of replica processes")
+@click.option("--log-dir", default=None, help="write each process's log to DIR/NAME.log")
+@click.option("--restart/--no-restart", default=True, show_default=True,
+              help="restart a replica process that dies")
+@click.option("--ready-timeout", default=600.0, show_default=True, type=float,
+              help="seconds to wait for every replica to register")
+@engine_options
+@click.pass_context
+def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
+    """Start a coordinator and --data-parallel-size replicas as processes; stop all on
+    Ctrl-C / SIGTERM (the coordinator drains in-flight requests first)."""
+    from .launcher import ClusterLauncher, python_module_argv
+    engine = given_engine_options(kw)
+    engine.setdefault("model", "tiny-random")
+    cfg = _coordinator_config(kw)
+    if cfg.port == 0 or cfg.replica_port == 0:
+        raise CliError("error: serve needs fixed ports (--port / --replica-port must not be 0)")
+    if data_parallel_size < 1:
+        raise CliError("error: --data-parallel-size must be >= 1")
+    try:
+        EngineConfig(**engine)
+    except Exception as exc:
+        raise CliError(f"error: {exc}") from None
+    level = ctx.obj["log_level"]
+    host = _connect_host(cfg.host)
+    replica_address = f"tcp://{host}:{cfg.replica_port}"
+    client_address = f"tcp://{host}:{cfg.port}"
+    env = dict(os.environ)
+    if engine.get("device", "auto") != "cuda" and "OMP_NUM_THREADS" not in env:
+        # CPU replicas share the cores; without this each one starts a thread per core and
+        # they thrash each other.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // data_parallel_size))
+    launcher = ClusterLauncher(
+        python_module_argv("coordinator", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
+        [python_module_argv("worker", "--coordinator", replica_address, "--name", f"replica-{i}",
+                            "--log-level", level, "--drain-timeout", str(cfg.drain_timeout),
+                            *engine_argv(engine))
+         for i in range(data_parallel_size)],
+        client_address, log_dir=log_dir, restart_replicas=restart, env=env)
+
+    def on_signal(signum, _frame):
+        launcher.stop_event.set()
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        status = launcher.start(ready_timeout)
+        click.echo(f"infer-cluster serving {status['coordinator'].get('model') or engine['model']} "
+                   f"on {client_address} with {data_parallel_size} replica(s) "
+                   f"(replicas connect to {replica_address}); Ctrl-C to stop", err=False)
+        sys.stdout.flush()
+        code = launcher.supervise()
+    except RuntimeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = 1
+    finally:
+        click.echo("infer-cluster: stopping (draining in-flight requests)...", err=True)
+        launcher.stop(cfg.drain_timeout)
+        click.echo("infer-cluster: stopped", err=True)
+    sys.exit(code)
+
+
+# ---------------------------------------------------------------------------------- parts
+
+@main.command()
+@coordinator_options
+def coordinator(**kw):
+    """Run only the coordinator (for multi-host: replicas connect from other machines)."""
+    from .server import Coordinator
+    cfg = _coordinator_config(kw)
+    try:
+        coord = Coordinator(cfg)
+    except Exception as exc:  # typically "address already in use"
+        raise CliError(f"error: cannot listen on {cfg.front_address} / {cfg.back_address}: {exc}") from None
+
+    def on_signal(signum, _frame):
+        graceful = not coord._stop.is_set()
+        coord.request_stop(graceful=graceful)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    click.echo(f"coordinator: clients connect to {coord.front_address}, replicas to "
+               f"{coord.back_address}", err=True)
+    coord.serve_forever()
+
+
+@main.command()
+@click.option("--coordinator", "coordinator_address", required=True,
+              help="the coordinator's replica address, tcp://HOST:PORT (its client port + 1)")
+@click.option("--name", default=None, help="replica name in logs and status (default: host-pid)")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=float)
+@engine_options
+def replica(coordinator_address, name, drain_timeout, **kw):
+    """Run one replica (an engine) that registers with a coordinator."""
+    import socket
+    from worker.server import ServerConfig, run_replica  # loads torch: replicas need it
+    name = name or f"replica-{socket.gethostname()}-{os.getpid()}"
+    try:
+        server_cfg = ServerConfig(coordinator=coordinator_address, name=name,
+                                  drain_timeout=drain_timeout)
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
+    engine = given_engine_options(kw)
+    if "device_ids" in engine:
+        engine["device_ids"] = [int(x) for x in engine["device_ids"].split(",") if x.strip()]
+    sys.exit(run_replica(server_cfg, engine))
+
+
+from .cli_client import bench, control, generate, status  # noqa: E402  (registers commands)
+
+main.add_command(status)
+main.add_command(control)
+main.add_command(generate)
+main.add_command(bench)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The `infer-cluster` commands that act as a client: `status`, `control`, `generate`, `bench`.
+
+Owns: argument handling and terminal output for those commands. The work is in
+`client/` (talking to a coordinator), `coordinator/loadgen.py` (bench) and, for `generate`
+without --address, the offline `worker.LLM` behind a lazy import (the only place this module
+may load torch, and only when asked to run the engine in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from protocol import InferClusterError, SamplingParams
+
+from .cli_options import CliError, engine_options, given_engine_options
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+address_option = click.option("--address", default=DEFAULT_ADDRESS, show_default=True,
+                              help="the coordinator's client address")
+
+
+def _client(address: str):
+    from client import InferenceClient
+    return InferenceClient(address, name="cli")
+
+
+def _fmt_row(cols, widths) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()
+
+
+def render_status(status: dict) -> str:
+    c = status["coordinator"]
+    lines = [
+        f"coordinator {c.get('front_address')}  model {c.get('model') or '-'}  routing "
+        f"{c.get('routing')}  up {c.get('uptime_s', 0):.0f}s{'  DRAINING' if c.get('is_draining') else ''}",
+        f"requests: {c.get('num_in_flight', 0)} in flight ({c.get('num_pending', 0)} pending), "
+        f"{c.get('num_completed', 0)} completed, {c.get('num_failed', 0)} failed, "
+        f"{c.get('num_aborted', 0) + c.get('num_client_gone_aborts', 0)} aborted, "
+        f"{c.get('num_timeouts', 0)} timed out, {c.get('num_rejected', 0)} rejected; "
+        f"re-routes {c.get('num_reroutes', 0)} ({c.get('num_resumed', 0)} resumed), "
+        f"replica deaths {c.get('num_replica_deaths', 0)}",
+        "",
+    ]
+    header = ["NAME", "STATE", "HOST", "PID", "REQS", "RUNNING", "WAITING", "KV USED", "TOK/S",
+              "GENERATED", "LAST SEEN"]
+    rows = [[r.get("name"), r.get("state"), r.get("host"), r.get("pid"), r.get("num_requests"),
+             r.get("num_running"), r.get("num_waiting"),
+             f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}",
+             f"{r.get('tokens_per_s', 0):.1f}", r.get("num_generated_tokens"),
+             f"{r.get('seconds_since_seen', 0):.1f}s ago"] for r in status["replicas"]]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    lines.append(_fmt_row(header, widths))
+    lines += [_fmt_row(r, widths) for r in rows]
+    if not rows:
+        lines.append("(no replicas registered)")
+    return "\n".join(lines)
+
+
+@click.command()
+@address_option
+@click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
+@click.option("--timeout", default=5.0, show_default=True, type=float)
+def status(address, as_json, timeout):
+    """Show the coordinator and a table of replicas: state, load, KV use, tokens/s."""
+    with _client(address) as c:
+        try:
+            st = c.status(timeout=timeout)
+        except TimeoutError as exc:
+            raise CliError(f"error: {exc}") from None
+    click.echo(json.dumps(st, indent=2) if as_json else render_status(st))
+
+
+@click.command()
+@click.argument("action", type=click.Choice(["pause", "resume", "drain", "shutdown"]))
+@click.option("--replica", default=None, help="replica name (default: every replica)")
+@address_option
+def control(action, replica, address):
+    """Pause, resume, drain or shut down replicas through the coordinator."""
+    with _client(address) as c:
+        try:
+            reply = c.control(action, replica)
+        except TimeoutError as exc:
+            raise CliError(f"error: {exc}") from None
+    if not reply["ok"]:
+        raise CliError(f"error: {reply['message']}")
+    click.echo(f"{reply['message']}: {', '.join(reply['replicas'])}")
+
+
+def _sampling(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              top_k=top_k, seed=seed, stop=list(stop), ignore_eos=ignore_eos)
+    except InferClusterError as exc:
+        raise CliError(f"error: {exc}") from None
+
+
+@click.command()
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--address", default=None,
+              help="stream through this coordinator; without it the engine runs in-process")
+@click.option("--max-tokens", default=32, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--sampling-seed", default=None, type=int, help="per-request sampling seed")
+@click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--ignore-eos", is_flag=True)
+@engine_options
+def generate(prompts, address, max_tokens, temperature, top_p, top_k, sampling_seed, stop,
+             ignore_eos, **kw):
+    """Generate text for PROMPTS. One prompt streams to the terminal; several print in order.
+
+    Without --address the engine runs in this process (engine flags apply); with --address the
+    request goes through a running cluster."""
+    params = _sampling(max_tokens, temperature, top_p, top_k, sampling_seed, stop, ignore_eos)
+    engine = given_engine_options(kw)
+    try:
+        if address is None:
+            _generate_offline(list(prompts), params, engine)
+        else:
+            if engine:
+                click.echo(f"note: engine options ({', '.join(engine)}) are ignored with "
+                           "--address; the replicas were started with their own", err=True)
+            _generate_online(address, list(prompts), params)
+    except InferClusterError as exc:
+        raise CliError(f"error: {exc}") from None
+
+
+def _print_outputs(prompts, outputs) -> None:
+    for i, (p, out) in enumerate(zip(prompts, outputs)):
+        click.echo(f"[{i}] {p!r} -> {out.text!r} ({out.finish_reason}, {len(out.token_ids)} tokens)")
+
+
+def _generate_online(address, prompts, params) -> None:
+    with _client(address) as c:
+        if len(prompts) == 1:
+            handle = c.submit(prompts[0], params)
+            for delta in handle.stream():
+                click.echo(delta.text, nl=False)
+                sys.stdout.flush()
+            click.echo()
+            handle.result()  # raises the typed error if it failed
+            return
+        outs = c.generate(prompts, params)
+        _print_outputs(prompts, outs)
+        failed = [o for o in outs if o.finish_reason == "error"]
+        if failed:
+            raise CliError(f"error: {len(failed)} request(s) failed: {failed[0].error}")
+
+
+def _generate_offline(prompts, params, engine) -> None:
+    from worker import LLM  # loads torch: this form runs the engine here
+    llm = LLM(**engine)
+    if len(prompts) > 1:
+        _print_outputs(prompts, llm.generate(prompts, params, use_tqdm=True))
+        return
+    rid = llm.add_request(prompts[0], params)
+    while llm.has_unfinished_requests():
+        for delta in llm.step():
+            if delta.request_id != rid:
+                continue
+            click.echo(delta.text, nl=False)
+            sys.stdout.flush()
+            if delta.finished and delta.finish_reason == "error":
+                raise CliError(f"\nerror: {(delta.error or {}).get('message', 'request failed')}")
+    click.echo()
+
+
+def _range(text: str, name: str) -> tuple[int, int]:
+    try:
+        lo, _, hi = text.partition(":")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise CliError(f"error: --{name} must be N or LO:HI, got {text!r}") from None
+
+
+@click.command()
+@address_option
+@click.option("--num-requests", "-n", default=200, show_default=True, type=int)
+@click.option("--concurrency", default=None, type=int, help="cap on requests in flight")
+@click.option("--request-rate", default=None, type=float,
+              help="Poisson arrivals per second (default: all at once)")
+@click.option("--input-len", default="16:64", show_default=True, help="prompt tokens, N or LO:HI")
+@click.option("--output-len", default="16:64", show_default=True, help="output tokens, N or LO:HI")
+@click.option("--token-id-range", default="10:500", show_default=True,
+              help="prompt token ids are drawn from LO:HI (must be inside the vocabulary)")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "json_path", default=None, help="also write the summary to this file")
+def bench(address, num_requests, concurrency, request_rate, input_len, output_len,
+          token_id_range, seed, json_path):
+    """Online load through a running cluster: TTFT / TPOT / end-to-end p50 and p99."""
+    from .loadgen import Workload, format_table, run_load, summarize
+    try:
+        work = Workload(num_requests=num_requests, input_len=_range(input_len, "input-len"),
+                        output_len=_range(output_len, "output-len"),
+                        token_id_range=_range(token_id_range, "token-id-range"), seed=seed)
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
+    with _client(address) as c:
+        try:
+            c.status(timeout=5.0)
+        except TimeoutError as exc:
+            raise CliError(f"error: {exc}") from None
+        result = run_load(c, work.build(), concurrency=concurrency, request_rate=request_rate,
+                          progress=True, seed=seed)
+    summary = summarize(result)
+    summary.update({"address": address, "concurrency": concurrency, "request_rate": request_rate})
+    click.echo(format_table(summary, title="infer-cluster bench"))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(summary, f, indent=2)

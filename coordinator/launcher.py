@@ -1,0 +1,169 @@
+"""Process supervision behind `infer-cluster serve`: one coordinator and N replica processes.
+
+Owns: starting the children (own session, so a terminal Ctrl-C reaches only `serve`, and a
+parent-death signal, so they never outlive a killed `serve`), waiting until the cluster is ready,
+restarting a replica that dies (it registers again and takes load), and the ordered stop:
+coordinator first (it drains in-flight requests), then replicas (SIGTERM, then SIGKILL after a
+grace period). It never talks the wire protocol itself except through `InferenceClient.status`.
+Never imports torch: replicas are separate processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+log = logging.getLogger("infer_cluster.serve")
+
+RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM us when the parent dies
+    except Exception:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Optional[str] = None
+    proc: Optional[subprocess.Popen] = None
+    num_restarts: int = 0
+    next_restart: Optional[float] = None
+    _log_file: object = field(default=None, repr=False)
+
+    def start(self, env: dict) -> None:
+        out = None
+        if self.log_path:
+            self._log_file = open(self.log_path, "ab", buffering=0)
+            out = self._log_file
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=out,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        log.info("started %s (pid %d)%s", self.name, self.proc.pid,
+                 f", log {self.log_path}" if self.log_path else "")
+
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.is_running:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=max(0.0, timeout))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+class ClusterLauncher:
+    def __init__(self, coordinator_argv: list[str], replica_argvs: list[list[str]],
+                 client_address: str, log_dir: Optional[str] = None, restart_replicas: bool = True,
+                 env: Optional[dict] = None):
+        self.env = dict(env if env is not None else os.environ)
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        path = (lambda n: os.path.join(log_dir, f"{n}.log")) if log_dir else (lambda n: None)
+        self.coordinator = Child("coordinator", coordinator_argv, path("coordinator"))
+        self.replicas = [Child(f"replica-{i}", argv, path(f"replica-{i}"))
+                         for i, argv in enumerate(replica_argvs)]
+        self.client_address = client_address
+        self.restart_replicas = restart_replicas
+        self.stop_event = threading.Event()
+
+    def start(self, ready_timeout: float) -> dict:
+        """Start everything; return the cluster status once all replicas registered.
+        Raises RuntimeError (with the reason) if that does not happen in `ready_timeout`."""
+        from client import InferenceClient
+        deadline = time.monotonic() + ready_timeout
+        self.coordinator.start(self.env)
+        for child in self.replicas:
+            child.start(self.env)
+        with InferenceClient(self.client_address, name="serve") as client:
+            while True:
+                if not self.coordinator.is_running:
+                    raise RuntimeError(f"the coordinator exited with code "
+                                       f"{self.coordinator.proc.returncode} during startup")
+                dead = [c for c in self.replicas if not c.is_running]
+                if dead:
+                    raise RuntimeError(f"{dead[0].name} exited with code "
+                                       f"{dead[0].proc.returncode} during startup")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"the cluster was not ready after {ready_timeout:g} s")
+                try:
+                    status = client.status(timeout=min(2.0, remaining))
+                except TimeoutError:
+                    continue
+                if status["coordinator"].get("num_replicas", 0) >= len(self.replicas):
+                    return status
+                if self.stop_event.wait(min(0.5, max(0.0, remaining))):
+                    raise RuntimeError("stopped during startup")
+
+    def supervise(self) -> int:
+        """Until `stop_event`: restart dead replicas (with backoff). Returns an exit code:
+        0 when asked to stop, 1 when the coordinator died on its own."""
+        while not self.stop_event.wait(0.5):
+            if not self.coordinator.is_running:
+                log.error("the coordinator exited with code %s; stopping the cluster",
+                          self.coordinator.proc.returncode)
+                return 1
+            now = time.monotonic()
+            for child in self.replicas:
+                if child.is_running or not self.restart_replicas:
+                    continue
+                if child.next_restart is None:
+                    delay = RESTART_BACKOFF[min(child.num_restarts, len(RESTART_BACKOFF) - 1)]
+                    child.next_restart = now + delay
+                    log.warning("%s exited with code %s; restarting in %g s", child.name,
+                                child.proc.returncode, delay)
+                elif now >= child.next_restart:
+                    child.num_restarts += 1
+                    child.next_restart = None
+                    child.start(self.env)
+        return 0
+
+    def stop(self, drain_timeout: float, grace: float = 10.0) -> None:
+        """Coordinator first (it drains in-flight requests), then replicas; SIGKILL stragglers."""
+        self.stop_event.set()
+        self.coordinator.signal(signal.SIGTERM)
+        if not self.coordinator.wait(drain_timeout + grace):
+            log.warning("coordinator still running after %g s; killing it", drain_timeout + grace)
+            self.coordinator.signal(signal.SIGKILL)
+            self.coordinator.wait(5)
+        for child in self.replicas:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.replicas:
+            if not child.wait(deadline - time.monotonic()):
+                log.warning("%s still running after %g s; killing it", child.name, grace)
+                child.signal(signal.SIGKILL)
+                child.wait(5)
+        for child in [self.coordinator, *self.replicas]:
+            if child._log_file is not None:
+                child._log_file.close()
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

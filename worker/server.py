@@ -1,0 +1,328 @@
+"""`EngineServer`: one `DynamicEngine` in one process, served to the coordinator over ZMQ.
+
+Owns: the replica's two threads and what crosses between them.
+  * IO thread (`ReplicaIO`, `worker/replica_io.py`): the DEALER socket to the coordinator, HELLO
+    (protocol version + capacity) until acknowledged, heartbeats with load, coordinator-silence
+    detection. It never calls the engine; it hands decoded commands to the engine loop through
+    a queue and forwards the loop's encoded outputs.
+  * Engine loop (the caller of `serve_forever`): admits DISPATCHed requests, aborts, runs
+    `engine.step()` and sends every step's deltas as one STEP_OUTPUT, applies PAUSE / RESUME /
+    DRAIN / SHUTDOWN. It blocks on its queue only while it has nothing to step, so socket work
+    never stalls a step and an idle replica does not spin.
+Never trusts the wire: requests are re-validated (`SamplingParams.from_dict`, engine checks) and
+a bad one ends with an error delta instead of taking the loop down.
+
+To handle a new coordinator command: add its kind to `ENGINE_COMMANDS` in `replica_io.py` and a
+method `_on_<name>` here registered in `self._handlers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from protocol import EngineError, InferClusterError, SamplingParams
+from protocol.kinds import ControlKind, RequestKind
+from protocol.messages import (DeltaPayload, DispatchRequest, ReplicaLoad, ReplicaState,
+                               ReplicaStateChange, StepOutput)
+
+from .replica_io import REREGISTERED, ReplicaIO
+
+log = logging.getLogger("infer_cluster.replica")
+
+_WAKE = "wake"  # inbox item that only interrupts an idle wait
+
+
+@dataclass
+class ServerConfig:
+    coordinator: str = "tcp://127.0.0.1:5556"  # the coordinator's replica port
+    name: str = "replica"
+    heartbeat_interval: float = 0.5   # until the coordinator's HELLO_ACK says otherwise
+    coordinator_timeout: float = 10.0  # silent coordinator -> drop requests, register again
+    drain_timeout: float = 30.0       # graceful stop: wait this long for in-flight requests
+    idle_wait: float = 0.5            # longest block on the command queue when idle
+
+    def __post_init__(self):
+        if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"coordinator must be an address like tcp://HOST:PORT, got {self.coordinator!r}")
+        if not self.name:
+            raise ValueError("name must not be empty")
+        for field_name in ("heartbeat_interval", "coordinator_timeout", "drain_timeout", "idle_wait"):
+            if getattr(self, field_name) <= 0:
+                raise ValueError(f"{field_name} must be > 0, got {getattr(self, field_name)}")
+
+
+class EngineServer:
+    def __init__(self, engine, config: ServerConfig, context=None):
+        self.engine = engine
+        self.config = config
+        self.state = ReplicaState.ACTIVE
+        self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        capacity = engine.capacity()
+        self.io = ReplicaIO(config, capacity, self._inbox, self._load_snapshot, lambda: self.state,
+                            context=context)
+        self._load = self._read_load()
+        self._prompt_ids: dict[str, list] = {}  # sent with each request's first delta
+        self._stop_requested = False
+        self._stop_graceful = True
+        self._stop_deadline: Optional[float] = None
+        self._exit_when_drained = False
+        self.exit_reason = ""
+        self.num_steps = 0
+        self._handlers = {
+            RequestKind.DISPATCH: self._on_dispatch,
+            RequestKind.ABORT: self._on_abort,
+            ControlKind.PAUSE: self._on_pause,
+            ControlKind.RESUME: self._on_resume,
+            ControlKind.DRAIN: self._on_drain,
+            ControlKind.SHUTDOWN: self._on_shutdown,
+            REREGISTERED: self._on_reregistered,
+        }
+
+    # ------------------------------------------------------------------ control from outside
+
+    def request_stop(self, graceful: bool = True) -> None:
+        """Safe from signal handlers and other threads: graceful drains first."""
+        self._stop_graceful = self._stop_graceful and graceful
+        self._stop_requested = True
+        self._inbox.put((_WAKE, None))  # SimpleQueue.put is safe inside a signal handler
+
+    # ------------------------------------------------------------------ the loop
+
+    def serve_forever(self) -> str:
+        """Run until SHUTDOWN, a stop request, or a fatal refusal; returns why it stopped."""
+        self.io.start()
+        log.info("replica %s serving %s; connecting to %s", self.config.name,
+                 self.engine.model_name, self.config.coordinator)
+        try:
+            while not self._should_exit():
+                self._check_drained()
+                if self.exit_reason:
+                    break
+                busy = self.engine.has_unfinished_requests() and self.state is not ReplicaState.PAUSED
+                self._drain_inbox(block=not busy)
+                if self.io.fatal_error:
+                    self.exit_reason = self.io.fatal_error
+                    break
+                if self.state is not ReplicaState.PAUSED and self.engine.has_unfinished_requests():
+                    self._step()
+        finally:
+            self._shutdown()
+        return self.exit_reason
+
+    def _should_exit(self) -> bool:
+        if self.exit_reason:
+            return True
+        if self._stop_requested:
+            if not self._stop_graceful:
+                self.exit_reason = "stopped"
+                return True
+            now = time.monotonic()
+            if self._stop_deadline is None:
+                self._stop_deadline = now + self.config.drain_timeout
+                self._begin_drain("stop requested", exit_after=True)
+            elif now > self._stop_deadline:
+                self.exit_reason = f"drain timeout ({self.config.drain_timeout:g} s)"
+                return True
+        return False
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=self.config.idle_wait) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, msg = item
+            handler = self._handlers.get(kind)
+            if handler is not None:
+                handler(msg)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step()
+        except Exception as exc:  # an engine bug must end requests, not strand them
+            log.exception("engine step raised; failing every request on this replica")
+            deltas = self._fail_all(EngineError(f"replica {self.config.name}: engine step failed: "
+                                                f"{type(exc).__name__}: {exc}"))
+        self.num_steps += 1
+        self._load = self._read_load()
+        if deltas:
+            payloads = [DeltaPayload.from_delta(d, self._prompt_ids.pop(d.request_id, None))
+                        for d in deltas]
+            for d in deltas:
+                if d.finished:
+                    self._prompt_ids.pop(d.request_id, None)
+            self.io.send(StepOutput(deltas=payloads, load=self._load))
+
+    def _fail_all(self, error: InferClusterError) -> list:
+        from protocol import RequestDelta
+        deltas = []
+        for rid in list(self._active_request_ids()):
+            self.engine.abort(rid)
+            deltas.append(RequestDelta(request_id=rid, finish_reason="error", error=error.to_dict()))
+        try:
+            self.engine.step()  # collect (and discard) the engine's own abort finals
+        except Exception:
+            log.exception("engine step raised again while failing requests")
+        return deltas
+
+    def _active_request_ids(self) -> list:
+        requests = getattr(getattr(self.engine, "scheduler", None), "requests", {})
+        return list(requests)
+
+    # ------------------------------------------------------------------ load
+
+    def _read_load(self) -> ReplicaLoad:
+        s = self.engine.stats()
+        return ReplicaLoad(num_running=s.get("num_running", 0), num_waiting=s.get("num_waiting", 0),
+                           num_requests=s.get("num_running", 0) + s.get("num_waiting", 0),
+                           num_free_blocks=s.get("num_free_blocks", 0),
+                           num_total_blocks=s.get("num_total_blocks", 0),
+                           num_preemptions=s.get("num_preemptions", 0),
+                           prefix_cache_hit_tokens=s.get("prefix_cache_hit_tokens", 0),
+                           num_generated_tokens=s.get("num_generated_tokens", 0))
+
+    def _load_snapshot(self) -> ReplicaLoad:
+        return self._load  # replaced (never mutated) by the engine loop, so safe to read
+
+    # ------------------------------------------------------------------ handlers
+
+    def _send_error(self, request_id: str, error: InferClusterError) -> None:
+        self.io.send(StepOutput(deltas=[DeltaPayload.from_delta(
+            _error_delta(request_id, error))], load=self._load))
+
+    def _on_dispatch(self, msg: DispatchRequest) -> None:
+        try:
+            params = SamplingParams.from_dict(msg.sampling_params)
+            prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
+            rid = self.engine.add_request(prompt, params, msg.request_id, msg.priority,
+                                          resume_token_ids=msg.resume_token_ids or None)
+        except InferClusterError as exc:
+            log.info("request %s refused: %s", msg.request_id, exc)
+            self._send_error(msg.request_id, exc)
+            return
+        except Exception as exc:
+            log.exception("request %s: add_request raised", msg.request_id)
+            self._send_error(msg.request_id, EngineError(f"{type(exc).__name__}: {exc}"))
+            return
+        prompt_ids = _prompt_token_ids(self.engine, rid)
+        if prompt_ids is not None:
+            self._prompt_ids[rid] = prompt_ids
+        if msg.resume_token_ids:
+            log.info("resuming request %s after %d delivered token(s)", rid, len(msg.resume_token_ids))
+
+    def _on_abort(self, msg) -> None:
+        for rid in msg.request_ids:
+            if self.engine.abort(rid):
+                log.debug("aborted request %s", rid)
+
+    def _set_state(self, state: ReplicaState, reason: str) -> None:
+        if state is self.state:
+            return
+        log.info("replica %s: %s -> %s (%s)", self.config.name, self.state.value, state.value, reason)
+        self.state = state
+        self.io.send(ReplicaStateChange(state=state.value, reason=reason))
+
+    def _on_pause(self, msg) -> None:
+        self._set_state(ReplicaState.PAUSED, msg.reason or "paused")
+
+    def _on_resume(self, msg) -> None:
+        self._exit_when_drained = False
+        self._set_state(ReplicaState.ACTIVE, msg.reason or "resumed")
+
+    def _begin_drain(self, reason: str, exit_after: bool) -> None:
+        self._exit_when_drained = self._exit_when_drained or exit_after
+        self._set_state(ReplicaState.DRAINING, reason)
+
+    def _on_drain(self, msg) -> None:
+        self._begin_drain(msg.reason or "drain", exit_after=False)
+
+    def _on_shutdown(self, msg) -> None:
+        if msg.graceful:
+            self._begin_drain(msg.reason or "shutdown", exit_after=True)
+        else:
+            self.exit_reason = f"shutdown: {msg.reason or 'requested'}"
+
+    def _on_reregistered(self, msg) -> None:
+        """The coordinator forgot us (restart, or it declared us dead): what we hold has been
+        re-routed or failed there, so finishing it would only waste KV and compute."""
+        ids = self._active_request_ids()
+        for rid in ids:
+            self.engine.abort(rid)
+        self._prompt_ids.clear()
+        if ids:
+            log.warning("dropped %d request(s) after re-registering (%s)", len(ids), msg)
+            self.engine.step()  # discard their abort finals: nobody tracks these ids any more
+
+    def _check_drained(self) -> None:
+        if self.state is ReplicaState.DRAINING and not self.engine.has_unfinished_requests():
+            self._set_state(ReplicaState.DRAINED, "no requests left")
+            if self._exit_when_drained:
+                self.exit_reason = self.exit_reason or "drained"
+
+    def _shutdown(self) -> None:
+        n = len(self._active_request_ids())
+        reason = self.exit_reason or "stopped"
+        if n:
+            log.warning("exiting with %d request(s) in flight; the coordinator re-routes them", n)
+        self.state = ReplicaState.STOPPING
+        self.io.stop(goodbye=reason)
+        log.info("replica %s stopped: %s (%d steps)", self.config.name, reason, self.num_steps)
+
+
+def _error_delta(request_id: str, error: InferClusterError):
+    from protocol import RequestDelta
+    return RequestDelta(request_id=request_id, finish_reason="error", error=error.to_dict())
+
+
+def _prompt_token_ids(engine, request_id: str) -> Optional[list]:
+    """The prompt as the engine tokenized it (for the client's `RequestOutput`)."""
+    getter = getattr(engine, "prompt_token_ids", None)
+    if callable(getter):
+        return list(getter(request_id))
+    req = getattr(getattr(engine, "scheduler", None), "requests", {}).get(request_id)
+    return list(req.prompt_token_ids) if req is not None else None
+
+
+def install_signal_handlers(server: EngineServer) -> None:
+    """SIGTERM / SIGINT: drain then exit; a second one exits at once."""
+    def handler(signum, _frame):
+        if server._stop_requested:
+            log.warning("second %s: exiting without draining", signal.Signals(signum).name)
+            server.request_stop(graceful=False)
+        else:
+            log.info("%s: draining, then exiting", signal.Signals(signum).name)
+            server.request_stop(graceful=True)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
+    """Build the engine, serve until told to stop; returns a process exit code.
+    Errors a person can fix (bad option, unknown model) are logged as one line, exit code 2."""
+    from .config import EngineConfig
+    try:
+        config = EngineConfig(**engine_options)
+    except (InferClusterError, TypeError, ValueError) as exc:
+        log.error("bad engine option: %s", exc)
+        return 2
+    started = time.monotonic()
+    try:
+        from .engine import DynamicEngine
+        engine = DynamicEngine(config)
+    except InferClusterError as exc:
+        log.error("cannot start the engine: %s", exc)
+        return 2
+    log.info("engine ready in %.1f s: %s", time.monotonic() - started, engine.capacity())
+    server = EngineServer(engine, server_config)
+    install_signal_handlers(server)
+    server.serve_forever()
+    return 1 if server.io.fatal_error else 0
