@@ -17,7 +17,7 @@ for stage in "$@"; do
     tpot) python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_qwen3.json" 2>&1 | tail -8 ;;
     workloadA) python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf ${HF_MODE:-continuous} --hf-max-seqs ${HF_SEQS:-64} \
-        --out "$OUT/workloadA_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
+        --out "$OUT/workloadA_qwen3.json" 2>&1 | tee "$OUT/workloadA.log" | grep -v "it/s\]" | tail -12 ;;
     small) python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 64 --prompt-len 100 300 --output-len 100 300 --hf none --out "$OUT/small.json" 2>&1 | grep -v "it/s\]" | tail -6 ;;
     llama8b) python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \

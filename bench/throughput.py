@@ -109,10 +109,12 @@ def run_hf(mode, model_path, dtype, device, load_format, prompts, out_lens):
                 n_tokens += g.shape[1] - len(p)
         else:
             from transformers import GenerationConfig
-            cfg = GenerationConfig(max_new_tokens=max(out_lens), min_new_tokens=max(out_lens),
-                                   do_sample=False, eos_token_id=-1, pad_token_id=0)
+            cfg = GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, eos_token_id=-1,
+                                   pad_token_id=0)
             res = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=True)
             n_tokens = sum(len(r.generated_tokens) for r in res.values())
+            if n_tokens == 0:
+                raise RuntimeError(f"generate_batch returned no tokens: {list(res.values())[:1]!r}")
     _sync()
     elapsed = time.perf_counter() - t
     return {"mode": mode, "tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
@@ -142,7 +144,7 @@ def main(argv=None):
           f"prompt={args.prompt_len} output={args.output_len}")
     print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}")
     print(f"{'infer-cluster':<28}{ours['tokens']:>10}{ours['seconds']:>10.2f}{ours['tokens_per_s']:>12.1f}")
-    if "hf" in result:
+    if "ratio" in result:
         hf = result["hf"]
         print(f"{'HF transformers (' + hf['mode'] + ')':<28}{hf['tokens']:>10}{hf['seconds']:>10.2f}"
               f"{hf['tokens_per_s']:>12.1f}")
