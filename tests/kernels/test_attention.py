@@ -78,10 +78,11 @@ def test_decode_matches_ref(device, dtype, case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits", [3, 8])
-def test_decode_split_k_matches_ref(device, dtype, num_splits):
-    # Forced split counts: partitions of 16..48 tokens, some of them empty for the short sequence.
-    batch = make_batch(device, dtype, [1, 1, 0], [130, 20, 9], 4, 2, 64, 16)
+@pytest.mark.parametrize("num_splits,heads,kv_heads,dim,block_size", [
+    (3, 4, 2, 64, 16), (8, 4, 2, 64, 16), (5, 8, 2, 80, 32)])
+def test_decode_split_k_matches_ref(device, dtype, num_splits, heads, kv_heads, dim, block_size):
+    # Forced split counts: partitions of 16..64 tokens, some of them empty for the short sequence.
+    batch = make_batch(device, dtype, [1, 1, 0], [130, 20, 9], heads, kv_heads, dim, block_size)
     q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
     out = torch.full_like(q, 7.0)
     decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
