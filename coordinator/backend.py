@@ -88,6 +88,7 @@ def on_heartbeat(coord, identity, msg, now) -> None:
 def on_step_output(coord, identity, msg, now) -> None:
     record = coord.registry.get(identity)
     if record is None:
+        coord.dispatcher.stats.num_stale_deltas += len(msg.deltas)
         _unknown(coord, identity, now)
         return
     record.last_seen = now

@@ -25,7 +25,7 @@ class CoordinatorThread:
 
     def __init__(self, **overrides):
         cfg = dict(host="127.0.0.1", port=0, replica_port=0, heartbeat_interval=0.1,
-                   replica_timeout=0.6, client_timeout=1.0, no_replica_timeout=1.0)
+                   replica_timeout=0.6, client_timeout=2.0, no_replica_timeout=0.8)
         cfg.update(overrides)
         self.coord = Coordinator(CoordinatorConfig(**cfg), context=zmq.Context())
         self.front = self.coord.front_address
@@ -140,3 +140,68 @@ class FakeReplica:
     def close(self):
         self.sock.close()
         self.ctx.term()
+
+
+class RawClient:
+    """A bare DEALER speaking the wire protocol (no client library), for exact assertions."""
+
+    def __init__(self, address: str):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def send(self, msg):
+        self.sock.send_multipart([b"", codec.encode(msg)])
+
+    def send_raw(self, *frames):
+        self.sock.send_multipart(list(frames))
+
+    def recv(self, timeout: float = 2.0):
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        return codec.decode(self.sock.recv_multipart()[-1])
+
+    def deltas(self, until_final: int, timeout: float = 5.0) -> dict:
+        """Collect deltas by request id until `until_final` requests have ended."""
+        got: dict = {}
+        finals = 0
+        deadline = time.monotonic() + timeout
+        while finals < until_final and time.monotonic() < deadline:
+            msg = self.recv(0.05)
+            if msg is None or msg.KIND.name != "DELTA":
+                continue
+            for d in msg.deltas:
+                got.setdefault(d.request_id, []).append(d)
+                finals += d.finish_reason is not None
+        return got
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
+
+
+class AutoReplica(FakeReplica):
+    """A fake replica that steps on its own in a background thread (one token per step)."""
+
+    def __init__(self, address: str, name: str = "auto", step_interval: float = 0.005, **kw):
+        super().__init__(address, name, **kw)
+        self._stop = threading.Event()
+        self.step_interval = step_interval
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        next_beat = 0.0
+        while not self._stop.is_set():
+            self.pump(self.step_interval)
+            self.step(1)
+            if time.monotonic() >= next_beat:
+                self.heartbeat(num_running=len(self.requests), num_free_blocks=100,
+                               num_total_blocks=100)
+                next_beat = time.monotonic() + 0.1
+
+    def close(self):
+        self._stop.set()
+        self.thread.join(5)
+        super().close()

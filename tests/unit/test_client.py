@@ -1,0 +1,189 @@
+"""InferenceClient / AsyncInferenceClient against an in-process coordinator and fake replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+import threading
+import time
+
+import pytest
+
+from client import AsyncInferenceClient, InferenceClient
+from protocol import (InvalidRequestError, NoReplicaError, OverloadedError, RequestStatus,
+                      SamplingParams)
+
+from .test_coordinator_helpers import AutoReplica, CoordinatorThread, FakeReplica, fake_tokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def served():
+    ct = CoordinatorThread()
+    reps = [AutoReplica(ct.back, "a"), AutoReplica(ct.back, "b")]
+    c = InferenceClient(ct.front, heartbeat_interval=0.2)
+    yield ct, c
+    c.close()
+    for r in reps:
+        r.close()
+    ct.stop()
+
+
+def test_result_stream_and_status(served):
+    _, c = served
+    h = c.submit("abc", SamplingParams(max_tokens=5))
+    deltas = list(h.stream(timeout=5))
+    assert deltas[-1].finish_reason == "length"
+    assert [t for d in deltas for t in d.token_ids] == fake_tokens("abc", 5)
+    out = h.result(timeout=5)
+    assert out.token_ids == fake_tokens("abc", 5) and out.prompt == "abc"
+    assert out.text == "".join(d.text for d in deltas)
+    assert h.done() and h.status is RequestStatus.FINISHED and not h.cancel()
+
+
+def test_token_prompts_and_dict_params(served):
+    _, c = served
+    out = c.submit([5, 6, 7], {"max_tokens": 3}).result(5)
+    assert out.token_ids == fake_tokens("5,6,7", 3)
+    assert out.prompt_token_ids == [5, 6, 7]
+
+
+def test_generate_keeps_input_order(served):
+    _, c = served
+    prompts = [f"p{i}" for i in range(20)]
+    outs = c.generate(prompts, SamplingParams(max_tokens=3))
+    assert [o.token_ids for o in outs] == [fake_tokens(p, 3) for p in prompts]
+
+
+def test_many_threads_submit_at_once(served):
+    _, c = served
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            hs = [(f"t{t}-{i}", c.submit(f"t{t}-{i}", SamplingParams(max_tokens=4))) for i in range(25)]
+            for p, h in hs:
+                results[p] = h.result(20).token_ids
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert not errors
+    assert len(results) == 200
+    assert all(v == fake_tokens(p, 4) for p, v in results.items())
+    assert c.num_in_flight == 0
+
+
+def test_cancel_ends_with_abort(served):
+    _, c = served
+    h = c.submit("long", SamplingParams(max_tokens=100000))
+    next(h.stream(timeout=5))  # it is running
+    assert h.cancel()
+    out = h.result(timeout=5)
+    assert out.finish_reason == "abort" and h.status is RequestStatus.ABORTED
+
+
+def test_result_timeout_and_typed_errors():
+    with CoordinatorThread(max_requests=1) as ct:
+        r = FakeReplica(ct.back)  # never steps
+        with InferenceClient(ct.front) as c:
+            first = c.submit("a")
+            with pytest.raises(TimeoutError, match="has not finished after 0.2 s"):
+                first.result(timeout=0.2)
+            second = c.submit("b")
+            with pytest.raises(OverloadedError, match="--max-requests") as info:
+                second.result(timeout=5)
+            assert info.value.output.finish_reason == "error"
+            assert second.status is RequestStatus.FAILED
+            outs = c.generate(["c"])  # batch form returns errors as outputs
+            assert outs[0].error["code"] == "overloaded"
+        r.close()
+
+
+def test_bad_arguments_raise_before_sending(served):
+    _, c = served
+    with pytest.raises(InvalidRequestError, match="empty"):
+        c.submit("")
+    with pytest.raises(InvalidRequestError, match="non-negative integers"):
+        c.submit([1, -2])
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        c.submit("x", {"temperature": -1})
+    with pytest.raises(InvalidRequestError, match="unknown sampling parameter"):
+        c.submit("x", {"temprature": 0})
+    with pytest.raises(InvalidRequestError, match="timeout"):
+        c.submit("x", timeout=0)
+    h = c.submit("x", SamplingParams(max_tokens=100000), request_id="same")
+    with pytest.raises(InvalidRequestError, match="already in flight"):
+        c.submit("y", request_id="same")
+    h.cancel()
+    h.result(5)
+
+
+def test_close_aborts_what_is_running():
+    with CoordinatorThread() as ct:
+        r = FakeReplica(ct.back)
+        c = InferenceClient(ct.front)
+        h = c.submit("x", SamplingParams(max_tokens=1000))
+        r.wait_for_requests(1)
+        attempt = next(iter(r.requests))
+        c.close()
+        assert h.result(1).finish_reason == "abort"
+        deadline = time.monotonic() + 3
+        while attempt not in r.aborted and time.monotonic() < deadline:
+            r.pump(0.05)
+        assert attempt in r.aborted  # GOODBYE made the coordinator free it at once
+        with pytest.raises(RuntimeError, match="closed"):
+            c.submit("y")
+        r.close()
+
+
+def test_silent_coordinator_fails_requests_instead_of_hanging():
+    # nothing listens on this address
+    with InferenceClient("tcp://127.0.0.1:9", heartbeat_interval=0.1, coordinator_timeout=0.5) as c:
+        h = c.submit("x")
+        with pytest.raises(NoReplicaError, match="lost contact with the coordinator"):
+            h.result(timeout=5)
+
+
+def test_status_and_control(served):
+    ct, c = served
+    st = c.status()
+    assert st["coordinator"]["num_replicas"] == 2
+    assert sorted(r["name"] for r in st["replicas"]) == ["a", "b"]
+    reply = c.control("drain", "a")
+    assert reply["ok"] and reply["replicas"] == ["a"]
+
+
+def test_async_client(served):
+    ct, _ = served
+
+    async def main():
+        async with AsyncInferenceClient(ct.front) as ac:
+            h = ac.submit("async", SamplingParams(max_tokens=4))
+            toks = [t async for d in h.stream() for t in d.token_ids]
+            out = await h.result(timeout=5)
+            assert toks == out.token_ids == fake_tokens("async", 4)
+            outs = await ac.generate(["x", "y"], SamplingParams(max_tokens=2))
+            assert [o.token_ids for o in outs] == [fake_tokens("x", 2), fake_tokens("y", 2)]
+            h2 = ac.submit("c", SamplingParams(max_tokens=100000))
+            async for _ in h2.stream():
+                break
+            h2.cancel()
+            assert (await h2.result(5)).finish_reason == "abort"
+            assert (await ac.status())["coordinator"]["num_replicas"] == 2
+    asyncio.run(main())
+
+
+def test_client_coordinator_and_protocol_never_import_torch():
+    code = ("import sys, coordinator.cli, coordinator.server, client, protocol.codec; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,380 @@
+"""The coordinator over real sockets, with scripted fake replicas and raw protocol clients.
+
+Each test drives the fake replicas by hand, so interleavings (a replica dying after streaming
+two tokens, a delta arriving after a cancel) are exact. Integration tests repeat the important
+ones with the real EngineServer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+
+from coordinator.backend import BACK_HANDLERS
+from coordinator.frontend import FRONT_HANDLERS
+from protocol import codec
+from protocol.kinds import ConnectionKind, ControlKind, LifecycleKind, ReplyKind, RequestKind
+from protocol.messages import (CancelRequest, ClientHello, ControlRequest, DeltaPayload, Heartbeat,
+                               Hello, ReplicaCapacity, StatusRequest, StepOutput, SubmitRequest)
+
+from .test_coordinator_helpers import CoordinatorThread, FakeReplica, RawClient, fake_tokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cluster():
+    ct = CoordinatorThread()
+    opened = []
+
+    def replica(name="r", **kw):
+        r = FakeReplica(ct.back, name, **kw)
+        opened.append(r)
+        return r
+
+    def client():
+        c = RawClient(ct.front)
+        opened.append(c)
+        return c
+    ct.replica, ct.client = replica, client
+    yield ct
+    for x in opened:
+        try:
+            x.close()
+        except Exception:
+            pass
+    ct.stop()
+
+
+def submit(c, rid, prompt="hello", **params):
+    params.setdefault("max_tokens", 4)
+    c.send(SubmitRequest(request_id=rid, prompt=prompt, sampling_params=params))
+
+
+def stats(ct):
+    return ct.coord.dispatcher.stats
+
+
+def wait_until(cond, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_handler_tables_cover_every_kind_a_peer_sends():
+    client_kinds = {RequestKind.SUBMIT, RequestKind.CANCEL, ConnectionKind.CLIENT_HELLO,
+                    ConnectionKind.PING, ConnectionKind.GOODBYE, ControlKind.STATUS,
+                    ControlKind.CONTROL}
+    replica_kinds = {ConnectionKind.HELLO, ConnectionKind.HEARTBEAT, ConnectionKind.GOODBYE,
+                     ReplyKind.STEP_OUTPUT, LifecycleKind.REPLICA_STATE}
+    assert client_kinds <= set(FRONT_HANDLERS)
+    assert replica_kinds <= set(BACK_HANDLERS)
+    from worker.replica_io import ENGINE_COMMANDS
+    assert ENGINE_COMMANDS == {RequestKind.DISPATCH, RequestKind.ABORT, ControlKind.PAUSE,
+                               ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN}
+
+
+def test_stream_reaches_the_client_under_its_own_id(cluster):
+    r = cluster.replica()
+    c = cluster.client()
+    submit(c, "mine", prompt="abc", max_tokens=3, temperature=0.0)
+    r.wait_for_requests(1)
+    (attempt, st), = r.requests.items()
+    assert attempt != "mine" and st["dispatch"].sampling_params["temperature"] == 0.0
+    for _ in range(3):
+        r.step(1)
+    got = c.deltas(1)
+    assert list(got) == ["mine"]
+    assert [t for d in got["mine"] for t in d.token_ids] == fake_tokens("abc", 3)
+    assert [d.finish_reason for d in got["mine"]] == [None, None, "length"]
+    assert stats(cluster).num_completed == 1 and len(cluster.coord.table) == 0
+
+
+def test_replica_loss_resumes_streams_without_duplicates(cluster):
+    a, b = cluster.replica("a"), cluster.replica("b")
+    c = cluster.client()
+    for i in range(6):
+        submit(c, f"q{i}", prompt=f"prompt {i}", max_tokens=6)
+    a.wait_for_requests(3)
+    b.wait_for_requests(3)
+    a.step(2)
+    b.step(2)
+    time.sleep(0.1)
+    a.close()  # vanishes like kill -9: no goodbye
+    b.wait_for_requests(6)
+    resumed = [st["dispatch"] for rid, st in b.requests.items() if rid.endswith(".2")]
+    assert len(resumed) == 3 and all(len(d.resume_token_ids) == 2 for d in resumed)
+    while b.requests:
+        b.step(1)
+    got = c.deltas(6)
+    for i in range(6):
+        tokens = [t for d in got[f"q{i}"] for t in d.token_ids]
+        assert tokens == fake_tokens(f"prompt {i}", 6), f"q{i}"
+        assert sum(d.finish_reason is not None for d in got[f"q{i}"]) == 1
+    assert stats(cluster).num_reroutes == 3 and stats(cluster).num_resumed == 3
+    assert stats(cluster).num_replica_deaths == 1
+
+
+def test_silent_replica_is_declared_dead_and_its_late_deltas_ignored(cluster):
+    a, b = cluster.replica("a"), cluster.replica("b")
+    c = cluster.client()
+    submit(c, "x", max_tokens=3)
+    submit(c, "y", max_tokens=3)
+    a.wait_for_requests(1)
+    b.wait_for_requests(1)
+    deadline = time.monotonic() + 3
+    while len(cluster.coord.registry) == 2 and time.monotonic() < deadline:
+        b.heartbeat()  # only b stays alive
+        b.pump(0.05)
+    assert len(cluster.coord.registry) == 1
+    b.wait_for_requests(2)
+    a.step(3)  # a wakes up and talks: too late
+    a.pump(0.3)
+    assert any(m.KIND.name == "REREGISTER" for m in a.other)
+    while b.requests:
+        b.step(1)
+    got = c.deltas(2)
+    for rid in ("x", "y"):
+        assert [t for d in got[rid] for t in d.token_ids] == fake_tokens("hello", 3)
+    assert wait_until(lambda: stats(cluster).num_stale_deltas >= 1)
+
+
+def test_cancel_aborts_on_the_replica_and_ends_once(cluster):
+    r = cluster.replica()
+    c = cluster.client()
+    submit(c, "k", max_tokens=10)
+    r.wait_for_requests(1)
+    attempt = next(iter(r.requests))
+    r.step(1)
+    c.send(CancelRequest(request_id="k"))
+    assert wait_until(lambda: (r.pump(0.02), attempt in r.aborted)[1])
+    # the replica's own abort final (and a straggling token) arrive after the cancel: ignored
+    r.send(StepOutput(deltas=[DeltaPayload(request_id=attempt, token_ids=[5], finish_reason="abort")]))
+    got = c.deltas(1)
+    assert [d.finish_reason for d in got["k"]][-1] == "abort"
+    assert sum(d.finish_reason is not None for d in got["k"]) == 1
+    assert c.recv(0.3) is None
+    assert wait_until(lambda: stats(cluster).num_stale_deltas == 1)
+
+
+def test_vanished_client_requests_are_aborted(cluster):
+    r = cluster.replica()
+    c = cluster.client()
+    for i in range(3):
+        submit(c, f"z{i}", max_tokens=50)
+    r.wait_for_requests(3)
+    c.close()  # no GOODBYE, no more pings
+    t0 = time.monotonic()
+    deadline = t0 + 5
+    while len(r.aborted) < 3 and time.monotonic() < deadline:
+        r.heartbeat()
+        r.pump(0.1)
+    assert len(r.aborted) == 3, "client's requests were not aborted"
+    assert time.monotonic() - t0 < 5
+    assert stats(cluster).num_client_gone_aborts == 3 and len(cluster.coord.table) == 0
+
+
+def test_admission_limit_replies_overloaded():
+    with CoordinatorThread(max_requests=2) as ct:
+        r = FakeReplica(ct.back)
+        c = RawClient(ct.front)
+        for rid in ("a", "b", "c"):
+            submit(c, rid)
+        got = c.deltas(1)
+        assert got["c"][-1].error.code == "overloaded"
+        assert "--max-requests" in got["c"][-1].error.message
+        assert ct.coord.dispatcher.stats.num_overloaded == 1
+        r.close()
+        c.close()
+
+
+def test_deadline_times_out_and_frees_the_replica(cluster):
+    r = cluster.replica()
+    c = cluster.client()
+    c.send(SubmitRequest(request_id="slow", prompt="x", sampling_params={"max_tokens": 50},
+                         timeout=0.3))
+    r.wait_for_requests(1)
+    attempt = next(iter(r.requests))
+    r.step(1)
+    got = c.deltas(1, timeout=3)
+    final = got["slow"][-1]
+    assert final.finish_reason == "timeout" and final.error.code == "timeout"
+    assert wait_until(lambda: (r.pump(0.02), attempt in r.aborted)[1])
+    assert stats(cluster).num_timeouts == 1
+
+
+def test_no_replica_fails_with_a_clear_error(cluster):
+    c = cluster.client()
+    submit(c, "lonely")
+    got = c.deltas(1, timeout=4)
+    err = got["lonely"][-1].error
+    assert err.code == "no_replica" and "no replica is registered" in err.message
+
+
+def test_pending_request_is_served_when_a_replica_registers(cluster):
+    c = cluster.client()
+    submit(c, "early", max_tokens=2)
+    time.sleep(0.2)
+    r = cluster.replica()
+    r.wait_for_requests(1)
+    r.step(2)
+    assert c.deltas(1)["early"][-1].finish_reason == "length"
+
+
+def test_bad_input_gets_error_replies_and_service_continues(cluster):
+    r = cluster.replica()
+    bad = cluster.client()
+    cases = [
+        [b"", b"\x92\x01\x02"],                                  # msgpack array, not a map
+        [b"", b"\xde\xad\xbe\xef"],                              # random bytes
+        [b"", codec.encode(SubmitRequest(request_id="t", prompt="x"))[:-3]],  # truncated
+        [b"", msgpack.packb({"v": 99, "k": 100, "request_id": "v", "prompt": "x"})],
+        [b"", msgpack.packb({"v": 1, "k": 4242})],                # unknown kind
+        [b"", b"\x80" + b"x" * (cluster.coord.config.max_frame_bytes + 10)],  # over the cap
+        [codec.encode(ClientHello())],                           # no empty delimiter
+    ]
+    for frames in cases:
+        bad.send_raw(*frames)
+    replies = [bad.recv(2.0) for _ in cases]
+    assert all(m is not None and m.KIND.name == "ERROR" and m.code == "protocol" for m in replies), replies
+    text = " | ".join(m.message for m in replies)
+    for needle in ("must be a msgpack map", "not valid msgpack", "protocol version 99",
+                   "unknown message kind 4242", "over the cap", "empty delimiter"):
+        assert needle in text
+    assert [m.request_id for m in replies][3] == "v"
+    submit(bad, "sp", temperature=-1)
+    submit(bad, "empty", prompt="")
+    got = bad.deltas(2)
+    assert got["sp"][-1].error.code == "invalid_request" and "temperature" in got["sp"][-1].error.message
+    assert got["empty"][-1].error.message == "the prompt is empty"
+    good = cluster.client()
+    submit(good, "fine", max_tokens=2)
+    r.wait_for_requests(1)
+    r.step(2)
+    assert good.deltas(1)["fine"][-1].finish_reason == "length"
+    assert stats(cluster).num_bad_frames == len(cases)
+
+
+def test_duplicate_request_id_is_refused_without_ending_the_first(cluster):
+    r = cluster.replica()
+    c = cluster.client()
+    submit(c, "dup", max_tokens=2)
+    r.wait_for_requests(1)
+    submit(c, "dup", max_tokens=2)
+    msg = c.recv()
+    assert msg.KIND.name == "ERROR" and msg.request_id == "dup" and "already in flight" in msg.message
+    r.step(2)
+    assert c.deltas(1)["dup"][-1].finish_reason == "length"
+
+
+def test_wrong_port_messages_get_a_pointer_to_the_right_port(cluster):
+    c = cluster.client()
+    c.send(Hello(replica_name="lost", capacity=ReplicaCapacity(model="m")))
+    msg = c.recv()
+    assert msg.KIND.name == "ERROR" and cluster.back in msg.message
+    r = FakeReplica(cluster.back, "confused", register=False)
+    r.send(SubmitRequest(request_id="a", prompt="x"))
+    msg = r.recv_one(2.0)
+    assert msg.KIND.name == "ERROR" and cluster.front in msg.message
+    r.close()
+
+
+def test_replica_with_another_model_is_refused(cluster):
+    cluster.replica("a", model="tiny-random")
+    other = FakeReplica(cluster.back, "b", register=False)
+    other.send(Hello(replica_name="b", capacity=ReplicaCapacity(model="other-model")))
+    msg = other.recv_one(2.0)
+    assert msg.KIND.name == "ERROR" and "tiny-random" in msg.message
+    assert len(cluster.coord.registry) == 1
+    other.close()
+
+
+def test_hello_retry_is_idempotent_but_a_new_session_re_registers(cluster):
+    r = FakeReplica(cluster.back, "r", register=False)
+    hello = Hello(replica_name="r", capacity=ReplicaCapacity(model="m"), session="s1")
+    r.send(hello)
+    assert r.recv_one(2.0).KIND.name == "HELLO_ACK"
+    c = cluster.client()
+    submit(c, "a", max_tokens=3)
+    r.wait_for_requests(1)
+    first_attempt = next(iter(r.requests))
+    r.send(hello)  # a retry crossing the ack: nothing changes
+    r.pump(0.2)
+    assert stats(cluster).num_reroutes == 0
+    r.send(Hello(replica_name="r", capacity=ReplicaCapacity(model="m"), session="s2"))
+    r.wait_for_requests(2)  # same request, new attempt, same (re-registered) replica
+    assert stats(cluster).num_reroutes == 1
+    new_attempt = [a for a in r.requests if a != first_attempt][0]
+    r.requests.pop(first_attempt)
+    while r.requests:
+        r.step(1)
+    got = c.deltas(1)
+    assert [t for d in got["a"] for t in d.token_ids] == fake_tokens("hello", 3)
+    assert new_attempt.endswith(".2")
+    r.close()
+
+
+def test_pause_and_resume_through_control(cluster):
+    r = cluster.replica("r")
+    c = cluster.client()
+    c.send(ControlRequest(action="pause", replica="r"))
+    reply = c.recv()
+    assert reply.KIND.name == "CONTROL_REPLY" and reply.ok and reply.replicas == ["r"]
+    r.pump(0.2)
+    assert any(m.KIND.name == "PAUSE" for m in r.other)
+    submit(c, "wait", max_tokens=1)
+    r.pump(0.3)
+    assert not r.requests and cluster.coord.dispatcher.num_pending == 1
+    c.send(ControlRequest(action="resume"))
+    assert c.recv().ok
+    r.wait_for_requests(1)
+    r.step(1)
+    assert c.deltas(1)["wait"][-1].finish_reason == "length"
+    c.send(ControlRequest(action="drain", replica="nobody"))
+    reply = c.recv()
+    assert not reply.ok and "nobody" in reply.message
+
+
+def test_status_reports_replicas_and_counters(cluster):
+    r = cluster.replica("r")
+    r.heartbeat(num_running=2, num_free_blocks=40, num_total_blocks=100)
+    c = cluster.client()
+    time.sleep(0.1)
+    c.send(StatusRequest())
+    msg = c.recv()
+    assert msg.coordinator["num_replicas"] == 1
+    row = msg.replicas[0]
+    assert row["name"] == "r" and row["num_running"] == 2 and row["kv_used"] == pytest.approx(0.6)
+
+
+def test_graceful_stop_finishes_in_flight_and_refuses_new():
+    ct = CoordinatorThread()
+    r = FakeReplica(ct.back)
+    c = RawClient(ct.front)
+    submit(c, "inflight", max_tokens=2)
+    r.wait_for_requests(1)
+    ct.coord.request_stop(graceful=True)
+    time.sleep(0.3)
+    submit(c, "late")
+    got = c.deltas(1)
+    assert got["late"][-1].error.code == "overloaded"
+    r.step(2)
+    got = c.deltas(1)
+    assert got["inflight"][-1].finish_reason == "length"
+    ct.thread.join(5)
+    assert not ct.thread.is_alive()
+    r.close()
+    c.close()
+
+
+def test_heartbeat_from_unknown_replica_gets_reregister(cluster):
+    r = FakeReplica(cluster.back, "ghost", register=False)
+    r.send(Heartbeat())
+    msg = r.recv_one(2.0)
+    assert msg.KIND.name == "REREGISTER"
+    r.close()

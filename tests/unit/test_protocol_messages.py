@@ -1,0 +1,206 @@
+"""Every wire message round-trips, and every validation rule rejects with ProtocolError."""
+
+from __future__ import annotations
+
+import enum
+
+import msgpack
+import pytest
+
+from protocol import ProtocolError, RequestDelta
+from protocol import codec
+from protocol import kinds
+from protocol.kinds import (ALL_KINDS, KIND_RANGES, PROTOCOL_VERSION, ConnectionKind, ControlKind,
+                            LifecycleKind, ReplyKind, RequestKind)
+from protocol.messages import (MESSAGE_TYPES, AbortRequest, CancelRequest, ClientHello,
+                               ControlReply, ControlRequest, DeltaPayload, DeltaReply,
+                               DispatchRequest, Drain, ErrorInfo, ErrorReply, Goodbye, Heartbeat,
+                               HeartbeatAck, Hello, HelloAck, Message, Pause, Ping, Pong,
+                               ReplicaCapacity, ReplicaLoad, ReplicaStateChange, Reregister,
+                               Resume, Shutdown, StatusReply, StatusRequest, StepOutput,
+                               SubmitRequest)
+
+CAP = ReplicaCapacity(model="tiny-random", num_total_blocks=10, block_size=16, max_num_seqs=4,
+                      max_model_len=128)
+DELTA = DeltaPayload(request_id="r1", token_ids=[1, 2, 3], text="abc",
+                     logprobs=[[-0.5, {7: -1.25, 9: -2.0}]], num_prompt_tokens=4)
+FINAL = DeltaPayload(request_id="r2", finish_reason="error", error=ErrorInfo(code="engine", message="x"),
+                     prompt_token_ids=[5, 6])
+
+# One example per kind; the test below insists the table is complete.
+EXAMPLES = {
+    ConnectionKind.HELLO: Hello(replica_name="r0", capacity=CAP, pid=12, host="h", session="s1"),
+    ConnectionKind.HELLO_ACK: HelloAck(coordinator="c", heartbeat_interval=0.25, num_replicas=2, model="m"),
+    ConnectionKind.HEARTBEAT: Heartbeat(state="draining", load=ReplicaLoad(num_running=3, tokens_per_s=12.5)),
+    ConnectionKind.HEARTBEAT_ACK: HeartbeatAck(),
+    ConnectionKind.CLIENT_HELLO: ClientHello(client_name="cli"),
+    ConnectionKind.PING: Ping(),
+    ConnectionKind.PONG: Pong(),
+    ConnectionKind.GOODBYE: Goodbye(reason="bye"),
+    ConnectionKind.REREGISTER: Reregister(reason="who?"),
+    RequestKind.SUBMIT: SubmitRequest(request_id="a", prompt="hi", sampling_params={"max_tokens": 3},
+                                      priority=-2, timeout=1.5),
+    RequestKind.CANCEL: CancelRequest(request_id="a"),
+    RequestKind.DISPATCH: DispatchRequest(request_id="0.1", prompt_token_ids=[1, 2],
+                                          sampling_params={"temperature": 0.0}, resume_token_ids=[4]),
+    RequestKind.ABORT: AbortRequest(request_ids=["0.1", "3.2"]),
+    ReplyKind.DELTA: DeltaReply(deltas=[DELTA, FINAL]),
+    ReplyKind.STEP_OUTPUT: StepOutput(deltas=[DELTA], load=ReplicaLoad(num_free_blocks=5)),
+    ReplyKind.ERROR: ErrorReply(code="protocol", message="bad", request_id="a"),
+    ReplyKind.STATUS_REPLY: StatusReply(coordinator={"num_replicas": 1, "name": "c", "x": 1.5},
+                                        replicas=[{"name": "r0", "state": "active"}]),
+    ReplyKind.CONTROL_REPLY: ControlReply(ok=False, message="none", replicas=["r0"]),
+    ControlKind.PAUSE: Pause(reason="op"),
+    ControlKind.RESUME: Resume(),
+    ControlKind.DRAIN: Drain(),
+    ControlKind.SHUTDOWN: Shutdown(graceful=False, reason="now"),
+    ControlKind.STATUS: StatusRequest(),
+    ControlKind.CONTROL: ControlRequest(action="drain", replica="r0"),
+    LifecycleKind.REPLICA_STATE: ReplicaStateChange(state="drained", reason="done"),
+}
+
+
+def test_every_kind_has_a_struct_and_an_example():
+    assert set(MESSAGE_TYPES) == set(ALL_KINDS)
+    assert set(EXAMPLES) == set(ALL_KINDS)
+    for kind, msg in EXAMPLES.items():
+        assert MESSAGE_TYPES[kind] is type(msg)
+
+
+@pytest.mark.parametrize("kind", list(EXAMPLES), ids=lambda k: k.name)
+def test_round_trip(kind):
+    msg = EXAMPLES[kind]
+    payload = codec.encode(msg)
+    back = codec.decode(payload)
+    assert type(back) is type(msg)
+    assert back == msg
+    wire = msg.to_wire()
+    assert wire["v"] == PROTOCOL_VERSION and wire["k"] == int(kind)
+    assert type(msg).from_wire(wire) == msg
+
+
+def test_kind_ranges_do_not_overlap_and_members_stay_in_range():
+    for family, (lo, hi) in KIND_RANGES.items():
+        assert all(lo <= m.value <= hi for m in family)
+    numbers = [m.value for m in ALL_KINDS]
+    assert len(numbers) == len(set(numbers))
+
+
+def test_kind_table_check_catches_collisions(monkeypatch):
+    class Clash(enum.IntEnum):
+        X = 100  # inside RequestKind's range
+    monkeypatch.setitem(KIND_RANGES, Clash, (150, 160))
+    with pytest.raises(RuntimeError, match="overlap"):
+        kinds._build_kind_table()
+
+
+def test_kind_table_check_catches_out_of_range(monkeypatch):
+    class Stray(enum.IntEnum):
+        Y = 999
+    monkeypatch.setitem(KIND_RANGES, Stray, (900, 950))
+    with pytest.raises(RuntimeError, match="outside"):
+        kinds._build_kind_table()
+
+
+def test_delta_payload_converts_to_and_from_request_delta():
+    d = RequestDelta(request_id="q", token_ids=[4], text="x", finish_reason="error",
+                     error={"code": "engine", "message": "boom"}, num_prompt_tokens=3)
+    p = DeltaPayload.from_delta(d, prompt_token_ids=[1, 2, 3])
+    assert p.to_delta() == d
+    assert p.prompt_token_ids == [1, 2, 3]
+
+
+def _wire(kind, **fields):
+    return {"v": PROTOCOL_VERSION, "k": int(kind), **fields}
+
+
+@pytest.mark.parametrize("data, match", [
+    ([1, 2], "must be a map"),
+    ({"k": 100}, "protocol version None"),
+    ({"v": 99, "k": 100}, "protocol version 99"),
+    ({"v": True, "k": 100}, "protocol version True"),
+    ({"v": PROTOCOL_VERSION}, "kind must be an integer"),
+    ({"v": PROTOCOL_VERSION, "k": "SUBMIT"}, "kind must be an integer"),
+    ({"v": PROTOCOL_VERSION, "k": 777}, "unknown message kind 777"),
+    (_wire(RequestKind.SUBMIT, prompt="x"), "missing the required field 'request_id'"),
+    (_wire(RequestKind.SUBMIT, request_id="", prompt="x"), r"request_id must have 1\.\.256"),
+    (_wire(RequestKind.SUBMIT, request_id="x" * 257, prompt="x"), r"1\.\.256"),
+    (_wire(RequestKind.SUBMIT, request_id=5, prompt="x"), "request_id must be a string"),
+    (_wire(RequestKind.SUBMIT, request_id="a"), "exactly one of"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", prompt_token_ids=[1]), "exactly one of"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt_token_ids=[1, -1]), "integers in 0"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt_token_ids=[1, 2.5]), "integers in 0"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt_token_ids="12"), "list of token ids"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", priority=True), "priority must be an integer"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", priority=2**40), "priority must be in"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", timeout=0), "timeout must be in"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", timeout=float("nan")), "finite"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", sampling_params=[1]), "must be a map"),
+    (_wire(RequestKind.SUBMIT, request_id="a", prompt="x", sampling_params={1: 2}), "keys must be strings"),
+    (_wire(RequestKind.ABORT, request_ids=["a", 3]), r"request_ids\[1\] must be a string"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "finish_reason": "bored"}]), "must be one of"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "error": {"code": "x"}}]), "no finish_reason"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas="nope"), "must be a list"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "logprobs": [[{(1, 2): 3}]]}]), "keys must be token ids"),
+    (_wire(ConnectionKind.HELLO, replica_name="r", capacity={"model": "m", "block_size": 0}), "block_size must be in"),
+    (_wire(ConnectionKind.HELLO, replica_name="r"), "missing the required field 'capacity'"),
+    (_wire(ConnectionKind.HEARTBEAT, state="sleepy"), "must be one of"),
+    (_wire(ConnectionKind.HEARTBEAT, load={"num_running": -1}), "num_running must be in"),
+    (_wire(ControlKind.CONTROL, action="explode"), "must be one of"),
+    (_wire(ControlKind.SHUTDOWN, graceful=1), "true or false"),
+])
+def test_validation_errors_name_the_problem(data, match):
+    with pytest.raises(ProtocolError, match=match):
+        Message.from_wire(data)
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility():
+    msg = Message.from_wire(_wire(RequestKind.CANCEL, request_id="a", added_in_v2=[1, 2]))
+    assert msg == CancelRequest(request_id="a")
+
+
+def test_subclass_from_wire_checks_the_kind():
+    with pytest.raises(ProtocolError, match="expected a CANCEL message, got SUBMIT"):
+        CancelRequest.from_wire(SubmitRequest(request_id="a", prompt="x").to_wire())
+
+
+def test_codec_frame_cap_on_both_sides():
+    big = SubmitRequest(request_id="a", prompt="x" * 5000)
+    with pytest.raises(ProtocolError, match="over the frame cap of 2048 bytes"):
+        codec.encode(big, max_frame_bytes=2048)
+    payload = codec.encode(big)
+    with pytest.raises(ProtocolError, match="over the cap of 2048 bytes"):
+        codec.decode(payload, max_frame_bytes=2048)
+
+
+@pytest.mark.parametrize("payload, match", [
+    (b"", "empty frame"),
+    (b"\xc1", "not valid msgpack"),
+    (msgpack.packb([1, 2, 3]), "must be a msgpack map"),
+    (msgpack.packb({"v": 1, "k": 6}) + b"\x00", "not valid msgpack"),
+    (msgpack.packb({"v": 1, "k": 6})[:-1], "not valid msgpack"),
+    (msgpack.packb(msgpack.ExtType(5, b"xx")), "extension type 5"),
+    (b"\x81\xa1v\xc3", "protocol version True"),
+    (msgpack.packb({"v": 1, "k": 100, "request_id": b"\xff", "prompt": "x"}, use_bin_type=True),
+     "request_id must be a string"),
+    (msgpack.packb({"v": 1, "k": 100, "request_id": "a", "prompt": b"\xff\xfe"}, use_bin_type=False),
+     "not valid msgpack"),
+    (None, "must be bytes"),
+])
+def test_codec_rejects_bad_bytes(payload, match):
+    with pytest.raises(ProtocolError, match=match):
+        codec.decode(payload)
+
+
+def test_split_envelope():
+    assert codec.split_envelope([b"id", b"", b"p"]) == ([b"id"], b"p")
+    with pytest.raises(ProtocolError, match="empty delimiter"):
+        codec.split_envelope([b"id", b"p"])
+    with pytest.raises(ProtocolError, match="empty delimiter"):
+        codec.split_envelope([b"id", b"x", b"p"])
+
+
+def test_peek_request_id():
+    assert codec.peek_request_id({"request_id": "abc"}) == "abc"
+    assert codec.peek_request_id({"request_id": 3}) is None
+    assert codec.peek_request_id(None) is None
