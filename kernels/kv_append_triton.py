@@ -11,7 +11,6 @@ an fp8 cache with a scale), add the conversion at the store; keep K and V in the
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

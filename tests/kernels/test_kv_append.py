@@ -1,4 +1,4 @@
-"""Triton KV append vs `kv_append_ref`: scatter by slot, padding skipped, caches updated in place."""
+"""Triton KV append vs `kv_append_ref`: scatter by slot, padding skipped, caches in place."""
 
 import pytest
 import torch
@@ -15,7 +15,8 @@ def _case(device, dtype, num_tokens, num_kv_heads, head_dim, block_size, num_blo
     if pad_every:
         slots[::pad_every] = -1
     # Caches start from random junk so that skipped slots are detectably untouched.
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device=device,
+                          dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     return key, value, k_cache, v_cache, slots
 
