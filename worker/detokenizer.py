@@ -6,22 +6,69 @@ U+FFFD) and, while stop strings are set, the last `max(len(stop)) - 1` character
 the start of a stop string). `push()` returns the new visible text and whether a stop string
 ended the request; the text never contains the stop string itself.
 
-Technique: decode a small window that starts a few tokens before the unread ones and diff it
-with the decoding of that window without them; byte-level BPE tokenizers then give the exact
-new characters, including a leading space.
+Two techniques. Byte-level BPE tokenizers (GPT-2 style: Qwen, Llama 3, ours) get a fast path:
+`byte_level_table()` maps every id to its raw bytes once, and each push appends bytes to an
+incremental UTF-8 decoder (O(1) per token, no tokenizer call). Other tokenizers decode a small
+window that starts a few tokens before the unread ones and diff it with the decoding of that
+window without them.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 from typing import Optional, Sequence
 
 _WINDOW = 6  # tokens of left context kept so merges/spaces decode the same way
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character map used by byte-level BPE vocabularies."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) \
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[list[bytes]]:
+    """Raw bytes of every token id, or None when the tokenizer is not plain byte-level BPE (or
+    post-processes decoded text), in which case the generic window path is used."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+    except Exception:
+        return None
+    if decoder.get("type") != "ByteLevel":
+        return None
+    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+    added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    table = []
+    for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        if i in added:
+            skip = skip_special_tokens and (i in special or getattr(added[i], "special", False))
+            table.append(b"" if skip else str(added[i]).encode())
+        elif tok is None or any(c not in byte_of for c in tok):
+            return None
+        else:
+            table.append(bytes(byte_of[c] for c in tok))
+    return table
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, context_token_ids: Sequence[int], stop: Sequence[str] = (),
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, byte_table: Optional[list[bytes]] = None):
         self.tokenizer = tokenizer
+        self.byte_table = byte_table
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") if byte_table else None
         self.vocab_limit = len(tokenizer)
         self.skip_special = skip_special_tokens
         self.tokens = [t for t in context_token_ids if t < self.vocab_limit]
@@ -37,6 +84,10 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: Sequence[int], final: bool = False) -> tuple[str, bool]:
         """Add tokens; return (text to emit now, stopped by a stop string)."""
+        if self._utf8 is not None:
+            table = self.byte_table
+            data = b"".join(table[t] for t in token_ids if t < len(table))
+            return self._accept(self._utf8.decode(data, final=final), final)
         self.tokens.extend(t for t in token_ids if t < self.vocab_limit)
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
         full = self._decode(self.tokens[self.prefix_offset:])
@@ -46,6 +97,10 @@ class IncrementalDetokenizer:
             new = full[len(prefix):]
             self.prefix_offset = max(self.prefix_offset, len(self.tokens) - _WINDOW)
             self.read_offset = len(self.tokens)
+        return self._accept(new, final)
+
+    def _accept(self, new: str, final: bool) -> tuple[str, bool]:
+        """Append decoded text, apply stop strings and the hold-back rule."""
         start_search = max(0, len(self.text) - self.hold)
         self.text += new
         stopped = False

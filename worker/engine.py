@@ -24,7 +24,7 @@ from protocol import (EngineError, FinishReason, InvalidRequestError, RequestDel
 
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import IncrementalDetokenizer, byte_level_table
 from .loader import load_hf_config, load_tokenizer, resolve_model_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
@@ -60,6 +60,7 @@ class DynamicEngine:
             raise InvalidRequestError(str(exc)) from None
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
+        self._byte_table = byte_level_table(self.tokenizer)
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
         self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
@@ -111,7 +112,8 @@ class DynamicEngine:
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         if params.seed is not None:
             self._generators[request_id] = torch.Generator().manual_seed(params.seed)
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids + resume, params.stop)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids + resume, params.stop,
+                                                         byte_table=self._byte_table)
         return request_id
 
     def _tokenize(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
