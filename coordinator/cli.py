@@ -56,6 +56,7 @@ def _coordinator_config(kw: dict) -> CoordinatorConfig:
             routing=kw["routing"], max_requests=kw["max_requests"],
             heartbeat_interval=kw["heartbeat_interval"], replica_timeout=kw["replica_timeout"],
             client_timeout=kw["client_timeout"], drain_timeout=kw["drain_timeout"],
+            no_replica_timeout=kw["no_replica_timeout"],
             max_frame_bytes=kw["max_frame_bytes"])
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
@@ -68,6 +69,7 @@ def _coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
             "--replica-timeout", str(cfg.replica_timeout),
             "--client-timeout", str(cfg.client_timeout),
             "--drain-timeout", str(cfg.drain_timeout),
+            "--no-replica-timeout", str(cfg.no_replica_timeout),
             "--max-frame-bytes", str(cfg.max_frame_bytes)]
 
 

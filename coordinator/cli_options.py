@@ -85,6 +85,8 @@ def coordinator_options(func):
                      help="a replica silent this long is dead; its requests are re-routed"),
         click.option("--client-timeout", default=4.0, show_default=True, type=float,
                      help="a client silent this long is gone; its requests are aborted"),
+        click.option("--no-replica-timeout", default=10.0, show_default=True, type=float,
+                     help="a request waits this long for any replica before failing"),
         click.option("--drain-timeout", default=30.0, show_default=True, type=float,
                      help="on SIGTERM, wait this long for in-flight requests"),
         click.option("--max-frame-bytes", default=16 * 1024 * 1024, show_default=True, type=int,

@@ -1,0 +1,204 @@
+"""Real clusters for integration tests: coordinator and replicas as processes on loopback.
+
+Owns: `ClusterProcs` (start a coordinator + N `python -m worker` replicas on free ports, wait
+until registered, kill / restart a replica, stop everything), the shared session cluster
+(2 replicas of tiny-random) and the offline reference outputs (the same prompts through
+`worker.LLM` in this process). Every process started here is ended in a `finally`, and each
+child also gets SIGTERM if this test process dies (parent-death signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from client import InferenceClient
+from coordinator.launcher import _die_with_parent
+from protocol import SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+# Small but enough KV for 200 short requests without preemption.
+REPLICA_ENGINE_ARGS = ["--model", "tiny-random", "--num-kv-blocks", "2048", "--max-num-seqs", "256"]
+COORDINATOR_ARGS = ["--heartbeat-interval", "0.2", "--replica-timeout", "2.0",
+                    "--client-timeout", "3.0", "--no-replica-timeout", "20"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(threads: int = 1) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(threads)  # 2 CI cores shared by all replicas
+    return env
+
+
+def spawn(argv: list[str], log_path: Path, env: Optional[dict] = None) -> subprocess.Popen:
+    log = open(log_path, "ab", buffering=0)
+    try:
+        return subprocess.Popen(argv, cwd=REPO, env=env or child_env(), stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    finally:
+        log.close()
+
+
+def stop_process(proc: Optional[subprocess.Popen], grace: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+class ClusterProcs:
+    """A coordinator and replicas as processes; `prefix` wraps commands (e.g. `ip netns exec`)."""
+
+    def __init__(self, log_dir: Path, num_replicas: int = 2, host: str = "127.0.0.1",
+                 connect_host: Optional[str] = None, coordinator_args=(), replica_args=(),
+                 coordinator_prefix=(), replica_prefixes=None, replica_connect_hosts=None):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.port, self.replica_port = free_port(), free_port()
+        self.host = host
+        self.connect_host = connect_host or host
+        self.address = f"tcp://{self.connect_host}:{self.port}"
+        self.coordinator_args = [*COORDINATOR_ARGS, *coordinator_args]
+        self.replica_args = [*REPLICA_ENGINE_ARGS, *replica_args]
+        self.coordinator_prefix = list(coordinator_prefix)
+        self.replica_prefixes = replica_prefixes or [[] for _ in range(num_replicas)]
+        self.replica_connect_hosts = replica_connect_hosts or [self.connect_host] * num_replicas
+        self.coordinator: Optional[subprocess.Popen] = None
+        self.replicas: list[Optional[subprocess.Popen]] = [None] * num_replicas
+        self.num_replicas = num_replicas
+
+    def coordinator_log(self) -> str:
+        return (self.log_dir / "coordinator.log").read_text(errors="replace")
+
+    def replica_log(self, i: int) -> str:
+        return (self.log_dir / f"replica-{i}.log").read_text(errors="replace")
+
+    def start(self, timeout: float = 180.0) -> "ClusterProcs":
+        self.coordinator = spawn(
+            [*self.coordinator_prefix, sys.executable, "-m", "coordinator", "coordinator",
+             "--host", self.host, "--port", str(self.port), "--replica-port",
+             str(self.replica_port), *self.coordinator_args], self.log_dir / "coordinator.log")
+        for i in range(self.num_replicas):
+            self.start_replica(i)
+        self.wait_replicas(self.num_replicas, timeout)
+        return self
+
+    def start_replica(self, i: int) -> None:
+        target = f"tcp://{self.replica_connect_hosts[i]}:{self.replica_port}"
+        self.replicas[i] = spawn(
+            [*self.replica_prefixes[i], sys.executable, "-m", "worker", "--coordinator", target,
+             "--name", f"replica-{i}", "--heartbeat-interval", "0.2", "--coordinator-timeout", "5",
+             *self.replica_args], self.log_dir / f"replica-{i}.log")
+
+    def kill_replica(self, i: int, sig: int = signal.SIGKILL) -> None:
+        self.replicas[i].send_signal(sig)
+        self.replicas[i].wait(10)
+
+    def status(self, timeout: float = 5.0) -> dict:
+        with InferenceClient(self.address, name="test-status") as c:
+            return c.status(timeout=timeout)
+
+    def wait_replicas(self, n: int, timeout: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            for i, p in enumerate([self.coordinator, *self.replicas]):
+                if p is not None and p.poll() is not None:
+                    name = "coordinator" if i == 0 else f"replica-{i - 1}"
+                    log = self.coordinator_log() if i == 0 else self.replica_log(i - 1)
+                    raise RuntimeError(f"{name} exited with {p.returncode}:\n{log[-3000:]}")
+            try:
+                last = self.status(timeout=2.0)
+                if last["coordinator"]["num_replicas"] >= n:
+                    return last
+            except TimeoutError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"only {last and last['coordinator']['num_replicas']} of {n} replicas "
+                           f"registered after {timeout} s")
+
+    def wait_idle(self, timeout: float = 10.0) -> dict:
+        """Until nothing is in flight and every replica reports all KV blocks free."""
+        deadline = time.monotonic() + timeout
+        st = None
+        while time.monotonic() < deadline:
+            st = self.status()
+            live = [r for r in st["replicas"] if r["state"] != "dead"]
+            if st["coordinator"]["num_in_flight"] == 0 and all(
+                    r["num_running"] == 0 and r["num_waiting"] == 0
+                    and r["num_free_blocks"] == r["num_total_blocks"] for r in live):
+                return st
+            time.sleep(0.2)
+        raise AssertionError(f"cluster not idle after {timeout} s: {st}")
+
+    def stop(self) -> None:
+        for p in self.replicas:
+            stop_process(p)
+        stop_process(self.coordinator)
+
+
+def prompt_set(n: int = 200, seed: int = 0) -> list[tuple[str, SamplingParams]]:
+    """Varied prompts (shared prefixes, different lengths) with greedy params of varied length."""
+    import random
+    rng = random.Random(seed)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world",
+             "capital", "of", "France", "is", "Paris", "tokens", "cache", "serving", "batch"]
+    prefixes = ["System: you are a helpful assistant. ", "Once upon a time, ", "def main():\n", ""]
+    out = []
+    for i in range(n):
+        body = " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+        prompt = f"{prefixes[i % len(prefixes)]}{i}: {body}"
+        out.append((prompt, SamplingParams(temperature=0.0, max_tokens=rng.randint(4, 16),
+                                           ignore_eos=bool(i % 2))))
+    return out
+
+
+@pytest.fixture(scope="session")
+def offline_reference():
+    """`fn(prompts_and_params) -> token id lists` through the offline engine in this process,
+    cached per prompt set (one engine for the whole session)."""
+    import torch
+    from worker import LLM
+    torch.set_num_threads(1)  # like the replicas (OMP_NUM_THREADS=1)
+    llm = LLM("tiny-random", num_kv_blocks=2048, max_num_seqs=256)
+    cache: dict = {}
+
+    def reference(items):
+        key = tuple((p if isinstance(p, str) else tuple(p), sp.max_tokens, sp.ignore_eos)
+                    for p, sp in items)
+        if key not in cache:
+            outs = llm.generate([p for p, _ in items], [sp for _, sp in items], use_tqdm=False)
+            cache[key] = [(o.token_ids, o.text) for o in outs]
+        return cache[key]
+    return reference
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    procs = ClusterProcs(tmp_path_factory.mktemp("cluster-logs"), num_replicas=2)
+    try:
+        procs.start()
+        yield procs
+    finally:
+        procs.stop()
