@@ -4,13 +4,14 @@ conversion of a `SchedulerOutput` into the per-step tensors the model reads.
 Owns: KV tensors per layer, `[num_blocks, block_size, num_kv_heads, head_dim]` for K and V, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
 tables, sequence lengths, query start offsets) plus the rows whose logits are sampled. Host
-lists are turned into tensors once and copied to the device in one non-blocking transfer each.
+lists are packed into one buffer and copied to the device in a single non-blocking transfer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .models.decoder import AttentionMetadata
@@ -42,36 +43,46 @@ class DynamicContext:
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         bs = self.block_size
-        input_ids, positions, slots, seq_lens, qsl, sample_rows, sample_ids = [], [], [], [], [0], [], []
-        max_blocks = max(len(r.block_ids) for r in out.requests)
-        tables = []
+        reqs = out.requests
+        num_seqs = len(reqs)
+        input_ids, positions, slots, sample_rows, sample_ids = [], [], [], [], []
+        seq_lens = np.empty(num_seqs, dtype=np.int32)
+        qsl = np.zeros(num_seqs + 1, dtype=np.int32)
+        tables = np.zeros((num_seqs, max(len(r.block_ids) for r in reqs)), dtype=np.int32)
         max_q = 0
-        for r in out.requests:
+        end = 0
+        for i, r in enumerate(reqs):
             n = len(r.token_ids)
             start = r.start_position
-            input_ids.extend(r.token_ids)
-            positions.extend(range(start, start + n))
             blocks = r.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-            seq_lens.append(start + n)
-            qsl.append(qsl[-1] + n)
-            tables.append(blocks + [0] * (max_blocks - len(blocks)))
-            max_q = max(max_q, n)
+            tables[i, :len(blocks)] = blocks
+            input_ids.extend(r.token_ids)
+            if n == 1:  # decode: the common case, kept free of per-token loops
+                positions.append(start)
+                slots.append(blocks[start // bs] * bs + start % bs)
+            else:
+                positions.extend(range(start, start + n))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
+            end += n
+            seq_lens[i] = start + n
+            qsl[i + 1] = end
+            if n > max_q:
+                max_q = n
             if r.needs_sample:
-                sample_rows.append(qsl[-1] - 1)
+                sample_rows.append(end - 1)
                 sample_ids.append(r.request_id)
-        dev = self.device
-        pin = dev.type == "cuda"
-
-        def to_dev(values, dtype):
-            t = torch.tensor(values, dtype=dtype, pin_memory=pin)
-            return t.to(dev, non_blocking=True) if pin else t
-
-        meta = AttentionMetadata(slot_mapping=to_dev(slots, torch.int64),
-                                 block_tables=to_dev(tables, torch.int32),
-                                 seq_lens=to_dev(seq_lens, torch.int32),
-                                 query_start_loc=to_dev(qsl, torch.int32),
-                                 max_query_len=max_q, max_seq_len=max(seq_lens))
-        return StepInputs(input_ids=to_dev(input_ids, torch.int64), positions=to_dev(positions, torch.int64),
-                          meta=meta, sample_indices=to_dev(sample_rows, torch.int64),
+        # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
+        parts = [np.asarray(input_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64),
+                 np.asarray(slots, dtype=np.int64), np.asarray(sample_rows, dtype=np.int64),
+                 seq_lens.astype(np.int64), qsl.astype(np.int64), tables.reshape(-1).astype(np.int64)]
+        host = torch.from_numpy(np.concatenate(parts))
+        if self.device.type == "cuda":
+            flat = host.pin_memory().to(self.device, non_blocking=True)
+        else:
+            flat = host
+        views = torch.split(flat, [len(p) for p in parts])
+        meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape).to(torch.int32),
+                                 seq_lens=views[4].to(torch.int32), query_start_loc=views[5].to(torch.int32),
+                                 max_query_len=max_q, max_seq_len=int(seq_lens.max()))
+        return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
                           sample_request_ids=sample_ids)
