@@ -100,7 +100,9 @@ def run_hf(mode, model_path, dtype, device, load_format, prompts, out_lens):
     model.eval()
     n_tokens = 0
     t = time.perf_counter()
-    with torch.inference_mode():
+    # no_grad, not inference_mode: HF's continuous batching updates its cache from a worker
+    # thread, which may not touch inference tensors created here.
+    with torch.no_grad():
         if mode == "sequential":
             from tqdm.auto import tqdm
             for p, n in tqdm(list(zip(prompts, out_lens)), desc="HF generate", unit="req"):
