@@ -17,8 +17,10 @@ from .routing import ROUTING_POLICIES
 
 
 class CliError(click.ClickException):
-    def format_message(self) -> str:
-        return self.message
+    """A one-line error for the user (no "Error:" prefix, no traceback); exit code 1."""
+
+    def show(self, file=None) -> None:
+        click.echo(self.message, err=True)
 
 
 def _engine_type(f: dataclasses.Field):

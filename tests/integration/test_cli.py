@@ -1,0 +1,107 @@
+"""The `infer-cluster` CLI as a user runs it: `serve` until SIGTERM, and the client commands
+against it; offline `generate` (the README quick start) without a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import REPO, child_env, free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator", "--log-level", "WARNING", *args],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purposes
+        return f.read().split()[2] != "Z"
+
+
+def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "serve", "--port", str(port), "--replica-port",
+         str(free_port()), "--num-kv-blocks", "1024", "--log-dir", str(tmp_path)],
+        cwd=REPO, env=child_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                line = proc.stdout.readline()
+                break
+        assert "serving tiny-random on " + address in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+
+        st = cli("status", "--address", address, "--json")
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        assert status["coordinator"]["num_replicas"] == 1
+        pids = [r["pid"] for r in status["replicas"]]
+        table = cli("status", "--address", address).stdout
+        assert "replica-0" in table and "active" in table and "KV USED" in table
+
+        gen = cli("generate", "--address", address, "--max-tokens", "8", "Hello")
+        assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr
+        two = cli("generate", "--address", address, "--max-tokens", "4", "a", "b")
+        assert two.returncode == 0 and "[0] 'a'" in two.stdout and "[1] 'b'" in two.stdout
+
+        bad = cli("generate", "--address", address, "--temperature", "-1", "x")
+        assert bad.returncode != 0 and bad.stderr.strip().startswith("error: temperature")
+        assert len(bad.stderr.strip().splitlines()) == 1
+
+        out = tmp_path / "bench.json"
+        b = cli("bench", "--address", address, "-n", "20", "--output-len", "8",
+                "--concurrency", "8", "--json", str(out))
+        assert b.returncode == 0, b.stderr
+        summary = json.loads(out.read_text())
+        assert summary["num_completed"] == 20 and summary["ttft_p50_ms"] > 0
+        assert "tpot_p99_ms" in b.stdout
+
+        ctl = cli("control", "drain", "--replica", "replica-0", "--address", address)
+        assert ctl.returncode == 0 and "replica-0" in ctl.stdout
+        ctl = cli("control", "resume", "--address", address)
+        assert ctl.returncode == 0
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        deadline = time.monotonic() + 10
+        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_pid_alive(p) for p in pids), "serve left a replica running"
+        assert "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in pids:
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_status_without_a_coordinator_is_a_one_line_error():
+    r = cli("status", "--address", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
+    assert r.returncode != 0
+    assert r.stderr.strip().startswith("error: no reply from the coordinator")
+
+
+def test_offline_generate_quick_start():
+    r = cli("generate", "--max-tokens", "6", "Hello", timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
