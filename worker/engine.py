@@ -61,6 +61,9 @@ class DynamicEngine:
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
         self._byte_table = byte_level_table(self.tokenizer)
+        if runner_factory is None and config.world_size > 1:
+            from .distributed import DistributedRunner
+            runner_factory = DistributedRunner
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
         self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
@@ -212,6 +215,12 @@ class DynamicEngine:
         self._generators.pop(request_id, None)
         detok = self._detok.pop(request_id, None)
         return detok.flush() if detok is not None else ""
+
+    def close(self) -> None:
+        """Release the runner's processes (tensor/pipeline-parallel ranks); idempotent."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     # -- introspection --------------------------------------------------------------------------
 

@@ -98,3 +98,15 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the engine's helper processes (tensor/pipeline-parallel ranks); idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

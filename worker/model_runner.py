@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from protocol import OutOfMemoryError
 
 from .config import EngineConfig
-from .context import DynamicContext
+from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
@@ -63,7 +63,10 @@ def _default_dtype(dtype: torch.dtype):
 class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
                  max_model_len: int, ps: Optional[ParallelState] = None,
-                 layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0):
+                 layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0,
+                 agree_num_kv_blocks: Optional[Callable[[int], int]] = None):
+        """`agree_num_kv_blocks` (ranks of one replica) gets this shard's pool size and returns
+        the size every rank uses (the minimum), before the pool is allocated."""
         self.config = config
         self.spec = spec
         self.ps = ps or ParallelState()
@@ -81,6 +84,8 @@ class ModelRunner:
         self.num_layers = end - start
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 1
         self.num_kv_blocks = self._size_kv_pool()
+        if agree_num_kv_blocks is not None:
+            self.num_kv_blocks = agree_num_kv_blocks(self.num_kv_blocks)
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
                                       self.num_kv_heads, spec.head_dim, self.dtype, self.device)
         self.graphs: Optional[DecodeGraphs] = None
@@ -154,7 +159,11 @@ class ModelRunner:
             query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
             max_query_len=n, max_seq_len=n)
         ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        hidden = self._forward(ids, torch.arange(n, device=dev), meta, ctx.kv_caches)
+        hidden = residual = None
+        if not self.model.is_first:  # a later pipeline stage: stand-in activations
+            hidden = torch.zeros(n, self.spec.hidden_size, dtype=self.dtype, device=dev)
+            residual = torch.zeros_like(hidden)
+        hidden = self._forward(ids, torch.arange(n, device=dev), meta, ctx.kv_caches, hidden, residual)
         if self.model.is_last:
             self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs):])
         torch.cuda.synchronize(dev)
@@ -183,3 +192,17 @@ class ModelRunner:
         hidden = self._forward(inputs.input_ids, inputs.positions, meta, self.context.kv_caches)
         logits = self.model.compute_logits(hidden[inputs.sample_indices])
         return logits, inputs.sample_request_ids
+
+    @torch.inference_mode()
+    def execute_stage(self, inputs: StepInputs, hidden: Optional[torch.Tensor] = None,
+                      residual: Optional[torch.Tensor] = None):
+        """Run this shard's layers on prepared inputs (pipeline parallel); a later stage takes
+        the previous stage's `(hidden, residual)`. Returns `(hidden, residual)` on a stage that
+        is not the last, and `(logits [num_sampled, vocab], None)` on the last."""
+        hidden, residual = self.model(inputs.input_ids, inputs.positions, inputs.meta,
+                                      self.context.kv_caches, hidden, residual)
+        if not self.model.is_last:
+            return hidden, residual
+        if inputs.sample_indices.numel() == 0:  # a prefill chunk: no collective on empty rows
+            return torch.empty(0, self.spec.vocab_size, dtype=hidden.dtype, device=hidden.device), None
+        return self.model.compute_logits(hidden[inputs.sample_indices]), None

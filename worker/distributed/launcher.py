@@ -1,0 +1,224 @@
+"""Rank 0's side of the rank processes: start them, watch them, ring their doorbells, end them.
+
+Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m worker.distributed.rank_main`,
+never a fork of this process, which may hold CUDA), the two pipes per rank (its stdin is the
+doorbell rank 0 writes step / shutdown frames to, and whose EOF tells the rank that rank 0 is
+gone; a heartbeat pipe it writes a byte to every `heartbeat_interval_s`), and `RankMonitor`, a
+thread that turns a rank that exits, or falls silent for `heartbeat_timeout_s`, into one
+recorded failure: it kills every rank (so rank 0's pending gloo collectives fail at once instead
+of waiting for the timeout), runs the failure callbacks, and logs one clear line.
+
+Must never touch torch or the engine: the runner decides what a failure means for a step. To
+watch something else (e.g. GPU health), add a check to `RankMonitor._check` that calls `fail()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from protocol import EngineError
+
+from .step_codec import Command, pack_doorbell
+from .topology import DistributedOptions
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class RankFailedError(EngineError):
+    """A rank of this replica died, hung, or its step failed; the replica cannot continue."""
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    popen: subprocess.Popen
+    heartbeat_fd: int                      # read end, owned by rank 0
+    last_beat: Optional[float] = None      # monotonic time of the last heartbeat byte
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+def spawn_rank(rank: int, bootstrap: dict, options: DistributedOptions,
+               extra_env: Optional[dict] = None) -> RankProcess:
+    """Start rank `rank`. `bootstrap` (JSON) tells it everything it needs to join and build
+    its shard; the heartbeat pipe's write end is handed over by fd number."""
+    hb_read, hb_write = os.pipe()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+    env.update(extra_env or {})
+    args = dict(bootstrap, rank=rank, heartbeat_fd=hb_write, parent_pid=os.getpid(),
+                options=options.to_dict())
+    try:
+        popen = subprocess.Popen([sys.executable, "-m", "worker.distributed.rank_main", json.dumps(args)],
+                                 stdin=subprocess.PIPE, pass_fds=(hb_write,), env=env, close_fds=True)
+    except Exception:
+        os.close(hb_read)
+        raise
+    finally:
+        os.close(hb_write)
+    os.set_blocking(hb_read, False)
+    return RankProcess(rank, popen, hb_read)
+
+
+class RankMonitor:
+    """Watches the rank processes from a daemon thread; the first failure wins."""
+
+    def __init__(self, ranks: list[RankProcess], options: DistributedOptions):
+        self.ranks = ranks
+        self.options = options
+        self.error: Optional[str] = None
+        self.failed = threading.Event()
+        self._callbacks: list[Callable[[str], None]] = []
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="rank-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        self._callbacks.append(callback)
+
+    def stop(self) -> None:
+        """Expected exits from here on (shutdown) are not failures."""
+        self._stopping.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+
+    def fail(self, reason: str) -> None:
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = reason
+        log.error("tensor/pipeline-parallel replica failed: %s; killing all rank processes", reason)
+        kill_all(self.ranks)
+        self.failed.set()
+        for cb in self._callbacks:
+            try:
+                cb(reason)
+            except Exception:
+                log.exception("rank-failure callback raised")
+
+    def _run(self) -> None:
+        fds = {r.heartbeat_fd: r for r in self.ranks}
+        poll_s = min(0.25, self.options.heartbeat_interval_s)
+        while not self._stopping.is_set() and self.error is None:
+            live = [fd for fd, r in fds.items() if r.popen.returncode is None]
+            try:
+                readable = select.select(live, [], [], poll_s)[0] if live else []
+            except (OSError, ValueError):  # fds closed under us: shutting down
+                readable = []
+            now = time.monotonic()
+            for fd in readable:
+                try:
+                    if os.read(fd, 4096):
+                        fds[fd].last_beat = now
+                except (BlockingIOError, OSError):
+                    pass
+            if not live:
+                time.sleep(poll_s)
+            if not self._stopping.is_set():
+                self._check(now)
+
+    def _check(self, now: float) -> None:
+        opts = self.options
+        for r in self.ranks:
+            code = r.popen.poll()
+            if code is not None:
+                self.fail(f"rank {r.rank} (pid {r.pid}) exited with {describe_exit(code)}")
+                return
+            if r.last_beat is None:
+                if now - r.started > opts.startup_timeout_s:
+                    self.fail(f"rank {r.rank} (pid {r.pid}) did not start within {opts.startup_timeout_s:g} s")
+                    return
+            elif now - r.last_beat > opts.heartbeat_timeout_s:
+                self.fail(f"rank {r.rank} (pid {r.pid}) sent no heartbeat for {now - r.last_beat:.1f} s "
+                          f"(hung or stopped)")
+                return
+
+
+def ring(ranks: list[RankProcess], command: Command, payload_len: int = 0) -> None:
+    """Write one doorbell frame to every rank; a broken pipe means that rank is gone."""
+    frame = pack_doorbell(command, payload_len)
+    for r in ranks:
+        try:
+            r.popen.stdin.write(frame)
+            r.popen.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError) as exc:
+            raise RankFailedError(f"rank {r.rank} (pid {r.pid}) is gone: cannot write to it ({exc})") from None
+
+
+def kill_all(ranks: list[RankProcess]) -> None:
+    """SIGKILL every rank still running (works on stopped processes too) and reap it."""
+    for r in ranks:
+        if r.popen.poll() is None:
+            try:
+                r.popen.kill()
+            except OSError:
+                pass
+    for r in ranks:
+        try:
+            r.popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            log.error("rank %d (pid %d) survived SIGKILL for 5 s", r.rank, r.pid)
+
+
+def request_shutdown(ranks: list[RankProcess]) -> None:
+    """Write SHUTDOWN to every live rank; ranks already gone are skipped."""
+    frame = pack_doorbell(Command.SHUTDOWN)
+    for r in ranks:
+        if r.popen.poll() is None:
+            try:
+                r.popen.stdin.write(frame)
+                r.popen.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+
+def reap(ranks: list[RankProcess], timeout_s: float) -> None:
+    """Wait up to `timeout_s` in all for the ranks to exit, kill what is left, close the
+    pipes. Safe to call more than once."""
+    deadline = time.monotonic() + timeout_s
+    for r in ranks:
+        try:
+            r.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("rank %d (pid %d) did not exit within %.1f s of shutdown; killing it",
+                        r.rank, r.pid, timeout_s)
+    kill_all(ranks)
+    for r in ranks:
+        try:
+            r.popen.stdin.close()
+        except OSError:  # unflushed bytes to a dead rank
+            pass
+        if r.heartbeat_fd >= 0:
+            try:
+                os.close(r.heartbeat_fd)
+            except OSError:
+                pass
+            r.heartbeat_fd = -1

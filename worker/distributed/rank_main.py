@@ -1,0 +1,114 @@
+"""Entry point of ranks 1..N-1: `python -m worker.distributed.rank_main BOOTSTRAP_JSON`.
+
+Owns: one rank process's life. Before torch loads (seconds), it starts the heartbeat thread,
+which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed).
+Then it joins the group, builds its `RankShard`, and loops: read a doorbell frame from stdin
+(EOF = rank 0 is gone: exit), receive the step bytes on the control group, run its stage. A
+SHUTDOWN frame ends the loop and the process with code 0; any error ends it with code 1 after
+one logged traceback (rank 0's monitor turns that into the replica's failure).
+
+Must never decide anything: it only executes what rank 0 broadcasts. It ignores SIGINT (rank 0
+owns its lifetime: a Ctrl-C in a terminal reaches the whole process group, and the replica
+drains before it ends its ranks). To add a command: handle a new `Command` in `_serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+EXIT_PARENT_GONE = 3
+
+
+def _start_heartbeat(fd: int, interval_s: float, parent_pid: int) -> None:
+    def beat():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(EXIT_PARENT_GONE)
+            try:
+                os.write(fd, b".")
+            except OSError:  # rank 0 closed its end or died
+                os._exit(EXIT_PARENT_GONE)
+            time.sleep(interval_s)
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def _read_exact(fd: int, n: int):
+    """n bytes from fd, or None at EOF."""
+    chunks, left = [], n
+    while left:
+        data = os.read(fd, left)
+        if not data:
+            return None
+        chunks.append(data)
+        left -= len(data)
+    return b"".join(chunks)
+
+
+def _serve(shard, log) -> None:
+    from .step_codec import DOORBELL_SIZE, Command, decode_step, unpack_doorbell
+
+    while True:
+        frame = _read_exact(0, DOORBELL_SIZE)
+        if frame is None:
+            log.error("rank 0 is gone (doorbell closed); exiting")
+            os._exit(EXIT_PARENT_GONE)
+        command, length = unpack_doorbell(frame)
+        if command is Command.SHUTDOWN:
+            return
+        payload = shard.broadcast_step(None, length)
+        shard.run_step(decode_step(payload))
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1])
+    rank = args["rank"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _start_heartbeat(args["heartbeat_fd"], args["options"]["heartbeat_interval_s"], args["parent_pid"])
+
+    import logging
+    logging.basicConfig(level=args.get("log_level", "WARNING"), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
+    log = logging.getLogger("worker.distributed.rank_main")
+    try:
+        import datetime
+        from pathlib import Path
+
+        import torch
+        import torch.distributed as dist
+
+        from ..config import EngineConfig
+        from ..models.decoder import ModelSpec
+        from .shard import RankGroups, RankShard
+        from .topology import DistributedOptions, RankLayout
+
+        if "OMP_NUM_THREADS" not in os.environ:  # ranks share the host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args["world_size"]))
+        options = DistributedOptions(**args["options"])
+        config = EngineConfig(**args["config"])
+        spec = ModelSpec(**args["spec"])
+        layout = RankLayout(rank, config.tensor_parallel_size, config.pipeline_parallel_size, spec.num_layers)
+        store = dist.TCPStore(options.master_addr, args["master_port"], args["world_size"], is_master=False,
+                              timeout=datetime.timedelta(seconds=options.collective_timeout_s))
+        shard = RankShard(layout, config, spec, Path(args["model_path"]), None, args["max_model_len"],
+                          options, store)
+        log.info("rank %d ready: stage %d, tp rank %d, layers %s, %d KV blocks", rank, layout.stage,
+                 layout.tp_rank, layout.layer_range, shard.runner.num_kv_blocks)
+        _serve(shard, log)
+        RankGroups.destroy()
+    except BaseException:
+        if os.getppid() != args["parent_pid"]:  # the group broke because rank 0 died
+            os._exit(EXIT_PARENT_GONE)
+        log.exception("rank %d failed", rank)
+        logging.shutdown()
+        os._exit(1)
+    logging.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

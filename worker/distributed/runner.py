@@ -1,0 +1,200 @@
+"""`DistributedRunner`: the replica's model runner when `tensor_parallel_size x
+pipeline_parallel_size > 1`. Same surface as `ModelRunner` (`num_kv_blocks`, `execute(out)`,
+`device`, `dtype`) plus `close()`; `DynamicEngine` picks it when `config.world_size > 1`.
+
+Owns: rank 0's whole view of the rank group: checking up front that the model divides over T
+ranks, opening the rendezvous store (free port unless `INFER_CLUSTER_MASTER_PORT` is set),
+starting ranks 1..N-1, building rank 0's own shard while watching the others (a rank that dies
+during start-up fails the constructor at once instead of after a rendezvous timeout), and each
+step: msgpack the `SchedulerOutput`, ring every rank's doorbell, broadcast the bytes, run stage
+0, return the logits the last stage sends back. Any failure (a rank died or hung, a collective
+raised) is fatal for the replica: every rank is killed, this step and every later one raise
+`RankFailedError` naming the rank and cause, and `on_fatal(reason)` (if given) is called from
+the monitor thread so a server can exit and let the coordinator re-route.
+
+Must never run a step after a failure (ranks could be mid-collective), never block forever
+(collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
+a rank process behind (`close()`, also run at interpreter exit). To extend: per-step work for
+every rank goes into `RankShard.run_step`; new process bookkeeping into `launcher.py`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import logging
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from protocol.errors import ConfigError
+
+from ..config import EngineConfig
+from ..model_runner import resolve_device, resolve_dtype
+from ..models.decoder import ModelSpec
+from ..scheduler import SchedulerOutput
+from .launcher import (RankFailedError, RankMonitor, RankProcess, request_shutdown, reap, ring,
+                       spawn_rank)
+from .shard import RankGroups, RankShard
+from .step_codec import Command, encode_step
+from .topology import DistributedOptions, RankLayout
+
+log = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def check_divisible(spec: ModelSpec, tp: int) -> None:
+    """Raise `ConfigError` if the model's heads or MLP cannot be split over `tp` ranks."""
+    problems = []
+    if spec.num_heads % tp:
+        problems.append(f"num_attention_heads ({spec.num_heads})")
+    kv = spec.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(f"num_key_value_heads ({kv}) (needs a multiple or a divisor of tp)")
+    if spec.intermediate_size % tp:
+        problems.append(f"intermediate_size ({spec.intermediate_size})")
+    if problems:
+        raise ConfigError(f"tensor_parallel_size {tp} does not divide {', '.join(problems)}")
+
+
+class DistributedRunner:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
+                 max_model_len: int, options: Optional[DistributedOptions] = None,
+                 on_fatal: Optional[Callable[[str], None]] = None):
+        self.options = options or DistributedOptions.from_env()
+        self.layout = RankLayout(0, config.tensor_parallel_size, config.pipeline_parallel_size, spec.num_layers)
+        check_divisible(spec, config.tensor_parallel_size)
+        if dist.is_initialized():
+            raise RuntimeError("this process already belongs to a torch.distributed group; "
+                               "one tensor/pipeline-parallel replica per process")
+        self.on_fatal = on_fatal
+        self._closed = False
+        self._shard: Optional[RankShard] = None
+        self._ranks: list[RankProcess] = []
+        device = resolve_device(config, 0)
+        dtype = resolve_dtype(config, hf_config, device)
+        world = self.layout.world_size
+        timeout = datetime.timedelta(seconds=self.options.collective_timeout_s)
+        self._store = dist.TCPStore(self.options.master_addr, self.options.master_port, world,
+                                    is_master=True, wait_for_workers=False, timeout=timeout)
+        bootstrap = dict(config=dataclasses.asdict(config.replace(dtype=_DTYPE_NAMES[dtype])),
+                         spec=dataclasses.asdict(spec), model_path=str(model_path),
+                         max_model_len=max_model_len, world_size=world, master_port=self._store.port,
+                         log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+        atexit.register(self.close)
+        try:
+            self._ranks = [spawn_rank(r, bootstrap, self.options) for r in range(1, world)]
+            self._monitor = RankMonitor(self._ranks, self.options)
+            self._monitor.on_failure(self._on_failure)
+            self._monitor.start()
+            self._shard = self._while_watching(
+                lambda: RankShard(self.layout, config, spec, model_path, hf_config, max_model_len,
+                                  self.options, self._store), "start-up")
+        except BaseException:
+            self.close()
+            raise
+        if self._shard.device.type == "cuda":  # the shard was built on a helper thread
+            torch.cuda.set_device(self._shard.device)
+        self.num_kv_blocks = self._shard.runner.num_kv_blocks
+        self.device = self._shard.device
+        self.dtype = self._shard.dtype
+        log.info("tensor x pipeline parallel %d x %d ready: %d ranks (pids %s), %d KV blocks",
+                 config.tensor_parallel_size, config.pipeline_parallel_size, world,
+                 self.rank_pids, self.num_kv_blocks)
+
+    # -- surface shared with ModelRunner ------------------------------------------------------
+
+    @property
+    def rank_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1 (rank 0 is this process)."""
+        return [r.pid for r in self._ranks]
+
+    @property
+    def error(self) -> Optional[str]:
+        """Why the rank group failed, or None while it is healthy."""
+        monitor = getattr(self, "_monitor", None)
+        return monitor.error if monitor is not None else None
+
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
+        """One step on every rank; returns rank 0's logits `[num_sampled, vocab]` and request ids.
+        Raises `RankFailedError` if the group failed (now or before)."""
+        if self._closed:
+            raise RankFailedError("the tensor/pipeline-parallel runner is closed")
+        if self.error is not None:
+            raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
+        try:
+            payload = encode_step(out)
+            ring(self._ranks, Command.STEP, len(payload))
+            self._shard.broadcast_step(payload, len(payload))
+            return self._shard.run_step(out)
+        except Exception as exc:
+            raise self._step_failure(exc) from None
+
+    def close(self) -> None:
+        """End every rank process (SHUTDOWN, then SIGKILL after a grace period) and leave the
+        process group. Idempotent; also registered to run at interpreter exit."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None:
+            monitor.stop()
+        request_shutdown(self._ranks)
+        if self._shard is not None:
+            RankGroups.destroy()
+        reap(self._ranks, self.options.shutdown_timeout_s)
+        self._store = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- failure handling ---------------------------------------------------------------------
+
+    def _while_watching(self, build, what: str):
+        """Run `build()` on a helper thread; if a rank fails first, raise at once (rank 0 may be
+        stuck in a rendezvous with the dead rank until a timeout otherwise)."""
+        result: dict = {}
+
+        def target():
+            try:
+                result["value"] = build()
+            except BaseException as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=target, name=f"rank0-{what}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.1)
+            if self._monitor.failed.is_set() and thread.is_alive():
+                raise RankFailedError(f"tensor/pipeline-parallel {what} failed: {self._monitor.error}")
+        if "error" in result:
+            err = result["error"]
+            if self._monitor.failed.wait(timeout=1.0):  # the rank's death explains rank 0's error
+                raise RankFailedError(f"tensor/pipeline-parallel {what} failed: {self._monitor.error}") from err
+            raise err
+        return result["value"]
+
+    def _step_failure(self, exc: Exception) -> RankFailedError:
+        """Turn whatever rank 0's step raised into the replica's one recorded failure. A peer's
+        death usually reaches rank 0 as a collective error a moment before the monitor sees the
+        exit, so give the monitor a moment to name the rank."""
+        if not self._monitor.failed.wait(timeout=1.0):
+            self._monitor.fail(f"step failed on rank 0: {type(exc).__name__}: {exc}")
+        log.debug("rank 0's view of the failure", exc_info=exc)
+        return RankFailedError(f"tensor/pipeline-parallel replica is down: {self._monitor.error}")
+
+    def _on_failure(self, reason: str) -> None:
+        """Monitor thread, once, after every other rank was killed."""
+        if self._shard is not None:
+            self._shard.groups.abort()
+        if self.on_fatal is not None:
+            self.on_fatal(reason)

@@ -1,0 +1,144 @@
+"""Where each rank sits in a replica's T x P grid, and the timeouts every rank agrees on.
+
+Owns: `RankLayout` (global rank -> pipeline stage, tensor-parallel rank, layer range, its TP
+group's ranks, its pipeline neighbours, the last stage's leader) and `DistributedOptions`
+(rendezvous address, collective / heartbeat / start-up timeouts, read from the environment
+once, validated with clear messages). Plain Python: it must never import torch, so the
+layout can be unit-tested and read by the rank start-up preamble before torch loads.
+
+Rank numbering: `rank = stage * tensor_parallel_size + tp_rank`, so rank 0 (the replica
+process, which runs the scheduler) is stage 0, TP rank 0, and each stage's TP group is a
+contiguous block of ranks. To add another kind of parallelism, extend `RankLayout` and keep
+rank 0 at the origin of every axis.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from protocol.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    rank: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    num_layers: int
+
+    def __post_init__(self):
+        if self.num_layers < self.pipeline_parallel_size:
+            raise ConfigError(f"pipeline_parallel_size ({self.pipeline_parallel_size}) exceeds the "
+                              f"model's {self.num_layers} layers: every stage needs at least one layer")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside a world of {self.world_size} ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def stage(self) -> int:
+        return self.rank // self.tensor_parallel_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage == self.pipeline_parallel_size - 1
+
+    def stage_layers(self, stage: int) -> tuple[int, int]:
+        """Contiguous `[start, end)` of `stage`; sizes differ by at most one, later stages
+        take the extra layers (the first stage also holds the embedding)."""
+        p, n = self.pipeline_parallel_size, self.num_layers
+        base, extra = divmod(n, p)
+        start = stage * base + max(0, stage - (p - extra))
+        return start, start + base + (1 if stage >= p - extra else 0)
+
+    @property
+    def layer_range(self) -> tuple[int, int]:
+        return self.stage_layers(self.stage)
+
+    def tp_group_ranks(self, stage: int) -> list[int]:
+        t = self.tensor_parallel_size
+        return list(range(stage * t, (stage + 1) * t))
+
+    @property
+    def prev_rank(self) -> int:
+        """Same TP rank on the previous stage (sends this rank its activations)."""
+        return self.rank - self.tensor_parallel_size
+
+    @property
+    def next_rank(self) -> int:
+        return self.rank + self.tensor_parallel_size
+
+    @property
+    def last_stage_leader(self) -> int:
+        """TP rank 0 of the last stage: sends the sampled rows' logits to rank 0."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """Rendezvous and failure-detection settings of one replica's rank group.
+
+    `collective_timeout_s` bounds every collective (the backstop for a rank whose process is
+    alive but stuck); `heartbeat_timeout_s` is how long a rank may stay silent before it counts
+    as hung (the fast path: a stopped or wedged process); `startup_timeout_s` is how long a
+    rank may take to send its first heartbeat."""
+
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: pick a free port
+    collective_timeout_s: float = 120.0
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    startup_timeout_s: float = 60.0
+    shutdown_timeout_s: float = 5.0
+
+    def __post_init__(self):
+        if not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"master port must be in [0, 65535], got {self.master_port}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ConfigError(f"heartbeat timeout ({self.heartbeat_timeout_s} s) must exceed twice the "
+                              f"heartbeat interval ({self.heartbeat_interval_s} s)")
+
+    @classmethod
+    def from_env(cls) -> "DistributedOptions":
+        """`INFER_CLUSTER_MASTER_ADDR` / `_MASTER_PORT`, `INFER_CLUSTER_DIST_TIMEOUT_S`,
+        `INFER_CLUSTER_HEARTBEAT_TIMEOUT_S`, `INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S`."""
+        port = os.environ.get("INFER_CLUSTER_MASTER_PORT", "0") or "0"
+        try:
+            port_num = int(port)
+        except ValueError:
+            raise ConfigError(f"INFER_CLUSTER_MASTER_PORT must be an integer, got {port!r}") from None
+        d = cls()
+        return cls(master_addr=os.environ.get("INFER_CLUSTER_MASTER_ADDR") or d.master_addr,
+                   master_port=port_num,
+                   collective_timeout_s=_env_float("INFER_CLUSTER_DIST_TIMEOUT_S", d.collective_timeout_s),
+                   heartbeat_interval_s=d.heartbeat_interval_s,
+                   heartbeat_timeout_s=_env_float("INFER_CLUSTER_HEARTBEAT_TIMEOUT_S", d.heartbeat_timeout_s),
+                   startup_timeout_s=_env_float("INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S", d.startup_timeout_s),
+                   shutdown_timeout_s=d.shutdown_timeout_s)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
