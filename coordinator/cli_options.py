@@ -42,7 +42,7 @@ def engine_options(func):
         flag = f.name.replace("_", "-")
         kind = _engine_type(f)
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"engine option {f.name} (default: {default})"
+        help_text = f"{f.metadata.get('help', 'engine option ' + f.name)} (default: {default})"
         if kind is bool:
             func = click.option(f"--{flag}/--no-{flag}", f.name, default=None, help=help_text)(func)
         else:

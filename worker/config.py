@@ -9,7 +9,7 @@ To add an option: add a field with a default, check it in `__post_init__`, and e
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from protocol.errors import ConfigError
@@ -28,24 +28,24 @@ def _positive_int(name, value, allow_none=False):
 
 @dataclass
 class EngineConfig:
-    model: str = "tiny-random"
-    tokenizer: Optional[str] = None
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    num_kv_blocks: Optional[int] = None  # None: size the pool from free memory after warm-up
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: Optional[int] = None  # None: the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    load_format: str = "auto"
-    seed: int = 0
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    device_ids: Optional[list[int]] = None
-    cpu_kv_cache_gib: float = 1.0  # KV pool size on CPU when num_kv_blocks is None
+    model: str = field(default="tiny-random", metadata={"help": "local HF model directory or an embedded name (tiny-random, small-random, qwen3-0.6b-shape, llama-3-8b-shape)"})
+    tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory if not the model's"})
+    device: str = field(default="auto", metadata={"help": "auto (CUDA if present), cpu or cuda"})
+    dtype: str = field(default="auto", metadata={"help": "auto (float32 on CPU, bf16/fp16 on CUDA), float32, float16 or bfloat16"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block (power of two)"})
+    num_kv_blocks: Optional[int] = field(default=None, metadata={"help": "KV blocks to allocate; default: sized from free memory after a warm-up pass"})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "fraction of GPU memory for weights + activations + KV cache"})
+    max_num_seqs: int = field(default=256, metadata={"help": "most sequences running at once"})
+    max_num_batched_tokens: int = field(default=8192, metadata={"help": "token budget per step, shared by decodes and chunked prefills"})
+    max_model_len: Optional[int] = field(default=None, metadata={"help": "longest prompt + output; default: the model's max_position_embeddings"})
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse KV blocks of shared prompt prefixes"})
+    enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs for decode"})
+    load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights, real shapes)"})
+    seed: int = field(default=0, metadata={"help": "seed for unseeded sampling and dummy weights"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "ranks that split each layer"})
+    pipeline_parallel_size: int = field(default=1, metadata={"help": "ranks that split the layer stack"})
+    device_ids: Optional[list[int]] = field(default=None, metadata={"help": "GPUs this replica uses, e.g. 2,3 (one per rank)"})
+    cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
