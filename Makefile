@@ -1,11 +1,23 @@
-# Dev/CI entry points. `make test` is the README's test command.
-# If no suitable environment is active, a pinned .venv is created first.
+# Dev/CI entry points. `make test` is the README's test command (CI runs it via .ci/run).
+#
+# Environment: if a virtualenv is active and already has the project's dependencies, it is used
+# as is; otherwise a pinned .venv is created here. torch and triton are pinned exactly: an
+# unpinned torch pulls a multi-GB CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
-# torch and triton are pinned exactly: an unpinned torch pulls a multi-GB CUDA build.
 PINS = torch==2.13.0 triton==3.7.1 numpy
+DEPS_CHECK = import torch, triton, zmq, msgpack, xxhash, click, transformers, pytest, pytest_timeout, hypothesis, tqdm
 
-.PHONY: venv test test-fast serve bench clean
+ACTIVE_OK := $(if $(VIRTUAL_ENV),$(shell "$(VIRTUAL_ENV)/bin/python" -c "$(DEPS_CHECK)" 2>/dev/null && echo yes),)
+ifeq ($(ACTIVE_OK),yes)
+  PY := $(VIRTUAL_ENV)/bin/python
+  ENV_STAMP := $(VIRTUAL_ENV)/.infer-cluster-installed
+else
+  PY := $(VENV)/bin/python
+  ENV_STAMP := $(VENV)/.installed
+endif
+
+.PHONY: venv test serve bench clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,16 +26,20 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-venv: $(VENV)/.installed
+$(VIRTUAL_ENV)/.infer-cluster-installed: setup.cfg pyproject.toml
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
 
-test: $(VENV)/.installed
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -x --timeout=600 tests
+venv: $(ENV_STAMP)
 
-serve: $(VENV)/.installed
-	$(VENV)/bin/infer-cluster serve
+test: $(ENV_STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 tests
 
-bench: $(VENV)/.installed
-	$(VENV)/bin/python bench/throughput.py
+serve: $(ENV_STAMP)
+	$(PY) -m coordinator serve
+
+bench: $(ENV_STAMP)
+	$(PY) bench/throughput.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
