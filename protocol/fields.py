@@ -35,12 +35,21 @@ def _type_name(value: Any) -> str:
     return "nil" if value is None else type(value).__name__
 
 
+def _w(where) -> str:
+    """Format a field path. Paths are built as nested tuples and only turned into text when an
+    error is raised: formatting them for every field of every delta would dominate decoding."""
+    if isinstance(where, tuple):
+        parent, part = where
+        return f"{_w(parent)}[{part}]" if isinstance(part, int) else f"{_w(parent)}.{part}"
+    return where
+
+
 def string(max_len: int = MAX_TEXT_CHARS, min_len: int = 0) -> Checker:
     def check(value, where):
         if not isinstance(value, str):
-            raise ProtocolError(f"{where} must be a string, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be a string, got {_type_name(value)}")
         if not min_len <= len(value) <= max_len:
-            raise ProtocolError(f"{where} must have {min_len}..{max_len} characters, got {len(value)}")
+            raise ProtocolError(f"{_w(where)} must have {min_len}..{max_len} characters, got {len(value)}")
         return value
     return check
 
@@ -48,9 +57,9 @@ def string(max_len: int = MAX_TEXT_CHARS, min_len: int = 0) -> Checker:
 def integer(lo: int | None = None, hi: int | None = None) -> Checker:
     def check(value, where):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{where} must be an integer, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be an integer, got {_type_name(value)}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise ProtocolError(f"{where} must be in {lo}..{hi}, got {value}")
+            raise ProtocolError(f"{_w(where)} must be in {lo}..{hi}, got {value}")
         return value
     return check
 
@@ -58,11 +67,11 @@ def integer(lo: int | None = None, hi: int | None = None) -> Checker:
 def number(lo: float | None = None, hi: float | None = None) -> Checker:
     def check(value, where):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(f"{where} must be a number, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be a number, got {_type_name(value)}")
         if not math.isfinite(value):
-            raise ProtocolError(f"{where} must be finite, got {value}")
+            raise ProtocolError(f"{_w(where)} must be finite, got {value}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise ProtocolError(f"{where} must be in {lo}..{hi}, got {value}")
+            raise ProtocolError(f"{_w(where)} must be in {lo}..{hi}, got {value}")
         return float(value)
     return check
 
@@ -70,7 +79,7 @@ def number(lo: float | None = None, hi: float | None = None) -> Checker:
 def boolean() -> Checker:
     def check(value, where):
         if not isinstance(value, bool):
-            raise ProtocolError(f"{where} must be true or false, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be true or false, got {_type_name(value)}")
         return value
     return check
 
@@ -86,7 +95,7 @@ def one_of(*allowed: str) -> Checker:
 
     def check(value, where):
         if not isinstance(value, str) or value not in allowed_set:
-            raise ProtocolError(f"{where} must be one of {sorted(allowed_set)}, got {value!r}")
+            raise ProtocolError(f"{_w(where)} must be one of {sorted(allowed_set)}, got {value!r}")
         return value
     return check
 
@@ -94,12 +103,12 @@ def one_of(*allowed: str) -> Checker:
 def token_ids(max_len: int = MAX_TOKEN_IDS) -> Checker:
     def check(value, where):
         if not isinstance(value, list):
-            raise ProtocolError(f"{where} must be a list of token ids, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be a list of token ids, got {_type_name(value)}")
         if len(value) > max_len:
-            raise ProtocolError(f"{where} has {len(value)} token ids; at most {max_len}")
+            raise ProtocolError(f"{_w(where)} has {len(value)} token ids; at most {max_len}")
         for t in value:
             if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
-                raise ProtocolError(f"{where} must hold integers in 0..{MAX_TOKEN_ID}, found {t!r}")
+                raise ProtocolError(f"{_w(where)} must hold integers in 0..{MAX_TOKEN_ID}, found {t!r}")
         return value
     return check
 
@@ -107,10 +116,10 @@ def token_ids(max_len: int = MAX_TOKEN_IDS) -> Checker:
 def list_of(inner: Checker, max_len: int = MAX_LIST_ITEMS) -> Checker:
     def check(value, where):
         if not isinstance(value, list):
-            raise ProtocolError(f"{where} must be a list, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be a list, got {_type_name(value)}")
         if len(value) > max_len:
-            raise ProtocolError(f"{where} has {len(value)} items; at most {max_len}")
-        return [inner(item, f"{where}[{i}]") for i, item in enumerate(value)]
+            raise ProtocolError(f"{_w(where)} has {len(value)} items; at most {max_len}")
+        return [inner(item, (where, i)) for i, item in enumerate(value)]
     return check
 
 
@@ -125,24 +134,24 @@ def plain_map(max_items: int = MAX_MAP_ITEMS, nested: bool = True) -> Checker:
             return
         if isinstance(v, list):
             if len(v) > MAX_TOKEN_IDS:
-                raise ProtocolError(f"{where} is a list of {len(v)} items; too long")
+                raise ProtocolError(f"{_w(where)} is a list of {len(v)} items; too long")
             for item in v:
                 check_value(item, where, depth + 1)
             return
         if isinstance(v, dict) and nested and depth < 4:
             check_map(v, where, depth + 1)
             return
-        raise ProtocolError(f"{where} holds an unsupported value of type {_type_name(v)}")
+        raise ProtocolError(f"{_w(where)} holds an unsupported value of type {_type_name(v)}")
 
     def check_map(value, where, depth=0):
         if not isinstance(value, dict):
-            raise ProtocolError(f"{where} must be a map, got {_type_name(value)}")
+            raise ProtocolError(f"{_w(where)} must be a map, got {_type_name(value)}")
         if len(value) > max_items:
-            raise ProtocolError(f"{where} has {len(value)} keys; at most {max_items}")
+            raise ProtocolError(f"{_w(where)} has {len(value)} keys; at most {max_items}")
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ProtocolError(f"{where} keys must be strings, got {_type_name(k)}")
-            check_value(v, f"{where}.{k}", depth)
+                raise ProtocolError(f"{_w(where)} keys must be strings, got {_type_name(k)}")
+            check_value(v, (where, k), depth)
         return value
 
     return check_map
@@ -159,6 +168,9 @@ def wire(check: Checker, **field_kwargs) -> Any:
     return dataclasses.field(metadata={"check": check}, **field_kwargs)
 
 
+_MISSING = object()
+
+
 class Struct:
     """Base of validated wire structs (subclasses are `@dataclass(kw_only=True)`).
 
@@ -168,36 +180,47 @@ class Struct:
 
     @classmethod
     def _fields(cls):
+        """(name -> checker, required names, names whose default is None), cached per class."""
         cached = cls.__dict__.get("_field_specs")
         if cached is None:
-            cached = tuple((f.name, f.metadata["check"],
-                            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-                           for f in dataclasses.fields(cls))
+            fields = dataclasses.fields(cls)
+            cached = ({f.name: f.metadata["check"] for f in fields},
+                      tuple(f.name for f in fields if f.default is dataclasses.MISSING
+                            and f.default_factory is dataclasses.MISSING),
+                      frozenset(f.name for f in fields if f.default is None))
             cls._field_specs = cached
         return cached
 
     @classmethod
-    def from_dict(cls, data: Any, where: str | None = None):
+    def from_dict(cls, data: Any, where=None):
         where = where or cls.__name__
-        if not isinstance(data, dict):
-            raise ProtocolError(f"{where} must be a map, got {_type_name(data)}")
+        if type(data) is not dict:
+            raise ProtocolError(f"{_w(where)} must be a map, got {_type_name(data)}")
+        checks, required, _ = cls._fields()
         kwargs = {}
-        for name, check, required in cls._fields():
-            if name in data:
-                kwargs[name] = check(data[name], f"{where}.{name}")
-            elif required:
-                raise ProtocolError(f"{where} is missing the required field {name!r}")
+        for name, value in data.items():  # deltas carry few of their fields: walk what is there
+            check = checks.get(name)
+            if check is not None:  # unknown keys (a newer peer's fields, "v", "k") are skipped
+                kwargs[name] = check(value, (where, name))
+        for name in required:
+            if name not in kwargs:
+                raise ProtocolError(f"{_w(where)} is missing the required field {name!r}")
         obj = cls(**kwargs)
-        obj.validate()
+        if cls.validate is not Struct.validate:
+            obj.validate()
         return obj
 
     def validate(self) -> None:
         """Cross-field rules; override and raise `ProtocolError`."""
 
     def to_dict(self) -> dict:
+        checks, _, none_default = self._fields()
         out = {}
-        for name, _, _ in self._fields():
-            out[name] = _plain(getattr(self, name))
+        for name in checks:
+            value = getattr(self, name)
+            if value is None and name in none_default:
+                continue  # absent decodes to the same None, and keeps hot messages small
+            out[name] = _plain(value)
         return out
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Optional
 from .errors import ProtocolError
 from .fields import (MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct,
                      boolean, integer, list_of, number, one_of, optional, plain_map, string,
-                     struct, token_ids as token_id_list, wire, _type_name)
+                     struct, token_ids as token_id_list, wire, _type_name, _w)
 from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
                     ReplyKind, RequestKind, kind_from_number)
 from .outputs import FinishReason, RequestDelta
@@ -51,24 +51,25 @@ CONTROL_ACTIONS = ("pause", "resume", "drain", "shutdown")
 
 def _logprob_data(depth: int = 0):
     """Logprob entries are nested lists / maps of numbers keyed by token id (int) or string."""
+    inner = _logprob_data(depth + 1) if depth < 4 else None
+
     def check(value, where):
         if value is None or isinstance(value, (int, float, str, bool)):
             return value
-        if depth > 3:
-            raise ProtocolError(f"{where} is nested too deeply")
-        inner = _logprob_data(depth + 1)
+        if inner is None:
+            raise ProtocolError(f"{_w(where)} is nested too deeply")
         if isinstance(value, list):
             if len(value) > MAX_LIST_ITEMS:
-                raise ProtocolError(f"{where} has {len(value)} items; at most {MAX_LIST_ITEMS}")
+                raise ProtocolError(f"{_w(where)} has {len(value)} items; at most {MAX_LIST_ITEMS}")
             return [inner(v, where) for v in value]
         if isinstance(value, dict):
             if len(value) > MAX_LIST_ITEMS:
-                raise ProtocolError(f"{where} has {len(value)} keys; at most {MAX_LIST_ITEMS}")
+                raise ProtocolError(f"{_w(where)} has {len(value)} keys; at most {MAX_LIST_ITEMS}")
             for k in value:
                 if isinstance(k, bool) or not isinstance(k, (int, str)):
-                    raise ProtocolError(f"{where} keys must be token ids, got {_type_name(k)}")
+                    raise ProtocolError(f"{_w(where)} keys must be token ids, got {_type_name(k)}")
             return {k: inner(v, where) for k, v in value.items()}
-        raise ProtocolError(f"{where} holds an unsupported value of type {_type_name(value)}")
+        raise ProtocolError(f"{_w(where)} holds an unsupported value of type {_type_name(value)}")
     return check
 
 
