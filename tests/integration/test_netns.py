@@ -68,9 +68,9 @@ class Netns:
             _ip("addr", "add", f"{self.net}.{i}.2/24", "dev", b, ns=ns)
             _ip("link", "set", b, "up", ns=ns)
 
-    def cut(self, replica: int) -> None:
+    def cut(self, replica: int, up: bool = False) -> None:
         ns = self.rep_a if replica == 1 else self.rep_b
-        _ip("link", "set", f"{self.host_if}r{replica}", "down", ns=ns)
+        _ip("link", "set", f"{self.host_if}r{replica}", "up" if up else "down", ns=ns)
 
     def teardown(self) -> None:
         for ns in self.created:
@@ -127,17 +127,31 @@ def test_link_cut_mid_load_loses_nothing(netns, tmp_path, offline_reference):
             outs = [h.result(timeout=200) for h in handles]
             recovery = time.monotonic() - t_cut
             status = c.status()
+            # Heal the link: the replica finds it was declared dead, drops what it held,
+            # registers again and takes new work.
+            netns.cut(1, up=True)
+            t_heal = time.monotonic()
+            procs.wait_replicas(2, timeout=60)
+            rejoin = time.monotonic() - t_heal
+            more = c.generate([f"after heal {i}" for i in range(16)],
+                              SamplingParams(temperature=0.0, max_tokens=4))
+            healed = c.status()
         finally:
             c.close()
     finally:
         procs.stop()
     assert streamed < 200 * 24
-    assert len(finals) == 200 and set(finals.values()) == {1}
+    load_finals = {k: v for k, v in finals.items() if k.startswith("ns-")}
+    assert len(load_finals) == 200 and set(load_finals.values()) == {1}
     for i, (o, (toks, _)) in enumerate(zip(outs, expected)):
         assert o.finish_reason == "length" and tokens[f"ns-{i}"] == o.token_ids == toks, i
     co = status["coordinator"]
     assert co["num_reroutes"] > 0 and co["num_replica_deaths"] >= 1
     dead = [r for r in status["replicas"] if r["state"] == "dead"]
     assert dead and "no heartbeat" in dead[0]["death_reason"]
+    assert all(o.finish_reason == "length" for o in more)
+    back = [r for r in healed["replicas"] if r["name"] == "replica-0" and r["state"] == "active"]
+    assert back and back[0]["num_dispatched"] > 0, healed["replicas"]
     print(f"\nlink of replica-0 cut after {streamed} tokens: {co['num_reroutes']} re-routes "
-          f"({co['num_resumed']} resumed); all 200 done {recovery:.2f} s after the cut")
+          f"({co['num_resumed']} resumed); all 200 done {recovery:.2f} s after the cut; "
+          f"re-registered {rejoin:.1f} s after the link came back")
