@@ -54,3 +54,20 @@ def test_bf16_triton_matches_torch_reference():
         assert len(shared) >= 3
         for t in shared:
             assert abs(top_a[t] - top_b[t]) <= 0.05 * max(1.0, abs(top_b[t]))
+
+
+def test_no_allocation_growth_after_start():
+    """The KV pool and CUDA graphs are allocated at start; serving allocates nothing new."""
+    from worker import LLM
+
+    llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
+              gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=64)
+    prompts = [[(i * 13 + j) % 5000 + 10 for j in range(50 + 37 * i)] for i in range(64)]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    llm.generate(prompts[:8], params, use_tqdm=False)  # first use of each code path
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_reserved() - reserved
+    assert grown <= 64 * 2**20, f"reserved memory grew by {grown / 2**20:.1f} MiB while serving"
