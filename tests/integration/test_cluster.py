@@ -171,3 +171,36 @@ def test_killed_client_requests_are_aborted_within_5_s(cluster):
     assert st["coordinator"]["num_client_gone_aborts"] - before == 8
     assert freed_after < 5.0, f"took {freed_after:.2f} s to abort a dead client's requests"
     print(f"\nkilled client's 8 requests aborted and KV freed {freed_after:.2f} s after kill -9")
+
+
+def test_deadline_times_out_and_frees_kv(cluster):
+    cluster.wait_replicas(2)
+    cluster.wait_idle()
+    with InferenceClient(cluster.address) as c:
+        h = c.submit(list(range(10, 200)), SamplingParams(max_tokens=100000, ignore_eos=True),
+                     timeout=1.0)
+        out = h.result(timeout=30)
+    assert out.finish_reason == "timeout" and out.error["code"] == "timeout"
+    assert len(out.token_ids) > 0  # partial output is kept
+    cluster.wait_idle(timeout=5)
+
+
+def test_pause_holds_requests_and_resume_finishes_them(cluster):
+    cluster.wait_replicas(2)
+    with InferenceClient(cluster.address) as c:
+        assert c.control("pause")["ok"]
+        h = c.submit("paused prompt", SamplingParams(temperature=0.0, max_tokens=8))
+        time.sleep(1.0)
+        assert not h.done()
+        states = {r["state"] for r in c.status()["replicas"] if r["state"] != "dead"}
+        assert states == {"paused"}
+        assert c.control("resume")["ok"]
+        out = h.result(timeout=30)
+    assert out.finish_reason in ("stop", "length")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if {r["state"] for r in cluster.status()["replicas"] if r["state"] != "dead"} == {"active"}:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("replicas did not report active after resume")
