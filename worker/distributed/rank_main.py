@@ -4,7 +4,7 @@ Owns: one rank process's life. Before torch loads (seconds), it starts the heart
 which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed).
 Then it joins the group, builds its `RankShard`, and loops: read a doorbell frame from stdin
 (EOF = rank 0 is gone: exit), receive the step bytes on the control group, run its stage. A
-SHUTDOWN frame ends the loop and the process with code 0; any error ends it with code 1 after
+SHUTDOWN frame ends the loop and the process with code 0 (`os._exit`, skipping a slow teardown); any error ends it with code 1 after
 one logged traceback (rank 0's monitor turns that into the replica's failure).
 
 Must never decide anything: it only executes what rank 0 broadcasts. It ignores SIGINT (rank 0
@@ -64,7 +64,7 @@ def _serve(shard, log) -> None:
         shard.run_step(decode_step(payload))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     args = json.loads(argv[1])
     rank = args["rank"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -107,8 +107,10 @@ def main(argv: list[str]) -> int:
         logging.shutdown()
         os._exit(1)
     logging.shutdown()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown (seconds with torch loaded); nothing is left to flush
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    main(sys.argv)

@@ -74,6 +74,9 @@ class DistributedRunner:
                                "one tensor/pipeline-parallel replica per process")
         self.on_fatal = on_fatal
         self._closed = False
+        self._lock = threading.Lock()  # orders close() against a late-finishing start-up thread
+        self._bootstrap: Optional[threading.Thread] = None
+        self._bootstrap_done = False
         self._shard: Optional[RankShard] = None
         self._ranks: list[RankProcess] = []
         device = resolve_device(config, 0)
@@ -138,17 +141,23 @@ class DistributedRunner:
     def close(self) -> None:
         """End every rank process (SHUTDOWN, then SIGKILL after a grace period) and leave the
         process group. Idempotent; also registered to run at interpreter exit."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            own_group = self._bootstrap_done  # else the start-up thread leaves it when it ends
         atexit.unregister(self.close)
         monitor = getattr(self, "_monitor", None)
         if monitor is not None:
             monitor.stop()
         request_shutdown(self._ranks)
-        if self._shard is not None:
+        if own_group:
             RankGroups.destroy()
         reap(self._ranks, self.options.shutdown_timeout_s)
+        if self._bootstrap is not None and self._bootstrap.is_alive():
+            # Its peers are dead now, so its collectives fail fast; a rendezvous wait can last
+            # up to the collective timeout, after which it leaves the group itself.
+            self._bootstrap.join(timeout=self.options.shutdown_timeout_s)
         self._store = None
 
     def __enter__(self):
@@ -169,8 +178,14 @@ class DistributedRunner:
                 result["value"] = build()
             except BaseException as exc:
                 result["error"] = exc
+            finally:
+                with self._lock:
+                    self._bootstrap_done = True
+                    abandoned = self._closed
+                if abandoned:  # the constructor gave up on this thread: leave no group behind
+                    RankGroups.destroy()
 
-        thread = threading.Thread(target=target, name=f"rank0-{what}", daemon=True)
+        thread = self._bootstrap = threading.Thread(target=target, name=f"rank0-{what}", daemon=True)
         thread.start()
         while thread.is_alive():
             thread.join(timeout=0.1)
