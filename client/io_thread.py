@@ -76,7 +76,7 @@ class ClientIO(threading.Thread):
         with self._push_lock:
             if self.is_stopped:
                 raise RuntimeError("the client is closed")
-            self._cmd_push.send_multipart([_SEND, payload], copy=False)
+            self._cmd_push.send_multipart([_SEND, payload])
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._push_lock:
@@ -123,7 +123,7 @@ class ClientIO(threading.Thread):
 
     def _send_raw(self, payload) -> None:
         try:
-            self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK, copy=False)
+            self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK)
         except zmq.Again:
             log.error("dropped a message to %s: send queue full (coordinator unreachable?)",
                       self.address)
@@ -132,10 +132,10 @@ class ClientIO(threading.Thread):
         """Forward queued sends; False once a stop command is seen."""
         while True:
             try:
-                frames = self._cmd_pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = self._cmd_pull.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return True
-            if frames[0].bytes == _STOP:
+            if frames[0] == _STOP:
                 return False
             self._send_raw(frames[1])
 

@@ -225,8 +225,10 @@ class Struct:
 
 
 def _plain(value):
+    # Lists in wire structs are homogeneous: either structs or plain data (token ids, text), and
+    # plain data is passed through untouched (walking every token id here would be slow).
     if isinstance(value, Struct):
         return value.to_dict()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
+    if type(value) is list and value and isinstance(value[0], Struct):
+        return [v.to_dict() for v in value]
     return value

@@ -122,6 +122,24 @@ class DeltaPayload(Struct):
     # The prompt as the engine tokenized it; sent once, with a request's first delta.
     prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
 
+    def to_dict(self) -> dict:
+        # Hand-written: one of these crosses two sockets per generated token. Fields at their
+        # default are left out (the decoder restores them).
+        d = {"request_id": self.request_id, "token_ids": self.token_ids, "text": self.text}
+        if self.logprobs is not None:
+            d["logprobs"] = self.logprobs
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
+        if self.error is not None:
+            d["error"] = self.error.to_dict()
+        if self.num_prompt_tokens:
+            d["num_prompt_tokens"] = self.num_prompt_tokens
+        if self.num_cached_tokens:
+            d["num_cached_tokens"] = self.num_cached_tokens
+        if self.prompt_token_ids is not None:
+            d["prompt_token_ids"] = self.prompt_token_ids
+        return d
+
     def validate(self) -> None:
         if self.error is not None and self.finish_reason is None:
             raise ProtocolError(f"delta for {self.request_id!r} has an error but no finish_reason")

@@ -93,7 +93,7 @@ class ReplicaIO(threading.Thread):
         payload = codec.encode(msg)
         with self._push_lock:
             if not self._stopped:
-                self._push.send_multipart([b"send", payload], copy=False)
+                self._push.send_multipart([b"send", payload])
 
     def stop(self, goodbye: str, timeout: float = 5.0) -> None:
         with self._push_lock:
@@ -157,7 +157,7 @@ class ReplicaIO(threading.Thread):
 
     def _send_raw(self, payload) -> None:
         try:
-            self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK, copy=False)
+            self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK)
         except zmq.Again:
             # Not connected (IMMEDIATE) or the coordinator stopped reading: it will declare this
             # replica dead and re-route, so dropping is safe; count it for the logs.
@@ -170,11 +170,11 @@ class ReplicaIO(threading.Thread):
         """Send what the engine loop queued; returns the GOODBYE reason once stop is seen."""
         while True:
             try:
-                frames = self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = self._pull.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return None
-            if frames[0].bytes == _STOP:
-                return frames[1].bytes.decode(errors="replace")
+            if frames[0] == _STOP:
+                return frames[1].decode(errors="replace")
             self._send_raw(frames[1])
 
     def _forget_registration(self, why: str) -> None:
