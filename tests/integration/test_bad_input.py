@@ -104,3 +104,14 @@ def test_bad_input_under_load(cluster, offline_reference):
     assert "dropped a bad frame" in log and "Traceback" not in log
     print(f"\n{len(frames)} kinds of bad frames + {len(invalid)} invalid requests + {num_flood} "
           f"flooded garbage frames during 100 real requests: all answered, load unaffected")
+
+
+def test_engine_refusal_reaches_the_client_as_a_typed_error(cluster):
+    from protocol import InvalidRequestError, SamplingParams
+    cluster.wait_replicas(2)
+    with InferenceClient(cluster.address) as c:
+        too_long = c.submit(list(range(10, 500)) * 5, SamplingParams(max_tokens=4))  # 2450 > 2048
+        ok = c.submit("still serving", SamplingParams(temperature=0.0, max_tokens=4))
+        with pytest.raises(InvalidRequestError, match="max_model_len"):
+            too_long.result(timeout=30)
+        assert ok.result(timeout=30).finish_reason in ("stop", "length")
