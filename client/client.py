@@ -192,6 +192,8 @@ class InferenceClient:
             self._on_error(msg)
         elif kind is ConnectionKind.HELLO_ACK:
             self.model, self.num_replicas = msg.model, msg.num_replicas
+            # Ping at least as often as this coordinator needs to keep our requests alive.
+            self._io.heartbeat_interval = min(self._io.heartbeat_interval, msg.heartbeat_interval)
         elif kind is not ConnectionKind.PONG:
             log.warning("ignoring unexpected %s from the coordinator", kind.name)
 

@@ -73,6 +73,45 @@ def _coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
             "--max-frame-bytes", str(cfg.max_frame_bytes)]
 
 
+def _count_gpus() -> int:
+    """GPUs on this host without importing torch (`nvidia-smi -L`); 0 when unknown."""
+    import shutil
+    import subprocess
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _replica_envs(env: dict, num_replicas: int, engine: dict) -> list[dict]:
+    """One environment per replica: its own GPUs (CUDA_VISIBLE_DEVICES slices of what this
+    process may use), or on CPU its share of the cores (OMP_NUM_THREADS)."""
+    device = engine.get("device", "auto")
+    world = engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1)
+    visible = [x.strip() for x in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    gpus = visible or ([str(i) for i in range(_count_gpus())] if device != "cpu" else [])
+    if device == "cuda" and not gpus:
+        raise CliError("error: --device cuda but no GPU is visible (nvidia-smi found none)")
+    if gpus and device != "cpu":
+        if num_replicas > 1 and "device_ids" in engine:
+            raise CliError("error: --device-ids picks GPUs inside one replica; with "
+                           "--data-parallel-size > 1 serve gives each replica its own GPUs "
+                           "(limit them with CUDA_VISIBLE_DEVICES)")
+        if num_replicas * world > len(gpus):
+            raise CliError(f"error: {num_replicas} replica(s) x {world} GPU(s) each needs "
+                           f"{num_replicas * world} GPUs; {len(gpus)} visible")
+        return [dict(env, CUDA_VISIBLE_DEVICES=",".join(gpus[i * world:(i + 1) * world]))
+                for i in range(num_replicas)]
+    if "OMP_NUM_THREADS" not in env:
+        # CPU replicas share the cores; without this each starts a thread per core and they
+        # thrash each other.
+        env = dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // num_replicas)))
+    return [env] * num_replicas
+
+
 def _connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "*", "") else host
 
@@ -109,18 +148,14 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
     host = _connect_host(cfg.host)
     replica_address = f"tcp://{host}:{cfg.replica_port}"
     client_address = f"tcp://{host}:{cfg.port}"
-    env = dict(os.environ)
-    if engine.get("device", "auto") != "cuda" and "OMP_NUM_THREADS" not in env:
-        # CPU replicas share the cores; without this each one starts a thread per core and
-        # they thrash each other.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // data_parallel_size))
+    replica_envs = _replica_envs(dict(os.environ), data_parallel_size, engine)
     launcher = ClusterLauncher(
         python_module_argv("coordinator", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
         [python_module_argv("worker", "--coordinator", replica_address, "--name", f"replica-{i}",
                             "--log-level", level, "--drain-timeout", str(cfg.drain_timeout),
                             *engine_argv(engine))
          for i in range(data_parallel_size)],
-        client_address, log_dir=log_dir, restart_replicas=restart, env=env)
+        client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs)
 
     def on_signal(signum, _frame):
         launcher.stop_event.set()

@@ -79,9 +79,11 @@ class Child:
 class ClusterLauncher:
     def __init__(self, coordinator_argv: list[str], replica_argvs: list[list[str]],
                  client_address: str, log_dir: Optional[str] = None, restart_replicas: bool = True,
-                 env: Optional[dict] = None):
+                 env: Optional[dict] = None, replica_envs: Optional[list[dict]] = None):
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.replica_envs = [dict(e, PYTHONUNBUFFERED="1") for e in replica_envs] if replica_envs \
+            else [self.env] * len(replica_argvs)
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
         path = (lambda n: os.path.join(log_dir, f"{n}.log")) if log_dir else (lambda n: None)
@@ -98,8 +100,8 @@ class ClusterLauncher:
         from client import InferenceClient
         deadline = time.monotonic() + ready_timeout
         self.coordinator.start(self.env)
-        for child in self.replicas:
-            child.start(self.env)
+        for child, env in zip(self.replicas, self.replica_envs):
+            child.start(env)
         with InferenceClient(self.client_address, name="serve") as client:
             while True:
                 if not self.coordinator.is_running:
@@ -130,7 +132,7 @@ class ClusterLauncher:
                           self.coordinator.proc.returncode)
                 return 1
             now = time.monotonic()
-            for child in self.replicas:
+            for child, env in zip(self.replicas, self.replica_envs):
                 if child.is_running or not self.restart_replicas:
                     continue
                 if child.next_restart is None:
@@ -141,7 +143,7 @@ class ClusterLauncher:
                 elif now >= child.next_restart:
                     child.num_restarts += 1
                     child.next_restart = None
-                    child.start(self.env)
+                    child.start(env)
         return 0
 
     def stop(self, drain_timeout: float, grace: float = 10.0) -> None:

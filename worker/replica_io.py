@@ -212,7 +212,9 @@ class ReplicaIO(threading.Thread):
                 if self.is_registered:
                     self._forget_registration(f"coordinator asked to register again: {msg.reason}")
             elif kind is ReplyKind.ERROR:
-                if not self.is_registered and msg.code == "invalid_request":
+                if not self.is_registered and msg.code in ("invalid_request", "protocol"):
+                    # The answer to our HELLO: wrong model or protocol version. Retrying cannot
+                    # fix a deployment error, so exit with the coordinator's explanation.
                     self.fatal_error = f"coordinator refused registration: {msg.message}"
                     log.error(self.fatal_error)
                 else:
