@@ -56,7 +56,8 @@ def engine_with_callback(path, calls, **options):
 @pytest.mark.timeout(60)
 def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints):
     calls = []
-    engine = started.track(engine_with_callback(dist_checkpoints["llama"], calls, tensor_parallel_size=2, **ENGINE))
+    engine = started.track(engine_with_callback(dist_checkpoints["llama"], calls,
+                                                tensor_parallel_size=2, **ENGINE))
     rids = start_requests(engine)
     victim = engine.runner.rank_pids[0]
     killed_at = time.monotonic()
@@ -79,7 +80,8 @@ def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints):
 @pytest.mark.timeout(60)
 def test_stopped_rank_counts_as_hung_within_10s(started, dist_checkpoints):
     """SIGSTOP: the process exists but answers nothing (a hang); its heartbeat stops."""
-    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE))
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2,
+                            pipeline_parallel_size=2, **ENGINE))
     rids = start_requests(llm)
     pids = llm.engine.runner.rank_pids
     stopped_at = time.monotonic()

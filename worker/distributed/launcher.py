@@ -154,7 +154,8 @@ class RankMonitor:
                 return
             if r.last_beat is None:
                 if now - r.started > opts.startup_timeout_s:
-                    self.fail(f"rank {r.rank} (pid {r.pid}) did not start within {opts.startup_timeout_s:g} s")
+                    self.fail(f"rank {r.rank} (pid {r.pid}) did not start within "
+                              f"{opts.startup_timeout_s:g} s")
                     return
             elif now - r.last_beat > opts.heartbeat_timeout_s:
                 self.fail(f"rank {r.rank} (pid {r.pid}) sent no heartbeat for {now - r.last_beat:.1f} s "
@@ -170,7 +171,8 @@ def ring(ranks: list[RankProcess], command: Command, payload_len: int = 0) -> No
             r.popen.stdin.write(frame)
             r.popen.stdin.flush()
         except (BrokenPipeError, ValueError, OSError) as exc:
-            raise RankFailedError(f"rank {r.rank} (pid {r.pid}) is gone: cannot write to it ({exc})") from None
+            raise RankFailedError(f"rank {r.rank} (pid {r.pid}) is gone: "
+                                  f"cannot write to it ({exc})") from None
 
 
 def kill_all(ranks: list[RankProcess]) -> None:

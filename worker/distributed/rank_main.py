@@ -4,8 +4,9 @@ Owns: one rank process's life. Before torch loads (seconds), it starts the heart
 which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed).
 Then it joins the group, builds its `RankShard`, and loops: read a doorbell frame from stdin
 (EOF = rank 0 is gone: exit), receive the step bytes on the control group, run its stage. A
-SHUTDOWN frame ends the loop and the process with code 0 (`os._exit`, skipping a slow teardown); any error ends it with code 1 after
-one logged traceback (rank 0's monitor turns that into the replica's failure).
+SHUTDOWN frame ends the loop and the process with code 0 (`os._exit`: torch's teardown is slow);
+any error ends it with code 1 after one logged traceback (rank 0's monitor turns that into the
+replica's failure).
 
 Must never decide anything: it only executes what rank 0 broadcasts. It ignores SIGINT (rank 0
 owns its lifetime: a Ctrl-C in a terminal reaches the whole process group, and the replica

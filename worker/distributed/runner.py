@@ -67,7 +67,8 @@ class DistributedRunner:
                  max_model_len: int, options: Optional[DistributedOptions] = None,
                  on_fatal: Optional[Callable[[str], None]] = None):
         self.options = options or DistributedOptions.from_env()
-        self.layout = RankLayout(0, config.tensor_parallel_size, config.pipeline_parallel_size, spec.num_layers)
+        self.layout = RankLayout(0, config.tensor_parallel_size, config.pipeline_parallel_size,
+                                 spec.num_layers)
         check_divisible(spec, config.tensor_parallel_size)
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group; "
@@ -91,7 +92,8 @@ class DistributedRunner:
                          log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
         atexit.register(self.close)
         try:
-            self._ranks = [spawn_rank(r, bootstrap, self.options) for r in range(1, world)]
+            for r in range(1, world):  # one at a time, so close() ends those already started
+                self._ranks.append(spawn_rank(r, bootstrap, self.options))
             self._monitor = RankMonitor(self._ranks, self.options)
             self._monitor.on_failure(self._on_failure)
             self._monitor.start()
@@ -194,7 +196,8 @@ class DistributedRunner:
         if "error" in result:
             err = result["error"]
             if self._monitor.failed.wait(timeout=1.0):  # the rank's death explains rank 0's error
-                raise RankFailedError(f"tensor/pipeline-parallel {what} failed: {self._monitor.error}") from err
+                raise RankFailedError(f"tensor/pipeline-parallel {what} failed: "
+                                      f"{self._monitor.error}") from err
             raise err
         return result["value"]
 

@@ -50,7 +50,8 @@ class RankGroups:
                                 timeout=timeout, **kwargs)
         self.backend = backend
         # Control traffic (step bytes, KV agreement) stays on the CPU even when data uses NCCL.
-        self.control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+        self.control = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
+                        else dist.group.WORLD)
         self.tp_group = None
         for stage in range(layout.pipeline_parallel_size):
             ranks = layout.tp_group_ranks(stage)
