@@ -221,6 +221,7 @@ class EngineServer:
         if prompt_ids is not None:
             self._prompt_ids[rid] = prompt_ids
         if msg.resume_token_ids:
+            _replay_detokenizer(self.engine, rid, prompt_ids, msg.resume_token_ids, params)
             log.info("resuming request %s after %d delivered token(s)", rid, len(msg.resume_token_ids))
 
     def _on_abort(self, msg) -> None:
@@ -287,6 +288,29 @@ class EngineServer:
 def _error_delta(request_id: str, error: InferClusterError):
     from protocol import RequestDelta
     return RequestDelta(request_id=request_id, finish_reason="error", error=error.to_dict())
+
+
+def _replay_detokenizer(engine, request_id: str, prompt_ids, resume_ids, params) -> None:
+    """Make a resumed request's text continue exactly where the lost replica's stream stopped.
+
+    The lost replica had pushed the delivered tokens through its incremental detokenizer one
+    step at a time and held back what was not yet safe to show (an incomplete UTF-8 character,
+    the possible start of a stop string); that held-back text was never delivered. A
+    detokenizer that only takes the delivered tokens as context would drop it. Replaying them
+    one token per push rebuilds the same state, so the first new text includes what was held.
+    Skipped when the engine does this itself (`engine.replays_resume_tokens`)."""
+    if getattr(engine, "replays_resume_tokens", False) or prompt_ids is None:
+        return
+    detoks = getattr(engine, "_detok", None)
+    old = detoks.get(request_id) if isinstance(detoks, dict) else None
+    if old is None:
+        return
+    from .detokenizer import IncrementalDetokenizer
+    fresh = IncrementalDetokenizer(old.tokenizer, prompt_ids, params.stop,
+                                   skip_special_tokens=old.skip_special, byte_table=old.byte_table)
+    for token in resume_ids:
+        fresh.push([token])  # its text was already delivered by the lost replica
+    detoks[request_id] = fresh
 
 
 def _prompt_token_ids(engine, request_id: str) -> Optional[list]:

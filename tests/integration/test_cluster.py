@@ -87,10 +87,11 @@ def test_kill_9_under_load_loses_nothing(cluster, offline_reference):
     assert streamed < total, "the load finished before the kill; make requests longer"
     assert all(o.finish_reason == "length" for o in outs), collections.Counter(o.finish_reason for o in outs)
     assert len(finals) == 200 and set(finals.values()) == {1}, "a request ended twice or never"
-    for i, (o, (toks, _)) in enumerate(zip(outs, expected)):
+    for i, (o, (toks, text)) in enumerate(zip(outs, expected)):
         assert len(o.token_ids) == 24, f"request {i} incomplete: {len(o.token_ids)} tokens"
         assert tokens[f"kill-{i}"] == o.token_ids  # what crossed the wire, no duplicates
         assert o.token_ids == toks, f"request {i} differs from the offline engine"
+        assert o.text == text, f"request {i}: text differs across the resume point"
     after = cluster.status()["coordinator"]
     reroutes = after["num_reroutes"] - before["num_reroutes"]
     resumed = after["num_resumed"] - before["num_resumed"]

@@ -143,8 +143,9 @@ def test_link_cut_mid_load_loses_nothing(netns, tmp_path, offline_reference):
     assert streamed < 200 * 24
     load_finals = {k: v for k, v in finals.items() if k.startswith("ns-")}
     assert len(load_finals) == 200 and set(load_finals.values()) == {1}
-    for i, (o, (toks, _)) in enumerate(zip(outs, expected)):
+    for i, (o, (toks, text)) in enumerate(zip(outs, expected)):
         assert o.finish_reason == "length" and tokens[f"ns-{i}"] == o.token_ids == toks, i
+        assert o.text == text, i
     co = status["coordinator"]
     assert co["num_reroutes"] > 0 and co["num_replica_deaths"] >= 1
     dead = [r for r in status["replicas"] if r["state"] == "dead"]
