@@ -25,6 +25,25 @@ def make_prompts() -> list[list[int]]:
     return [[5], [17, 33, 2, 480, 9, 71, 301], base[:23], base[:40]]
 
 
+def check_parallel_greedy(started, path, tp, pp, options, references):
+    """Greedy tokens of a T x P replica equal every list in `references` (T=1, HF); a second
+    round of the long prompts hits the prefix cache on every rank and gives the same tokens."""
+    from worker import LLM
+
+    prompts = make_prompts()
+    llm = started.track(LLM(path, tensor_parallel_size=tp, pipeline_parallel_size=pp, **options))
+    assert len(llm.engine.runner.rank_pids) == tp * pp - 1
+    tokens = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    for i, ref in enumerate(references):
+        assert tokens == ref, f"T={tp} P={pp} differs from reference {i}"
+    again = llm.generate(prompts[2:], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in again] == tokens[2:]
+    assert all(o.num_cached_tokens >= 16 for o in again)
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    return llm
+
+
 @pytest.fixture(scope="session")
 def dist_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist_checkpoints")

@@ -8,7 +8,7 @@ import pytest
 
 from worker import LLM
 
-from .conftest import ENGINE, GREEDY, FAMILIES, make_prompts
+from .conftest import ENGINE, FAMILIES, GREEDY, check_parallel_greedy, make_prompts
 
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "tp2_pp2": (2, 2)}
 
@@ -24,20 +24,8 @@ def single_process_greedy(dist_checkpoints):
 
 
 def check_layout(started, dist_checkpoints, hf_greedy, single_process_greedy, family, tp, pp):
-    prompts = make_prompts()
-    llm = started.track(LLM(dist_checkpoints[family], tensor_parallel_size=tp,
-                          pipeline_parallel_size=pp, **ENGINE))
-    assert len(llm.engine.runner.rank_pids) == tp * pp - 1
-    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    tokens = [o.token_ids for o in outs]
-    assert tokens == single_process_greedy[family], f"{family} T={tp} P={pp} differs from T=1"
-    assert tokens == hf_greedy[family], f"{family} T={tp} P={pp} differs from HF"
-    # Second round: the long prompts' full blocks come from the prefix cache on every rank.
-    again = llm.generate(prompts[2:], GREEDY, use_tqdm=False)
-    assert [o.token_ids for o in again] == tokens[2:]
-    assert all(o.num_cached_tokens >= 16 for o in again)
-    stats = llm.stats()
-    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    check_parallel_greedy(started, dist_checkpoints[family], tp, pp, ENGINE,
+                          [single_process_greedy[family], hf_greedy[family]])
 
 
 @pytest.mark.timeout(90)

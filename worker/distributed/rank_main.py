@@ -87,8 +87,10 @@ def main(argv: list[str]) -> None:
         from .shard import RankGroups, RankShard
         from .topology import DistributedOptions, RankLayout
 
-        if "OMP_NUM_THREADS" not in os.environ:  # ranks share the host's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args["world_size"]))
+        # The replica's ranks share its cores (its OMP_NUM_THREADS share, or the host's).
+        share = os.environ.get("OMP_NUM_THREADS", "")
+        cores = int(share) if share.isdigit() and int(share) > 0 else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // args["world_size"]))
         options = DistributedOptions(**args["options"])
         config = EngineConfig(**args["config"])
         spec = ModelSpec(**args["spec"])

@@ -1,0 +1,66 @@
+"""On 2+ CUDA devices (NCCL): tensor / pipeline parallel greedy output equals T=1 on the same
+GPU type for the tiny float32 checkpoints (T=1 on GPU vs HF is tests/parity/test_gpu.py), with
+and without decode CUDA graphs; a killed rank fails the replica within 10 s (the NCCL abort
+path). T=4 and T=2 x P=2 need 4 devices.
+Run: `pytest -m gpu tests/distributed`."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from worker import LLM
+
+from .conftest import GREEDY, check_parallel_greedy, make_prompts
+
+pytestmark = pytest.mark.gpu
+NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+if NUM_GPUS < 2:
+    pytest.skip("needs 2 CUDA devices", allow_module_level=True)
+
+GPU = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=256,
+           max_num_batched_tokens=24, max_num_seqs=8)
+LAYOUTS = {"tp2_eager": (2, 1, True), "tp2_graphs": (2, 1, False), "pp2": (1, 2, True),
+           "tp2_pp2": (2, 2, True), "tp4_graphs": (4, 1, False)}
+
+
+@pytest.fixture(scope="module")
+def gpu_single(dist_checkpoints):
+    """family -> T=1 greedy tokens on cuda:0."""
+    ref = {}
+    for family in ("qwen2", "qwen3"):
+        with LLM(dist_checkpoints[family], enforce_eager=True, **GPU) as llm:
+            ref[family] = [o.token_ids for o in llm.generate(make_prompts(), GREEDY, use_tqdm=False)]
+    return ref
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, family, layout):
+    tp, pp, eager = LAYOUTS[layout]
+    if tp * pp > NUM_GPUS:
+        pytest.skip(f"needs {tp * pp} CUDA devices, {NUM_GPUS} visible")
+    check_parallel_greedy(started, dist_checkpoints[family], tp, pp, dict(GPU, enforce_eager=eager),
+                          [gpu_single[family]])
+
+
+@pytest.mark.timeout(300)
+def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints):
+    from protocol import SamplingParams
+
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=True,
+                            **GPU))
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    rids = {llm.add_request([5 + i, 6, 7], long) for i in range(2)}
+    for _ in range(3):
+        llm.step()
+    killed_at = time.monotonic()
+    os.kill(llm.engine.runner.rank_pids[0], signal.SIGKILL)
+    finals = {}
+    while len(finals) < len(rids):
+        assert time.monotonic() - killed_at < 10, "requests still running 10 s after the kill"
+        finals.update({d.request_id: d for d in llm.step() if d.finished})
+    assert all(d.finish_reason == "error" and "rank 1" in d.error["message"] for d in finals.values())
