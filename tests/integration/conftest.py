@@ -191,6 +191,7 @@ def offline_reference():
             outs = llm.generate([p for p, _ in items], [sp for _, sp in items], use_tqdm=False)
             cache[key] = [(o.token_ids, o.text) for o in outs]
         return cache[key]
+    reference.llm = llm  # for tests that need more than tokens and text
     return reference
 
 

@@ -205,3 +205,18 @@ def test_pause_holds_requests_and_resume_finishes_them(cluster):
         time.sleep(0.1)
     else:
         raise AssertionError("replicas did not report active after resume")
+
+
+def test_logprobs_and_token_prompts_cross_the_cluster(cluster, offline_reference):
+    cluster.wait_replicas(2)
+    params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=3)
+    prompts = ["Hello there", [11, 22, 33, 44, 55], "The capital of France is"]
+    expected = offline_reference.llm.generate(prompts, params, use_tqdm=False)
+    with InferenceClient(cluster.address) as c:
+        outs = c.generate(prompts, params)
+    for o, e in zip(outs, expected):
+        assert o.token_ids == e.token_ids and o.prompt_token_ids == e.prompt_token_ids
+        assert len(o.logprobs) == 5
+        for got, want in zip(o.logprobs, e.logprobs):
+            assert got[0] == pytest.approx(want[0], abs=1e-5)
+            assert set(got[1]) == set(want[1])
