@@ -136,9 +136,17 @@ class DistributedRunner:
             payload = encode_step(out)
             ring(self._ranks, Command.STEP, len(payload))
             self._shard.broadcast_step(payload, len(payload))
-            return self._shard.run_step(out)
+            logits, request_ids = self._shard.run_step(out)
+            if self.device.type == "cuda":
+                # NCCL returns before the data is there, and an aborted collective (a peer died)
+                # leaves garbage rather than an error: only logits finished while the group
+                # was still healthy may be sampled.
+                torch.cuda.current_stream(self.device).synchronize()
         except Exception as exc:
             raise self._step_failure(exc) from None
+        if self.error is not None:
+            raise self._step_failure(RuntimeError("the rank group failed during the step"))
+        return logits, request_ids
 
     def close(self) -> None:
         """End every rank process (SHUTDOWN, then SIGKILL after a grace period) and leave the
