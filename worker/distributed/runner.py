@@ -220,7 +220,6 @@ class DistributedRunner:
 
     def _on_failure(self, reason: str) -> None:
         """Monitor thread, once, after every other rank was killed."""
-        if self._shard is not None:
-            self._shard.groups.abort()
+        RankGroups.abort()
         if self.on_fatal is not None:
             self.on_fatal(reason)

@@ -59,16 +59,19 @@ class RankGroups:
             if stage == layout.stage:
                 self.tp_group = group
 
-    def abort(self) -> None:
+    @staticmethod
+    def abort() -> None:
         """Unblock this process's pending collectives after a peer failed (NCCL would spin
-        forever on a dead peer; gloo already raises when a peer's socket closes)."""
-        if self.backend == "nccl":
+        forever on a dead peer; gloo already raises when a peer's socket closes). Safe from any
+        thread, also while another thread is still joining the group."""
+        try:
+            if not dist.is_initialized() or dist.get_backend() != "nccl":
+                return
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None:
-                try:
-                    abort()
-                except Exception:  # best effort: the replica is failing anyway
-                    log.exception("aborting the NCCL process group failed")
+                abort()
+        except Exception:  # best effort: the replica is failing anyway
+            log.exception("aborting the NCCL process group failed")
 
     @staticmethod
     def destroy() -> None:
