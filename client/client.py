@@ -84,6 +84,7 @@ class InferenceClient:
         self.model: str = ""
         self.num_replicas: int = 0
         self.last_error: Optional[Exception] = None
+        self._instance = ""
         self._closed = False
         self._io = ClientIO(self._ctx, address, name or "client", self._on_message,
                             self._on_silence, heartbeat_interval, coordinator_timeout,
@@ -190,12 +191,23 @@ class InferenceClient:
                 waiter.set_result(msg)
         elif kind is ReplyKind.ERROR:
             self._on_error(msg)
+        elif kind is ConnectionKind.PONG:
+            self._check_instance(msg.instance)
         elif kind is ConnectionKind.HELLO_ACK:
+            self._check_instance(msg.instance)
             self.model, self.num_replicas = msg.model, msg.num_replicas
             # Ping at least as often as this coordinator needs to keep our requests alive.
             self._io.heartbeat_interval = min(self._io.heartbeat_interval, msg.heartbeat_interval)
-        elif kind is not ConnectionKind.PONG:
+        else:
             log.warning("ignoring unexpected %s from the coordinator", kind.name)
+
+    def _check_instance(self, instance: str) -> None:
+        """A new coordinator process (restart) does not know our in-flight requests."""
+        if not instance:
+            return
+        if self._instance and instance != self._instance:
+            self._fail_all(f"the coordinator at {self.address} restarted; its requests were lost")
+        self._instance = instance
 
     def _deliver(self, payload: DeltaPayload) -> None:
         with self._lock:
@@ -217,15 +229,18 @@ class InferenceClient:
     def _on_silence(self, seconds: float) -> None:
         """The coordinator has been silent too long: end every open request with an error
         rather than let callers wait forever."""
+        self._fail_all(f"lost contact with the coordinator at {self.address} "
+                       f"({seconds:.0f} s silent)")
+
+    def _fail_all(self, message: str) -> None:
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
         if handles:
-            log.error("no reply from coordinator %s for %.0f s; failing %d request(s)",
-                      self.address, seconds, len(handles))
+            log.error("%s; failing %d request(s)", message, len(handles))
+        error = NoReplicaError(message).to_dict()
         for h in handles:
-            h._deliver(RequestDelta(request_id=h.request_id, finish_reason="error", error=NoReplicaError(
-                f"lost contact with the coordinator at {self.address} ({seconds:.0f} s silent)").to_dict()))
+            h._deliver(RequestDelta(request_id=h.request_id, finish_reason="error", error=error))
 
     # -------------------------------------------------------------- lifecycle
 

@@ -74,12 +74,12 @@ def on_client_hello(coord, identity, msg, now) -> None:
     log.debug("client %s (%s) connected", identity.hex(), msg.client_name or "unnamed")
     coord.outbox.to_client(identity, HelloAck(
         coordinator=coord.config.name, heartbeat_interval=coord.config.client_timeout / 4,
-        num_replicas=len(coord.registry), model=coord.model_name))
+        num_replicas=len(coord.registry), model=coord.model_name, instance=coord.instance))
 
 
 def on_ping(coord, identity, msg, now) -> None:
     coord.clients.touch(identity, now)
-    coord.outbox.to_client(identity, Pong())
+    coord.outbox.to_client(identity, Pong(instance=coord.instance))
 
 
 def on_goodbye(coord, identity, msg, now) -> None:

@@ -14,6 +14,7 @@ method safe to call from elsewhere (signal handlers, tests).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Optional
@@ -83,9 +84,21 @@ class Coordinator:
         self._ctx = context or zmq.Context.instance()
         self.front = _make_router(self._ctx, config)
         self.back = _make_router(self._ctx, config)
-        self.front_address = self._bind(self.front, config.port)
-        self.back_address = self._bind(self.back, config.replica_port)
-        self._monitor = self.back.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = None
+        try:
+            self.front_address = self._bind(self.front, config.port)
+            self.back_address = self._bind(self.back, config.replica_port)
+            # A unique name: pyzmq's default embeds the socket's fd, which a later socket in
+            # this process can reuse while the old endpoint is still being torn down.
+            monitor_address = f"inproc://coordinator-monitor-{os.getpid()}-{os.urandom(6).hex()}"
+            self.back.monitor(monitor_address, zmq.EVENT_DISCONNECTED)
+            self._monitor = self._ctx.socket(zmq.PAIR)
+            self._monitor.connect(monitor_address)
+        except Exception:
+            for sock in (self._monitor, self.front, self.back):
+                if sock is not None:
+                    sock.close(linger=0)
+            raise
         self.outbox = Outbox(self.front, self.back, config.max_frame_bytes)
         self.registry = ReplicaRegistry()
         self.table = RequestTable()
@@ -95,6 +108,7 @@ class Coordinator:
                                      config.no_replica_timeout)
         self.reregister_sent: dict[bytes, float] = {}
         self.started_at = time.monotonic()
+        self.instance = os.urandom(8).hex()
         self.is_draining = False
         self._drain_deadline: Optional[float] = None
         self._stop = threading.Event()

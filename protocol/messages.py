@@ -223,6 +223,7 @@ class HelloAck(Message):
     heartbeat_interval: float = wire(number(0.01, 3600.0), default=1.0)
     num_replicas: int = wire(COUNT, default=0)
     model: str = wire(NAME, default="")
+    instance: str = wire(string(64), default="")  # see Pong
 
 
 @dataclass(kw_only=True)
@@ -251,6 +252,9 @@ class Ping(Message):
 @dataclass(kw_only=True)
 class Pong(Message):
     KIND = ConnectionKind.PONG
+    # Random per coordinator process: a client that sees it change knows its in-flight
+    # requests died with the previous coordinator.
+    instance: str = wire(string(64), default="")
 
 
 @dataclass(kw_only=True)

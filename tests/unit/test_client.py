@@ -187,3 +187,54 @@ def test_client_coordinator_and_protocol_never_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _port_outside_ephemeral_range() -> int:
+    """A free port the kernel never hands out as a source port: a client reconnecting to a
+    closed ephemeral port can connect to itself and hold the port (TCP self-connect)."""
+    import random
+    import socket
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    for _ in range(100):
+        port = random.randint(max(1024, lo - 12000), lo - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def test_coordinator_restart_fails_in_flight_requests():
+    port = _port_outside_ephemeral_range()
+    ct = CoordinatorThread(port=port)
+    r = FakeReplica(ct.back)
+    c = InferenceClient(ct.front, heartbeat_interval=0.1)
+    try:
+        h = c.submit("x", SamplingParams(max_tokens=1000))
+        r.wait_for_requests(1)
+        coord = ct.coord
+
+        def crash():  # vanish like kill -9: no final replies
+            coord.back.disable_monitor()
+            for sock in (coord._monitor, coord.front, coord.back):
+                sock.close(linger=0)
+        coord._finish_shutdown = crash
+        ct.stop()
+        r.close()
+        ct = None
+        deadline = time.monotonic() + 5
+        while ct is None:  # same address, fresh state (the old listener closes asynchronously)
+            try:
+                ct = CoordinatorThread(port=port)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with pytest.raises(NoReplicaError, match="restarted"):
+            h.result(timeout=5)
+    finally:
+        c.close()
+        if ct is not None:
+            ct.stop()
