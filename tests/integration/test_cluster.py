@@ -220,3 +220,43 @@ def test_logprobs_and_token_prompts_cross_the_cluster(cluster, offline_reference
         for got, want in zip(o.logprobs, e.logprobs):
             assert got[0] == pytest.approx(want[0], abs=1e-5)
             assert set(got[1]) == set(want[1])
+
+
+HOLDING_CLIENT_SCRIPT = """
+import sys, time
+from client import InferenceClient
+from protocol import SamplingParams
+c = InferenceClient(sys.argv[1])
+hs = [c.submit("held", SamplingParams(max_tokens=8)) for _ in range(5)]
+while c.status()["coordinator"]["num_in_flight"] < 5:
+    time.sleep(0.05)
+print("submitted", flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_client_with_no_traffic_is_noticed_by_silence(cluster):
+    """Nothing is streamed to this client (replicas paused), so only its missing pings can
+    reveal that it died: the coordinator must still drop its requests within 5 s."""
+    cluster.wait_replicas(2)
+    cluster.wait_idle()
+    with InferenceClient(cluster.address) as admin:
+        assert admin.control("pause")["ok"]
+        proc = subprocess.Popen([sys.executable, "-c", HOLDING_CLIENT_SCRIPT, cluster.address],
+                                cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "submitted", proc.stderr.read()
+            proc.kill()
+            proc.wait(10)
+            t0 = time.monotonic()
+            while admin.status()["coordinator"]["num_in_flight"] > 0 and time.monotonic() - t0 < 10:
+                time.sleep(0.1)
+            gone_after = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            admin.control("resume")
+    assert gone_after < 5.0, f"took {gone_after:.2f} s"
+    print(f"\nsilent killed client's 5 held requests dropped {gone_after:.2f} s after kill -9")
