@@ -89,7 +89,10 @@ class ModelRunner:
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
                                       self.num_kv_heads, spec.head_dim, self.dtype, self.device)
         self.graphs: Optional[DecodeGraphs] = None
-        if self.device.type == "cuda" and not config.enforce_eager and self.model.is_last and self.model.is_first:
+        # Graphs only for a single rank: capturing NCCL collectives across rank processes hung on
+        # the H200 pair (2026-11-22), so tensor-parallel replicas run decode eagerly for now.
+        if (self.device.type == "cuda" and not config.enforce_eager and self.ps.tp_size == 1
+                and self.model.is_last and self.model.is_first):
             self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
                                        min(config.max_num_seqs, 512),
                                        -(-max_model_len // config.block_size), self.device)

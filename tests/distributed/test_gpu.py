@@ -36,7 +36,7 @@ def gpu_single(dist_checkpoints):
     return ref
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(180, method="thread")  # a hung NCCL call never returns to a signal handler
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, family, layout):
@@ -47,7 +47,7 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
                           [gpu_single[family]])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180, method="thread")
 def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints):
     from protocol import SamplingParams
 
