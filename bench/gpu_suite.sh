@@ -26,7 +26,7 @@ for stage in "$@"; do
     dist_tests) python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tee "$OUT/gpu_dist_tests.log" | tail -15 ;;
     tp)  # workload A at T=1 and T=2 for both shapes (issue 5); needs 2 GPUs
       for model in qwen3-0.6b-shape llama-3-8b-shape; do for tp in 1 2; do
-        python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
+        timeout 150 python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size $tp --out "$OUT/tp${tp}_${model}.json" 2>&1 | grep -E "^infer-cluster|^model=|Error|error" | tail -4
       done; done ;;
