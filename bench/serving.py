@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -38,6 +39,16 @@ from protocol import SamplingParams  # noqa: E402
 def _range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition(":")
     return int(lo), int(hi or lo)
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _self_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _free_port() -> int:
@@ -61,11 +72,12 @@ class Offline:
         self.llm = LLM(**_engine_options(args))
         self.args = args
 
-    def throughput(self, requests) -> tuple[float, list]:
-        t0 = time.perf_counter()
+    def throughput(self, requests) -> tuple[float, list, float]:
+        """(output tokens/s, token ids, CPU seconds used)"""
+        c0, t0 = _self_cpu_seconds(), time.perf_counter()
         outs = self.llm.generate([p for p, _ in requests], [sp for _, sp in requests], use_tqdm=False)
-        wall = time.perf_counter() - t0
-        return sum(len(o.token_ids) for o in outs) / wall, [o.token_ids for o in outs]
+        wall, cpu = time.perf_counter() - t0, _self_cpu_seconds() - c0
+        return sum(len(o.token_ids) for o in outs) / wall, [o.token_ids for o in outs], cpu
 
     def one(self, prompt, max_tokens: int) -> tuple[float, float]:
         """(end-to-end seconds, seconds per output token after the first) of one request."""
@@ -111,9 +123,17 @@ class Cluster:
             raise
         self.progress = args.progress
 
+    def _cpu(self) -> tuple[float, float, float]:
+        """CPU seconds so far of (replicas, coordinator, this client process)."""
+        return (sum(_proc_cpu_seconds(r.proc.pid) for r in self.launcher.replicas),
+                _proc_cpu_seconds(self.launcher.coordinator.proc.pid), _self_cpu_seconds())
+
     def throughput(self, requests) -> tuple[float, list, dict]:
+        before = self._cpu()
         result = run_load(self.client, requests, progress=self.progress)
         summary = summarize(result)
+        summary["cpu_s"] = dict(zip(("replicas", "coordinator", "client"),
+                                    (b - a for a, b in zip(before, self._cpu()))))
         return summary["output_tokens_per_s"], [o.token_ids for o in result.outputs], summary
 
     def one(self, prompt, max_tokens: int) -> tuple[float, float]:
@@ -137,11 +157,12 @@ def measure(args, requests, latency_prompt) -> dict:
     try:
         offline.throughput(requests[:8])  # warm-up both
         cluster.throughput(requests[:8])
-        off_tps, clu_tps, summaries = [], [], []
+        off_tps, clu_tps, summaries, off_cpu = [], [], [], []
         identical = 0
         for _ in range(args.rounds):
-            tps, off_ids = offline.throughput(requests)
+            tps, off_ids, cpu = offline.throughput(requests)
             off_tps.append(tps)
+            off_cpu.append(cpu)
             tps, clu_ids, summary = cluster.throughput(requests)
             clu_tps.append(tps)
             summaries.append(summary)
@@ -162,6 +183,11 @@ def measure(args, requests, latency_prompt) -> dict:
             # least-disturbed run of each (machines shared with other work are noisy)
             "ratio_best": max(clu_tps) / (max(off_tps) * args.replicas),
             "identical_outputs": identical, "cluster_summary": summaries[len(summaries) // 2],
+            # CPU seconds per round: immune to other load on the machine, unlike wall time
+            "offline_cpu_s": med(off_cpu),
+            "replica_cpu_s": med([x["cpu_s"]["replicas"] for x in summaries]),
+            "coordinator_cpu_s": med([x["cpu_s"]["coordinator"] for x in summaries]),
+            "client_cpu_s": med([x["cpu_s"]["client"] for x in summaries]),
             "offline_e2e_1tok_ms": med(off_e2e) * 1e3, "cluster_e2e_1tok_ms": med(clu_e2e) * 1e3,
             "offline_tpot_ms": med(off_tpot) * 1e3, "cluster_tpot_ms": med(clu_tpot) * 1e3,
             "coordinator": status["coordinator"]}
@@ -205,6 +231,10 @@ def main(argv=None) -> int:
         "throughput ratio, median (goal >= 0.95)": round(m["ratio_median"], 3),
         "throughput ratio, best run vs best run": round(m["ratio_best"], 3),
         "outputs identical to offline": f"{m['identical_outputs']}/{args.num_requests}",
+        "CPU s per round: offline engine / replicas": f"{m['offline_cpu_s']:.2f} / {m['replica_cpu_s']:.2f}",
+        "CPU s per round: coordinator / client": f"{m['coordinator_cpu_s']:.2f} / {m['client_cpu_s']:.2f}",
+        "CPU ratio offline / (replicas + coordinator)":
+            round(m["offline_cpu_s"] / (m["replica_cpu_s"] + m["coordinator_cpu_s"]), 3),
         "cluster TTFT p50 / p99 ms": f"{cs['ttft_p50_ms']} / {cs['ttft_p99_ms']}",
         "cluster TPOT p50 / p99 ms": f"{cs['tpot_p50_ms']} / {cs['tpot_p99_ms']}",
         "cluster e2e p50 / p99 ms": f"{cs['e2e_p50_ms']} / {cs['e2e_p99_ms']}",

@@ -164,6 +164,26 @@ class DeltaPayload(Struct):
                             num_cached_tokens=self.num_cached_tokens)
 
 
+def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> dict:
+    """`DeltaPayload.from_delta(delta, prompt_token_ids).to_dict()` without building the struct:
+    the replica sends one per running request per step. A unit test keeps the two identical."""
+    d = {"request_id": delta.request_id, "token_ids": delta.token_ids, "text": delta.text}
+    if delta.logprobs is not None:
+        d["logprobs"] = delta.logprobs
+    if delta.finish_reason is not None:
+        d["finish_reason"] = delta.finish_reason
+    if delta.error is not None:
+        d["error"] = {"code": str(delta.error.get("code", "engine")),
+                      "message": str(delta.error.get("message", ""))}
+    if delta.num_prompt_tokens:
+        d["num_prompt_tokens"] = delta.num_prompt_tokens
+    if delta.num_cached_tokens:
+        d["num_cached_tokens"] = delta.num_cached_tokens
+    if prompt_token_ids is not None:
+        d["prompt_token_ids"] = prompt_token_ids
+    return d
+
+
 # ---------------------------------------------------------------- message base
 
 @dataclass(kw_only=True)
@@ -338,6 +358,7 @@ class StepOutput(Message):
     """Replica -> coordinator: every delta one engine step produced, plus the current load."""
 
     KIND = ReplyKind.STEP_OUTPUT
+    # Decoded: DeltaPayload structs. To send, the replica may pass `delta_wire` maps instead.
     deltas: list = wire(list_of(struct(DeltaPayload)), default_factory=list)
     load: Optional[ReplicaLoad] = wire(optional(struct(ReplicaLoad)), default=None)
 

@@ -28,13 +28,14 @@ from typing import Optional
 from protocol import EngineError, InferClusterError, SamplingParams
 from protocol.kinds import ControlKind, RequestKind
 from protocol.messages import (DeltaPayload, DispatchRequest, ReplicaLoad, ReplicaState,
-                               ReplicaStateChange, StepOutput)
+                               ReplicaStateChange, StepOutput, delta_wire)
 
 from .replica_io import REREGISTERED, ReplicaIO
 
 log = logging.getLogger("infer_cluster.replica")
 
 _WAKE = "wake"  # inbox item that only interrupts an idle wait
+LOAD_READ_INTERVAL = 0.05  # seconds between engine.stats() reads while stepping
 
 
 @dataclass
@@ -73,6 +74,7 @@ class EngineServer:
         self._exit_when_drained = False
         self.exit_reason = ""
         self.num_steps = 0
+        self._next_load_read = 0.0
         self.seconds_in_engine = 0.0
         self.seconds_in_server = 0.0
         self._handlers = {
@@ -157,11 +159,15 @@ class EngineServer:
                                                 f"{type(exc).__name__}: {exc}"))
         t1 = time.perf_counter()
         self.num_steps += 1
-        self._load = self._read_load()
+        # Heartbeats are far apart, so the load is read at most every LOAD_READ_INTERVAL while
+        # busy, and always once the engine goes idle (so an idle replica never reports stale KV use).
+        if t1 >= self._next_load_read or not self.engine.has_unfinished_requests():
+            self._load = self._read_load()
+            self._next_load_read = t1 + LOAD_READ_INTERVAL
         if deltas:
-            payloads = [DeltaPayload.from_delta(d, self._prompt_ids.pop(d.request_id, None))
-                        for d in deltas]
-            self.io.send(StepOutput(deltas=payloads, load=self._load))
+            pop = self._prompt_ids.pop
+            self.io.send(StepOutput(deltas=[delta_wire(d, pop(d.request_id, None)) for d in deltas],
+                                    load=self._load))
         # What serving adds to each step, reported at exit: should stay a few % of step time.
         self.seconds_in_engine += t1 - t0
         self.seconds_in_server += time.perf_counter() - t1

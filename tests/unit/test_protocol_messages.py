@@ -204,3 +204,16 @@ def test_peek_request_id():
     assert codec.peek_request_id({"request_id": "abc"}) == "abc"
     assert codec.peek_request_id({"request_id": 3}) is None
     assert codec.peek_request_id(None) is None
+
+
+@pytest.mark.parametrize("delta, prompt_ids", [
+    (RequestDelta(request_id="a", token_ids=[1, 2], text="xy"), None),
+    (RequestDelta(request_id="b", token_ids=[3], text="", logprobs=[[-1.0, {3: -1.0}]],
+                  finish_reason="stop", num_prompt_tokens=4, num_cached_tokens=2), [9, 8, 7, 6]),
+    (RequestDelta(request_id="c", finish_reason="error", error={"code": "engine", "message": "x"}), []),
+])
+def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
+    from protocol.messages import delta_wire
+    assert delta_wire(delta, prompt_ids) == DeltaPayload.from_delta(delta, prompt_ids).to_dict()
+    sent = codec.encode(StepOutput(deltas=[delta_wire(delta, prompt_ids)]))
+    assert codec.decode(sent).deltas[0] == DeltaPayload.from_delta(delta, prompt_ids)
