@@ -37,7 +37,7 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 _MAX_HEAD_DIM = 256
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
-_MAX_SPLITS = 64
+_MAX_SPLITS = 256
 _sm_counts: dict[int, int] = {}
 
 
@@ -88,75 +88,178 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row, start, hi, q_pos, page_
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
-                   scale_log2, partition, page_size,
-                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
-                   so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    row = tl.load(qsl_ptr + seq)
-    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
-    ctx = tl.load(lens_ptr + seq)
-    lo = split * partition
-    hi = tl.where(has_query, tl.minimum(lo + partition, ctx), lo)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
-                mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
-    q_pos = offs_g  # unused: decode sees its whole context (CAUSAL=False)
-    for start in range(lo, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_ptr + kvh * sk_h, v_ptr + kvh * sv_h,
-                                     bt_row, start, hi, q_pos, page_size, sk_b, sk_s, sk_d,
-                                     sv_b, sv_s, sv_d, scale_log2, offs_d, d_mask,
-                                     True, False, LOWP, DOT_DTYPE, BLOCK_N)
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    if SPLIT:
-        # Normalised partial output + its log2-sum-exp; an empty partition gets -inf (weight 0).
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
-        po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
-        tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
-                 mask=g_mask[:, None] & d_mask[None, :])
-        tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split, lse, mask=g_mask)
-    else:
-        tl.store(out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d,
-                 o.to(out_ptr.dtype.element_ty),
-                 mask=g_mask[:, None] & d_mask[None, :] & has_query)
+def _split_part(ctx, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per partition when a `ctx`-token context is cut `num_splits` ways: whole tiles, at
+    least one. Computed in the kernels from the sequence's own length, so each sequence is split
+    evenly whatever the block-table width, while the grid depends on shapes only."""
+    return tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit
-def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, out_ptr, num_splits,
+def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
+    if HAS_MASK:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start, hi, col_k, col_v,
+                 c_mask, sk_b, sk_s, sv_b, sv_s,
+                 MASKED: tl.constexpr, EVEN_C: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, LOWP: tl.constexpr,
+                 DOT_DTYPE: tl.constexpr):
+    """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
+    state of q's rows. K/V tiles are [BLOCK_N, BLOCK_C]; columns `col_k`/`col_v` address the
+    program's KPP heads side by side. On the tl.sum path q arrives pre-scaled."""
+    offs_t = tl.arange(0, BLOCK_N)
+    if PAGE % BLOCK_N == 0:
+        # The tile lies inside one page: one block-table entry, contiguous token rows.
+        blk = tl.load(bt_row + start // PAGE).to(tl.int64)
+        pos = start % PAGE + offs_t
+    else:
+        # Several pages per tile: one table lookup per token (PAGE is a compile-time constant,
+        # so shifts for power-of-two pages). Masked lanes never read the table.
+        offs_n = start + offs_t
+        if MASKED:
+            blk = tl.load(bt_row + offs_n // PAGE, mask=offs_n < hi, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        pos = offs_n % PAGE
+    if MASKED:
+        n_mask = (start + offs_t) < hi
+        kv_mask = n_mask[:, None] & c_mask[None, :]
+    else:
+        kv_mask = c_mask[None, :]
+    HAS_MASK: tl.constexpr = MASKED or not EVEN_C
+    k = _load_masked(k_ptr + (blk * sk_b + pos * sk_s)[:, None] + col_k[None, :], kv_mask,
+                     HAS_MASK)
+    if USE_DOT:
+        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
+    else:
+        s = tl.sum(q[:, None, :] * k[None, :, :].to(tl.float32), axis=2)
+    if MASKED:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    # Every tile holds at least one visible position, so m_new is finite.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _load_masked(v_ptr + (blk * sv_b + pos * sv_s)[:, None] + col_v[None, :], kv_mask,
+                     HAS_MASK)
+    if USE_DOT:
+        pv = _dot(p, v, LOWP, DOT_DTYPE)
+    else:
+        pv = tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), axis=1)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
+                   scale_log2,
+                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
+                   so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                   KPP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
+                   LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One program: KPP consecutive KV heads (with all their query heads) of one sequence, over
+    one partition of its context. The KPP heads sit side by side in the columns (BLOCK_C =
+    KPP * BLOCK_D), so a K/V tile row is KPP * head_dim contiguous elements of the cache. q is
+    block diagonal: row r (a query head) holds its q in the column block of its KV head, zeros
+    elsewhere, so one dot gives every head's scores and P@V leaves each head's output in its own
+    column block; the off-diagonal blocks are never stored. KPP=1 is the plain GQA layout."""
+    BLOCK_C: tl.constexpr = KPP * BLOCK_D
+    EVEN_C: tl.constexpr = HEAD_DIM == BLOCK_D
+    seq = tl.program_id(0)
+    kvg = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(qsl_ptr + seq)
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    if SPLIT:
+        part = _split_part(ctx, tl.num_programs(2), BLOCK_N)
+        lo = split * part
+        hi = tl.maximum(tl.minimum(lo + part, ctx), lo)
+    else:
+        lo = 0
+        hi = ctx
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_kv = offs_c // BLOCK_D
+    c_d = offs_c % BLOCK_D
+    c_mask = c_d < HEAD_DIM
+    r_mask = offs_r < KPP * GROUP
+    heads = kvg * (KPP * GROUP) + offs_r
+    sel = ((offs_r // GROUP)[:, None] == c_kv[None, :]) & r_mask[:, None] & c_mask[None, :]
+    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + c_d[None, :] * sq_d,
+                mask=sel & has_query, other=0.0)
+    if not USE_DOT:
+        q = q.to(tl.float32) * scale_log2
+    kv0 = kvg * KPP
+    col_k = (kv0 + c_kv) * sk_h + c_d * sk_d
+    col_v = (kv0 + c_kv) * sv_h + c_d * sv_d
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    # Whole tiles without masks, then at most one clipped tile (the context's end).
+    full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    for start in range(lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start,
+                                     hi, col_k, col_v, c_mask, sk_b, sk_s, sv_b, sv_s, False,
+                                     EVEN_C, PAGE, BLOCK_N, USE_DOT, LOWP, DOT_DTYPE)
+    for start in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start,
+                                     hi, col_k, col_v, c_mask, sk_b, sk_s, sv_b, sv_s, True,
+                                     EVEN_C, PAGE, BLOCK_N, USE_DOT, LOWP, DOT_DTYPE)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if SPLIT:
+        # Normalised partial output + its log2-sum-exp. Empty partitions (lo >= ctx) write
+        # nothing: the reduce reads only the partitions that hold tokens.
+        po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
+        tl.store(po + heads[:, None] * spo_h + c_d[None, :], o, mask=sel & (lo < hi))
+        tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
+                 m_i + tl.log2(l_safe), mask=r_mask & (lo < hi))
+    else:
+        tl.store(out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + c_d[None, :] * so_d,
+                 o.to(out_ptr.dtype.element_ty), mask=sel & has_query)
+
+
+@triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
+def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
                    spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
-                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Merge a head's partial outputs with log-sum-exp weights: grid (num_seqs, num_heads). Only
+    the partitions that hold tokens (recomputed from seq_lens as the decode kernel did) are read."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h + offs_s,
-                  mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
+    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
+    plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
     po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
-    o = tl.load(po + offs_s[:, None] * spo_p + offs_d[None, :],
-                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    denom = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * o, axis=0) / tl.where(denom == 0.0, 1.0, denom)
+    offs_s = tl.arange(0, BLOCK_S)
+    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = 0.0
+    for s0 in range(0, used, CHUNK):
+        offs = s0 + tl.arange(0, CHUNK)
+        s_mask = offs < used
+        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
+        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        denom += tl.sum(w, axis=0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + row.to(tl.int64) * so_t + head * so_h + offs_d * so_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
@@ -217,43 +320,70 @@ def _dot_mode(q):
     return lowp, (_TL_DTYPES[q.dtype] if lowp else tl.float32)
 
 
-def _tiles(q, block_d, decode):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no register
+def _tiles(q, block_d):
+    """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no register
     spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their operands
     in registers, hence the narrower tiles and 8 warps. On the interpreter small tiles keep
     several tiles per test case, exercising the boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:
-        return (16, 32, 8, 2) if decode else (32, 16, 8, 2)
+        return 32, 16, 8, 2
     if block_d <= 128:
         return 64, 64, 4, 3
     return 64, 32, 8, 2
 
 
-def _target_programs(device) -> int:
-    """Programs needed to fill the device a few times over; below it, decode splits the context."""
-    if device.type != "cuda":
-        return 8
+def _sm_count(device) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_counts:
         _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return 4 * _sm_counts[idx]
+    return _sm_counts[idx]
 
 
-def plan_decode_splits(num_seqs, num_kv_heads, max_ctx, block_n, device, num_splits=None):
-    """(num_splits, partition_tokens) from shapes only (CUDA-graph safe). `max_ctx` is the most
-    tokens a block table row can address; `num_splits` forces a count (tests, benchmarks)."""
-    max_ctx = max(max_ctx, 1)
+# Decode launch config for CUDA fp16/bf16 with head_dim <= 128, tuned on an H100 with
+# bench/tune_decode.py (results in docs/kernels.md). kpp: KV heads per program; use_dot: tl.dot
+# (else broadcast-multiply + tl.sum); programs_per_sm / min_partition: the split rule.
+DECODE_TUNED = dict(block_n=64, kpp=1, num_warps=4, num_stages=3, use_dot=True,
+                    programs_per_sm=4, min_partition=256, reduce_warps=4)
+
+
+def decode_config(q, num_kv_heads):
+    """Default decode launch config, from dtype, device and head shapes only:
+    block_n (tokens per K/V tile), kpp (KV heads per program), num_warps, num_stages, use_dot,
+    programs_per_sm and min_partition (the split rule, see `plan_decode_splits`), reduce_warps.
+    `decode_attention(config=...)` overrides any of them (benchmarks, tests)."""
+    group = q.shape[1] // num_kv_heads
+    if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
+        return dict(block_n=16, kpp=1, num_warps=4, num_stages=1, use_dot=True,
+                    programs_per_sm=None, min_partition=_MIN_PARTITION, reduce_warps=4)
+    if q.dtype == torch.float32 or q.shape[2] > 128:
+        # float32 dots hold their operands in registers; 256-wide heads double the tiles.
+        return dict(block_n=32, kpp=1, num_warps=8, num_stages=2, use_dot=True,
+                    programs_per_sm=4, min_partition=_MIN_PARTITION, reduce_warps=4)
+    cfg = dict(DECODE_TUNED)
+    # Pack KV heads only while the packed query heads fit the 16 rows a dot has anyway.
+    kpp = cfg["kpp"]
+    while kpp > 1 and (num_kv_heads % kpp or kpp * group > 16):
+        kpp //= 2
+    cfg["kpp"] = kpp
+    if kpp * group > 4:  # tl.sum materialises rows x tile x columns: only for small groups
+        cfg["use_dot"] = True
+    return cfg
+
+
+def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
+                       programs_per_sm=4, min_partition=_MIN_PARTITION):
+    """Context partitions per sequence, from shapes only (CUDA-graph safe): enough programs for
+    `programs_per_sm` per SM (8 programs on the interpreter), at most one per `min_partition`
+    tokens of `max_ctx` (the most a block-table row can address) and `_MAX_SPLITS`.
+    `num_splits` forces a count. Each sequence's partition length is then derived in the kernel
+    from its own length (`_split_part`), so the work is even whatever the table width."""
     if num_splits is None:
-        programs = max(num_seqs * num_kv_heads, 1)
-        num_splits = min(triton.cdiv(_target_programs(device), programs),
-                         triton.cdiv(max_ctx, _MIN_PARTITION), _MAX_SPLITS)
-    num_splits = max(1, min(num_splits, triton.cdiv(max_ctx, block_n)))
-    if num_splits == 1:
-        return 1, 1 << 30  # one partition covers any context
-    partition = triton.cdiv(triton.cdiv(max_ctx, num_splits), block_n) * block_n
-    return triton.cdiv(max_ctx, partition), partition
+        target = 8 if device.type != "cuda" else programs_per_sm * _sm_count(device)
+        num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)),
+                         triton.cdiv(max(max_ctx, 1), min_partition), _MAX_SPLITS)
+    return max(1, int(num_splits))
 
 
 def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens):
@@ -298,39 +428,49 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None):
-    """Decode kernel (every sequence has at most one query row) writing into `out`."""
+                     num_splits=None, config=None):
+    """Decode kernel (every sequence has at most one query row) writing into `out`.
+    `num_splits` forces the split count; `config` overrides keys of `decode_config`."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    cfg = decode_config(q, num_kv_heads)
+    if config:
+        cfg.update(config)
+    kpp, block_n = cfg["kpp"], cfg["block_n"]
+    if num_kv_heads % kpp:
+        raise ValueError(f"kpp={kpp} does not divide {num_kv_heads} KV heads")
     block_d = max(16, triton.next_power_of_2(head_dim))
-    _, block_n, num_warps, num_stages = _tiles(q, block_d, decode=True)
-    block_g = max(16, triton.next_power_of_2(group))
-    splits, partition = plan_decode_splits(num_seqs, num_kv_heads,
-                                           block_tables.shape[1] * page_size, block_n, q.device,
-                                           num_splits)
+    block_r = triton.next_power_of_2(kpp * group)
+    if cfg["use_dot"]:
+        block_r = max(16, block_r)
+    splits = plan_decode_splits(num_seqs, num_kv_heads // kpp, block_tables.shape[1] * page_size,
+                                q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"])
     if splits > 1:
-        part_out = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32,
-                               device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
+        n_out = num_seqs * num_heads * splits * head_dim
+        scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,
+                              device=q.device)
+        part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
+        part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
+        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
     else:
         part_out = part_lse = out  # never touched when SPLIT is off
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q)
-    po_strides = part_out.stride()[:3] if splits > 1 else (0, 0, 0)
-    pl_strides = part_lse.stride()[:2] if splits > 1 else (0, 0)
-    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+    _decode_kernel[(num_seqs, num_kv_heads // kpp, splits)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
-        scale * _LOG2E, partition, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(),
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n,
-        SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, num_warps=num_warps,
-        num_stages=num_stages)
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, KPP=kpp, BLOCK_R=block_r,
+        BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=splits > 1, USE_DOT=cfg["use_dot"], LOWP=lowp,
+        DOT_DTYPE=dot_dtype, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
+        block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, query_start_loc, out, splits, *po_strides, *pl_strides,
-            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_D=block_d, num_warps=4)
+            part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
+            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
+            BLOCK_D=block_d, BLOCK_N=block_n, num_warps=cfg["reduce_warps"])
     return out
 
 
@@ -341,7 +481,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, decode=False)
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d)
     lowp, dot_dtype = _dot_mode(q)
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](

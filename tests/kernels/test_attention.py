@@ -81,7 +81,8 @@ def test_decode_matches_ref(device, dtype, case):
 @pytest.mark.parametrize("num_splits,heads,kv_heads,dim,block_size", [
     (3, 4, 2, 64, 16), (8, 4, 2, 64, 16), (5, 8, 2, 80, 32)])
 def test_decode_split_k_matches_ref(device, dtype, num_splits, heads, kv_heads, dim, block_size):
-    # Forced split counts: partitions of 16..64 tokens, some of them empty for the short sequence.
+    # Forced split counts: each sequence is cut evenly by its own length (whole tiles), so some
+    # partitions of the short sequences are empty and must be skipped by the reduce.
     batch = make_batch(device, dtype, [1, 1, 0], [130, 20, 9], heads, kv_heads, dim, block_size)
     q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
     out = torch.full_like(q, 7.0)
@@ -95,17 +96,48 @@ def test_decode_split_k_matches_ref(device, dtype, num_splits, heads, kv_heads, 
 def test_decode_long_context_plans_a_split(device):
     # Through the public entry: a few programs and a long context must split (flash-decoding).
     batch = make_batch(device, torch.float32, [1], [601], 4, 2, 32, 32)
-    splits, partition = plan_decode_splits(1, 2, batch[3].shape[1] * 32, 16, torch.device(device))
-    assert splits > 1 and splits * partition >= 601
+    assert plan_decode_splits(1, 2, batch[3].shape[1] * 32, torch.device(device)) > 1
     check(batch, torch.float32, max_query_len=1)
 
 
 def test_split_plan_uses_shapes_only():
     cpu = torch.device("cpu")
-    assert plan_decode_splits(256, 8, 4096, 64, cpu) == (1, 1 << 30)  # batch fills the device
-    splits, partition = plan_decode_splits(1, 1, 40960, 64, cpu)
-    assert 1 < splits <= 64 and partition % 64 == 0 and splits * partition >= 40960
-    assert plan_decode_splits(1, 1, 100, 64, cpu, num_splits=50)[0] <= 2  # never emptier tiles
+    assert plan_decode_splits(256, 8, 4096, cpu) == 1            # the batch fills the device
+    assert 1 < plan_decode_splits(1, 1, 40960, cpu) <= 64
+    assert plan_decode_splits(1, 1, 100, cpu) == 1               # < 2 x _MIN_PARTITION tokens
+    assert plan_decode_splits(1, 1, 100, cpu, num_splits=50) == 50  # forced (empty ones are cheap)
+
+
+# Decode launch variants (`decode_attention(config=...)`): KV heads per program (block-diagonal
+# q), tl.sum instead of tl.dot, tiles inside one page (scalar table lookup) or across pages, with
+# and without splits. ctx 130/20/9/37 at page 16: partial tiles, partial pages, empty partitions.
+DECODE_CONFIGS = [
+    dict(block_n=16, kpp=2), dict(block_n=16, kpp=4), dict(block_n=16, use_dot=False),
+    dict(block_n=32, kpp=1), dict(block_n=32, kpp=4), dict(block_n=64, use_dot=False, kpp=2),
+]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("config", DECODE_CONFIGS, ids=lambda c: "-".join(
+    f"{k}{v}" for k, v in c.items()))
+def test_decode_configs_match_ref(device, num_splits, config):
+    dtype = torch.float32  # bf16 takes the same paths (test_gpu_decode_configs covers it on CUDA)
+    batch = make_batch(device, dtype, [1, 1, 0, 1], [130, 20, 9, 37], 8, 4, 48, 16)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
+                     num_splits=num_splits, config=config)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def test_decode_rejects_bad_kpp():
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        "cpu", torch.float32, [1], [5], 6, 3, 32, 16)
+    with pytest.raises(ValueError, match="kpp"):
+        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 1.0, torch.empty_like(q),
+                         config=dict(kpp=2))
 
 
 # Prefill / chunked prefill / mixed: odd lengths, prefixes longer than the query, q_len 0 rows,
@@ -156,6 +188,37 @@ def test_gpu_decode_large(gpu_device, dtype):
     batch = make_batch(gpu_device, dtype, [1] * len(ctx), ctx, 16, 8, 128, 16)
     check(batch, dtype, max_query_len=1)
     check(make_batch(gpu_device, dtype, [1] * 64, [613] * 64, 32, 4, 64, 32), dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(80, 16, 8), (256, 8, 2), (128, 8, 8)])
+def test_gpu_decode_default_shapes(gpu_device, dtype, head_dim, heads, kv_heads):
+    ctx = [1, 17, 600, 611, 4097, 100, 1500]
+    check(make_batch(gpu_device, dtype, [1] * len(ctx), ctx, heads, kv_heads, head_dim, 16),
+          dtype, max_query_len=1)
+
+
+GPU_DECODE_CONFIGS = [
+    dict(block_n=b, kpp=k, use_dot=d, num_warps=w, num_stages=s)
+    for b, k, d, w, s in [(16, 8, True, 4, 3), (16, 4, True, 4, 3), (32, 2, True, 4, 3),
+                          (64, 1, True, 4, 3), (128, 1, True, 8, 2), (32, 1, False, 4, 2),
+                          (64, 2, True, 8, 3)]]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("num_splits", [1, 4, 33])
+@pytest.mark.parametrize("config", GPU_DECODE_CONFIGS, ids=lambda c: "-".join(
+    f"{k}{v}" for k, v in c.items()))
+def test_gpu_decode_configs(gpu_device, dtype, num_splits, config):
+    # Every launch variant the tuner tries, at the Qwen3-0.6B head shape with traps.
+    batch = make_batch(gpu_device, dtype, [1] * 6, [1, 15, 16, 333, 2049, 700], 16, 8, 128, 16)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.088, out,
+                     num_splits=num_splits, config=config)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.088)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
