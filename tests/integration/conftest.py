@@ -180,7 +180,6 @@ def offline_reference():
     cached per prompt set (one engine for the whole session)."""
     import torch
     from worker import LLM
-    torch.set_num_threads(1)  # like the replicas (OMP_NUM_THREADS=1)
     llm = LLM("tiny-random", num_kv_blocks=2048, max_num_seqs=256)
     cache: dict = {}
 
@@ -188,7 +187,12 @@ def offline_reference():
         key = tuple((p if isinstance(p, str) else tuple(p), sp.max_tokens, sp.ignore_eos)
                     for p, sp in items)
         if key not in cache:
-            outs = llm.generate([p for p, _ in items], [sp for _, sp in items], use_tqdm=False)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # like the replicas (OMP_NUM_THREADS=1); restored for others
+            try:
+                outs = llm.generate([p for p, _ in items], [sp for _, sp in items], use_tqdm=False)
+            finally:
+                torch.set_num_threads(threads)
             cache[key] = [(o.token_ids, o.text) for o in outs]
         return cache[key]
     reference.llm = llm  # for tests that need more than tokens and text

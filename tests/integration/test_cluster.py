@@ -211,7 +211,13 @@ def test_logprobs_and_token_prompts_cross_the_cluster(cluster, offline_reference
     cluster.wait_replicas(2)
     params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=3)
     prompts = ["Hello there", [11, 22, 33, 44, 55], "The capital of France is"]
-    expected = offline_reference.llm.generate(prompts, params, use_tqdm=False)
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = offline_reference.llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        torch.set_num_threads(threads)
     with InferenceClient(cluster.address) as c:
         outs = c.generate(prompts, params)
     for o, e in zip(outs, expected):
