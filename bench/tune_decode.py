@@ -1,18 +1,19 @@
 """Decode attention tuner: times launch variants of `kernels.attention_triton.decode_attention`.
 
 Owns: realistic paged decode batches on Qwen3-0.6B head shapes (16 q / 8 KV heads, head_dim 128,
-page 16, pages shuffled across the cache), a sweep over `decode_attention(config=..., num_splits=
-...)` variants, a check of every variant against `paged_attention_ref` (bf16 tolerance, output
-poisoned with NaN first), and a table plus JSON. Times are CUDA-graph replays (each replay runs
-`reps` back-to-back calls, rotating input copies so the batch-1 KV does not sit in L2), median of
-`--iters` replays: that is how decode runs in the engine, without Python launch overhead.
-`--eager` rows also time one eager call between CUDA events, as bench/kernels.py does.
+page 16, pages shuffled across the cache), a sweep over `decode_attention(config=...,
+num_splits=...)` variants (tile tokens, warps, pipeline stages, split count), a check of every
+variant against `paged_attention_ref` (bf16 tolerance, output poisoned with NaN first), and a
+table plus JSON. Times are CUDA-graph replays (each replay runs `reps` back-to-back calls,
+rotating input copies so the batch-1 KV does not sit in L2), median of `--iters` replays: that
+is how decode runs in the engine, without Python launch overhead. Final rows also time one eager
+call between CUDA events, as bench/kernels.py does (host launch overhead included).
 
 Cases: b256 (lengths uniform in [100, 1100]), b32 (uniform in [2048, 6144]), b1 (12728 tokens),
-with tight block tables (as wide as the longest sequence) and, for the baseline and the finalists,
-"graph" tables 2560 pages wide (the engine's CUDA-graph buffers are sized for max_model_len
-40960). A copy of the old kernel module at .tune/attention_triton_base.py, if present, is timed as
-"baseline". Compiles are spread over `--jobs` processes first (they share Triton's disk cache).
+with tight block tables (as wide as the longest sequence) and "graph-width" tables 2560 pages
+wide (the engine's CUDA-graph buffers are sized for max_model_len 40960). A copy of the old
+kernel module at .tune/attention_triton_base.py, if present, is timed as "baseline". Compiles
+are spread over `--jobs` processes first (they share Triton's disk cache).
 
 Stages: A, every config in CONFIGS at the split counts `split_candidates` gives; B, the split
 rule (programs_per_sm, min_partition) for the config with the best geometric mean over the cases,
@@ -55,22 +56,17 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def cfg(block_n, kpp, warps, stages, dot=True):
-    return dict(block_n=block_n, kpp=kpp, num_warps=warps, num_stages=stages, use_dot=dot)
+def cfg(block_n, warps, stages):
+    return dict(block_n=block_n, num_warps=warps, num_stages=stages)
 
 
-# Stage A candidates: (tile tokens, KV heads per program, warps, stages, tl.dot or tl.sum).
-CONFIGS = [  # interleaved by family so that a stage cut short by --budget still covers each
-    cfg(64, 1, 4, 3), cfg(32, 1, 4, 3), cfg(16, 4, 4, 3), cfg(16, 8, 8, 2),
-    cfg(32, 1, 4, 3, False), cfg(32, 2, 4, 3), cfg(16, 1, 4, 4), cfg(64, 1, 8, 3),
-    cfg(16, 8, 8, 3), cfg(32, 4, 4, 2), cfg(16, 1, 4, 3, False), cfg(128, 1, 8, 2),
-    cfg(16, 2, 4, 4), cfg(16, 4, 8, 4), cfg(64, 1, 8, 3, False), cfg(32, 1, 4, 4),
-    cfg(64, 1, 4, 2), cfg(16, 8, 4, 2), cfg(32, 4, 8, 3), cfg(32, 1, 8, 2, False),
-    cfg(128, 1, 4, 2), cfg(16, 1, 2, 4), cfg(32, 2, 8, 3), cfg(16, 8, 16, 3),
-    cfg(16, 1, 2, 4, False), cfg(32, 1, 2, 3), cfg(64, 2, 4, 2), cfg(32, 1, 4, 1, False),
-    cfg(32, 2, 4, 3, False),
+# Stage A candidates: (tile tokens, warps, pipeline stages). The KV-head packing and tl.sum
+# variants measured in 379bd37 lost everywhere and were removed (docs/kernels.md).
+CONFIGS = [
+    cfg(64, 4, 2), cfg(64, 4, 3), cfg(128, 4, 2), cfg(128, 8, 2), cfg(32, 4, 3), cfg(32, 2, 3),
+    cfg(32, 4, 4), cfg(64, 8, 3), cfg(16, 2, 4), cfg(16, 4, 4), cfg(64, 4, 4), cfg(128, 4, 3),
 ]
-QUICK = CONFIGS[:6]
+QUICK = CONFIGS[:4]
 
 
 def cfg_name(c):
@@ -78,13 +74,12 @@ def cfg_name(c):
         return "default"
     if c == "baseline":
         return "baseline"
-    return (f"{'dot' if c['use_dot'] else 'sum'} n{c['block_n']} kpp{c['kpp']} "
-            f"w{c['num_warps']} s{c['num_stages']}")
+    return f"n{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
 
 
-def split_candidates(num_seqs, kpp, ctx_max):
+def split_candidates(num_seqs, ctx_max):
     """Powers of two whose grids hold 256..8192 programs (plus 1 when >= 1024 without)."""
-    base = num_seqs * HK // kpp
+    base = num_seqs * HK
     out = [1] if base >= 1024 else []
     s = 2
     while s <= 256 and s * 16 <= ctx_max:
@@ -348,10 +343,10 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def rule_splits(case, kpp, pps, min_partition, dev):
+def rule_splits(case, pps, min_partition, dev):
     import torch
     from kernels.attention_triton import plan_decode_splits
-    return plan_decode_splits(case["num_seqs"], HK // kpp, case["width"] * PAGE,
+    return plan_decode_splits(case["num_seqs"], HK, case["width"] * PAGE,
                               torch.device(dev), None, pps, min_partition)
 
 
@@ -419,7 +414,7 @@ def main(argv=None):
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
         SMOKE = True
-        CONFIGS = [cfg(16, 4, 4, 1), cfg(32, 1, 4, 1, False)]
+        CONFIGS = [cfg(16, 4, 1), cfg(32, 4, 1)]
         args.iters, args.jobs = 2, 1
     import torch
     if not torch.cuda.is_available() and not SMOKE:
@@ -443,7 +438,7 @@ def main(argv=None):
                 copy_gbs=0.0 if SMOKE else copy_bandwidth(),
                 cases={c["key"]: dict(num_seqs=c["num_seqs"], ctx_total=c["ctx_total"],
                                       width=c["width"], bytes=c["work"]) for c in cases},
-                default=decode_config(cases[0]["batches"][0][0], HK))
+                default=decode_config(cases[0]["batches"][0][0]))
     print(f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  "
           f"copy {meta['copy_gbs']:.0f} GB/s  default {meta['default']}", flush=True)
     for c in cases:
@@ -451,7 +446,7 @@ def main(argv=None):
               f"{c['work'] / 1e6:.1f} MB", flush=True)
 
     pairs = [(conf, s) for conf in configs for c in cases
-             for s in split_candidates(c["num_seqs"], conf["kpp"], c["ctx_max"])]
+             for s in split_candidates(c["num_seqs"], c["ctx_max"])]
     warm_compile(pairs, args.jobs)
     rows = []
     out_path = os.path.join(args.out, "tune_decode.json")
@@ -467,7 +462,7 @@ def main(argv=None):
             print("# sweep budget spent; stopping stage A", flush=True)
             break
         for c in cases:
-            for s in split_candidates(c["num_seqs"], conf["kpp"], c["ctx_max"]):
+            for s in split_candidates(c["num_seqs"], c["ctx_max"]):
                 run_row(rows, conf, s, c, refs[c["key"]], base_mod, reps[c["key"]],
                         args.iters, stage="A")
         save()
@@ -501,14 +496,14 @@ def main(argv=None):
         measured = {}
         for c in cases + gcases:
             for pps, mp in combos:
-                s_ = rule_splits(c, win["kpp"], pps, mp, dev)
+                s_ = rule_splits(c, pps, mp, dev)
                 if (c["name"], s_) not in measured:
                     measured[(c["name"], s_)] = run_row(rows, win, s_, c, refs[c["key"]],
                                                         base_mod, reps[c["key"]], args.iters,
                                                         stage="B")
         scores = []
         for pps, mp in combos:
-            got = [measured[(c["name"], rule_splits(c, win["kpp"], pps, mp, dev))]
+            got = [measured[(c["name"], rule_splits(c, pps, mp, dev))]
                    for c in cases + gcases]
             if all("error" not in r and r["ok"] for r in got):
                 scores.append((geomean([r["gbs"] for r in got]), -combos.index((pps, mp)), pps,

@@ -105,14 +105,12 @@ def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start, hi, col_k, col_v,
-                 c_mask, sk_b, sk_s, sv_b, sv_s,
-                 MASKED: tl.constexpr, EVEN_C: tl.constexpr, PAGE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, LOWP: tl.constexpr,
-                 DOT_DTYPE: tl.constexpr):
+def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start, hi, offs_d, d_mask,
+                 sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                 MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
-    state of q's rows. K/V tiles are [BLOCK_N, BLOCK_C]; columns `col_k`/`col_v` address the
-    program's KPP heads side by side. On the tl.sum path q arrives pre-scaled."""
+    state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]."""
     offs_t = tl.arange(0, BLOCK_N)
     if PAGE % BLOCK_N == 0:
         # The tile lies inside one page: one block-table entry, contiguous token rows.
@@ -129,16 +127,13 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start, hi, 
         pos = offs_n % PAGE
     if MASKED:
         n_mask = (start + offs_t) < hi
-        kv_mask = n_mask[:, None] & c_mask[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
-        kv_mask = c_mask[None, :]
-    HAS_MASK: tl.constexpr = MASKED or not EVEN_C
-    k = _load_masked(k_ptr + (blk * sk_b + pos * sk_s)[:, None] + col_k[None, :], kv_mask,
-                     HAS_MASK)
-    if USE_DOT:
-        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
-    else:
-        s = tl.sum(q[:, None, :] * k[None, :, :].to(tl.float32), axis=2)
+        kv_mask = d_mask[None, :]
+    HAS_MASK: tl.constexpr = MASKED or not EVEN_D
+    k = _load_masked(k_head + (blk * sk_b + pos * sk_s)[:, None] + offs_d[None, :] * sk_d,
+                     kv_mask, HAS_MASK)
+    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     # Every tile holds at least one visible position, so m_new is finite.
@@ -146,13 +141,9 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start, hi, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _load_masked(v_ptr + (blk * sv_b + pos * sv_s)[:, None] + col_v[None, :], kv_mask,
-                     HAS_MASK)
-    if USE_DOT:
-        pv = _dot(p, v, LOWP, DOT_DTYPE)
-    else:
-        pv = tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), axis=1)
-    acc = acc * alpha[:, None] + pv
+    v = _load_masked(v_head + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
+                     kv_mask, HAS_MASK)
+    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
     return acc, m_new, l_i
 
 
@@ -162,19 +153,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_p
                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
                    so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                   KPP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
-                   LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """One program: KPP consecutive KV heads (with all their query heads) of one sequence, over
-    one partition of its context. The KPP heads sit side by side in the columns (BLOCK_C =
-    KPP * BLOCK_D), so a K/V tile row is KPP * head_dim contiguous elements of the cache. q is
-    block diagonal: row r (a query head) holds its q in the column block of its KV head, zeros
-    elsewhere, so one dot gives every head's scores and P@V leaves each head's output in its own
-    column block; the off-diagonal blocks are never stored. KPP=1 is the plain GQA layout."""
-    BLOCK_C: tl.constexpr = KPP * BLOCK_D
-    EVEN_C: tl.constexpr = HEAD_DIM == BLOCK_D
+                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
+    one sequence, over one partition of its context."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
-    kvg = tl.program_id(1)
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     row = tl.load(qsl_ptr + seq)
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
@@ -186,47 +171,43 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_p
     else:
         lo = 0
         hi = ctx
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_c = tl.arange(0, BLOCK_C)
-    c_kv = offs_c // BLOCK_D
-    c_d = offs_c % BLOCK_D
-    c_mask = c_d < HEAD_DIM
-    r_mask = offs_r < KPP * GROUP
-    heads = kvg * (KPP * GROUP) + offs_r
-    sel = ((offs_r // GROUP)[:, None] == c_kv[None, :]) & r_mask[:, None] & c_mask[None, :]
-    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + c_d[None, :] * sq_d,
-                mask=sel & has_query, other=0.0)
-    if not USE_DOT:
-        q = q.to(tl.float32) * scale_log2
-    kv0 = kvg * KPP
-    col_k = (kv0 + c_kv) * sk_h + c_d * sk_d
-    col_v = (kv0 + c_kv) * sv_h + c_d * sv_d
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
+                mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
     # Whole tiles without masks, then at most one clipped tile (the context's end).
     full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start in range(lo, full_hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start,
-                                     hi, col_k, col_v, c_mask, sk_b, sk_s, sv_b, sv_s, False,
-                                     EVEN_C, PAGE, BLOCK_N, USE_DOT, LOWP, DOT_DTYPE)
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
+                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
     for start in range(full_hi, hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_ptr, v_ptr, bt_row, start,
-                                     hi, col_k, col_v, c_mask, sk_b, sk_s, sv_b, sv_s, True,
-                                     EVEN_C, PAGE, BLOCK_N, USE_DOT, LOWP, DOT_DTYPE)
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
+                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
         # Normalised partial output + its log2-sum-exp. Empty partitions (lo >= ctx) write
         # nothing: the reduce reads only the partitions that hold tokens.
         po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
-        tl.store(po + heads[:, None] * spo_h + c_d[None, :], o, mask=sel & (lo < hi))
+        tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
+                 mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
-                 m_i + tl.log2(l_safe), mask=r_mask & (lo < hi))
+                 m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
     else:
-        tl.store(out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + c_d[None, :] * so_d,
-                 o.to(out_ptr.dtype.element_ty), mask=sel & has_query)
+        dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
+        tl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :] & has_query)
 
 
 @triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
@@ -321,10 +302,10 @@ def _dot_mode(q):
 
 
 def _tiles(q, block_d):
-    """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no register
-    spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their operands
-    in registers, hence the narrower tiles and 8 warps. On the interpreter small tiles keep
-    several tiles per test case, exercising the boundaries."""
+    """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
+    register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
+    operands in registers, hence the narrower tiles and 8 warps. On the interpreter small tiles
+    keep several tiles per test case, exercising the boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:
@@ -342,34 +323,25 @@ def _sm_count(device) -> int:
 
 
 # Decode launch config for CUDA fp16/bf16 with head_dim <= 128, tuned on an H100 with
-# bench/tune_decode.py (results in docs/kernels.md). kpp: KV heads per program; use_dot: tl.dot
-# (else broadcast-multiply + tl.sum); programs_per_sm / min_partition: the split rule.
-DECODE_TUNED = dict(block_n=64, kpp=1, num_warps=4, num_stages=3, use_dot=True,
-                    programs_per_sm=4, min_partition=256, reduce_warps=4)
+# bench/tune_decode.py (results and the rejected variants in docs/kernels.md): tile tokens,
+# warps, pipeline depth, and the split rule (programs_per_sm, min_partition).
+DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
+                    min_partition=256, reduce_warps=4)
 
 
-def decode_config(q, num_kv_heads):
-    """Default decode launch config, from dtype, device and head shapes only:
-    block_n (tokens per K/V tile), kpp (KV heads per program), num_warps, num_stages, use_dot,
-    programs_per_sm and min_partition (the split rule, see `plan_decode_splits`), reduce_warps.
-    `decode_attention(config=...)` overrides any of them (benchmarks, tests)."""
-    group = q.shape[1] // num_kv_heads
+def decode_config(q):
+    """Default decode launch config, from dtype, device and head_dim only: block_n (tokens per
+    K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
+    `plan_decode_splits`), reduce_warps. `decode_attention(config=...)` overrides any of them
+    (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
-        return dict(block_n=16, kpp=1, num_warps=4, num_stages=1, use_dot=True,
-                    programs_per_sm=None, min_partition=_MIN_PARTITION, reduce_warps=4)
+        return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
+                    min_partition=_MIN_PARTITION, reduce_warps=4)
     if q.dtype == torch.float32 or q.shape[2] > 128:
         # float32 dots hold their operands in registers; 256-wide heads double the tiles.
-        return dict(block_n=32, kpp=1, num_warps=8, num_stages=2, use_dot=True,
-                    programs_per_sm=4, min_partition=_MIN_PARTITION, reduce_warps=4)
-    cfg = dict(DECODE_TUNED)
-    # Pack KV heads only while the packed query heads fit the 16 rows a dot has anyway.
-    kpp = cfg["kpp"]
-    while kpp > 1 and (num_kv_heads % kpp or kpp * group > 16):
-        kpp //= 2
-    cfg["kpp"] = kpp
-    if kpp * group > 4:  # tl.sum materialises rows x tile x columns: only for small groups
-        cfg["use_dot"] = True
-    return cfg
+        return dict(block_n=32, num_warps=8, num_stages=2, programs_per_sm=4,
+                    min_partition=_MIN_PARTITION, reduce_warps=4)
+    return dict(DECODE_TUNED)
 
 
 def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
@@ -435,17 +407,13 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    cfg = decode_config(q, num_kv_heads)
+    cfg = decode_config(q)
     if config:
         cfg.update(config)
-    kpp, block_n = cfg["kpp"], cfg["block_n"]
-    if num_kv_heads % kpp:
-        raise ValueError(f"kpp={kpp} does not divide {num_kv_heads} KV heads")
+    block_n = cfg["block_n"]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_r = triton.next_power_of_2(kpp * group)
-    if cfg["use_dot"]:
-        block_r = max(16, block_r)
-    splits = plan_decode_splits(num_seqs, num_kv_heads // kpp, block_tables.shape[1] * page_size,
+    block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
+    splits = plan_decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * page_size,
                                 q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"])
     if splits > 1:
         n_out = num_seqs * num_heads * splits * head_dim
@@ -458,13 +426,13 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         part_out = part_lse = out  # never touched when SPLIT is off
         po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q)
-    _decode_kernel[(num_seqs, num_kv_heads // kpp, splits)](
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
         scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(),
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
-        GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, KPP=kpp, BLOCK_R=block_r,
-        BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=splits > 1, USE_DOT=cfg["use_dot"], LOWP=lowp,
-        DOT_DTYPE=dot_dtype, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
+        BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
