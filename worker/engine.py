@@ -48,6 +48,9 @@ def _eos_ids(hf_config, tokenizer) -> tuple[int, ...]:
 
 
 class DynamicEngine:
+    # add_request rebuilds a resumed request's detokenizer state itself (see add_request)
+    replays_resume_tokens = True
+
     def __init__(self, config: EngineConfig, runner_factory=None):
         self.config = config
         self.model_path = resolve_model_path(config.model)
@@ -115,9 +118,18 @@ class DynamicEngine:
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         if params.seed is not None:
             self._generators[request_id] = torch.Generator().manual_seed(params.seed)
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids + resume, params.stop,
-                                                         byte_table=self._byte_table)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, byte_table=self._byte_table)
+        for token in resume:
+            # Replay the delivered tokens one push at a time, as the lost replica did: text it
+            # held back (half a UTF-8 character, a possible stop-string start) was never
+            # delivered and must come out with the first new token.
+            detok.push([token])
+        self._detok[request_id] = detok
         return request_id
+
+    def prompt_token_ids(self, request_id: str) -> list[int]:
+        """The prompt of a queued or running request, as tokenized by this engine."""
+        return list(self.scheduler.requests[request_id].prompt_token_ids)
 
     def _tokenize(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):

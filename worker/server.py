@@ -223,11 +223,8 @@ class EngineServer:
             log.exception("request %s: add_request raised", msg.request_id)
             self._send_error(msg.request_id, EngineError(f"{type(exc).__name__}: {exc}"))
             return
-        prompt_ids = _prompt_token_ids(self.engine, rid)
-        if prompt_ids is not None:
-            self._prompt_ids[rid] = prompt_ids
+        self._prompt_ids[rid] = self.engine.prompt_token_ids(rid)
         if msg.resume_token_ids:
-            _replay_detokenizer(self.engine, rid, prompt_ids, msg.resume_token_ids, params)
             log.info("resuming request %s after %d delivered token(s)", rid, len(msg.resume_token_ids))
 
     def _on_abort(self, msg) -> None:
@@ -296,38 +293,6 @@ def _error_delta(request_id: str, error: InferClusterError):
     return RequestDelta(request_id=request_id, finish_reason="error", error=error.to_dict())
 
 
-def _replay_detokenizer(engine, request_id: str, prompt_ids, resume_ids, params) -> None:
-    """Make a resumed request's text continue exactly where the lost replica's stream stopped.
-
-    The lost replica had pushed the delivered tokens through its incremental detokenizer one
-    step at a time and held back what was not yet safe to show (an incomplete UTF-8 character,
-    the possible start of a stop string); that held-back text was never delivered. A
-    detokenizer that only takes the delivered tokens as context would drop it. Replaying them
-    one token per push rebuilds the same state, so the first new text includes what was held.
-    Skipped when the engine does this itself (`engine.replays_resume_tokens`)."""
-    if getattr(engine, "replays_resume_tokens", False) or prompt_ids is None:
-        return
-    detoks = getattr(engine, "_detok", None)
-    old = detoks.get(request_id) if isinstance(detoks, dict) else None
-    if old is None:
-        return
-    from .detokenizer import IncrementalDetokenizer
-    fresh = IncrementalDetokenizer(old.tokenizer, prompt_ids, params.stop,
-                                   skip_special_tokens=old.skip_special, byte_table=old.byte_table)
-    for token in resume_ids:
-        fresh.push([token])  # its text was already delivered by the lost replica
-    detoks[request_id] = fresh
-
-
-def _prompt_token_ids(engine, request_id: str) -> Optional[list]:
-    """The prompt as the engine tokenized it (for the client's `RequestOutput`)."""
-    getter = getattr(engine, "prompt_token_ids", None)
-    if callable(getter):
-        return list(getter(request_id))
-    req = getattr(getattr(engine, "scheduler", None), "requests", {}).get(request_id)
-    return list(req.prompt_token_ids) if req is not None else None
-
-
 def install_signal_handlers(server: EngineServer) -> None:
     """SIGTERM / SIGINT: drain then exit; a second one exits at once."""
     def handler(signum, _frame):
@@ -360,5 +325,17 @@ def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
     log.info("engine ready in %.1f s: %s", time.monotonic() - started, engine.capacity())
     server = EngineServer(engine, server_config)
     install_signal_handlers(server)
-    server.serve_forever()
-    return 1 if server.io.fatal_error else 0
+    rank_failure: list[str] = []
+    if hasattr(engine.runner, "on_fatal"):
+        # A dead or hung rank: leave at once so the coordinator re-routes this replica's work.
+        def on_rank_failure(reason: str) -> None:
+            log.error("replica stopping: %s", reason)
+            rank_failure.append(reason)
+            server.request_stop(graceful=False)
+        engine.runner.on_fatal = on_rank_failure
+    try:
+        server.serve_forever()
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    return 1 if (server.io.fatal_error or rank_failure) else 0
