@@ -9,10 +9,12 @@ path can be captured in a CUDA graph.
 Kernels:
 - `_decode_kernel`, used when max_query_len == 1. Grid (num_seqs, num_kv_heads, num_splits). One
   program owns all query heads of one KV head (padded to >= 16 rows for tl.dot), so each K/V tile
-  is loaded once for the whole group. The context is cut into `num_splits` partitions computed in
-  parallel (flash-decoding); with more than one, each writes a normalised partial output plus its
-  log-sum-exp, and `_reduce_kernel` (grid (num_seqs, num_heads)) merges them. The split count is
-  chosen from tensor shapes only (block-table width, batch, SM count), never from seq_lens values.
+  is loaded once for the whole group. Each sequence's context is cut into `num_splits` equal
+  partitions (lengths derived in the kernel from its own seq_len) computed in parallel
+  (flash-decoding); with more than one, each writes a normalised partial output plus its
+  log-sum-exp, and `_reduce_kernel` (grid (num_seqs, num_heads)) merges the non-empty ones. The
+  split count is chosen from tensor shapes only (block-table width, batch, SM count), never from
+  seq_lens values; launch parameters come from `decode_config` (tuned: `DECODE_TUNED`).
 - `_prefill_kernel`, for everything else (prefill, chunked prefill over a cached prefix, mixed
   batches). Grid (num_seqs, num_heads, cdiv(max_query_len, BLOCK_M)). Flash-attention online
   softmax over K/V tiles gathered through the block table; tiles entirely before the block's first
@@ -24,8 +26,9 @@ the scale folded into log2(e). On CUDA with fp16/bf16 inputs the tl.dot operands
 run in float32 with input_precision="ieee" (the interpreter's bf16 math is wrong).
 
 Head dims: any even size up to 256; tiles are padded to a power of two >= 16 and masked.
-To extend (e.g. sliding window, fp8 KV), change `_attend_tile` (the one place a K/V tile is
-loaded and folded in) and the loop bounds; keep the reference in step.
+To extend (e.g. sliding window, fp8 KV), change `_attend_tile` (prefill) and `_decode_tile`
+(decode), the places a K/V tile is loaded and folded in, and the loop bounds; keep the
+reference in step.
 """
 
 from __future__ import annotations
