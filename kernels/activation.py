@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .dispatch import use_triton

@@ -7,7 +7,6 @@ offset, or -1 for a padded token (skipped). Reference here; the Triton kernel li
 
 from __future__ import annotations
 
-import torch
 
 from .dispatch import use_triton
 
