@@ -200,6 +200,10 @@ class DynamicEngine:
         text, stopped = self._detok[req.request_id].push(new_ids, final=req.is_finished)
         if stopped and not req.is_finished:
             self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
+        elif stopped:
+            # The stop string completed on the token that also hit max_tokens / max_model_len:
+            # the text was cut at the stop string, so "stop" is what ended it (as in vLLM).
+            req.finish_reason = FinishReason.STOP.value
         delta = RequestDelta(req.request_id, new_ids, text,
                              [logprob] if logprob is not None else None)
         if req.is_finished:

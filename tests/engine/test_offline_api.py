@@ -134,3 +134,14 @@ def test_stats_keys(llm):
     stats = llm.stats()
     for key in ("num_preemptions", "prefix_cache_hit_tokens", "num_free_blocks", "num_total_blocks"):
         assert isinstance(stats[key], int)
+
+
+def test_stop_string_on_the_max_tokens_token_reports_stop(llm):
+    ref = llm.generate("The quick brown fox", greedy(6), use_tqdm=False)[0]
+    # The whole text of the first 5 tokens can only first appear once token 5 is out, which is
+    # also where max_tokens=5 ends the request: the stop string must win.
+    stop = llm.tokenizer.decode(ref.token_ids[:5], skip_special_tokens=True)
+    out = llm.generate("The quick brown fox", greedy(5, stop=[stop]), use_tqdm=False)[0]
+    assert out.text == ""
+    assert len(out.token_ids) == 5
+    assert out.finish_reason == "stop"
