@@ -114,21 +114,30 @@ class Sampler:
         Seeded rows draw a [vocab] vector from their own generator, so their draws never
         depend on batch size or position; unseeded rows share one draw from the default.
         """
-        q = torch.empty_like(probs)
         shared = [j for j, r in enumerate(rows) if r.generator is None]
         if len(shared) == len(rows):
-            q.exponential_(generator=self.default_generator)
+            q = _exponential(probs.shape, self.default_generator, probs)
         else:
+            q = torch.empty_like(probs)
             if shared:
-                block = torch.empty((len(shared), probs.shape[1]), dtype=probs.dtype, device=probs.device)
-                q[_index(shared, probs.device)] = block.exponential_(generator=self.default_generator)
+                q[_index(shared, probs.device)] = _exponential(
+                    (len(shared), probs.shape[1]), self.default_generator, probs)
             for j, r in enumerate(rows):
                 if r.generator is not None:
-                    q[j].exponential_(generator=r.generator)
+                    q[j] = _exponential((probs.shape[1],), r.generator, probs)
         # An exact 0 from the RNG would turn 0/0 into NaN (which argmax ranks highest) and
         # let an excluded token win; clamping keeps excluded (prob 0) tokens at 0.
         q.clamp_(min=torch.finfo(q.dtype).tiny)
         return (probs / q).argmax(dim=-1)
+
+
+def _exponential(shape, generator: Optional[torch.Generator], like: torch.Tensor) -> torch.Tensor:
+    """Exp(1) draws from `generator` on the generator's own device, moved to `like`'s device.
+    The engine's generators are CPU ones (a seed then gives the same draws on every device), and
+    CUDA refuses a CPU generator outright, which would fail every step holding a random row."""
+    device = generator.device if generator is not None else like.device
+    q = torch.empty(shape, dtype=like.dtype, device=device).exponential_(generator=generator)
+    return q.to(like.device)
 
 
 def apply_penalties(x: torch.Tensor, rows: list[SamplingRequestState], which: list[int]) -> None:

@@ -320,3 +320,17 @@ def test_logprobs_are_the_model_distribution():
         assert list(alts.values()) == pytest.approx(top.values.tolist() if n else [], abs=1e-6)
     assert out.logprobs[2][1] == {}
     assert out.logprobs[3] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_random_rows_on_cuda_logits_use_the_engines_cpu_generators():
+    # The engine seeds CPU generators; CUDA's exponential_ refuses a CPU generator, which used
+    # to fail every step that held a random row (and the greedy rows batched with it).
+    logits = torch.tensor([LOGITS8] * 3, device="cuda")
+    rows = [row(temperature=1.0), row(temperature=1.0, generator=gen(7)), row(temperature=0)]
+    out = Sampler(default_generator=gen(1))(logits, rows)
+    again = Sampler(default_generator=gen(1))(logits, [rows[0], row(temperature=1.0, generator=gen(7)),
+                                                       rows[2]])
+    assert out.token_ids[1] == again.token_ids[1]
+    assert out.token_ids[2] == 5
