@@ -117,7 +117,13 @@ class DynamicEngine:
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         if params.seed is not None:
-            self._generators[request_id] = torch.Generator().manual_seed(params.seed)
+            gen = torch.Generator().manual_seed(params.seed)
+            if not params.is_greedy:
+                # A resumed seeded request continues the lost replica's random stream: each
+                # delivered token cost its row one [vocab] float32 Exp(1) draw (Sampler._race).
+                for _ in resume:
+                    torch.empty(self.spec.vocab_size).exponential_(generator=gen)
+            self._generators[request_id] = gen
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, byte_table=self._byte_table)
         for token in resume:
             # Replay the delivered tokens one push at a time, as the lost replica did: text it

@@ -145,3 +145,15 @@ def test_stop_string_on_the_max_tokens_token_reports_stop(llm):
     assert out.text == ""
     assert len(out.token_ids) == 5
     assert out.finish_reason == "stop"
+
+
+def test_resumed_seeded_request_continues_the_same_random_stream(llm):
+    params = SamplingParams(temperature=1.0, max_tokens=10, seed=5, ignore_eos=True)
+    full = llm.generate("Once upon a time", params, use_tqdm=False)[0]
+    rid = llm.engine.add_request("Once upon a time", params, resume_token_ids=full.token_ids[:4])
+    tokens = []
+    while llm.has_unfinished_requests():
+        for d in llm.step():
+            if d.request_id == rid:
+                tokens += d.token_ids
+    assert tokens == full.token_ids[4:]
