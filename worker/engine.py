@@ -73,7 +73,10 @@ class DynamicEngine:
                                         config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
-        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
+        # Generators live where the logits are: CUDA refuses a CPU generator, and drawing on the
+        # host then copying [rows, vocab] noise each step would cost more than the step.
+        self._sample_device = self.runner.device
+        self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
         self._generators: dict[str, torch.Generator] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
@@ -117,12 +120,12 @@ class DynamicEngine:
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         if params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
+            gen = torch.Generator(device=self._sample_device).manual_seed(params.seed)
             if not params.is_greedy:
                 # A resumed seeded request continues the lost replica's random stream: each
                 # delivered token cost its row one [vocab] float32 Exp(1) draw (Sampler._race).
                 for _ in resume:
-                    torch.empty(self.spec.vocab_size).exponential_(generator=gen)
+                    torch.empty(self.spec.vocab_size, device=gen.device).exponential_(generator=gen)
             self._generators[request_id] = gen
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, byte_table=self._byte_table)
         for token in resume:

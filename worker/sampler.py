@@ -133,8 +133,8 @@ class Sampler:
 
 def _exponential(shape, generator: Optional[torch.Generator], like: torch.Tensor) -> torch.Tensor:
     """Exp(1) draws from `generator` on the generator's own device, moved to `like`'s device.
-    The engine's generators are CPU ones (a seed then gives the same draws on every device), and
-    CUDA refuses a CPU generator outright, which would fail every step holding a random row."""
+    The engine creates its generators on the logits' device (so this is a no-op move there);
+    a caller passing a CPU generator with CUDA logits still works instead of failing the step."""
     device = generator.device if generator is not None else like.device
     q = torch.empty(shape, dtype=like.dtype, device=device).exponential_(generator=generator)
     return q.to(like.device)
