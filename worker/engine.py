@@ -79,6 +79,7 @@ class DynamicEngine:
         self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
         self._generators: dict[str, torch.Generator] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
         self._arrivals = itertools.count()
         self._num_generated = 0
@@ -119,6 +120,7 @@ class DynamicEngine:
         req = Request(request_id, ids, params, next(self._arrivals), priority, self.eos_token_ids,
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
+        self._requests[request_id] = req
         if params.seed is not None:
             gen = torch.Generator(device=self._sample_device).manual_seed(params.seed)
             if not params.is_greedy:
@@ -170,20 +172,21 @@ class DynamicEngine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        """Run one scheduling step; return the deltas of every request that progressed."""
+        """Run one scheduling step; return the deltas of every request that progressed.
+        Every request that ended gets exactly one final delta, even if the step failed."""
         deltas, self._pending = self._pending, []
-        out = self._timed("schedule", self.scheduler.schedule)
-        if out.is_empty:
-            return deltas
+        out = None
         try:
-            sampled, logprobs = self._timed("forward_and_sample", self._run, out)
+            out = self._timed("schedule", self.scheduler.schedule)
+            if not out.is_empty:
+                sampled, logprobs = self._timed("forward_and_sample", self._run, out)
+                advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
+                self._timed("detokenize", self._post_process_all, advanced, logprobs, deltas)
         except Exception as exc:  # a device fault must not take the other requests' replies down
-            log.exception("step failed; failing the %d scheduled requests", len(out.requests))
-            return deltas + self._fail(out, exc)
-        advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
-        return deltas + self._timed("detokenize", lambda: [
-            self._post_process(req, logprobs.get(req.request_id)) for req in advanced])
-
+            log.exception("engine step failed; failing the requests it had scheduled")
+            self._fail(out, exc)
+        deltas.extend(self._unreported_finals())
+        return deltas
     def _timed(self, phase: str, fn, *args):
         """Run one phase of the step and add its wall time to `stats()["step_seconds"]`."""
         t = time.perf_counter()
@@ -222,21 +225,32 @@ class DynamicEngine:
             delta.num_cached_tokens = req.num_cached_tokens
         return delta
 
-    def _fail(self, out: SchedulerOutput, exc: Exception) -> list[RequestDelta]:
+    def _post_process_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
+        for req in advanced:  # appended one by one: a failure keeps what was already built
+            deltas.append(self._post_process(req, logprobs.get(req.request_id)))
+
+    def _fail(self, out: Optional[SchedulerOutput], exc: Exception) -> None:
+        """End the step's scheduled requests (all requests if scheduling itself failed) as
+        FAILED; `_unreported_finals` then sends their final deltas."""
         error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}").to_dict()
-        deltas = []
-        for s in out.requests:
-            req = self.scheduler.requests.get(s.request_id)
+        ids = [s.request_id for s in out.requests] if out is not None else list(self.scheduler.requests)
+        for rid in ids:
+            req = self.scheduler.requests.get(rid)
             if req is not None:
                 self.scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
-                deltas.append(self._final_delta(req, self._drop_state(req.request_id)))
-        return deltas
+
+    def _unreported_finals(self) -> list[RequestDelta]:
+        """Final deltas of requests that ended without one (a failed step, a request the
+        scheduler could not place). Finished requests that were reported have no state left."""
+        return [self._final_delta(req, self._drop_state(rid))
+                for rid, req in list(self._requests.items()) if req.is_finished]
 
     def _final_delta(self, req: Request, text: str) -> RequestDelta:
         return RequestDelta(req.request_id, [], text, None, req.finish_reason, req.error,
                             req.num_prompt_tokens, req.num_cached_tokens)
 
     def _drop_state(self, request_id: str) -> str:
+        self._requests.pop(request_id, None)
         self._generators.pop(request_id, None)
         detok = self._detok.pop(request_id, None)
         return detok.flush() if detok is not None else ""
