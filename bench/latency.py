@@ -16,6 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.report import write_json  # noqa: E402
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
@@ -65,9 +67,7 @@ def main(argv=None):
         res["device"] = dev
         res["fraction_of_bound"] = res["tpot_bound_ms"] / res["tpot_ms_p50"]
     print(json.dumps({k: v for k, v in res.items() if k != "device"}, indent=1))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(args.out, res)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ figures; `python bench/roofline.py --model qwen3-0.6b-shape` prints a table and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.report import write_json  # noqa: E402
 
 
 def measure_device(size_mib: int = 1024, n: int = 4096):
@@ -109,9 +110,7 @@ def main(argv=None):
     print(f"{args.model}: {res['params'] / 1e9:.2f} B params, weights {res['weight_bytes'] / 2**30:.2f} GiB")
     print(f"prefill floor {res['prefill_floor_s']:.2f} s, decode floor {res['decode_floor_s']:.2f} s, "
           f"ceiling {res['ceiling_tokens_per_s']:.0f} output tok/s, batch-1 TPOT bound {res['tpot_bound_ms']:.3f} ms")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(args.out, res)
     return res
 
 

@@ -18,13 +18,13 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
 
@@ -73,8 +73,7 @@ def run_ours(args, prompts, out_lens):
             "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"],
             "step_seconds": llm.stats()["step_seconds"]}
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
-    llm.close() if hasattr(llm, "close") else None
-    del llm
+    llm.close()
     return info, path, dtype, device
 
 
@@ -153,9 +152,7 @@ def main(argv=None):
         print(f"ratio (ours / HF): {result['ratio']:.2f}x")
     print("engine time by phase (s, incl. warm-up):",
           {k: round(v, 2) for k, v in ours["step_seconds"].items()})
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(args.out, result)
     return result
 
 

@@ -74,24 +74,31 @@ def _apply_state(coord, record, state: str, why: str, now: float) -> None:
         coord.dispatcher.flush_pending(now)
 
 
-def on_heartbeat(coord, identity, msg, now) -> None:
+def _seen_replica(coord, identity: bytes, now: float):
+    """The registered replica behind `identity`, marked as heard from now; None (and a
+    re-register request) for an identity this coordinator does not know."""
     record = coord.registry.get(identity)
     if record is None:
         _unknown(coord, identity, now)
-        return
+        return None
     record.last_seen = now
+    return record
+
+
+def on_heartbeat(coord, identity, msg, now) -> None:
+    record = _seen_replica(coord, identity, now)
+    if record is None:
+        return
     record.load = msg.load
     _apply_state(coord, record, msg.state, "heartbeat", now)
     coord.outbox.to_replica(record, HeartbeatAck())
 
 
 def on_step_output(coord, identity, msg, now) -> None:
-    record = coord.registry.get(identity)
+    record = _seen_replica(coord, identity, now)
     if record is None:
         coord.dispatcher.stats.num_stale_deltas += len(msg.deltas)
-        _unknown(coord, identity, now)
         return
-    record.last_seen = now
     if msg.load is not None:
         record.load = msg.load
     for payload in msg.deltas:
@@ -99,11 +106,9 @@ def on_step_output(coord, identity, msg, now) -> None:
 
 
 def on_replica_state(coord, identity, msg, now) -> None:
-    record = coord.registry.get(identity)
+    record = _seen_replica(coord, identity, now)
     if record is None:
-        _unknown(coord, identity, now)
         return
-    record.last_seen = now
     _apply_state(coord, record, msg.state, msg.reason or "reported", now)
 
 

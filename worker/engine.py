@@ -48,9 +48,6 @@ def _eos_ids(hf_config, tokenizer) -> tuple[int, ...]:
 
 
 class DynamicEngine:
-    # add_request rebuilds a resumed request's detokenizer state itself (see add_request)
-    replays_resume_tokens = True
-
     def __init__(self, config: EngineConfig, runner_factory=None):
         self.config = config
         self.model_path = resolve_model_path(config.model)
@@ -185,7 +182,11 @@ class DynamicEngine:
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             self._fail(out, exc)
-        deltas.extend(self._unreported_finals())
+            deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
+        if self.scheduler.failed_at_admission:
+            failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
+            deltas.extend(self._final_delta(req, self._drop_state(req.request_id))
+                          for req in failed if req.request_id in self._requests)
         return deltas
     def _timed(self, phase: str, fn, *args):
         """Run one phase of the step and add its wall time to `stats()["step_seconds"]`."""
@@ -240,8 +241,8 @@ class DynamicEngine:
                 self.scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
 
     def _unreported_finals(self) -> list[RequestDelta]:
-        """Final deltas of requests that ended without one (a failed step, a request the
-        scheduler could not place). Finished requests that were reported have no state left."""
+        """Final deltas of requests that ended without one in a failed step. Finished requests
+        that were reported have no state left."""
         return [self._final_delta(req, self._drop_state(rid))
                 for rid, req in list(self._requests.items()) if req.is_finished]
 

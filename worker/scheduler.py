@@ -63,6 +63,7 @@ class Scheduler:
         self.running: list[Request] = []   # sorted by sort_key; tail = first preemption victim
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
+        self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class Scheduler:
                 if not self.running:  # alone and still no room: it can never run
                     self.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, OutOfMemoryError(
                         f"request {req.request_id} does not fit in the free KV blocks").to_dict())
+                    self.failed_at_admission.append(req)
                     continue
                 break
             self.allocator.share(cached)

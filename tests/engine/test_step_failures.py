@@ -79,3 +79,15 @@ def test_generate_reports_engine_errors_instead_of_hanging(llm, monkeypatch):
     outs = llm.generate([[5, 6], [7, 8]], greedy(5), use_tqdm=False)
     assert [o.finish_reason for o in outs] == ["error", "error"]
     assert outs[0].error["code"] == "engine"
+
+
+def test_request_failed_at_admission_gets_one_final(llm, monkeypatch):
+    """If the scheduler cannot place a request even with nothing running, it fails it; the
+    engine must still send that request's final delta (once)."""
+    rid = llm.add_request([5, 6, 7], greedy(3))
+    monkeypatch.setattr(llm.engine.allocator, "can_allocate", lambda n: False)
+    finals = drain(llm, [rid], max_steps=5)
+    assert finals == {rid: 1}
+    monkeypatch.undo()
+    assert not llm.has_unfinished_requests()
+    assert llm.generate([[1, 2]], greedy(2), use_tqdm=False)[0].finish_reason == "length"
