@@ -46,10 +46,6 @@ class FinishReason(str, enum.Enum):
     TIMEOUT = "timeout"  # the request's deadline passed
 
 
-# One generated token's logprob entry: (token_id, logprob, {alt_token_id: logprob}).
-TokenLogprob = tuple
-
-
 @dataclass
 class RequestDelta:
     """What one step added to one request. `finish_reason` set means this is its last delta."""

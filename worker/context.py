@@ -83,6 +83,6 @@ class DynamicContext:
         views = torch.split(flat, [len(p) for p in parts])
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape).to(torch.int32),
                                  seq_lens=views[4].to(torch.int32), query_start_loc=views[5].to(torch.int32),
-                                 max_query_len=max_q, max_seq_len=int(seq_lens.max()))
+                                 max_query_len=max_q)
         return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
                           sample_request_ids=sample_ids)

@@ -43,12 +43,11 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(max_batch + 1, **i32)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        max_ctx = max_blocks_per_seq
         pool = None
         torch.cuda.synchronize(device)
         for bs in reversed(self.sizes):
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
-                                     self.query_start_loc[:bs + 1], 1, max_ctx)
+                                     self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             forward_logits(*args)  # warm-up: Triton compiles/autotunes outside the capture
             graph = torch.cuda.CUDAGraph()

@@ -160,7 +160,7 @@ class ModelRunner:
             block_tables=torch.arange(num_blocks, dtype=torch.int32, device=dev)[None],
             seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
             query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-            max_query_len=n, max_seq_len=n)
+            max_query_len=n)
         ids = torch.zeros(n, dtype=torch.int64, device=dev)
         hidden = residual = None
         if not self.model.is_first:  # a later pipeline stage: stand-in activations

@@ -36,8 +36,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
     seq_lens: torch.Tensor          # [num_seqs] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32
-    max_query_len: int
-    max_seq_len: int
+    max_query_len: int              # host int: lets attention pick the decode kernel without a sync
 
 
 @dataclass
