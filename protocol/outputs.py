@@ -107,7 +107,9 @@ class RequestOutput:
         self.token_ids.extend(delta.token_ids)
         self.text += delta.text
         if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + list(delta.logprobs)
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)  # in place: a new list per token is O(n^2)
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.error = delta.error
