@@ -1,13 +1,16 @@
 """Decode attention tuner: times launch variants of `kernels.attention_triton.decode_attention`.
 
-Owns: realistic paged decode batches on Qwen3-0.6B head shapes (16 q / 8 KV heads, head_dim 128,
-page 16, pages shuffled across the cache), a sweep over `decode_attention(config=...,
-num_splits=...)` variants (tile tokens, warps, pipeline stages, split count), a check of every
-variant against `paged_attention_ref` (bf16 tolerance, output poisoned with NaN first), and a
-table plus JSON. Times are CUDA-graph replays (each replay runs `reps` back-to-back calls,
-rotating input copies so the batch-1 KV does not sit in L2), median of `--iters` replays: that
-is how decode runs in the engine, without Python launch overhead. Final rows also time one eager
-call between CUDA events, as bench/kernels.py does (host launch overhead included).
+Owns: a sweep over `decode_attention(config=..., num_splits=...)` variants (tile tokens, warps,
+pipeline stages, split count) on realistic paged decode batches (Qwen3-0.6B head shapes: 16 q /
+8 KV heads, head_dim 128, page 16, pages shuffled across the cache), a check of every variant
+against `paged_attention_ref` (bf16 tolerance, output poisoned with NaN first), the stages, the
+CLI, and a table plus JSON. The batches, timers and check live in bench/tune_decode_cases.py;
+this file decides what to run and ranks it. Times are CUDA-graph replays (each replay runs
+`reps` back-to-back calls, rotating input copies so the batch-1 KV does not sit in L2), median of
+`--iters` replays: that is how decode runs in the engine, without Python launch overhead. Final
+rows also time one eager call between CUDA events, as bench/kernels.py does (host launch
+overhead included). To add a stage A candidate, append to CONFIGS; a new case goes into
+bench/tune_decode_cases.py.
 
 Cases: b256 (lengths uniform in [100, 1100]), b32 (uniform in [2048, 6144]), b1 (12728 tokens),
 with tight block tables (as wide as the longest sequence) and "graph-width" tables 2560 pages
@@ -35,7 +38,6 @@ import importlib.util
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -44,16 +46,11 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
     os.path.abspath(__file__))]
 sys.path.insert(0, _ROOT)
 
-H, HK, D, PAGE = 16, 8, 128, 16
-GRAPH_WIDTH = 40960 // PAGE
+from bench import tune_decode_cases as tc  # noqa: E402
+from bench.tune_decode_cases import (D, HK, PAGE, build_case, check, copy_bandwidth,  # noqa: E402
+                                     make_cases, sync, time_eager, time_graph)
+
 BASE_PATH = os.path.join(_ROOT, ".tune", "attention_triton_base.py")
-SMOKE = False  # --smoke: CPU interpreter, tiny batches, wall-clock timing (checks the script only)
-
-
-def _sync():
-    import torch
-    if not SMOKE:
-        torch.cuda.synchronize()
 
 
 def cfg(block_n, warps, stages):
@@ -90,55 +87,6 @@ def split_candidates(num_seqs, ctx_max):
 
 
 # ---------------------------------------------------------------------------------------------
-# inputs
-
-def build_case(name, ctx_lens, copies, width, device, dtype, seed):
-    import torch
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    gd = torch.Generator(device=device).manual_seed(seed)
-    blocks = [(c + PAGE - 1) // PAGE for c in ctx_lens]
-    width = max(width, max(blocks))
-    total = sum(blocks) * copies
-    k_cache = torch.randn(total + 1, PAGE, HK, D, generator=gd, device=device).to(dtype)
-    v_cache = torch.randn(total + 1, PAGE, HK, D, generator=gd, device=device).to(dtype)
-    ids = torch.randperm(total, generator=g).to(torch.int32)
-    batches, used = [], 0
-    n = len(ctx_lens)
-    for _ in range(copies):
-        bt = torch.full((n, width), total, dtype=torch.int32)   # padding -> the spare page
-        for i, b in enumerate(blocks):
-            bt[i, :b] = ids[used:used + b]
-            used += b
-        q = torch.randn(n, H, D, generator=gd, device=device).to(dtype)
-        qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
-        lens = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
-        batches.append((q, k_cache, v_cache, bt.to(device), qsl, lens))
-    el = torch.tensor([], dtype=dtype).element_size()
-    work = el * sum(ctx_lens) * HK * D * 2 + el * 2 * n * H * D  # as bench/kernels.py counts
-    return dict(name=name, batches=batches, work=work, ctx_total=sum(ctx_lens), num_seqs=n,
-                width=width, ctx_max=max(ctx_lens))
-
-
-def make_cases(device, dtype, graph_width=False, b1_copies=4):
-    import random
-    rng = random.Random(0)
-    specs = [("b256", [rng.randint(100, 1100) for _ in range(256)], 1),
-             ("b32", [rng.randint(2048, 6144) for _ in range(32)], 1),
-             ("b1", [12728], b1_copies)]
-    if SMOKE:
-        specs = [("b256", [rng.randint(10, 60) for _ in range(2)], 1),
-                 ("b32", [rng.randint(100, 200)], 1), ("b1", [300], 2)]
-    cases = []
-    for i, (name, lens, copies) in enumerate(specs):
-        width = (GRAPH_WIDTH if not SMOKE else 64) if graph_width else 0
-        c = build_case(name + (" graph-width" if graph_width else ""), lens, copies, width,
-                       device, dtype, seed=i)
-        c["key"] = name
-        cases.append(c)
-    return cases
-
-
-# ---------------------------------------------------------------------------------------------
 # runners
 
 def load_baseline():
@@ -162,97 +110,6 @@ def make_fn(variant, splits, base_mod):
     def run(b, out):
         decode_attention(*b, scale, out, num_splits=splits, config=variant)
     return run
-
-
-def time_graph(fn, case, outs, reps, iters):
-    import torch
-    batches = case["batches"]
-    if SMOKE:
-        samples = []
-        for r in range(iters):
-            t0 = time.perf_counter()
-            fn(batches[r % len(batches)], outs[r % len(batches)])
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples), samples
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up on a side stream, as torch.cuda.graph expects
-        for r in range(len(batches)):
-            fn(batches[r], outs[r])
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for r in range(reps):
-            i = r % len(batches)
-            fn(batches[i], outs[i])
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) / reps)
-    del g
-    return statistics.median(samples), samples
-
-
-def time_eager(fn, case, outs, iters):
-    """bench/kernels.py's way: events around one eager call (host launch overhead included)."""
-    import torch
-    batches = case["batches"]
-    if SMOKE:
-        return time_graph(fn, case, outs, 1, iters)[0]
-    for r in range(5):
-        fn(batches[r % len(batches)], outs[r % len(batches)])
-    torch.cuda.synchronize()
-    samples = []
-    for r in range(iters):
-        i = r % len(batches)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(batches[i], outs[i])
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b))
-    return statistics.median(samples)
-
-
-def check(fn, case, ref):
-    import torch
-    b = case["batches"][0]
-    out = torch.full_like(b[0], float("nan"))
-    fn(b, out)
-    _sync()
-    if not torch.isfinite(out).all():
-        return float("nan"), False
-    diff = (out.float() - ref.float()).abs()
-    ok = bool((diff <= 2e-2 + 2e-2 * ref.float().abs()).all())
-    return diff.max().item(), ok
-
-
-def copy_bandwidth():
-    import torch
-    x = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")  # 512 MiB
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        y.copy_(x)
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b))
-    ms = statistics.median(samples)
-    del x, y
-    return 2 * (1 << 29) / (ms * 1e-3) / 1e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +182,7 @@ def run_row(rows, variant, splits, case, ref, base_mod, reps, iters, eager=False
             row["gbs_eager"] = case["work"] / (row["ms_eager"] * 1e-3) / 1e9
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        _sync()
+        sync()
     rows.append(row)
     print(fmt_row(row), flush=True)
     return row
@@ -403,7 +260,7 @@ def main(argv=None):
                     help="no CUDA needed: interpreter, tiny batches (checks the script only)")
     args = ap.parse_args(argv)
 
-    global SMOKE, CONFIGS
+    global CONFIGS
     if args.with_config:
         apply_tuned(args.with_config)
     if args.bench_kernels is not None:
@@ -413,15 +270,15 @@ def main(argv=None):
         return 0
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-        SMOKE = True
+        tc.SMOKE = True
         CONFIGS = [cfg(16, 4, 1), cfg(32, 4, 1)]
         args.iters, args.jobs = 2, 1
     import torch
-    if not torch.cuda.is_available() and not SMOKE:
+    if not torch.cuda.is_available() and not tc.SMOKE:
         print("bench/tune_decode.py: no CUDA device; nothing to time.")
         return 0
     import triton
-    dev = "cpu" if SMOKE else "cuda"
+    dev = "cpu" if tc.SMOKE else "cuda"
     from kernels.attention import paged_attention_ref
     from kernels.attention_triton import decode_config
     t_start = time.time()
@@ -432,10 +289,10 @@ def main(argv=None):
     cases = make_cases(dev, dtype)
     refs = {c["key"]: paged_attention_ref(*c["batches"][0], D ** -0.5) for c in cases}
     reps = {"b256": 5, "b32": 5, "b1": 40}
-    meta = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(),
+    meta = dict(device="cpu (smoke)" if tc.SMOKE else torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, iters=args.iters, reps=reps,
-                sms=0 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count,
-                copy_gbs=0.0 if SMOKE else copy_bandwidth(),
+                sms=0 if tc.SMOKE else torch.cuda.get_device_properties(0).multi_processor_count,
+                copy_gbs=0.0 if tc.SMOKE else copy_bandwidth(),
                 cases={c["key"]: dict(num_seqs=c["num_seqs"], ctx_total=c["ctx_total"],
                                       width=c["width"], bytes=c["work"]) for c in cases},
                 default=decode_config(cases[0]["batches"][0][0]))

@@ -1,0 +1,277 @@
+"""Triton paged decode attention: the split-K (flash-decoding) kernel, its reduce and its planning.
+
+Owns: `decode_attention` (every sequence has at most one query row), the launch config
+(`decode_config`, tuned defaults `DECODE_TUNED`) and the split count (`plan_decode_splits`).
+`kernels.attention_triton` re-exports these names; callers import them from there.
+
+`_decode_kernel`: grid (num_seqs, num_kv_heads, num_splits). One program owns all query heads of
+one KV head (padded to >= 16 rows for tl.dot), so each K/V tile is loaded once for the whole
+group. Each sequence's context is cut into `num_splits` equal partitions (lengths derived in the
+kernel from its own seq_len, `_split_part`) computed in parallel; with more than one, each writes
+a normalised partial output plus its log-sum-exp, and `_reduce_kernel` (grid (num_seqs,
+num_heads)) merges the non-empty ones. The split count is chosen from tensor shapes only
+(block-table width, batch, SM count), never from seq_lens values, so a decode step can be
+captured in a CUDA graph; this module must never sync with the host or read KV positions
+>= seq_lens[i].
+
+To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
+`_decode_tile`, loop bounds into `_decode_kernel`; keep `_attend_tile` (prefill) and the
+reference in step. A new launch knob becomes a `decode_config` key, so `bench/tune_decode.py`
+can sweep it through `decode_attention(config=...)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_common_triton import _LOG2E, _dot, _dot_mode
+
+_MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
+_MAX_SPLITS = 256
+_sm_counts: dict[int, int] = {}
+
+
+@triton.jit
+def _split_part(ctx, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per partition when a `ctx`-token context is cut `num_splits` ways: whole tiles, at
+    least one. Computed in the kernels from the sequence's own length, so each sequence is split
+    evenly whatever the block-table width, while the grid depends on shapes only."""
+    return tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
+
+
+@triton.jit
+def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
+    if HAS_MASK:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start, hi, offs_d, d_mask,
+                 sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                 MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
+    state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]."""
+    offs_t = tl.arange(0, BLOCK_N)
+    if PAGE % BLOCK_N == 0:
+        # The tile lies inside one page: one block-table entry, contiguous token rows.
+        blk = tl.load(bt_row + start // PAGE).to(tl.int64)
+        pos = start % PAGE + offs_t
+    else:
+        # Several pages per tile: one table lookup per token (PAGE is a compile-time constant,
+        # so shifts for power-of-two pages). Masked lanes never read the table.
+        offs_n = start + offs_t
+        if MASKED:
+            blk = tl.load(bt_row + offs_n // PAGE, mask=offs_n < hi, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        pos = offs_n % PAGE
+    if MASKED:
+        n_mask = (start + offs_t) < hi
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
+    HAS_MASK: tl.constexpr = MASKED or not EVEN_D
+    k = _load_masked(k_head + (blk * sk_b + pos * sk_s)[:, None] + offs_d[None, :] * sk_d,
+                     kv_mask, HAS_MASK)
+    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
+    if MASKED:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    # Every tile holds at least one visible position, so m_new is finite.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _load_masked(v_head + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
+                     kv_mask, HAS_MASK)
+    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
+    return acc, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
+                   scale_log2,
+                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
+                   so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
+    one sequence, over one partition of its context."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(qsl_ptr + seq)
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    if SPLIT:
+        part = _split_part(ctx, tl.num_programs(2), BLOCK_N)
+        lo = split * part
+        hi = tl.maximum(tl.minimum(lo + part, ctx), lo)
+    else:
+        lo = 0
+        hi = ctx
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
+                mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
+    # Whole tiles without masks, then at most one clipped tile (the context's end).
+    full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    for start in range(lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
+                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
+    for start in range(full_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
+                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if SPLIT:
+        # Normalised partial output + its log2-sum-exp. Empty partitions (lo >= ctx) write
+        # nothing: the reduce reads only the partitions that hold tokens.
+        po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
+        tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
+                 mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
+        tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
+                 m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
+    else:
+        dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
+        tl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :] & has_query)
+
+
+@triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
+def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
+                   spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
+                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Merge a head's partial outputs with log-sum-exp weights: grid (num_seqs, num_heads). Only
+    the partitions that hold tokens (recomputed from seq_lens as the decode kernel did) are read."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.load(qsl_ptr + seq)
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
+    plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
+    po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
+    offs_s = tl.arange(0, BLOCK_S)
+    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = 0.0
+    for s0 in range(0, used, CHUNK):
+        offs = s0 + tl.arange(0, CHUNK)
+        s_mask = offs < used
+        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
+        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        denom += tl.sum(w, axis=0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + row.to(tl.int64) * so_t + head * so_h + offs_d * so_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
+
+
+def _sm_count(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
+# Decode launch config for CUDA fp16/bf16 with head_dim <= 128, tuned on an H100 with
+# bench/tune_decode.py (results and the rejected variants in docs/kernels.md): tile tokens,
+# warps, pipeline depth, and the split rule (programs_per_sm, min_partition).
+DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
+                    min_partition=256, reduce_warps=4)
+
+
+def decode_config(q):
+    """Default decode launch config, from dtype, device and head_dim only: block_n (tokens per
+    K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
+    `plan_decode_splits`), reduce_warps. `decode_attention(config=...)` overrides any of them
+    (benchmarks, tests)."""
+    if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
+        return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
+                    min_partition=_MIN_PARTITION, reduce_warps=4)
+    if q.dtype == torch.float32 or q.shape[2] > 128:
+        # float32 dots hold their operands in registers; 256-wide heads double the tiles.
+        return dict(block_n=32, num_warps=8, num_stages=2, programs_per_sm=4,
+                    min_partition=_MIN_PARTITION, reduce_warps=4)
+    return dict(DECODE_TUNED)
+
+
+def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
+                       programs_per_sm=4, min_partition=_MIN_PARTITION):
+    """Context partitions per sequence, from shapes only (CUDA-graph safe): enough programs for
+    `programs_per_sm` per SM (8 programs on the interpreter), at most one per `min_partition`
+    tokens of `max_ctx` (the most a block-table row can address) and `_MAX_SPLITS`.
+    `num_splits` forces a count. Each sequence's partition length is then derived in the kernel
+    from its own length (`_split_part`), so the work is even whatever the table width."""
+    if num_splits is None:
+        target = 8 if device.type != "cuda" else programs_per_sm * _sm_count(device)
+        num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)),
+                         triton.cdiv(max(max_ctx, 1), min_partition), _MAX_SPLITS)
+    return max(1, int(num_splits))
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                     num_splits=None, config=None):
+    """Decode kernel (every sequence has at most one query row) writing into `out`.
+    `num_splits` forces the split count; `config` overrides keys of `decode_config`."""
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    cfg = decode_config(q)
+    if config:
+        cfg.update(config)
+    block_n = cfg["block_n"]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
+    splits = plan_decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * page_size,
+                                q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"])
+    if splits > 1:
+        n_out = num_seqs * num_heads * splits * head_dim
+        scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,
+                              device=q.device)
+        part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
+        part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
+        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
+    else:
+        part_out = part_lse = out  # never touched when SPLIT is off
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    lowp, dot_dtype = _dot_mode(q)
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
+        scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
+        BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if splits > 1:
+        block_s = triton.next_power_of_2(splits)
+        _reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
+            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
+            BLOCK_D=block_d, BLOCK_N=block_n, num_warps=cfg["reduce_warps"])
+    return out
