@@ -36,7 +36,7 @@ test: $(ENV_STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 tests
 
 serve: $(ENV_STAMP)
-	$(PY) -m coordinator serve
+	$(PY) -m infer_cluster serve
 
 bench: $(ENV_STAMP)
 	$(PY) bench/throughput.py

@@ -50,14 +50,14 @@ def _rand(shape, dtype, device, scale=1.0):
 def case_elementwise(s, dtype, device):
     import torch
 
-    from kernels.activation import silu_and_mul_ref
-    from kernels.activation_triton import silu_and_mul_triton
-    from kernels.kv_append import kv_append_ref
-    from kernels.kv_append_triton import kv_append_triton
-    from kernels.norm import rms_norm_ref
-    from kernels.norm_triton import rms_norm_triton
-    from kernels.rotary import apply_rotary_ref, build_rope_cache
-    from kernels.rotary_triton import apply_rotary_triton
+    from infer_cluster.kernels.activation import silu_and_mul_ref
+    from infer_cluster.kernels.activation_triton import silu_and_mul_triton
+    from infer_cluster.kernels.kv_append import kv_append_ref
+    from infer_cluster.kernels.kv_append_triton import kv_append_triton
+    from infer_cluster.kernels.norm import rms_norm_ref
+    from infer_cluster.kernels.norm_triton import rms_norm_triton
+    from infer_cluster.kernels.rotary import apply_rotary_ref, build_rope_cache
+    from infer_cluster.kernels.rotary_triton import apply_rotary_triton
     el = torch.tensor([], dtype=dtype).element_size()
     cases = []
     for n in s["tokens"]:
@@ -122,7 +122,7 @@ def _paged_batch(q_lens, ctx_lens, h, hk, d, bs, dtype, device):
 def case_attention(s, dtype, device):
     import random
 
-    from kernels import attention, attention_triton
+    from infer_cluster.kernels import attention, attention_triton
     import torch
     h, hk, d = s["heads"], s["kv_heads"], s["head_dim"]
     el = torch.tensor([], dtype=dtype).element_size()

@@ -34,8 +34,8 @@ def main(argv=None):
 
     import torch
 
-    from protocol import SamplingParams
-    from worker import LLM
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
               num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len)

@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.loadgen import Workload, format_table, run_load, summarize  # noqa: E402
-from protocol import SamplingParams  # noqa: E402
+from infer_cluster.loadgen import Workload, format_table, run_load, summarize  # noqa: E402
+from infer_cluster.protocol import SamplingParams  # noqa: E402
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -67,7 +67,7 @@ class Offline:
 
     def __init__(self, args):
         import torch
-        from worker import LLM
+        from infer_cluster.worker import LLM
         torch.set_num_threads(args.threads)
         self.llm = LLM(**_engine_options(args))
         self.args = args
@@ -99,8 +99,8 @@ class Cluster:
     """Coordinator + replicas as processes on loopback, driven through one client."""
 
     def __init__(self, args):
-        from client import InferenceClient
-        from coordinator.launcher import ClusterLauncher, python_module_argv
+        from infer_cluster.client import InferenceClient
+        from infer_cluster.launcher import ClusterLauncher, python_module_argv
         port, rport = _free_port(), _free_port()
         self.address = f"tcp://127.0.0.1:{port}"
         engine_argv = []
@@ -109,9 +109,9 @@ class Cluster:
                 engine_argv += ["--" + k.replace("_", "-"), str(v)]
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(args.threads))
         self.launcher = ClusterLauncher(
-            python_module_argv("coordinator", "--log-level", "WARNING", "coordinator", "--port",
+            python_module_argv("infer_cluster", "--log-level", "WARNING", "coordinator", "--port",
                                str(port), "--replica-port", str(rport)),
-            [python_module_argv("worker", "--coordinator", f"tcp://127.0.0.1:{rport}", "--name",
+            [python_module_argv("infer_cluster.worker", "--coordinator", f"tcp://127.0.0.1:{rport}", "--name",
                                 f"replica-{i}", "--log-level", "WARNING", *engine_argv)
              for i in range(args.replicas)],
             self.address, log_dir=args.log_dir, env=env)

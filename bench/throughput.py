@@ -52,8 +52,8 @@ def parse_args(argv=None):
 
 
 def run_ours(args, prompts, out_lens):
-    from protocol import SamplingParams
-    from worker import LLM
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -124,7 +124,7 @@ def run_hf(mode, model_path, dtype, device, load_format, prompts, out_lens):
 
 def main(argv=None):
     args = parse_args(argv)
-    from worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
 
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),

@@ -100,7 +100,7 @@ def load_baseline():
 
 def make_fn(variant, splits, base_mod):
     """fn(batch, out) running one decode call into `out`."""
-    from kernels.attention_triton import decode_attention
+    from infer_cluster.kernels.attention_triton import decode_attention
     scale = D ** -0.5
     if variant == "baseline":
         def run(b, out):
@@ -120,7 +120,7 @@ def _compile_worker(jobs):
     the split-dependent and table-width arguments are not specialised, so the real runs hit
     Triton's disk cache."""
     import torch
-    from kernels.attention_triton import decode_attention
+    from infer_cluster.kernels.attention_triton import decode_attention
     torch.cuda.init()
     lens = [40, 300]
     case = build_case("warm", lens, 1, 0, "cuda", torch.bfloat16, seed=99)
@@ -202,7 +202,7 @@ def geomean(xs):
 
 def rule_splits(case, pps, min_partition, dev):
     import torch
-    from kernels.attention_triton import plan_decode_splits
+    from infer_cluster.kernels.attention_triton import plan_decode_splits
     return plan_decode_splits(case["num_seqs"], HK, case["width"] * PAGE,
                               torch.device(dev), None, pps, min_partition)
 
@@ -231,7 +231,7 @@ def print_summary(rows, summary, elapsed, out_path):
 def apply_tuned(path):
     """Make a winner.json config the CUDA half-precision default in this process (to validate
     a candidate with the unchanged tests and bench/kernels.py before it is committed)."""
-    import kernels.attention_triton as at
+    import infer_cluster.kernels.attention_triton as at
     with open(path) as f:
         at.DECODE_TUNED.update(json.load(f)["config"])
     print(f"# tune_decode: DECODE_TUNED = {at.DECODE_TUNED}", flush=True)
@@ -279,8 +279,8 @@ def main(argv=None):
         return 0
     import triton
     dev = "cpu" if tc.SMOKE else "cuda"
-    from kernels.attention import paged_attention_ref
-    from kernels.attention_triton import decode_config
+    from infer_cluster.kernels.attention import paged_attention_ref
+    from infer_cluster.kernels.attention_triton import decode_config
     t_start = time.time()
     dtype = torch.bfloat16
     base_mod = load_baseline()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Optional
 
-from protocol import RequestDelta, RequestOutput, RequestStatus
+from infer_cluster.protocol import RequestDelta, RequestOutput, RequestStatus
 
 from .client import InferenceClient
 from .handle import RequestHandle

@@ -24,11 +24,11 @@ from typing import Callable, Optional, Sequence, Union
 
 import zmq
 
-from protocol import (InvalidRequestError, NoReplicaError, ProtocolError, RequestDelta,
+from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, ProtocolError, RequestDelta,
                       RequestOutput, SamplingParams)
-from protocol import codec
-from protocol.kinds import ConnectionKind, ReplyKind
-from protocol.messages import (CancelRequest, ControlRequest, DeltaPayload, Message,
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
+from infer_cluster.protocol.messages import (CancelRequest, ControlRequest, DeltaPayload, Message,
                                StatusRequest, SubmitRequest)
 
 from .handle import RequestHandle

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
-from protocol import RequestDelta, RequestOutput, RequestStatus, error_from_code
+from infer_cluster.protocol import RequestDelta, RequestOutput, RequestStatus, error_from_code
 
 _STATUS_BY_FINISH = {"stop": RequestStatus.FINISHED, "length": RequestStatus.FINISHED,
                      "abort": RequestStatus.ABORTED}

@@ -18,9 +18,9 @@ from typing import Callable
 
 import zmq
 
-from protocol import codec
-from protocol.errors import ProtocolError
-from protocol.messages import ClientHello, Goodbye, Message, Ping
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.errors import ProtocolError
+from infer_cluster.protocol.messages import ClientHello, Goodbye, Message, Ping
 
 log = logging.getLogger("infer_cluster.client")
 

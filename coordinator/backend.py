@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from protocol.kinds import ConnectionKind, LifecycleKind, ReplyKind
-from protocol.messages import ErrorReply, HeartbeatAck, HelloAck, ReplicaState, Reregister
+from infer_cluster.protocol.kinds import ConnectionKind, LifecycleKind, ReplyKind
+from infer_cluster.protocol.messages import ErrorReply, HeartbeatAck, HelloAck, ReplicaState, Reregister
 
 log = logging.getLogger("infer_cluster.coordinator")
 

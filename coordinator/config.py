@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from infer_cluster.protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 from .routing import ROUTING_POLICIES
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from protocol.messages import AbortRequest, DeltaPayload, DispatchRequest, ErrorInfo
+from infer_cluster.protocol.messages import AbortRequest, DeltaPayload, DispatchRequest, ErrorInfo
 
 from .clients import ClientRegistry
 from .registry import ReplicaRecord, ReplicaRegistry

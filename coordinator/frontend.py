@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from protocol import InvalidRequestError, SamplingParams
-from protocol.kinds import ConnectionKind, ControlKind, RequestKind
-from protocol.messages import (ControlReply, ErrorReply, HelloAck, Pong, StatusReply,
+from infer_cluster.protocol import InvalidRequestError, SamplingParams
+from infer_cluster.protocol.kinds import ConnectionKind, ControlKind, RequestKind
+from infer_cluster.protocol.messages import (ControlReply, ErrorReply, HelloAck, Pong, StatusReply,
                                SubmitRequest)
 
 from .dispatcher import error_payload

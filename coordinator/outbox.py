@@ -14,9 +14,9 @@ import logging
 
 import zmq
 
-from protocol import codec
-from protocol.errors import ProtocolError
-from protocol.messages import DeltaPayload, DeltaReply, Message
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.errors import ProtocolError
+from infer_cluster.protocol.messages import DeltaPayload, DeltaReply, Message
 
 log = logging.getLogger("infer_cluster.coordinator")
 

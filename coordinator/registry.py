@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from protocol.messages import Hello, ReplicaCapacity, ReplicaLoad, ReplicaState
+from infer_cluster.protocol.messages import Hello, ReplicaCapacity, ReplicaLoad, ReplicaState
 
 log = logging.getLogger("infer_cluster.coordinator")
 

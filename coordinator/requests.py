@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from protocol import SamplingParams
+from infer_cluster.protocol import SamplingParams
 
 
 class RequestState(enum.Enum):

@@ -5,7 +5,7 @@ loop (`zmq.Poller` with a timeout set by the next timer; never a busy poll), fra
 error replies for bad input, handler dispatch through `FRONT_HANDLERS` / `BACK_HANDLERS`, the
 liveness / deadline / pending timers, operator control and the status snapshot, and draining on
 shutdown. Request bookkeeping lives in `dispatcher.py`, sends in `outbox.py`.
-Never imports torch (a test imports `coordinator.cli` and checks).
+Never imports torch (a test imports `infer_cluster.cli` and checks).
 
 Threading: everything runs on the thread that calls `serve_forever`; `request_stop` is the one
 method safe to call from elsewhere (signal handlers, tests).
@@ -21,9 +21,9 @@ from typing import Optional
 
 import zmq
 
-from protocol import codec
-from protocol.errors import ProtocolError
-from protocol.messages import (Drain, ErrorReply, HeartbeatAck, Message, Pause, ReplicaState,
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.errors import ProtocolError
+from infer_cluster.protocol.messages import (Drain, ErrorReply, HeartbeatAck, Message, Pause, ReplicaState,
                                Resume, Shutdown)
 
 from .backend import BACK_HANDLERS, on_client_message_on_replica_port

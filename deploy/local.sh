@@ -43,16 +43,16 @@ up() {
     mkdir -p "$RUN_DIR/pids" "$RUN_DIR/logs"
     local connect="$host"; [ "$host" = "0.0.0.0" ] && connect=127.0.0.1
     printf 'ADDRESS=tcp://%s:%s\n' "$connect" "$port" >"$RUN_DIR/env"
-    start coordinator "$PYTHON" -m coordinator coordinator --host "$host" --port "$port" \
+    start coordinator "$PYTHON" -m infer_cluster coordinator --host "$host" --port "$port" \
         --replica-port "$((port + 1))"
     local i
     for ((i = 0; i < replicas; i++)); do
-        start "replica-$i" "$PYTHON" -m worker --coordinator "tcp://$connect:$((port + 1))" \
+        start "replica-$i" "$PYTHON" -m infer_cluster.worker --coordinator "tcp://$connect:$((port + 1))" \
             --name "replica-$i" "$@"
     done
     echo "waiting for $replicas replica(s) to register on tcp://$connect:$port ..."
     for _ in $(seq 1 300); do
-        if "$PYTHON" -m coordinator --log-level ERROR status --address "tcp://$connect:$port" --json \
+        if "$PYTHON" -m infer_cluster --log-level ERROR status --address "tcp://$connect:$port" --json \
             --timeout 1 2>/dev/null | "$PYTHON" -c "import json,sys; sys.exit(0 if json.load(sys.stdin)['coordinator']['num_replicas'] >= $replicas else 1)"; then
             echo "ready: clients connect to tcp://$connect:$port"
             return 0
@@ -93,7 +93,7 @@ status() {
         if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: NOT running (stale pid $pid)"; fi
     done
     # shellcheck disable=SC1091
-    [ -f "$RUN_DIR/env" ] && . "$RUN_DIR/env" && "$PYTHON" -m coordinator --log-level ERROR status --address "$ADDRESS"
+    [ -f "$RUN_DIR/env" ] && . "$RUN_DIR/env" && "$PYTHON" -m infer_cluster --log-level ERROR status --address "$ADDRESS"
 }
 
 logs() { tail -n 50 -F "$RUN_DIR/logs/${1:-coordinator}.log"; }

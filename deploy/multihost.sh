@@ -57,18 +57,18 @@ stop_remote() {  # stop_remote HOST NAME: SIGTERM, wait 40 s, SIGKILL
 
 case "$CMD" in
     up)
-        start_remote "$COORD_HOST" coordinator "$PYTHON" -m coordinator coordinator \
+        start_remote "$COORD_HOST" coordinator "$PYTHON" -m infer_cluster coordinator \
             --host 0.0.0.0 --port "$PORT" --replica-port "$((PORT + 1))"
         for ((i = 1; i < ${#LINES[@]}; i++)); do
             read -r host extra <<<"${LINES[$i]}"
             # shellcheck disable=SC2086
-            start_remote "$host" "replica-$i" "$PYTHON" -m worker \
+            start_remote "$host" "replica-$i" "$PYTHON" -m infer_cluster.worker \
                 --coordinator "tcp://$COORD_HOST:$((PORT + 1))" --name "replica-$i-$host" "$@" $extra
         done
         echo "clients connect to tcp://$COORD_HOST:$PORT (check: $0 $HOSTS_FILE status)"
         ;;
     status)
-        remote "$COORD_HOST" "$PYTHON -m coordinator --log-level ERROR status --address tcp://127.0.0.1:$PORT"
+        remote "$COORD_HOST" "$PYTHON -m infer_cluster --log-level ERROR status --address tcp://127.0.0.1:$PORT"
         ;;
     down)
         stop_remote "$COORD_HOST" coordinator  # first: it drains in-flight requests

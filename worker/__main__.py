@@ -1,4 +1,4 @@
-"""`python -m worker --coordinator tcp://HOST:PORT [engine options]`: start one replica.
+"""`python -m infer_cluster.worker --coordinator tcp://HOST:PORT [engine options]`: start one replica.
 
 Owns: the replica's command line (argparse; the flags mirror `EngineConfig` fields one to one,
 `--block-size 16`, `--enable-prefix-caching/--no-enable-prefix-caching`, so `infer-cluster serve`
@@ -42,7 +42,7 @@ def engine_flag_type(field: dataclasses.Field):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m worker",
+        prog="python -m infer_cluster.worker",
         description="Start one infer-cluster replica: load the engine, register with the "
                     "coordinator, serve until SIGTERM (drains first) or SHUTDOWN.")
     p.add_argument("--coordinator", default="tcp://127.0.0.1:5556",

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta, RequestStatus,
+from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta, RequestStatus,
                       SamplingParams)
 
 from .block_allocator import BlockAllocator

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from protocol import RequestDelta, RequestOutput, SamplingParams
+from infer_cluster.protocol import RequestDelta, RequestOutput, SamplingParams
 
 from .config import EngineConfig
 from .engine import DynamicEngine, Prompt

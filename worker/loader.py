@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from protocol import ModelNotFoundError
+from infer_cluster.protocol import ModelNotFoundError
 
 from .tiny_random import EMBEDDED_MODELS, ensure_embedded_model
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from protocol import OutOfMemoryError
+from infer_cluster.protocol import OutOfMemoryError
 
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs

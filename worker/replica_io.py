@@ -22,10 +22,10 @@ from typing import Callable
 
 import zmq
 
-from protocol import codec
-from protocol.errors import ProtocolError
-from protocol.kinds import ConnectionKind, ControlKind, ReplyKind, RequestKind
-from protocol.messages import (Goodbye, Heartbeat, Hello, Message, ReplicaCapacity, ReplicaLoad)
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.errors import ProtocolError
+from infer_cluster.protocol.kinds import ConnectionKind, ControlKind, ReplyKind, RequestKind
+from infer_cluster.protocol.messages import (Goodbye, Heartbeat, Hello, Message, ReplicaCapacity, ReplicaLoad)
 
 log = logging.getLogger("infer_cluster.replica")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from protocol import REQUEST_TRANSITIONS, RequestStatus, SamplingParams
+from infer_cluster.protocol import REQUEST_TRANSITIONS, RequestStatus, SamplingParams
 
 
 class Request:

@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from protocol.sampling_params import SamplingParams
+from infer_cluster.protocol.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
 

@@ -17,7 +17,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
-from protocol import FinishReason, OutOfMemoryError, RequestStatus
+from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
 from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 from .request import Request

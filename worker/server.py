@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from protocol import EngineError, InferClusterError, SamplingParams
-from protocol.kinds import ControlKind, RequestKind
-from protocol.messages import (DeltaPayload, DispatchRequest, ReplicaLoad, ReplicaState,
+from infer_cluster.protocol import EngineError, InferClusterError, SamplingParams
+from infer_cluster.protocol.kinds import ControlKind, RequestKind
+from infer_cluster.protocol.messages import (DeltaPayload, DispatchRequest, ReplicaLoad, ReplicaState,
                                ReplicaStateChange, StepOutput, delta_wire)
 
 from .replica_io import REREGISTERED, ReplicaIO
@@ -173,7 +173,7 @@ class EngineServer:
         self.seconds_in_server += time.perf_counter() - t1
 
     def _fail_all(self, error: InferClusterError) -> list:
-        from protocol import RequestDelta
+        from infer_cluster.protocol import RequestDelta
         deltas = []
         for rid in list(self._active_request_ids()):
             self.engine.abort(rid)
@@ -289,7 +289,7 @@ class EngineServer:
 
 
 def _error_delta(request_id: str, error: InferClusterError):
-    from protocol import RequestDelta
+    from infer_cluster.protocol import RequestDelta
     return RequestDelta(request_id=request_id, finish_reason="error", error=error.to_dict())
 
 

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from protocol import SamplingParams
+from infer_cluster.protocol import SamplingParams
 from tests.parity.conftest import FAMILIES
-from worker.tiny_random import build_checkpoint
+from infer_cluster.worker.tiny_random import build_checkpoint
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -28,7 +28,7 @@ def make_prompts() -> list[list[int]]:
 def check_parallel_greedy(started, path, tp, pp, options, references):
     """Greedy tokens of a T x P replica equal every list in `references` (T=1, HF); a second
     round of the long prompts hits the prefix cache on every rank and gives the same tokens."""
-    from worker import LLM
+    from infer_cluster.worker import LLM
 
     prompts = make_prompts()
     llm = started.track(LLM(path, tensor_parallel_size=tp, pipeline_parallel_size=pp, **options))

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from protocol import ConfigError, SamplingParams
-from worker import LLM
-from worker.config import EngineConfig
-from worker.engine import DynamicEngine
-from worker.scheduler import SchedulerOutput
-from worker.distributed import DistributedRunner, RankFailedError
+from infer_cluster.protocol import ConfigError, SamplingParams
+from infer_cluster.worker import LLM
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.engine import DynamicEngine
+from infer_cluster.worker.scheduler import SchedulerOutput
+from infer_cluster.worker.distributed import DistributedRunner, RankFailedError
 
 from .conftest import ENGINE, is_running, kill_pids, wait_gone
 
@@ -100,7 +100,7 @@ def test_stopped_rank_counts_as_hung_within_10s(started, dist_checkpoints):
 @pytest.mark.timeout(60)
 def test_rank_dying_at_startup_fails_constructor(started, dist_checkpoints, tmp_path, monkeypatch):
     """Rank 1 gets a checkpoint without weights: it exits while rank 0 waits for it."""
-    import worker.distributed.runner as runner_mod
+    import infer_cluster.worker.distributed.runner as runner_mod
 
     broken = tmp_path / "no_weights"
     broken.mkdir()
@@ -131,7 +131,7 @@ def test_bad_layouts_fail_before_starting_processes(dist_checkpoints):
 
 REPLICA = textwrap.dedent("""
     import sys, time
-    from worker import LLM
+    from infer_cluster.worker import LLM
     llm = LLM(sys.argv[1], tensor_parallel_size=2, pipeline_parallel_size=int(sys.argv[2]),
               block_size=8, num_kv_blocks=32)
     print(" ".join(str(p) for p in llm.engine.runner.rank_pids), flush=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from worker import LLM
+from infer_cluster.worker import LLM
 
 from .conftest import GREEDY, check_parallel_greedy, make_prompts
 
@@ -49,7 +49,7 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
 
 @pytest.mark.timeout(180, method="thread")
 def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints):
-    from protocol import SamplingParams
+    from infer_cluster.protocol import SamplingParams
 
     llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=True,
                             **GPU))

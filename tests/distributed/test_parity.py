@@ -6,7 +6,7 @@ process is gone after close()."""
 
 import pytest
 
-from worker import LLM
+from infer_cluster.worker import LLM
 
 from .conftest import ENGINE, FAMILIES, GREEDY, check_parallel_greedy, make_prompts
 

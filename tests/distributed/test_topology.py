@@ -3,11 +3,11 @@ environment, and the per-step bytes rank 0 sends: plain Python, no processes."""
 
 import pytest
 
-from protocol import ConfigError
-from worker.distributed.step_codec import (DOORBELL_SIZE, Command, StepFormatError, decode_step,
+from infer_cluster.protocol import ConfigError
+from infer_cluster.worker.distributed.step_codec import (DOORBELL_SIZE, Command, StepFormatError, decode_step,
                                            encode_step, pack_doorbell, unpack_doorbell)
-from worker.distributed.topology import DistributedOptions, RankLayout
-from worker.scheduler import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.distributed.topology import DistributedOptions, RankLayout
+from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
 
 
 def test_layout_of_tp2_pp2():

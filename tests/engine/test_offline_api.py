@@ -4,8 +4,8 @@ serving the other requests."""
 
 import pytest
 
-from protocol import (InvalidRequestError, ModelNotFoundError, OutOfMemoryError, SamplingParams)
-from worker import LLM
+from infer_cluster.protocol import (InvalidRequestError, ModelNotFoundError, OutOfMemoryError, SamplingParams)
+from infer_cluster.worker import LLM
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ every request exactly one final delta, frees its KV blocks, and the engine keeps
 
 import pytest
 
-from protocol import SamplingParams
-from worker import LLM
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker import LLM
 
 
 @pytest.fixture(scope="module")

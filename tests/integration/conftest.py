@@ -1,6 +1,6 @@
 """Real clusters for integration tests: coordinator and replicas as processes on loopback.
 
-Owns: `ClusterProcs` (start a coordinator + N `python -m worker` replicas on free ports, wait
+Owns: `ClusterProcs` (start a coordinator + N `python -m infer_cluster.worker` replicas on free ports, wait
 until registered, kill / restart a replica, stop everything), the shared session cluster
 (2 replicas of tiny-random) and the offline reference outputs (the same prompts through
 `worker.LLM` in this process). Every process started here is ended in a `finally`, and each
@@ -20,9 +20,9 @@ from typing import Optional
 
 import pytest
 
-from client import InferenceClient
-from coordinator.launcher import _die_with_parent
-from protocol import SamplingParams
+from infer_cluster.client import InferenceClient
+from infer_cluster.launcher import _die_with_parent
+from infer_cluster.protocol import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 # Small but enough KV for 200 short requests without preemption.
@@ -96,7 +96,7 @@ class ClusterProcs:
 
     def start(self, timeout: float = 180.0) -> "ClusterProcs":
         self.coordinator = spawn(
-            [*self.coordinator_prefix, sys.executable, "-m", "coordinator", "coordinator",
+            [*self.coordinator_prefix, sys.executable, "-m", "infer_cluster", "coordinator",
              "--host", self.host, "--port", str(self.port), "--replica-port",
              str(self.replica_port), *self.coordinator_args], self.log_dir / "coordinator.log")
         for i in range(self.num_replicas):
@@ -107,7 +107,7 @@ class ClusterProcs:
     def start_replica(self, i: int) -> None:
         target = f"tcp://{self.replica_connect_hosts[i]}:{self.replica_port}"
         self.replicas[i] = spawn(
-            [*self.replica_prefixes[i], sys.executable, "-m", "worker", "--coordinator", target,
+            [*self.replica_prefixes[i], sys.executable, "-m", "infer_cluster.worker", "--coordinator", target,
              "--name", f"replica-{i}", "--heartbeat-interval", "0.2", "--coordinator-timeout", "5",
              *self.replica_args], self.log_dir / f"replica-{i}.log")
 
@@ -179,7 +179,7 @@ def offline_reference():
     """`fn(prompts_and_params) -> token id lists` through the offline engine in this process,
     cached per prompt set (one engine for the whole session)."""
     import torch
-    from worker import LLM
+    from infer_cluster.worker import LLM
     llm = LLM("tiny-random", num_kv_blocks=2048, max_num_seqs=256)
     cache: dict = {}
 

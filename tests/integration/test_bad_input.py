@@ -11,9 +11,9 @@ import msgpack
 import pytest
 import zmq
 
-from client import InferenceClient
-from protocol import codec
-from protocol.messages import ClientHello, SubmitRequest
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.messages import ClientHello, SubmitRequest
 
 from .conftest import prompt_set
 
@@ -107,7 +107,7 @@ def test_bad_input_under_load(cluster, offline_reference):
 
 
 def test_engine_refusal_reaches_the_client_as_a_typed_error(cluster):
-    from protocol import InvalidRequestError, SamplingParams
+    from infer_cluster.protocol import InvalidRequestError, SamplingParams
     cluster.wait_replicas(2)
     with InferenceClient(cluster.address) as c:
         too_long = c.submit(list(range(10, 500)) * 5, SamplingParams(max_tokens=4))  # 2450 > 2048

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator", "--log-level", "WARNING", *args],
+    return subprocess.run([sys.executable, "-m", "infer_cluster", "--log-level", "WARNING", *args],
                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -36,7 +36,7 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "serve", "--port", str(port), "--replica-port",
+        [sys.executable, "-m", "infer_cluster", "serve", "--port", str(port), "--replica-port",
          str(free_port()), "--num-kv-blocks", "1024", "--log-dir", str(tmp_path)],
         cwd=REPO, env=child_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = []

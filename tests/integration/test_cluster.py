@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from client import InferenceClient
-from protocol import SamplingParams
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
 
 from .conftest import REPO, child_env, prompt_set
 
@@ -137,8 +137,8 @@ def test_cancel_frees_the_requests_kv_blocks(cluster):
 
 CLIENT_SCRIPT = """
 import sys, time
-from client import InferenceClient
-from protocol import SamplingParams
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
 c = InferenceClient(sys.argv[1])
 hs = [c.submit(list(range(10, 60)), SamplingParams(max_tokens=100000, ignore_eos=True))
       for _ in range(8)]
@@ -230,8 +230,8 @@ def test_logprobs_and_token_prompts_cross_the_cluster(cluster, offline_reference
 
 HOLDING_CLIENT_SCRIPT = """
 import sys, time
-from client import InferenceClient
-from protocol import SamplingParams
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
 c = InferenceClient(sys.argv[1])
 hs = [c.submit("held", SamplingParams(max_tokens=8)) for _ in range(5)]
 while c.status()["coordinator"]["num_in_flight"] < 5:

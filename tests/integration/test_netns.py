@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from client import InferenceClient
-from protocol import SamplingParams
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
 
 from .conftest import ClusterProcs, prompt_set
 

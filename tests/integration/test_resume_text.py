@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import SamplingParams
-from protocol.messages import DispatchRequest
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.protocol.messages import DispatchRequest
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from worker.config import EngineConfig
-    from worker.engine import DynamicEngine
+    from infer_cluster.worker.config import EngineConfig
+    from infer_cluster.worker.engine import DynamicEngine
     return DynamicEngine(EngineConfig(model="tiny-random", num_kv_blocks=256))
 
 
 def _run(engine, rid, prompt, params, resume=None) -> list:
     """Dispatch like the replica server does and return the deltas' (tokens, text)."""
-    from worker.server import EngineServer
+    from infer_cluster.worker.server import EngineServer
     server = EngineServer.__new__(EngineServer)  # only the dispatch path, no sockets
     server.engine, server._prompt_ids = engine, {}
     sent = []

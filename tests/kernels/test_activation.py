@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_ref
-from kernels.activation_triton import silu_and_mul_triton
+from infer_cluster.kernels.activation import silu_and_mul_ref
+from infer_cluster.kernels.activation_triton import silu_and_mul_triton
 from tests.kernels.conftest import tol
 
 

@@ -7,8 +7,8 @@ block point at NaN-filled KV, so any read past seq_lens shows up as NaN in the o
 import pytest
 import torch
 
-from kernels.attention import paged_attention_ref
-from kernels.attention_triton import decode_attention, paged_attention_triton, plan_decode_splits
+from infer_cluster.kernels.attention import paged_attention_ref
+from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton, plan_decode_splits
 from tests.kernels.conftest import tol
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import kernels
+from infer_cluster import kernels
 from tests.kernels.conftest import INTERPRET
 
 
@@ -11,7 +11,7 @@ from tests.kernels.conftest import INTERPRET
 def test_forced_triton_dispatch_matches_refs(monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
     calls = []
-    import kernels.attention_triton as at
+    import infer_cluster.kernels.attention_triton as at
     real = at.paged_attention_triton
     monkeypatch.setattr(at, "paged_attention_triton", lambda *a: calls.append(1) or real(*a))
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.kv_append import kv_append_ref
-from kernels.kv_append_triton import kv_append_triton
+from infer_cluster.kernels.kv_append import kv_append_ref
+from infer_cluster.kernels.kv_append_triton import kv_append_triton
 from tests.kernels.conftest import tol
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.norm import rms_norm_ref
-from kernels.norm_triton import rms_norm_triton
+from infer_cluster.kernels.norm import rms_norm_ref
+from infer_cluster.kernels.norm_triton import rms_norm_triton
 from tests.kernels.conftest import tol
 
 

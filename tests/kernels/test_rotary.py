@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.rotary import apply_rotary_ref, build_rope_cache
-from kernels.rotary_triton import apply_rotary_triton
+from infer_cluster.kernels.rotary import apply_rotary_ref, build_rope_cache
+from infer_cluster.kernels.rotary_triton import apply_rotary_triton
 from tests.kernels.conftest import tol
 
 

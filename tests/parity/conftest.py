@@ -2,7 +2,7 @@
 
 import pytest
 
-from worker.tiny_random import build_checkpoint
+from infer_cluster.worker.tiny_random import build_checkpoint
 
 FAMILIES = {
     # GQA (4 query heads over 2 KV heads), untied LM head

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from protocol import SamplingParams
+from infer_cluster.protocol import SamplingParams
 
 from .test_hf_parity import GREEDY, make_prompts
 
@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager):
     from transformers import AutoModelForCausalLM
 
-    from worker import LLM
+    from infer_cluster.worker import LLM
 
     path = checkpoints["qwen3"]
     prompts = make_prompts()
@@ -34,7 +34,7 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager):
 
 
 def test_bf16_triton_matches_torch_reference():
-    from worker import LLM
+    from infer_cluster.worker import LLM
 
     llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
               num_kv_blocks=2048, enforce_eager=True, max_model_len=4096)
@@ -58,7 +58,7 @@ def test_bf16_triton_matches_torch_reference():
 
 def test_no_allocation_growth_after_start():
     """The KV pool and CUDA graphs are allocated at start; serving allocates nothing new."""
-    from worker import LLM
+    from infer_cluster.worker import LLM
 
     llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
               gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=64)

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from protocol import SamplingParams
-from worker import LLM
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker import LLM
 
 from .conftest import FAMILIES
 

@@ -6,10 +6,10 @@ the harness checks the allocator's invariants after every step.
 
 
 
-from protocol import SamplingParams
-from worker.block_allocator import BlockAllocator
-from worker.request import Request
-from worker.scheduler import Scheduler, SchedulerOutput
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker.block_allocator import BlockAllocator
+from infer_cluster.worker.request import Request
+from infer_cluster.worker.scheduler import Scheduler, SchedulerOutput
 
 EOS = 0
 

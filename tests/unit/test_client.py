@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from client import AsyncInferenceClient, InferenceClient
-from protocol import (InvalidRequestError, NoReplicaError, OverloadedError, RequestStatus,
+from infer_cluster.client import AsyncInferenceClient, InferenceClient
+from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, RequestStatus,
                       SamplingParams)
 
 from .test_coordinator_helpers import AutoReplica, CoordinatorThread, FakeReplica, fake_tokens
@@ -181,7 +181,8 @@ def test_async_client(served):
 
 
 def test_client_coordinator_and_protocol_never_import_torch():
-    code = ("import sys, coordinator.cli, coordinator.server, client, protocol.codec; "
+    code = ("import sys, infer_cluster.cli, infer_cluster.coordinator.server, infer_cluster.client, "
+            "infer_cluster.protocol.codec; from infer_cluster import InferenceClient, SamplingParams; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from protocol import InvalidRequestError, SamplingParams
-from protocol.errors import ERRORS_BY_CODE, OutOfMemoryError, error_from_code
-from worker.config import ConfigError, EngineConfig
+from infer_cluster.protocol import InvalidRequestError, SamplingParams
+from infer_cluster.protocol.errors import ERRORS_BY_CODE, OutOfMemoryError, error_from_code
+from infer_cluster.worker.config import ConfigError, EngineConfig
 
 # -- SamplingParams --------------------------------------------------------------------------
 

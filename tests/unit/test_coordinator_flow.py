@@ -12,11 +12,11 @@ import time
 import msgpack
 import pytest
 
-from coordinator.backend import BACK_HANDLERS
-from coordinator.frontend import FRONT_HANDLERS
-from protocol import codec
-from protocol.kinds import ConnectionKind, ControlKind, LifecycleKind, ReplyKind, RequestKind
-from protocol.messages import (CancelRequest, ClientHello, ControlRequest, DeltaPayload, Heartbeat,
+from infer_cluster.coordinator.backend import BACK_HANDLERS
+from infer_cluster.coordinator.frontend import FRONT_HANDLERS
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.kinds import ConnectionKind, ControlKind, LifecycleKind, ReplyKind, RequestKind
+from infer_cluster.protocol.messages import (CancelRequest, ClientHello, ControlRequest, DeltaPayload, Heartbeat,
                                Hello, ReplicaCapacity, StatusRequest, StepOutput, SubmitRequest)
 
 from .test_coordinator_helpers import CoordinatorThread, FakeReplica, RawClient, fake_tokens
@@ -74,7 +74,7 @@ def test_handler_tables_cover_every_kind_a_peer_sends():
                      ReplyKind.STEP_OUTPUT, LifecycleKind.REPLICA_STATE}
     assert client_kinds <= set(FRONT_HANDLERS)
     assert replica_kinds <= set(BACK_HANDLERS)
-    from worker.replica_io import ENGINE_COMMANDS
+    from infer_cluster.worker.replica_io import ENGINE_COMMANDS
     assert ENGINE_COMMANDS == {RequestKind.DISPATCH, RequestKind.ABORT, ControlKind.PAUSE,
                                ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN}
 

@@ -13,10 +13,10 @@ import time
 
 import zmq
 
-from coordinator.config import CoordinatorConfig
-from coordinator.server import Coordinator
-from protocol import codec
-from protocol.messages import (DeltaPayload, Goodbye, Heartbeat, Hello, ReplicaCapacity,
+from infer_cluster.coordinator.config import CoordinatorConfig
+from infer_cluster.coordinator.server import Coordinator
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.messages import (DeltaPayload, Goodbye, Heartbeat, Hello, ReplicaCapacity,
                                ReplicaLoad, StepOutput)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.registry import REPLICA_TRANSITIONS, ReplicaRegistry
-from coordinator.requests import (REQUEST_STATE_TRANSITIONS, RequestState, RequestTable,
+from infer_cluster.coordinator.config import CoordinatorConfig
+from infer_cluster.coordinator.registry import REPLICA_TRANSITIONS, ReplicaRegistry
+from infer_cluster.coordinator.requests import (REQUEST_STATE_TRANSITIONS, RequestState, RequestTable,
                                   estimate_prompt_tokens)
-from protocol import SamplingParams
-from protocol.messages import Hello, ReplicaCapacity, ReplicaState
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.protocol.messages import Hello, ReplicaCapacity, ReplicaState
 
 
 def _hello(name="r0", model="m"):

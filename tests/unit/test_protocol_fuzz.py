@@ -12,10 +12,10 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import ProtocolError
-from protocol import codec
-from protocol.kinds import ALL_KINDS, PROTOCOL_VERSION
-from protocol.messages import MESSAGE_TYPES, Message
+from infer_cluster.protocol import ProtocolError
+from infer_cluster.protocol import codec
+from infer_cluster.protocol.kinds import ALL_KINDS, PROTOCOL_VERSION
+from infer_cluster.protocol.messages import MESSAGE_TYPES, Message
 
 from .test_protocol_messages import EXAMPLES
 

@@ -7,12 +7,12 @@ import enum
 import msgpack
 import pytest
 
-from protocol import ProtocolError, RequestDelta
-from protocol import codec
-from protocol import kinds
-from protocol.kinds import (ALL_KINDS, KIND_RANGES, PROTOCOL_VERSION, ConnectionKind, ControlKind,
+from infer_cluster.protocol import ProtocolError, RequestDelta
+from infer_cluster.protocol import codec
+from infer_cluster.protocol import kinds
+from infer_cluster.protocol.kinds import (ALL_KINDS, KIND_RANGES, PROTOCOL_VERSION, ConnectionKind, ControlKind,
                             LifecycleKind, ReplyKind, RequestKind)
-from protocol.messages import (MESSAGE_TYPES, AbortRequest, CancelRequest, ClientHello,
+from infer_cluster.protocol.messages import (MESSAGE_TYPES, AbortRequest, CancelRequest, ClientHello,
                                ControlReply, ControlRequest, DeltaPayload, DeltaReply,
                                DispatchRequest, Drain, ErrorInfo, ErrorReply, Goodbye, Heartbeat,
                                HeartbeatAck, Hello, HelloAck, Message, Pause, Ping, Pong,
@@ -213,7 +213,7 @@ def test_peek_request_id():
     (RequestDelta(request_id="c", finish_reason="error", error={"code": "engine", "message": "x"}), []),
 ])
 def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
-    from protocol.messages import delta_wire
+    from infer_cluster.protocol.messages import delta_wire
     assert delta_wire(delta, prompt_ids) == DeltaPayload.from_delta(delta, prompt_ids).to_dict()
     sent = codec.encode(StepOutput(deltas=[delta_wire(delta, prompt_ids)]))
     assert codec.decode(sent).deltas[0] == DeltaPayload.from_delta(delta, prompt_ids)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.routing import (ROUTING_POLICIES, LeastLoadPolicy, PrefixAffinityPolicy,
+from infer_cluster.coordinator.routing import (ROUTING_POLICIES, LeastLoadPolicy, PrefixAffinityPolicy,
                                  RoundRobinPolicy, RoutingInfo, make_policy, prefix_chain_hashes)
 
 

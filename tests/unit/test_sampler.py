@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from protocol.sampling_params import SamplingParams
-from worker.sampler import Sampler, SamplerOutput, SamplingRequestState
+from infer_cluster.protocol.sampling_params import SamplingParams
+from infer_cluster.worker.sampler import Sampler, SamplerOutput, SamplingRequestState
 
 # chi2.ppf(0.999, df) for df = 1..7 (standard tables).
 CHI2_CRIT_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}

@@ -5,9 +5,9 @@ workloads are in test_scheduler_lifecycle.py.
 
 
 
-from protocol import RequestStatus
-from worker.block_allocator import hash_full_blocks
-from worker.scheduler import ScheduledRequest
+from infer_cluster.protocol import RequestStatus
+from infer_cluster.worker.block_allocator import hash_full_blocks
+from infer_cluster.worker.scheduler import ScheduledRequest
 
 from .scheduler_harness import Harness, prompt_of, summary
 

@@ -7,8 +7,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from protocol import OutOfMemoryError, RequestStatus, SamplingParams
-from worker.request import Request
+from infer_cluster.protocol import OutOfMemoryError, RequestStatus, SamplingParams
+from infer_cluster.worker.request import Request
 
 from .scheduler_harness import EOS, Harness, prompt_of, summary
 

@@ -1,6 +1,6 @@
 """Rank 0's side of the rank processes: start them, watch them, ring their doorbells, end them.
 
-Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m worker.distributed.rank_main`,
+Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
 never a fork of this process, which may hold CUDA), the two pipes per rank (its stdin is the
 doorbell rank 0 writes step / shutdown frames to, and whose EOF tells the rank that rank 0 is
 gone; a heartbeat pipe it writes a byte to every `heartbeat_interval_s`), and `RankMonitor`, a
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from protocol import EngineError
+from infer_cluster.protocol import EngineError
 
 from .step_codec import Command, pack_doorbell
 from .topology import DistributedOptions
@@ -74,7 +74,7 @@ def spawn_rank(rank: int, bootstrap: dict, options: DistributedOptions,
     args = dict(bootstrap, rank=rank, heartbeat_fd=hb_write, parent_pid=os.getpid(),
                 options=options.to_dict())
     try:
-        popen = subprocess.Popen([sys.executable, "-m", "worker.distributed.rank_main", json.dumps(args)],
+        popen = subprocess.Popen([sys.executable, "-m", "infer_cluster.worker.distributed.rank_main", json.dumps(args)],
                                  stdin=subprocess.PIPE, pass_fds=(hb_write,), env=env, close_fds=True)
     except Exception:
         os.close(hb_read)

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from protocol.errors import ConfigError
+from infer_cluster.protocol.errors import ConfigError
 
 from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype

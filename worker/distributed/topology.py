@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from protocol.errors import ConfigError
+from infer_cluster.protocol.errors import ConfigError
 
 
 @dataclass(frozen=True)

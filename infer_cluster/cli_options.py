@@ -1,7 +1,7 @@
 """Option groups shared by the `infer-cluster` commands.
 
 Owns: the engine flags (one per `EngineConfig` field, generated, so new engine options appear
-without edits), the coordinator flags, and forwarding given engine flags to `python -m worker`.
+without edits), the coordinator flags, and forwarding given engine flags to `python -m infer_cluster.worker`.
 Never imports torch (`worker.config` is torch-free by contract).
 """
 
@@ -11,9 +11,9 @@ import dataclasses
 
 import click
 
-from worker.config import EngineConfig
+from infer_cluster.worker.config import EngineConfig
 
-from .routing import ROUTING_POLICIES
+from infer_cluster.coordinator.routing import ROUTING_POLICIES
 
 
 class CliError(click.ClickException):
@@ -28,7 +28,7 @@ def _engine_type(f: dataclasses.Field):
     if "bool" in t:
         return bool
     if "list" in t:
-        return str  # comma-separated integers, parsed by EngineConfig / `python -m worker`
+        return str  # comma-separated integers, parsed by EngineConfig / `python -m infer_cluster.worker`
     if "int" in t:
         return int
     if "float" in t:
@@ -59,7 +59,7 @@ def given_engine_options(kwargs: dict) -> dict:
 
 
 def engine_argv(options: dict) -> list[str]:
-    """Given engine options -> `python -m worker` flags."""
+    """Given engine options -> `python -m infer_cluster.worker` flags."""
     argv = []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")

@@ -97,7 +97,7 @@ class ClusterLauncher:
     def start(self, ready_timeout: float) -> dict:
         """Start everything; return the cluster status once all replicas registered.
         Raises RuntimeError (with the reason) if that does not happen in `ready_timeout`."""
-        from client import InferenceClient
+        from infer_cluster.client import InferenceClient
         deadline = time.monotonic() + ready_timeout
         self.coordinator.start(self.env)
         for child, env in zip(self.replicas, self.replica_envs):

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from protocol import InferClusterError, SamplingParams
+from infer_cluster.protocol import InferClusterError, SamplingParams
 
 from .cli_options import CliError, engine_options, given_engine_options
 
@@ -23,7 +23,7 @@ address_option = click.option("--address", default=DEFAULT_ADDRESS, show_default
 
 
 def _client(address: str):
-    from client import InferenceClient
+    from infer_cluster.client import InferenceClient
     return InferenceClient(address, name="cli")
 
 
@@ -152,7 +152,7 @@ def _generate_online(address, prompts, params) -> None:
 
 
 def _generate_offline(prompts, params, engine) -> None:
-    from worker import LLM  # loads torch: this form runs the engine here
+    from infer_cluster.worker import LLM  # loads torch: this form runs the engine here
     llm = LLM(**engine)
     if len(prompts) > 1:
         _print_outputs(prompts, llm.generate(prompts, params, use_tqdm=True))

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from protocol import SamplingParams
+from infer_cluster.protocol import SamplingParams
 
 
 @dataclass

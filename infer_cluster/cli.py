@@ -20,11 +20,13 @@ import sys
 
 import click
 
-from worker.config import EngineConfig
+from infer_cluster import __version__
+
+from infer_cluster.worker.config import EngineConfig
 
 from .cli_options import (CliError, coordinator_options, engine_argv, engine_options,
                           given_engine_options)
-from .config import CoordinatorConfig
+from infer_cluster.coordinator.config import CoordinatorConfig
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
@@ -37,6 +39,8 @@ def _setup_logging(level: str) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.version_option(__version__, "--version", prog_name="infer-cluster",
+                      message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx, log_level):
     """infer-cluster: a ZMQ-distributed LLM serving cluster.
@@ -150,8 +154,8 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
     client_address = f"tcp://{host}:{cfg.port}"
     replica_envs = _replica_envs(dict(os.environ), data_parallel_size, engine)
     launcher = ClusterLauncher(
-        python_module_argv("coordinator", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
-        [python_module_argv("worker", "--coordinator", replica_address, "--name", f"replica-{i}",
+        python_module_argv("infer_cluster", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
+        [python_module_argv("infer_cluster.worker", "--coordinator", replica_address, "--name", f"replica-{i}",
                             "--log-level", level, "--drain-timeout", str(cfg.drain_timeout),
                             *engine_argv(engine))
          for i in range(data_parallel_size)],
@@ -185,7 +189,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
 @coordinator_options
 def coordinator(**kw):
     """Run only the coordinator (for multi-host: replicas connect from other machines)."""
-    from .server import Coordinator
+    from infer_cluster.coordinator.server import Coordinator
     cfg = _coordinator_config(kw)
     try:
         coord = Coordinator(cfg)
@@ -211,7 +215,7 @@ def coordinator(**kw):
 def replica(coordinator_address, name, drain_timeout, **kw):
     """Run one replica (an engine) that registers with a coordinator."""
     import socket
-    from worker.server import ServerConfig, run_replica  # loads torch: replicas need it
+    from infer_cluster.worker.server import ServerConfig, run_replica  # loads torch: replicas need it
     name = name or f"replica-{socket.gethostname()}-{os.getpid()}"
     try:
         server_cfg = ServerConfig(coordinator=coordinator_address, name=name,
