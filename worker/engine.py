@@ -1,11 +1,13 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
 Owns: request admission (validation → `Request`), the step loop
-(schedule → run → sample → update → deltas), per-request sampling generators and incremental
-detokenizers, aborts, and stats. Scheduling and block bookkeeping live in `Scheduler` /
+(schedule → run → sample → update → deltas), per-request sampling generators, aborts, and
+stats. Text is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py)
+turns them into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
+replica's text thread (`detokenize=False`; the server feeds stops back via `stop_requests`). Scheduling and block bookkeeping live in `Scheduler` /
 `BlockAllocator` (plain Python); tensors live in `ModelRunner`. Single-threaded: callers (the
 offline `LLM`, the replica server's engine loop) drive it from one thread.
-To extend: new per-request behaviour goes into `_post_process`; new per-step work into
+To extend: new per-request behaviour goes into `_emit` (text: `TextStage`); new per-step work into
 `ModelRunner`; keep `step()` about ten lines.
 """
 
@@ -24,13 +26,14 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
 
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer, byte_level_table
+from .detokenizer import byte_level_table
 from .loader import load_hf_config, load_tokenizer, resolve_model_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
 from .sampler import Sampler, SamplingRequestState
 from .scheduler import Scheduler, SchedulerOutput
+from .text_stage import TextStage
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ def _eos_ids(hf_config, tokenizer) -> tuple[int, ...]:
 
 
 class DynamicEngine:
-    def __init__(self, config: EngineConfig, runner_factory=None):
+    def __init__(self, config: EngineConfig, runner_factory=None, detokenize: bool = True):
         self.config = config
         self.model_path = resolve_model_path(config.model)
         self.model_name = config.model
@@ -60,7 +63,9 @@ class DynamicEngine:
             raise InvalidRequestError(str(exc)) from None
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
-        self._byte_table = byte_level_table(self.tokenizer)
+        self.byte_table = byte_level_table(self.tokenizer)
+        # detokenize=False: the caller runs its own TextStage (see `text_stage.TextWorker`).
+        self.text: Optional[TextStage] = TextStage(self.tokenizer, self.byte_table) if detokenize else None
         if runner_factory is None and config.world_size > 1:
             from .distributed import DistributedRunner
             runner_factory = DistributedRunner
@@ -75,7 +80,6 @@ class DynamicEngine:
         self._sample_device = self.runner.device
         self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
         self._generators: dict[str, torch.Generator] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
         self._arrivals = itertools.count()
@@ -126,13 +130,8 @@ class DynamicEngine:
                 for _ in resume:
                     torch.empty(self.spec.vocab_size, device=gen.device).exponential_(generator=gen)
             self._generators[request_id] = gen
-        detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, byte_table=self._byte_table)
-        for token in resume:
-            # Replay the delivered tokens one push at a time, as the lost replica did: text it
-            # held back (half a UTF-8 character, a possible stop-string start) was never
-            # delivered and must come out with the first new token.
-            detok.push([token])
-        self._detok[request_id] = detok
+        if self.text is not None:
+            self.text.add(request_id, ids, params.stop, resume)
         return request_id
 
     def prompt_token_ids(self, request_id: str) -> list[int]:
@@ -160,8 +159,19 @@ class DynamicEngine:
         req = self.scheduler.abort(request_id)
         if req is None:
             return False
-        self._pending.append(self._final_delta(req, self._drop_state(req.request_id)))
+        self._drop_state(req.request_id)
+        self._pending.append(self._final_delta(req))
         return True
+
+    def stop_requests(self, request_ids: Sequence[str]) -> None:
+        """End requests whose text hit a stop string (reported by a `TextStage`). Each still
+        running gets its final delta with the next step; that final is the stage's to swallow."""
+        for rid in request_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is not None and not req.is_finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
+                self._drop_state(rid)
+                self._pending.append(self._final_delta(req))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
@@ -178,15 +188,24 @@ class DynamicEngine:
             if not out.is_empty:
                 sampled, logprobs = self._timed("forward_and_sample", self._run, out)
                 advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
-                self._timed("detokenize", self._post_process_all, advanced, logprobs, deltas)
+                self._emit_all(advanced, logprobs, deltas)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             self._fail(out, exc)
             deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
         if self.scheduler.failed_at_admission:
             failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
-            deltas.extend(self._final_delta(req, self._drop_state(req.request_id))
-                          for req in failed if req.request_id in self._requests)
+            for req in failed:
+                if req.request_id in self._requests:
+                    self._drop_state(req.request_id)
+                    deltas.append(self._final_delta(req))
+        if self.text is not None:
+            deltas = self._timed("detokenize", self._detokenize, deltas)
+        return deltas
+
+    def _detokenize(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
+        deltas, stops = self.text.process(deltas)
+        self.stop_requests(stops)  # freed now: the next schedule sees their blocks
         return deltas
     def _timed(self, phase: str, fn, *args):
         """Run one phase of the step and add its wall time to `stats()["step_seconds"]`."""
@@ -205,30 +224,22 @@ class DynamicEngine:
         result = self.sampler(logits, rows)
         return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
-    def _post_process(self, req: Request, logprob) -> RequestDelta:
-        """Detokenize the new token, apply stop strings, and build the delta."""
+    def _emit(self, req: Request, logprob) -> RequestDelta:
+        """The raw delta of one request that advanced: new token ids, logprobs, finish info.
+        Token counts ride on every delta: text may end the request at any of them."""
         self._num_generated += 1
         new_ids = req.output_token_ids[req.num_emitted_tokens:]
         req.num_emitted_tokens = len(req.output_token_ids)
-        text, stopped = self._detok[req.request_id].push(new_ids, final=req.is_finished)
-        if stopped and not req.is_finished:
-            self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
-        elif stopped:
-            # The stop string completed on the token that also hit max_tokens / max_model_len:
-            # the text was cut at the stop string, so "stop" is what ended it (as in vLLM).
-            req.finish_reason = FinishReason.STOP.value
-        delta = RequestDelta(req.request_id, new_ids, text,
-                             [logprob] if logprob is not None else None)
+        delta = RequestDelta(req.request_id, new_ids, "", [logprob] if logprob is not None else None,
+                             None, None, req.num_prompt_tokens, req.num_cached_tokens)
         if req.is_finished:
-            delta.text += self._drop_state(req.request_id)
             delta.finish_reason = req.finish_reason
-            delta.num_prompt_tokens = req.num_prompt_tokens
-            delta.num_cached_tokens = req.num_cached_tokens
+            self._drop_state(req.request_id)
         return delta
 
-    def _post_process_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
+    def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
         for req in advanced:  # appended one by one: a failure keeps what was already built
-            deltas.append(self._post_process(req, logprobs.get(req.request_id)))
+            deltas.append(self._emit(req, logprobs.get(req.request_id)))
 
     def _fail(self, out: Optional[SchedulerOutput], exc: Exception) -> None:
         """End the step's scheduled requests (all requests if scheduling itself failed) as
@@ -243,18 +254,20 @@ class DynamicEngine:
     def _unreported_finals(self) -> list[RequestDelta]:
         """Final deltas of requests that ended without one in a failed step. Finished requests
         that were reported have no state left."""
-        return [self._final_delta(req, self._drop_state(rid))
-                for rid, req in list(self._requests.items()) if req.is_finished]
+        finals = []
+        for rid, req in list(self._requests.items()):
+            if req.is_finished:
+                self._drop_state(rid)
+                finals.append(self._final_delta(req))
+        return finals
 
-    def _final_delta(self, req: Request, text: str) -> RequestDelta:
-        return RequestDelta(req.request_id, [], text, None, req.finish_reason, req.error,
+    def _final_delta(self, req: Request) -> RequestDelta:
+        return RequestDelta(req.request_id, [], "", None, req.finish_reason, req.error,
                             req.num_prompt_tokens, req.num_cached_tokens)
 
-    def _drop_state(self, request_id: str) -> str:
+    def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         self._generators.pop(request_id, None)
-        detok = self._detok.pop(request_id, None)
-        return detok.flush() if detok is not None else ""
 
     def close(self) -> None:
         """Release the runner's processes (tensor/pipeline-parallel ranks); idempotent."""

@@ -6,8 +6,12 @@ Owns: the replica's two threads and what crosses between them.
     detection. It never calls the engine; it hands decoded commands to the engine loop through
     a queue and forwards the loop's encoded outputs.
   * Engine loop (the caller of `serve_forever`): admits DISPATCHed requests, aborts, runs
-    `engine.step()` and sends every step's deltas as one STEP_OUTPUT, applies PAUSE / RESUME /
-    DRAIN / SHUTDOWN. It blocks on its queue only while it has nothing to step, so socket work
+    `engine.step()` and hands every step's raw deltas (token ids, no text) to the text thread,
+    applies PAUSE / RESUME / DRAIN / SHUTDOWN.
+  * Text thread (`TextWorker`, `worker/text_stage.py`): detokenizes, applies stop strings, and
+    encodes and sends each step's deltas as one STEP_OUTPUT, so tokenizer cost stays off the
+    step. Stop strings come back to the engine loop, which ends those requests before the
+    step after next (at most one step of tokens is computed and dropped). It blocks on its queue only while it has nothing to step, so socket work
     never stalls a step and an idle replica does not spin.
 Never trusts the wire: requests are re-validated (`SamplingParams.from_dict`, engine checks) and
 a bad one ends with an error delta instead of taking the loop down.
@@ -27,14 +31,16 @@ from typing import Optional
 
 from infer_cluster.protocol import EngineError, InferClusterError, SamplingParams
 from infer_cluster.protocol.kinds import ControlKind, RequestKind
-from infer_cluster.protocol.messages import (DeltaPayload, DispatchRequest, ReplicaLoad, ReplicaState,
+from infer_cluster.protocol.messages import (DispatchRequest, ReplicaLoad, ReplicaState,
                                ReplicaStateChange, StepOutput, delta_wire)
 
 from .replica_io import REREGISTERED, ReplicaIO
+from .text_stage import TextStage, TextWorker
 
 log = logging.getLogger("infer_cluster.replica")
 
 _WAKE = "wake"  # inbox item that only interrupts an idle wait
+_DISCARD = object()  # text-thread batch whose output nobody wants (only its state is dropped)
 LOAD_READ_INTERVAL = 0.05  # seconds between engine.stats() reads while stepping
 
 
@@ -68,6 +74,12 @@ class EngineServer:
                             context=context)
         self._load = self._read_load()
         self._prompt_ids: dict[str, list] = {}  # sent with each request's first delta
+        # An engine that makes its own text (detokenize=True) is served as is; otherwise text
+        # runs on its own thread here.
+        self.text: Optional[TextWorker] = None
+        if getattr(engine, "text", None) is None:
+            self.text = TextWorker(TextStage(engine.tokenizer, engine.byte_table), self._send_deltas,
+                                   name=f"text-{config.name}")
         self._stop_requested = False
         self._stop_graceful = True
         self._stop_deadline: Optional[float] = None
@@ -100,6 +112,8 @@ class EngineServer:
     def serve_forever(self) -> str:
         """Run until SHUTDOWN, a stop request, or a fatal refusal; returns why it stopped."""
         self.io.start()
+        if self.text is not None:
+            self.text.start()
         log.info("replica %s serving %s; connecting to %s", self.config.name,
                  self.engine.model_name, self.config.coordinator)
         try:
@@ -111,6 +125,9 @@ class EngineServer:
                 self._drain_inbox(block=not busy)
                 if self.io.fatal_error:
                     self.exit_reason = self.io.fatal_error
+                    break
+                if self.text is not None and self.text.error is not None:
+                    self.exit_reason = f"text thread failed: {self.text.error}"
                     break
                 if self.state is not ReplicaState.PAUSED and self.engine.has_unfinished_requests():
                     self._step()
@@ -150,6 +167,11 @@ class EngineServer:
                 return
 
     def _step(self) -> None:
+        if self.text is not None:
+            self.text.wait_until_behind(1)
+            stops = self.text.take_stops()
+            if stops:
+                self.engine.stop_requests(stops)
         t0 = time.perf_counter()
         try:
             deltas = self.engine.step()
@@ -165,12 +187,35 @@ class EngineServer:
             self._load = self._read_load()
             self._next_load_read = t1 + LOAD_READ_INTERVAL
         if deltas:
-            pop = self._prompt_ids.pop
-            self.io.send(StepOutput(deltas=[delta_wire(d, pop(d.request_id, None)) for d in deltas],
-                                    load=self._load))
+            self._output(deltas)
         # What serving adds to each step, reported at exit: should stay a few % of step time.
         self.seconds_in_engine += t1 - t0
         self.seconds_in_server += time.perf_counter() - t1
+
+    def _output(self, deltas: list) -> None:
+        """Hand deltas on: to the text thread (which sends them), or straight out."""
+        if self.text is not None:
+            self.text.submit(deltas, self._load)
+        else:
+            self._send_deltas(deltas, self._load)
+
+    def _send_deltas(self, deltas: list, load) -> None:
+        if load is _DISCARD:
+            return
+        pop = self._prompt_ids.pop
+        self.io.send(StepOutput(deltas=[delta_wire(d, pop(d.request_id, None)) for d in deltas],
+                                load=load if load is not None else self._load))
+
+    def _discard_engine_finals(self) -> None:
+        """Step once to collect the engine's finals of requests already answered (or that nobody
+        tracks any more); the text stage still sees them so its per-request state goes too."""
+        try:
+            deltas = self.engine.step()
+        except Exception:
+            log.exception("engine step raised while discarding finals")
+            return
+        if self.text is not None and deltas:
+            self.text.submit(deltas, _DISCARD)
 
     def _fail_all(self, error: InferClusterError) -> list:
         from infer_cluster.protocol import RequestDelta
@@ -178,10 +223,12 @@ class EngineServer:
         for rid in list(self._active_request_ids()):
             self.engine.abort(rid)
             deltas.append(RequestDelta(request_id=rid, finish_reason="error", error=error.to_dict()))
-        try:
-            self.engine.step()  # collect (and discard) the engine's own abort finals
-        except Exception:
-            log.exception("engine step raised again while failing requests")
+        if self.text is not None:
+            # The error finals go out first; the text stage then ends these requests, and the
+            # engine's own abort finals below find nothing left to report.
+            self.text.submit(deltas, self._load)
+            deltas = []
+        self._discard_engine_finals()
         return deltas
 
     def _active_request_ids(self) -> list:
@@ -206,8 +253,7 @@ class EngineServer:
     # ------------------------------------------------------------------ handlers
 
     def _send_error(self, request_id: str, error: InferClusterError) -> None:
-        self.io.send(StepOutput(deltas=[DeltaPayload.from_delta(
-            _error_delta(request_id, error))], load=self._load))
+        self._output([_error_delta(request_id, error)])  # in order with the step outputs
 
     def _on_dispatch(self, msg: DispatchRequest) -> None:
         try:
@@ -224,6 +270,8 @@ class EngineServer:
             self._send_error(msg.request_id, EngineError(f"{type(exc).__name__}: {exc}"))
             return
         self._prompt_ids[rid] = self.engine.prompt_token_ids(rid)
+        if self.text is not None:
+            self.text.add(rid, self._prompt_ids[rid], params.stop, msg.resume_token_ids or ())
         if msg.resume_token_ids:
             log.info("resuming request %s after %d delivered token(s)", rid, len(msg.resume_token_ids))
 
@@ -268,7 +316,7 @@ class EngineServer:
         self._prompt_ids.clear()
         if ids:
             log.warning("dropped %d request(s) after re-registering (%s)", len(ids), msg)
-            self.engine.step()  # discard their abort finals: nobody tracks these ids any more
+            self._discard_engine_finals()  # nobody tracks these ids any more
 
     def _check_drained(self) -> None:
         if self.state is ReplicaState.DRAINING and not self.engine.has_unfinished_requests():
@@ -282,6 +330,10 @@ class EngineServer:
         if n:
             log.warning("exiting with %d request(s) in flight; the coordinator re-routes them", n)
         self.state = ReplicaState.STOPPING
+        if self.text is not None:
+            if not self.text.flush(timeout=5.0):
+                log.warning("text thread did not finish its queue within 5 s")
+            self.text.close()
         self.io.stop(goodbye=reason)
         log.info("replica %s stopped: %s (%d steps; %.2f s in engine.step, %.2f s sending outputs)",
                  self.config.name, reason, self.num_steps, self.seconds_in_engine,
@@ -318,7 +370,7 @@ def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
     started = time.monotonic()
     try:
         from .engine import DynamicEngine
-        engine = DynamicEngine(config)
+        engine = DynamicEngine(config, detokenize=False)
     except InferClusterError as exc:
         log.error("cannot start the engine: %s", exc)
         return 2

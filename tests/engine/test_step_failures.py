@@ -55,21 +55,45 @@ def test_failed_step_ends_every_request_once(llm, monkeypatch, target, after):
     assert out.finish_reason == "length" and len(out.token_ids) == 4
 
 
-def test_detokenize_failure_keeps_finals_already_built(llm, monkeypatch):
+def test_delta_failure_keeps_finals_already_built(llm, monkeypatch):
     rids = [llm.add_request([5, 6, 7], greedy(1)), llm.add_request([8, 9], greedy(1)),
             llm.add_request([10, 11], greedy(20))]
-    real = llm.engine._post_process
+    real = llm.engine._emit
     calls = {"n": 0}
 
     def flaky(req, logprob):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise RuntimeError("injected detokenizer failure")
+            raise RuntimeError("injected delta failure")
         return real(req, logprob)
 
-    monkeypatch.setattr(llm.engine, "_post_process", flaky)
+    monkeypatch.setattr(llm.engine, "_emit", flaky)
     finals = drain(llm, rids)
     assert finals == {rid: 1 for rid in rids}
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_detokenizer_failure_ends_only_that_request(llm, monkeypatch):
+    """A tokenizer that raises on one request's tokens ends that request with an error final;
+    the engine stops computing it and the others finish normally."""
+    rids = [llm.add_request([5, 6, 7], greedy(6)), llm.add_request([8, 9], greedy(6))]
+    bad = llm.engine.text._detok[rids[0]]
+
+    def broken(token_ids, final=False):
+        raise UnicodeError("injected tokenizer failure")
+
+    monkeypatch.setattr(bad, "push", broken)
+    outs = {}
+    for _ in range(20):
+        for d in llm.step():
+            if d.finish_reason is not None:
+                assert d.request_id not in outs
+                outs[d.request_id] = d
+        if not llm.has_unfinished_requests():
+            break
+    assert outs[rids[0]].finish_reason == "error" and "injected" in outs[rids[0]].error["message"]
+    assert outs[rids[1]].finish_reason == "length"
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 

@@ -28,7 +28,7 @@ def _run(engine, rid, prompt, params, resume=None) -> list:
     """Dispatch like the replica server does and return the deltas' (tokens, text)."""
     from infer_cluster.worker.server import EngineServer
     server = EngineServer.__new__(EngineServer)  # only the dispatch path, no sockets
-    server.engine, server._prompt_ids = engine, {}
+    server.engine, server._prompt_ids, server.text = engine, {}, None  # the engine makes its text
     sent = []
     server._send_error = lambda request_id, error: sent.append(error)
     server._on_dispatch(DispatchRequest(request_id=rid, prompt=prompt,

@@ -1,0 +1,115 @@
+"""Text off the step: a `TextWorker` thread one step behind the engine gives the client exactly
+what the inline engine gives (tokens, text, finish reason, one final per request), and a
+request stopped by a stop string costs at most one extra engine step."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer_cluster.protocol import RequestOutput, SamplingParams
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.engine import DynamicEngine
+from infer_cluster.worker.text_stage import TextStage, TextWorker
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPTS = ["Once upon a time", "The quick brown fox", "Hello", "In a hole in the ground", "Numbers: 1 2 3"]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    inline = DynamicEngine(EngineConfig(model="tiny-random", num_kv_blocks=256))
+    raw = DynamicEngine(EngineConfig(model="tiny-random", num_kv_blocks=256), detokenize=False)
+    return inline, raw
+
+
+def _inline_outputs(engine, params_list):
+    outs = {}
+    for i, (prompt, params) in enumerate(zip(PROMPTS, params_list)):
+        rid = engine.add_request(prompt, params, request_id=f"r{i}")
+        outs[rid] = RequestOutput(rid, engine.prompt_token_ids(rid))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            outs[d.request_id].apply(d)
+            if d.finish_reason is not None:
+                finals[d.request_id] = finals.get(d.request_id, 0) + 1
+    return outs, finals
+
+
+def _threaded_outputs(engine, params_list):
+    outs, finals, steps_after_final = {}, {}, {}
+    def emit(deltas, _extra):
+        for d in deltas:
+            outs[d.request_id].apply(d)
+            if d.finish_reason is not None:
+                finals[d.request_id] = finals.get(d.request_id, 0) + 1
+    worker = TextWorker(TextStage(engine.tokenizer, engine.byte_table), emit)
+    worker.start()
+    try:
+        for i, (prompt, params) in enumerate(zip(PROMPTS, params_list)):
+            rid = engine.add_request(prompt, params, request_id=f"r{i}")
+            outs[rid] = RequestOutput(rid, engine.prompt_token_ids(rid))
+            worker.add(rid, engine.prompt_token_ids(rid), params.stop, ())
+        while engine.has_unfinished_requests():
+            assert worker.wait_until_behind(1)
+            engine.stop_requests(worker.take_stops())
+            running = set(engine.scheduler.requests)
+            for rid in running:
+                if rid in finals:  # the client already has its final: this step is waste
+                    steps_after_final[rid] = steps_after_final.get(rid, 0) + 1
+            worker.submit(engine.step())
+        assert worker.flush(5.0)
+        assert worker.error is None
+        assert len(worker.stage) == 0, "text state left behind"
+    finally:
+        worker.close()
+    return outs, finals, steps_after_final
+
+
+def _params(stops):
+    return [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, stop=s)
+            for m, s in zip((24, 30, 8, 16, 20), stops)]
+
+
+@pytest.mark.parametrize("stop_of", ["none", "first_chars", "mixed"])
+def test_threaded_text_equals_inline(engines, stop_of):
+    inline, raw = engines
+    # Stop strings taken from each prompt's own greedy output, so they really fire.
+    base, _ = _inline_outputs(inline, _params([[]] * 5))
+    texts = [base[f"r{i}"].text for i in range(5)]
+    if stop_of == "none":
+        stops = [[]] * 5
+    elif stop_of == "first_chars":
+        stops = [[t[3:6]] if len(t) > 6 else [] for t in texts]
+    else:  # one on the last token's text (the max_tokens edge), one never found, one early
+        stops = [[texts[0][-2:]], ["zzzz never"], [texts[2][1:3]], [], [texts[4][5:7], "qq"]]
+    params = _params(stops)
+    want, want_finals = _inline_outputs(inline, params)
+    got, got_finals, waste = _threaded_outputs(raw, params)
+    assert got_finals == want_finals == {f"r{i}": 1 for i in range(5)}
+    for rid in want:
+        assert got[rid].token_ids == want[rid].token_ids, rid
+        assert got[rid].text == want[rid].text, rid
+        assert got[rid].finish_reason == want[rid].finish_reason, rid
+    assert all(n <= 1 for n in waste.values()), waste
+    if stop_of != "none":
+        assert any(o.finish_reason == "stop" for o in want.values())
+    st = raw.stats()
+    assert st["num_free_blocks"] == st["num_total_blocks"]
+
+
+def test_unregistered_final_passes_through_and_stopped_request_is_swallowed(engines):
+    inline, _ = engines
+    stage = TextStage(inline.tokenizer, inline.byte_table)
+    from infer_cluster.protocol import RequestDelta
+    refused = RequestDelta("never-added", finish_reason="error", error={"code": "x", "message": "m"})
+    out, stops = stage.process([refused])
+    assert out == [refused] and stops == []
+    ids = inline.tokenizer.encode("abc abc abc")
+    stage.add("s", [1, 2], stop=["abc"])
+    out, stops = stage.process([RequestDelta("s", ids[:4], num_prompt_tokens=2)])
+    assert stops == ["s"] and out[0].finish_reason == "stop" and "abc" not in out[0].text
+    # the engine's next delta and its final for "s" are not the client's business any more
+    out, stops = stage.process([RequestDelta("s", ids[4:5]), RequestDelta("s", [], finish_reason="stop")])
+    assert out == [] and stops == [] and len(stage) == 0
