@@ -45,6 +45,7 @@ class EngineConfig:
     tensor_parallel_size: int = field(default=1, metadata={"help": "ranks that split each layer"})
     pipeline_parallel_size: int = field(default=1, metadata={"help": "ranks that split the layer stack"})
     device_ids: Optional[list[int]] = field(default=None, metadata={"help": "GPUs this replica uses, e.g. 2,3 (one per rank)"})
+    warmup: Optional[bool] = field(default=None, metadata={"help": "serve a synthetic workload at start (largest shapes, every sampling path) so nothing compiles or allocates while serving; default: on for CUDA, off on CPU"})
     cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
 
     def __post_init__(self):

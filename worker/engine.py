@@ -71,14 +71,27 @@ class DynamicEngine:
             runner_factory = DistributedRunner
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
+        # Generators live where the logits are: CUDA refuses a CPU generator, and drawing on the
+        # host then copying [rows, vocab] noise each step would cost more than the step.
+        self._sample_device = self.runner.device
+        self._reset_bookkeeping()
+        self.warmup_stats: Optional[dict] = None
+        warmup = config.warmup if config.warmup is not None else self.runner.device.type == "cuda"
+        if warmup:
+            from .warmup import warm_up_engine
+            self.warmup_stats = warm_up_engine(self)
+            self._reset_bookkeeping()  # the first real request sees a fresh engine
+
+    def _reset_bookkeeping(self) -> None:
+        """Fresh scheduler, block table, sampler and counters over the same runner and KV pool."""
+        config = self.config
         self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
                                         config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
-        # Generators live where the logits are: CUDA refuses a CPU generator, and drawing on the
-        # host then copying [rows, vocab] noise each step would cost more than the step.
-        self._sample_device = self.runner.device
         self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
+        if self.text is not None:
+            self.text = TextStage(self.tokenizer, self.byte_table)
         self._generators: dict[str, torch.Generator] = {}
         self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
@@ -287,6 +300,7 @@ class DynamicEngine:
                 "num_generated_tokens": self._num_generated,
                 "generated_tokens_per_s": self._num_generated / elapsed,
                 "max_num_seqs": self.config.max_num_seqs,
+                "warmup_seconds": self.warmup_stats["seconds"] if self.warmup_stats else 0.0,
                 "step_seconds": dict(self._phase_seconds)}
 
     def capacity(self) -> dict:

@@ -3,16 +3,22 @@
 Owns: batch generation with a progress bar, folding streamed deltas into `RequestOutput`s in
 input order, and the step-level surface (`add_request`, `step`, `abort`, ...) for callers that
 drive the engine themselves. Holds no scheduling logic of its own.
+
+`generate()` runs text (detokenization, stop strings) on a `TextWorker` thread one step behind
+the engine, as a replica does, so its throughput does not depend on the tokenizer; `step()`
+returns text with each delta (the engine's inline `TextStage`). Outputs are the same either way.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Optional, Sequence, Union
 
 from infer_cluster.protocol import RequestDelta, RequestOutput, SamplingParams
 
 from .config import EngineConfig
 from .engine import DynamicEngine, Prompt
+from .text_stage import TextWorker
 
 
 class LLM:
@@ -57,16 +63,51 @@ class LLM:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(ids), desc="Generating", unit="req", dynamic_ncols=True)
         try:
-            while pending:
-                for delta in self.step():
-                    if delta.finished and delta.request_id in pending:
-                        pending.discard(delta.request_id)
-                        if bar is not None:
-                            bar.update(1)
+            self._run_with_text_thread(pending, bar)
         finally:
             if bar is not None:
                 bar.close()
         return [self._outputs.pop(rid) for rid in ids]
+
+    def _run_with_text_thread(self, pending: set, bar) -> None:
+        """Step until every id in `pending` has its final delta; text runs on a helper thread
+        that borrows the engine's `TextStage` (its requests are registered there already)."""
+        engine, stage = self.engine, self.engine.text
+        finished: collections.deque = collections.deque()
+
+        def emit(deltas, _extra):
+            for d in deltas:
+                out = self._outputs.get(d.request_id)
+                if out is not None:
+                    out.apply(d)
+                if d.finish_reason is not None:
+                    finished.append(d.request_id)
+
+        worker = TextWorker(stage, emit, name="llm-text")
+        engine.text = None
+        worker.start()
+        try:
+            while pending:
+                worker.wait_until_behind(1)
+                if worker.error is not None:
+                    raise RuntimeError(f"text thread failed: {worker.error}") from worker.error
+                engine.stop_requests(worker.take_stops())
+                while finished:
+                    rid = finished.popleft()
+                    if rid in pending:
+                        pending.discard(rid)
+                        if bar is not None:
+                            bar.update(1)
+                if not pending:
+                    break
+                if engine.has_unfinished_requests():
+                    worker.submit(engine.step())
+                elif worker.flush() and not finished:
+                    raise RuntimeError(f"engine went idle with {len(pending)} request(s) unanswered")
+        finally:
+            worker.flush()
+            worker.close()
+            engine.text = stage
 
     def _drain_aborted(self, ids):
         pending = set(ids)

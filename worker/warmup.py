@@ -1,0 +1,85 @@
+"""Start-up warm-up: serve a synthetic workload once so nothing compiles or grows while serving.
+
+Owns: the shape of that workload and what it must reach. Triton compiles a kernel per
+specialization (integer arguments are specialized on `== 1` and divisibility by 16), the
+sampler and logprobs paths allocate `[rows, vocab]` buffers sized by the batch, and torch's
+caching allocator keeps the largest blocks it has handed out. One pass through the real engine
+(`DynamicEngine.step`, not a private path) with the largest shapes first reaches all of them:
+
+  * a full batch of `max_num_seqs` short requests (capped by the pool), prompt lengths spread
+    over residues mod 16, every sampling kind mixed in one batch (greedy, seeded top-k/top-p,
+    min-p, penalties with no_repeat_ngram, logprobs), decoding at full batch width: the
+    largest sampler buffers and every decode graph / eager decode variant;
+  * one long prompt of about two `max_num_batched_tokens` chunks: a full-budget prefill
+    chunk, then a chunk that attends over a cached prefix, then long-context decode;
+  * the same long prompt again: a prefix-cache hit.
+
+It must never leave anything behind: the engine drops its scheduler, allocator and counters
+afterwards (`DynamicEngine._reset_bookkeeping`), so the first real request sees a fresh engine.
+To extend: when a new kernel variant or sampling path appears, add a request here that uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from infer_cluster.protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_KINDS = (
+    SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=1, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=0.7, repetition_penalty=1.1, presence_penalty=0.3,
+                   frequency_penalty=0.2, no_repeat_ngram_size=3, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=0.0, logprobs=5, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=1.0, min_p=0.05, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=0.9, top_k=20, min_tokens=2, max_tokens=4),
+)
+
+
+def _prompt(length: int, salt: int, vocab: int) -> list[int]:
+    # Deterministic ids away from the low special range; distinct per request so the prefix
+    # cache does not shortcut the prefills this pass is meant to compile.
+    return [10 + (salt * 7919 + j * 104729) % (vocab - 10) for j in range(length)]
+
+
+def warm_up_engine(engine) -> dict:
+    """Run the workload above through `engine`; returns what it took."""
+    cfg = engine.config
+    vocab = engine.spec.vocab_size
+    max_len = engine.max_model_len
+    bs = cfg.block_size
+    started = time.perf_counter()
+    pool = engine.allocator.num_blocks
+    # A full batch of short requests: each needs at most 3 blocks (<= 40 prompt + 4 new tokens).
+    width = max(1, min(cfg.max_num_seqs, (pool - 1) // max(1, -(-48 // bs))))
+    ids = []
+    for i in range(width):
+        length = min(1 + (i * 5) % 40, max_len - 8)
+        params = _KINDS[i % len(_KINDS)]
+        ids.append(engine.add_request(_prompt(length, i, vocab), params, request_id=f"warmup-{i}"))
+    num_steps = _drain(engine)
+    long_len = min(2 * cfg.max_num_batched_tokens + 17, max_len - 8,
+                   (pool // 2 - 2) * bs)  # twice over must fit the pool at once
+    if long_len > bs:
+        long_prompt = _prompt(long_len, 10**6, vocab)
+        engine.add_request(long_prompt, _KINDS[0], request_id="warmup-long")
+        num_steps += _drain(engine)
+        engine.add_request(long_prompt, _KINDS[3], request_id="warmup-long-cached")
+        num_steps += _drain(engine)
+    seconds = time.perf_counter() - started
+    log.info("warm-up: %d steps (batch %d, long prompt %d tokens) in %.1f s", num_steps, width,
+             max(0, long_len), seconds)
+    return {"seconds": seconds, "num_steps": num_steps, "batch": width, "long_prompt": long_len}
+
+
+def _drain(engine, max_steps: int = 100_000) -> int:
+    n = 0
+    while engine.has_unfinished_requests() and n < max_steps:
+        for d in engine.step():
+            if d.finish_reason == "error":
+                raise RuntimeError(f"warm-up request {d.request_id} failed: {d.error}")
+        n += 1
+    return n
