@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -30,6 +30,12 @@ for stage in "$@"; do
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size $tp --out "$OUT/tp${tp}_${model}.json" 2>&1 | grep -E "^infer-cluster|^model=|Error|error" | tail -4
       done; done ;;
+    coldstart)  # issue 10: start-up cost, first run vs warm runs, byte-level vs SentencePiece-style text
+      for tok in bytelevel metaspace; do
+        python3 bench/cold_start.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --tokenizer $tok \
+          --out "$OUT/coldstart_$tok.json" 2>&1 | grep -v "it/s\]" | tail -7
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

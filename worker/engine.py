@@ -27,7 +27,7 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import byte_level_table
-from .loader import load_hf_config, load_tokenizer, resolve_model_path
+from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
@@ -56,7 +56,8 @@ class DynamicEngine:
         self.model_path = resolve_model_path(config.model)
         self.model_name = config.model
         hf_config = load_hf_config(self.model_path)
-        self.tokenizer = load_tokenizer(resolve_model_path(config.tokenizer) if config.tokenizer else self.model_path)
+        self.tokenizer = load_tokenizer(resolve_tokenizer_path(config.tokenizer) if config.tokenizer
+                                        else self.model_path)
         try:
             self.spec = ModelSpec.from_hf_config(hf_config)
         except ValueError as exc:

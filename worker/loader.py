@@ -33,6 +33,17 @@ def resolve_model_path(model: str) -> Path:
     return path
 
 
+def resolve_tokenizer_path(tokenizer: str) -> Path:
+    """A tokenizer folder needs no config.json (only the tokenizer files); embedded names too."""
+    if tokenizer in EMBEDDED_MODELS:
+        return ensure_embedded_model(tokenizer)
+    path = Path(os.path.expanduser(tokenizer))
+    if not path.is_dir():
+        raise ModelNotFoundError(f"tokenizer {tokenizer!r} is neither a local directory nor an embedded "
+                                 f"model ({', '.join(EMBEDDED_MODELS)})")
+    return path
+
+
 def load_hf_config(path: Path):
     from transformers import AutoConfig
 
