@@ -6,17 +6,22 @@ U+FFFD) and, while stop strings are set, the last `max(len(stop)) - 1` character
 the start of a stop string). `push()` returns the new visible text and whether a stop string
 ended the request; the text never contains the stop string itself.
 
-Two techniques. Byte-level BPE tokenizers (GPT-2 style: Qwen, Llama 3, ours) get a fast path:
-`byte_level_table()` maps every id to its raw bytes once, and each push appends bytes to an
-incremental UTF-8 decoder (O(1) per token, no tokenizer call). Other tokenizers decode a small
-window that starts a few tokens before the unread ones and diff it with the decoding of that
-window without them.
+Two techniques. The fast path: a table of every id's raw bytes, built once, and each push
+appends bytes to an incremental UTF-8 decoder (O(1) per token, no tokenizer call).
+`byte_level_table()` builds it for byte-level BPE (GPT-2 style: Qwen, Llama 3, ours);
+`piece_table()` builds it for any other fast tokenizer whose decoding, after the first token, is
+the concatenation of per-token pieces (SentencePiece-style Metaspace, WordPiece, WordLevel, ...),
+and keeps it only if decoding random sequences through the tokenizer agrees with the table on
+every sample. Tokenizers that fail the check (byte-fallback merging, clean-up rules) decode a
+small window that starts a few tokens before the unread ones and diff it with the decoding of
+that window without them.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+import random
 from typing import Optional, Sequence
 
 _WINDOW = 6  # tokens of left context kept so merges/spaces decode the same way
@@ -60,6 +65,41 @@ def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[li
             return None
         else:
             table.append(bytes(byte_of[c] for c in tok))
+    return table
+
+
+def piece_table(tokenizer, skip_special_tokens: bool = True, num_checks: int = 200,
+                seed: int = 0) -> Optional[list[bytes]]:
+    """Bytes of every id for the fast path, or None when no table reproduces this tokenizer's
+    decoding exactly. Byte-level BPE is read off its vocabulary; any other fast tokenizer is
+    measured (each id decoded after a fixed anchor token, in one batched call of the Rust
+    backend) and then checked against `decode` on random sequences after that anchor."""
+    table = byte_level_table(tokenizer, skip_special_tokens)
+    if table is not None:
+        return table
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    n = len(tokenizer)
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    try:
+        anchor = next(i for i in range(n) if i not in special
+                      and backend.decode([i], skip_special_tokens=skip_special_tokens).strip())
+        base = backend.decode([anchor], skip_special_tokens=skip_special_tokens)
+        pairs = backend.decode_batch([[anchor, i] for i in range(n)], skip_special_tokens=skip_special_tokens)
+    except Exception:
+        return None
+    table = []
+    for text in pairs:
+        if not text.startswith(base) or "\ufffd" in text[len(base):]:
+            return None  # context-dependent, or bytes that only combine with neighbours
+        table.append(text[len(base):].encode())
+    rng = random.Random(seed)
+    for _ in range(num_checks):
+        seq = [rng.randrange(n) for _ in range(rng.randint(1, 12))]
+        want = tokenizer.decode([anchor] + seq, skip_special_tokens=skip_special_tokens)
+        if want != base + b"".join(table[t] for t in seq).decode("utf-8", errors="replace"):
+            return None
     return table
 
 

@@ -26,7 +26,7 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
 
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
-from .detokenizer import byte_level_table
+from .detokenizer import piece_table
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
@@ -64,7 +64,7 @@ class DynamicEngine:
             raise InvalidRequestError(str(exc)) from None
         self.max_model_len = self._resolve_max_model_len()
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
-        self.byte_table = byte_level_table(self.tokenizer)
+        self.byte_table = piece_table(self.tokenizer)  # None: the window path
         # detokenize=False: the caller runs its own TextStage (see `text_stage.TextWorker`).
         self.text: Optional[TextStage] = TextStage(self.tokenizer, self.byte_table) if detokenize else None
         if runner_factory is None and config.world_size > 1:

@@ -10,9 +10,10 @@ caching allocator keeps the largest blocks it has handed out. One pass through t
     over residues mod 16, every sampling kind mixed in one batch (greedy, seeded top-k/top-p,
     min-p, penalties with no_repeat_ngram, logprobs), decoding at full batch width: the
     largest sampler buffers and every decode graph / eager decode variant;
-  * one long prompt of about two `max_num_batched_tokens` chunks: a full-budget prefill
-    chunk, then a chunk that attends over a cached prefix, then long-context decode;
-  * the same long prompt again: a prefix-cache hit.
+  * long prompts (up to `max_model_len`) worth about two `max_num_batched_tokens` budgets,
+    all at once: full-budget prefill steps over several sequences, chunks that attend over a
+    cached prefix, then long-context decode at that width;
+  * the first long prompt again: a prefix-cache hit.
 
 It must never leave anything behind: the engine drops its scheduler, allocator and counters
 afterwards (`DynamicEngine._reset_bookkeeping`), so the first real request sees a fresh engine.
@@ -61,18 +62,24 @@ def warm_up_engine(engine) -> dict:
         params = _KINDS[i % len(_KINDS)]
         ids.append(engine.add_request(_prompt(length, i, vocab), params, request_id=f"warmup-{i}"))
     num_steps = _drain(engine)
-    long_len = min(2 * cfg.max_num_batched_tokens + 17, max_len - 8,
-                   (pool // 2 - 2) * bs)  # twice over must fit the pool at once
+    budget = cfg.max_num_batched_tokens
+    long_len = min(budget + 17, max_len - 8, (pool // 2 - 2) * bs)
+    num_long = 0
     if long_len > bs:
-        long_prompt = _prompt(long_len, 10**6, vocab)
-        engine.add_request(long_prompt, _KINDS[0], request_id="warmup-long")
+        blocks_each = -(-(long_len + 8) // bs)
+        num_long = max(1, min(-(-(2 * budget + 17) // long_len), cfg.max_num_seqs,
+                              (pool - 1) // blocks_each - 1))
+        long_prompts = [_prompt(long_len - k, 10**6 + k, vocab) for k in range(num_long)]
+        for k, p in enumerate(long_prompts):
+            engine.add_request(p, _KINDS[k % len(_KINDS)], request_id=f"warmup-long-{k}")
         num_steps += _drain(engine)
-        engine.add_request(long_prompt, _KINDS[3], request_id="warmup-long-cached")
+        engine.add_request(long_prompts[0], _KINDS[3], request_id="warmup-long-cached")
         num_steps += _drain(engine)
     seconds = time.perf_counter() - started
-    log.info("warm-up: %d steps (batch %d, long prompt %d tokens) in %.1f s", num_steps, width,
-             max(0, long_len), seconds)
-    return {"seconds": seconds, "num_steps": num_steps, "batch": width, "long_prompt": long_len}
+    log.info("warm-up: %d steps (batch %d; %d long prompts of %d tokens) in %.1f s", num_steps, width,
+             num_long, max(0, long_len), seconds)
+    return {"seconds": seconds, "num_steps": num_steps, "batch": width, "num_long": num_long,
+            "long_prompt": long_len}
 
 
 def _drain(engine, max_steps: int = 100_000) -> int:
