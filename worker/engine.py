@@ -1,8 +1,9 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
 Owns: request admission (validation → `Request`), the step loop
-(schedule → run → sample → update → deltas), per-request sampling generators and incremental
-detokenizers, aborts, and stats. Scheduling and block bookkeeping live in `Scheduler` /
+(schedule → run → sample → update → deltas), incremental detokenizers, aborts, and stats.
+Per-request sampling state (penalty counts, n-gram maps) lives in the `Sampler`, released here
+when a request ends. Scheduling and block bookkeeping live in `Scheduler` /
 `BlockAllocator` (plain Python); tensors live in `ModelRunner`. Single-threaded: callers (the
 offline `LLM`, the replica server's engine loop) drive it from one thread.
 To extend: new per-request behaviour goes into `_post_process`; new per-step work into
@@ -70,11 +71,9 @@ class DynamicEngine:
                                         config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
-        # Generators live where the logits are: CUDA refuses a CPU generator, and drawing on the
-        # host then copying [rows, vocab] noise each step would cost more than the step.
-        self._sample_device = self.runner.device
-        self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
-        self._generators: dict[str, torch.Generator] = {}
+        # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
+        # (a few per row); this CPU generator only draws the keys of unseeded rows.
+        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
@@ -118,14 +117,8 @@ class DynamicEngine:
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         self._requests[request_id] = req
-        if params.seed is not None:
-            gen = torch.Generator(device=self._sample_device).manual_seed(params.seed)
-            if not params.is_greedy:
-                # A resumed seeded request continues the lost replica's random stream: each
-                # delivered token cost its row one [vocab] float32 Exp(1) draw (Sampler._race).
-                for _ in resume:
-                    torch.empty(self.spec.vocab_size, device=gen.device).exponential_(generator=gen)
-            self._generators[request_id] = gen
+        # A resumed seeded request continues the lost replica's random stream by itself: the
+        # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, byte_table=self._byte_table)
         for token in resume:
             # Replay the delivered tokens one push at a time, as the lost replica did: text it
@@ -201,8 +194,9 @@ class DynamicEngine:
         for rid in row_ids:
             req = self.scheduler.requests[rid]
             rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                             self._generators.get(rid), list(self.eos_token_ids)))
-        result = self.sampler(logits, rows)
+                                             None, self.eos_token_ids, rid))
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        result = self.sampler(logits, rows, logits_writable=True)
         return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
     def _post_process(self, req: Request, logprob) -> RequestDelta:
@@ -252,7 +246,7 @@ class DynamicEngine:
 
     def _drop_state(self, request_id: str) -> str:
         self._requests.pop(request_id, None)
-        self._generators.pop(request_id, None)
+        self.sampler.release(request_id)  # penalty state kept on the device between steps
         detok = self._detok.pop(request_id, None)
         return detok.flush() if detok is not None else ""
 

@@ -82,8 +82,9 @@ class Sampler:
     def release(self, request_id: Hashable) -> None:
         """Forget a request's penalty state (the engine calls this when a request ends)."""
         if self.state is not None:
-            self.state.remove(request_id)
+            self.state.remove(request_id)  # host bookkeeping only: no tensor is touched
 
+    @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState],
                  logits_writable: bool = False) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
