@@ -56,32 +56,49 @@ class RandomRows:
 
 def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
     """Token ids [n] (int64) for float32 logits `x` [n, vocab] of random rows."""
+    return _run(x, rows, want_mask=False)
+
+
+def kept_mask(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
+    """[n, vocab] bool: the tokens each row may draw, found by the same paths as the draw
+    (for tests and diagnostics; the draw itself never builds this)."""
+    return _run(x, rows, want_mask=True)
+
+
+def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool) -> torch.Tensor:
     n, vocab = x.shape
+    dev = x.device
     m = x.amax(dim=-1, keepdim=True)
     inv_t = (1.0 / rows.temperature).unsqueeze(1)
     need = [_num_candidates(k, p, vocab) for k, p in zip(rows.host_top_k, rows.host_top_p)]
     cand = [i for i, c in enumerate(need) if c]
     full = [i for i, c in enumerate(need) if not c]
-    out = torch.empty(n, dtype=torch.long, device=x.device)
+    out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
+           else torch.empty(n, dtype=torch.long, device=dev))
     if cand:
-        idx = _index(cand, x.device)
-        resolved, tokens, kth = _sample_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
+        idx = _index(cand, dev)
+        resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
                                                    _take(inv_t, idx, cand, n), rows, cand,
                                                    [need[i] for i in cand])
-        out[idx] = tokens
+        if want_mask:
+            out[idx] = torch.zeros(len(cand), vocab, dtype=torch.bool, device=dev).scatter_(1, ids, w > 0)
+        else:
+            order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
+            w, ids = w.gather(1, order), ids.gather(1, order)
+            out[idx] = ids.gather(1, _inverse_cdf(w, rows.uniform[idx]).unsqueeze(1)).squeeze(1)
         # Rows whose kept set did not fit their candidates (ties past k + margin, or a top-p set
         # wider than its candidates) go the full way. Only the device knows which: one read.
         if not bool(resolved.all()):
             unresolved = (~resolved).nonzero().squeeze(1).tolist()
             sub = [cand[j] for j in unresolved]
-            sub_idx = _index(sub, x.device)
-            out[sub_idx] = _sample_full(x[sub_idx], m[sub_idx], inv_t[sub_idx],
-                                        kth[_index(unresolved, x.device)], rows, sub)
+            sub_idx = _index(sub, dev)
+            out[sub_idx] = _full(x[sub_idx], m[sub_idx], inv_t[sub_idx],
+                                 kth[_index(unresolved, dev)], rows, sub, want_mask)
     if full:
-        idx = _index(full, x.device)
-        tau = torch.full((len(full), 1), float("-inf"), device=x.device)
-        out[idx] = _sample_full(_take(x, idx, full, n), _take(m, idx, full, n),
-                                _take(inv_t, idx, full, n), tau, rows, full)
+        idx = _index(full, dev)
+        tau = torch.full((len(full), 1), float("-inf"), device=dev)
+        out[idx] = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
+                         tau, rows, full, want_mask)
     return out
 
 
@@ -100,9 +117,10 @@ def _num_candidates(top_k: int, top_p: float, vocab: int) -> int:
     return 0
 
 
-def _sample_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: list[int]):
-    """Filters and draw over each row's top `need` values. Returns (resolved [n] bool, tokens [n],
-    top-k threshold [n, 1], which the unresolved rows carry to the full path)."""
+def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: list[int]):
+    """Filters over each row's top `need` values. Returns (resolved [n] bool, weights of the
+    kept candidates [n, c] float64 (0 elsewhere), their token ids [n, c], the top-k threshold
+    [n, 1], which the unresolved rows carry to the full path)."""
     n, vocab = x.shape
     dev = x.device
     idx = _index(which, dev)
@@ -135,11 +153,7 @@ def _sample_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: li
             resolved[z_idx] = cut[z_idx]
     if any(rows.host_min_p[i] > 0.0 for i in which):
         keep &= w >= rows.min_p[idx].unsqueeze(1).double()
-    w = w.masked_fill(~keep, 0.0)
-    order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
-    w, ids = w.gather(1, order), ids.gather(1, order)
-    tokens = ids.gather(1, _inverse_cdf(w, rows.uniform[idx]).unsqueeze(1)).squeeze(1)
-    return resolved, tokens, kth
+    return resolved, w.masked_fill(~keep, 0.0), ids, kth
 
 
 def _mass_before_group(vals: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -195,9 +209,9 @@ def _full_mass(x, m, inv_t) -> torch.Tensor:
     return block_sums(x, m, inv_t).double().sum(dim=-1, keepdim=True)
 
 
-def _sample_full(x, m, inv_t, tau, rows: RandomRows, which: list[int]) -> torch.Tensor:
-    """Draw over the whole vocabulary with per-row logit thresholds (top-k `tau`, top-p found
-    here, min_p), in two levels: a block by its mass, then a column inside it."""
+def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool) -> torch.Tensor:
+    """The whole vocabulary with per-row logit thresholds: top-k `tau`, top-p found here, min_p.
+    Returns the kept mask, or the draw: a block by its mass, then a column inside it."""
     n, vocab = x.shape
     dev = x.device
     idx = _index(which, dev)
@@ -210,6 +224,9 @@ def _sample_full(x, m, inv_t, tau, rows: RandomRows, which: list[int]) -> torch.
         tau = tau.clone()
         tau[p_idx] = torch.maximum(t, found)
     min_p = rows.min_p[idx].unsqueeze(1)
+    if want_mask:
+        w = torch.exp((x - m) * inv_t)
+        return (x >= tau) & (w >= min_p) & (w > 0)
     has_min_p = any(rows.host_min_p[i] > 0.0 for i in which)
     has_tau = bool(p_rows) or any(rows.host_top_k[i] for i in which)
     sums = block_sums(x, m, inv_t, tau if has_tau else None, min_p if has_min_p else None).double()
