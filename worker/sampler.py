@@ -31,7 +31,7 @@ batch it over only the rows that use it (skip it entirely when no row does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Optional
+from typing import Hashable, Optional, Sequence
 
 import torch
 
@@ -53,7 +53,7 @@ class SamplingRequestState:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated so far, before this step
     generator: Optional[torch.Generator]  # unseeded rows only: their random key's source
-    eos_token_ids: list[int]  # suppressed with params.stop_token_ids while below min_tokens
+    eos_token_ids: Sequence[int]  # suppressed with params.stop_token_ids while below min_tokens
     request_id: Optional[Hashable] = None  # keys the penalty state kept between steps
 
 
@@ -114,18 +114,19 @@ class Sampler:
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
 
-            lse = None
+            x_lp = lse = None
             if logprob_rows:
                 # Taken here, before temperature and the filters: the model's distribution.
-                lse = _logsumexp(_rows_of(x, logprob_rows, n))
+                x_lp = _rows_of(x, logprob_rows, n)
+                lse = _logsumexp(x_lp)
 
             token_ids = torch.empty(n, dtype=torch.long, device=device)
             greedy_rows = [i for i in range(n) if rows[i].params.is_greedy]
             if greedy_rows:
                 token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
             if random_rows:
-                token_ids[_index(random_rows, device)] = sample_random_rows(
-                    _rows_of(x, random_rows, n), self._random_params([rows[i] for i in random_rows], x.shape[1], device))
+                params = self._random_params([rows[i] for i in random_rows], x.shape[1], device)
+                token_ids[_index(random_rows, device)] = sample_random_rows(_rows_of(x, random_rows, n), params)
             host_ids = token_ids.tolist()
             if entries:
                 self.state.append(entries, token_ids[_index(penalty_rows, device)],
@@ -136,7 +137,7 @@ class Sampler:
 
         out_logprobs: list[Optional[list]] = [None] * n
         if logprob_rows:
-            entries_lp = _collect_logprobs(_rows_of(x, logprob_rows, n), lse,
+            entries_lp = _collect_logprobs(x_lp, lse,
                                            token_ids[_index(logprob_rows, device)],
                                            [rows[i].params.logprobs for i in logprob_rows])
             for i, entry in zip(logprob_rows, entries_lp):

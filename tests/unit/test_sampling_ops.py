@@ -209,3 +209,19 @@ def test_seeded_rows_do_not_depend_on_the_batch_around_them():
     alone = run(False, [0, 1, 2, 3])
     assert run(True, [3, 1, 0, 2]) == alone
     assert len({tuple(v) for v in alone.values()}) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_draws_the_same_tokens_as_the_cpu():
+    cases = [(x, p) for x in logits_cases(9) for p in PARAMS]
+    us = step_uniforms(list(range(len(cases))), [3] * len(cases))[:, 0]
+    x = torch.stack([c[0] for c in cases])
+    params = [(p[0], p[1] if p[1] < VOCAB else 0, p[2], p[3]) for _, p in cases]
+    cpu = sample_random_rows(x, random_rows(params, us))
+    rows = random_rows(params, us)
+    for name in ("temperature", "top_k", "top_p", "min_p", "uniform"):
+        setattr(rows, name, getattr(rows, name).cuda())
+    cuda = sample_random_rows(x.cuda(), rows).cpu()
+    # Integer-keyed uniforms are identical; only float rounding at a CDF boundary may differ.
+    assert (cpu != cuda).sum() <= len(cases) // 200
