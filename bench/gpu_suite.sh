@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -23,6 +23,11 @@ for stage in "$@"; do
     llama8b) python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
         --out "$OUT/workloadA_llama8b.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
+    sampling)  # issue 10's table: workload A as greedy / sampled / penalties / logprobs, one engine
+      python3 -m pytest -q -m gpu tests/unit/test_sampler.py tests/unit/test_sampling_ops.py tests/kernels/test_random_stream.py -p no:cacheprovider 2>&1 | tail -3
+      python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+        --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+        --sampling all --out "$OUT/sampling_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -9 ;;
     dist_tests) python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tee "$OUT/gpu_dist_tests.log" | tail -15 ;;
     tp)  # workload A at T=1 and T=2 for both shapes (issue 5); needs 2 GPUs
       for model in qwen3-0.6b-shape llama-3-8b-shape; do for tp in 1 2; do

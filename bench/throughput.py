@@ -9,10 +9,19 @@ CPU default), `continuous` uses transformers' continuous batching `generate_batc
 its generated tokens over its time). `--hf-max-seqs` limits how many prompts HF runs (it is
 slow); its rate is still tokens/s over those.
 
+`--sampling` picks the request kind (greedy | sampled | penalties | logprobs; `all` runs the four
+in one process, on one engine, and prints each one's rate and its ratio to greedy; HF runs only
+for greedy). The kinds are issue 10's: sampled = temperature 0.8, top_p 0.9, top_k 50, a seed
+per request; penalties = repetition 1.1 + presence 0.3 + frequency 0.2 at temperature 0.7;
+logprobs = greedy with logprobs=5. `--repeats N` runs the kinds round-robin N times and keeps
+each kind's best run (CPU timings drift).
+
 Examples:
   python bench/throughput.py --model tiny-random --num-seqs 64 --prompt-len 16 128 --output-len 16 128
   python bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \\
       --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024
+  python bench/throughput.py --model small-random-151k --sampling all --hf none \\
+      --num-seqs 64 --prompt-len 16 128 --output-len 32 64       # the CPU form of issue 10's table
 """
 
 from __future__ import annotations
@@ -26,6 +35,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
+
+
+SAMPLING_KINDS = {
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, top_p=0.9, top_k=50),  # plus a seed per request
+    "penalties": dict(repetition_penalty=1.1, presence_penalty=0.3, frequency_penalty=0.2,
+                      temperature=0.7),
+    "logprobs": dict(temperature=0.0, logprobs=5),
+}
+
+
+def sampling_params(kind: str, out_lens: list[int], seed: int) -> list:
+    from infer_cluster.protocol import SamplingParams
+
+    extra = SAMPLING_KINDS[kind]
+    return [SamplingParams(max_tokens=n, ignore_eos=True, **extra,
+                           **({"seed": seed + i} if kind == "sampled" else {}))
+            for i, n in enumerate(out_lens)]
 
 
 def parse_args(argv=None):
@@ -47,12 +74,13 @@ def parse_args(argv=None):
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
     ap.add_argument("--hf-max-seqs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampling", default="greedy", choices=[*SAMPLING_KINDS, "all"])
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default="bench/results/throughput.json")
     return ap.parse_args(argv)
 
 
-def run_ours(args, prompts, out_lens):
-    from infer_cluster.protocol import SamplingParams
+def run_ours(args, prompts, out_lens, kinds):
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
@@ -60,18 +88,24 @@ def run_ours(args, prompts, out_lens):
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in out_lens]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up (lazy init, kernels)
-    _sync()
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    _sync()
-    elapsed = time.perf_counter() - t
-    n_tokens = sum(len(o.token_ids) for o in outs)
-    info = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
-            "num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
-            "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"],
-            "step_seconds": llm.stats()["step_seconds"]}
+    runs = {}
+    for kind in kinds:  # warm-up (lazy init, kernels) of every kind before any timing
+        llm.generate(prompts[:2], sampling_params(kind, out_lens[:2], args.seed), use_tqdm=False)
+    for _ in range(args.repeats):
+        for kind in kinds:
+            params = sampling_params(kind, out_lens, args.seed)
+            _sync()
+            t = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=len(kinds) == 1)
+            _sync()
+            elapsed = time.perf_counter() - t
+            n_tokens = sum(len(o.token_ids) for o in outs)
+            if kind not in runs or n_tokens / elapsed > runs[kind]["tokens_per_s"]:
+                runs[kind] = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed}
+    info = dict(runs[kinds[0]])
+    info.update({"num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
+                 "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"],
+                 "step_seconds": llm.stats()["step_seconds"], "sampling": runs})
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()
     return info, path, dtype, device
@@ -129,11 +163,14 @@ def main(argv=None):
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
                                         vocab, args.seed)
-    ours, path, dtype, device = run_ours(args, prompts, out_lens)
+    kinds = list(SAMPLING_KINDS) if args.sampling == "all" else [args.sampling]
+    ours, path, dtype, device = run_ours(args, prompts, out_lens, kinds)
     result = {"model": args.model, "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
                                                 "output_len": args.output_len}, "ours": ours}
     mode = args.hf if args.hf != "auto" else ("continuous" if device.type == "cuda" else "sequential")
-    if mode != "none":
+    if mode != "none" and kinds != ["greedy"]:
+        print("HF baseline skipped: it runs greedy only (use --sampling greedy)")
+    elif mode != "none":
         k = args.hf_max_seqs or len(prompts)
         try:
             result["hf"] = run_hf(mode, path, dtype, device, args.load_format, prompts[:k], out_lens[:k])
@@ -143,8 +180,12 @@ def main(argv=None):
             result["hf_error"] = f"{type(exc).__name__}: {exc}"
     print(f"\nmodel={args.model} device={ours['device']} dtype={ours['dtype']} seqs={args.num_seqs} "
           f"prompt={args.prompt_len} output={args.output_len}")
-    print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}")
-    print(f"{'infer-cluster':<28}{ours['tokens']:>10}{ours['seconds']:>10.2f}{ours['tokens_per_s']:>12.1f}")
+    print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}{'/ greedy':>10}")
+    greedy = ours["sampling"].get("greedy")
+    for kind, run in ours["sampling"].items():
+        ratio = f"{run['tokens_per_s'] / greedy['tokens_per_s']:>10.2f}" if greedy else ""
+        print(f"{'infer-cluster ' + kind:<28}{run['tokens']:>10}{run['seconds']:>10.2f}"
+              f"{run['tokens_per_s']:>12.1f}{ratio}")
     if "ratio" in result:
         hf = result["hf"]
         print(f"{'HF transformers (' + hf['mode'] + ')':<28}{hf['tokens']:>10}{hf['seconds']:>10.2f}"

@@ -1,10 +1,12 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
 Owns: request admission (validation → `Request`), the step loop
-(schedule → run → sample → update → deltas), per-request sampling generators, aborts, and
-stats. Text is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py)
-turns them into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
-replica's text thread (`detokenize=False`; the server feeds stops back via `stop_requests`). Scheduling and block bookkeeping live in `Scheduler` /
+(schedule → run → sample → update → deltas), aborts, and stats. Per-request sampling state
+(penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
+is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py) turns them
+into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
+replica's text thread (`detokenize=False`; the server feeds stops back via `stop_requests`).
+Scheduling and block bookkeeping live in `Scheduler` /
 `BlockAllocator` (plain Python); tensors live in `ModelRunner`. Single-threaded: callers (the
 offline `LLM`, the replica server's engine loop) drive it from one thread.
 To extend: new per-request behaviour goes into `_emit` (text: `TextStage`); new per-step work into
@@ -72,9 +74,6 @@ class DynamicEngine:
             runner_factory = DistributedRunner
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
-        # Generators live where the logits are: CUDA refuses a CPU generator, and drawing on the
-        # host then copying [rows, vocab] noise each step would cost more than the step.
-        self._sample_device = self.runner.device
         self._reset_bookkeeping()
         self.warmup_stats: Optional[dict] = None
         warmup = config.warmup if config.warmup is not None else self.runner.device.type == "cuda"
@@ -90,10 +89,11 @@ class DynamicEngine:
                                         config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
-        self.sampler = Sampler(torch.Generator(device=self._sample_device).manual_seed(config.seed))
+        # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
+        # (a few per row); this CPU generator only draws the keys of unseeded rows.
+        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
         if self.text is not None:
             self.text = TextStage(self.tokenizer, self.byte_table)
-        self._generators: dict[str, torch.Generator] = {}
         self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
         self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
         self._arrivals = itertools.count()
@@ -136,14 +136,8 @@ class DynamicEngine:
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         self._requests[request_id] = req
-        if params.seed is not None:
-            gen = torch.Generator(device=self._sample_device).manual_seed(params.seed)
-            if not params.is_greedy:
-                # A resumed seeded request continues the lost replica's random stream: each
-                # delivered token cost its row one [vocab] float32 Exp(1) draw (Sampler._race).
-                for _ in resume:
-                    torch.empty(self.spec.vocab_size, device=gen.device).exponential_(generator=gen)
-            self._generators[request_id] = gen
+        # A resumed seeded request continues the lost replica's random stream by itself: the
+        # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
         if self.text is not None:
             self.text.add(request_id, ids, params.stop, resume)
         return request_id
@@ -234,8 +228,9 @@ class DynamicEngine:
         for rid in row_ids:
             req = self.scheduler.requests[rid]
             rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                             self._generators.get(rid), list(self.eos_token_ids)))
-        result = self.sampler(logits, rows)
+                                             None, self.eos_token_ids, rid))
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        result = self.sampler(logits, rows, logits_writable=True)
         return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
     def _emit(self, req: Request, logprob) -> RequestDelta:
@@ -281,7 +276,7 @@ class DynamicEngine:
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-        self._generators.pop(request_id, None)
+        self.sampler.release(request_id)  # penalty state kept on the device between steps
 
     def close(self) -> None:
         """Release the runner's processes (tensor/pipeline-parallel ranks); idempotent."""

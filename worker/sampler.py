@@ -2,37 +2,47 @@
 
 Owns: per-request logit processing (repetition / frequency / presence penalties,
 no_repeat_ngram_size, min_tokens suppression), logprobs, greedy argmax and random sampling
-(temperature, top_k, top_p, min_p) with each request's own `torch.Generator`.
+(temperature, top_k, top_p, min_p), all batched over the rows that use each feature. Penalty
+state lives in a `SamplingState` (device-resident, updated by one scatter per step); the
+filters and the draw are in `sampling_ops` (no vocabulary sort); the random numbers come from
+`random_stream` (Philox keyed by (seed, step)).
 
-Order of operations (every row independently, batched where it is cheap):
+Order of operations (every row independently):
   1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf,
   3. logprobs = log_softmax of these logits, i.e. the model's own distribution after
      penalties but BEFORE temperature / top-k / top-p / min-p (so a greedy request without
      penalties reports exactly HF's `log_softmax(logits)`),
   4. greedy rows (`temperature == 0` or `top_k == 1`): argmax, ties to the lowest id,
-  5. random rows: / temperature, top_k, top_p, min_p, then an exponential race
-     `argmax(probs / q)` with `q ~ Exp(1)` drawn from the row's generator.
+  5. random rows: temperature, top_k, top_p, min_p, then the inverse CDF (token-id order) at
+     the row's uniform for step s = the number of tokens the request has generated:
+       seeded rows: Philox(seed, s) -- the same token whatever else is in the batch, and after
+       a failover (a resumed request has generated the delivered tokens already);
+       rows with a `generator` but no seed: a key drawn from that generator each step;
+       other rows: a key per row per step from the sampler's default generator.
 
-Must never: mutate the caller's logits, read scheduler/engine state beyond the row it is
-given, draw a seeded row's randomness from anything but its own generator (a seeded request
-must reproduce exactly whatever else is in the batch), or sync to host more than needed
-(an all-greedy batch without penalties/logprobs is one argmax and one `.tolist()`).
+Must never: mutate the caller's logits unless told they are scratch (`logits_writable`), read
+engine state beyond the rows it is given, or sync to host more than needed (an all-greedy batch
+without penalties/logprobs is one argmax and one `.tolist()`).
 
 To extend: add the field to `SamplingParams`, decide where it sits in the order above, and
-add a small function here that takes the float32 logits of only the rows that use it (skip
-it entirely when no row does, so the fast path stays one argmax).
+batch it over only the rows that use it (skip it entirely when no row does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Hashable, Optional, Sequence
 
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
 
+from .random_stream import step_uniforms
+from .sampling_ops import RandomRows, block_sums, sample_random_rows
+from .sampling_state import SamplingState
+
 _NEG_INF = float("-inf")
+_KEY_RANGE = 2 ** 63 - 1
 
 
 @dataclass
@@ -42,8 +52,9 @@ class SamplingRequestState:
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated so far, before this step
-    generator: Optional[torch.Generator]  # seeded by the engine from params.seed; None: shared
-    eos_token_ids: list[int]  # suppressed with params.stop_token_ids while below min_tokens
+    generator: Optional[torch.Generator]  # unseeded rows only: their random key's source
+    eos_token_ids: Sequence[int]  # suppressed with params.stop_token_ids while below min_tokens
+    request_id: Optional[Hashable] = None  # keys the penalty state kept between steps
 
 
 @dataclass
@@ -54,14 +65,28 @@ class SamplerOutput:
     logprobs: list[Optional[list]]
 
 
+class _Scratch:
+    """Key of a row without a request id: its penalty state lives for one call only."""
+
+    __slots__ = ()
+
+
 class Sampler:
-    """Batched sampler; holds nothing but the generator shared by unseeded rows."""
+    """Batched sampler; holds the default generator and the penalty state of live requests."""
 
     def __init__(self, default_generator: Optional[torch.Generator] = None):
         # None means torch's global RNG; unseeded rows are not reproducible anyway.
         self.default_generator = default_generator
+        self.state: Optional[SamplingState] = None
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState]) -> SamplerOutput:
+    def release(self, request_id: Hashable) -> None:
+        """Forget a request's penalty state (the engine calls this when a request ends)."""
+        if self.state is not None:
+            self.state.remove(request_id)  # host bookkeeping only: no tensor is touched
+
+    @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState],
+                 logits_writable: bool = False) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [num_rows={len(rows)}, vocab], got {tuple(logits.shape)}")
         if not rows:
@@ -78,112 +103,105 @@ class Sampler:
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * len(rows))
 
-        # A private float32 copy only when rows will be edited in place.
+        # A private float32 copy only when rows will be edited in place and the caller's
+        # logits must stay as they are.
         needs_edit = bool(penalty_rows or min_tokens_rows)
-        x = logits.to(torch.float32, copy=needs_edit)
-        if penalty_rows:
-            apply_penalties(x, rows, penalty_rows)
-        if min_tokens_rows:
-            apply_min_tokens(x, rows, min_tokens_rows)
+        x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
+        device, n = x.device, len(rows)
+        scratch: list = []
+        try:
+            entries = self._penalise(x, rows, penalty_rows, scratch) if penalty_rows else []
+            if min_tokens_rows:
+                apply_min_tokens(x, rows, min_tokens_rows)
 
-        device = x.device
-        logprobs_t = None
+            x_lp = lse = None
+            if logprob_rows:
+                # Taken here, before temperature and the filters: the model's distribution.
+                x_lp = _rows_of(x, logprob_rows, n)
+                lse = _logsumexp(x_lp)
+
+            token_ids = torch.empty(n, dtype=torch.long, device=device)
+            greedy_rows = [i for i in range(n) if rows[i].params.is_greedy]
+            if greedy_rows:
+                token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
+            if random_rows:
+                params = self._random_params([rows[i] for i in random_rows], x.shape[1], device)
+                token_ids[_index(random_rows, device)] = sample_random_rows(_rows_of(x, random_rows, n), params)
+            host_ids = token_ids.tolist()
+            if entries:
+                self.state.append(entries, token_ids[_index(penalty_rows, device)],
+                                  [host_ids[i] for i in penalty_rows])
+        finally:
+            for key in scratch:
+                self.state.remove(key)
+
+        out_logprobs: list[Optional[list]] = [None] * n
         if logprob_rows:
-            # Taken here, before temperature and the filters: the model's distribution.
-            logprobs_t = torch.log_softmax(x[_index(logprob_rows, device)], dim=-1)
-
-        token_ids = x.argmax(dim=-1)
-        if random_rows:
-            rand_idx = _index(random_rows, device)
-            sub_rows = [rows[i] for i in random_rows]
-            probs = filtered_probs(x[rand_idx], [r.params for r in sub_rows])
-            token_ids[rand_idx] = self._race(probs, sub_rows)
-
-        out_logprobs: list[Optional[list]] = [None] * len(rows)
-        if logprob_rows:
-            out_logprobs_rows = _collect_logprobs(
-                logprobs_t, token_ids[_index(logprob_rows, device)],
-                [rows[i].params.logprobs for i in logprob_rows])
-            for i, entry in zip(logprob_rows, out_logprobs_rows):
+            entries_lp = _collect_logprobs(x_lp, lse,
+                                           token_ids[_index(logprob_rows, device)],
+                                           [rows[i].params.logprobs for i in logprob_rows])
+            for i, entry in zip(logprob_rows, entries_lp):
                 out_logprobs[i] = entry
-        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=out_logprobs)
+        return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
 
-    def _race(self, probs: torch.Tensor, rows: list[SamplingRequestState]) -> torch.Tensor:
-        """argmax(probs / q), q ~ Exp(1): picks token i with probability probs[i] / sum(probs).
+    def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:
+        """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries."""
+        vocab = x.shape[1]
+        if self.state is None or self.state.vocab_size != vocab or self.state.device != x.device:
+            self.state = SamplingState(vocab, x.device)
+        entries = []
+        for i in which:
+            r = rows[i]
+            key = r.request_id
+            if key is None:
+                key = _Scratch()
+                scratch.append(key)
+            entries.append(self.state.entry(key, r.prompt_token_ids, r.output_token_ids, r.params))
+        self.state.apply_penalties(x, which, entries, [rows[i].params for i in which])
+        ban_rows, ban_tokens = [], []
+        for i, e in zip(which, entries):
+            if e.ngram_size:
+                for t in e.banned():
+                    if 0 <= t < vocab:
+                        ban_rows.append(i)
+                        ban_tokens.append(t)
+        if ban_rows:
+            x[_index(ban_rows, x.device), _index(ban_tokens, x.device)] = _NEG_INF
+        return entries
 
-        Seeded rows draw a [vocab] vector from their own generator, so their draws never
-        depend on batch size or position; unseeded rows share one draw from the default.
-        """
-        shared = [j for j, r in enumerate(rows) if r.generator is None]
-        if len(shared) == len(rows):
-            q = _exponential(probs.shape, self.default_generator, probs)
-        else:
-            q = torch.empty_like(probs)
-            if shared:
-                q[_index(shared, probs.device)] = _exponential(
-                    (len(shared), probs.shape[1]), self.default_generator, probs)
-            for j, r in enumerate(rows):
-                if r.generator is not None:
-                    q[j] = _exponential((probs.shape[1],), r.generator, probs)
-        # An exact 0 from the RNG would turn 0/0 into NaN (which argmax ranks highest) and
-        # let an excluded token win; clamping keeps excluded (prob 0) tokens at 0.
-        q.clamp_(min=torch.finfo(q.dtype).tiny)
-        return (probs / q).argmax(dim=-1)
-
-
-def _exponential(shape, generator: Optional[torch.Generator], like: torch.Tensor) -> torch.Tensor:
-    """Exp(1) draws from `generator` on the generator's own device, moved to `like`'s device.
-    The engine creates its generators on the logits' device (so this is a no-op move there);
-    a caller passing a CPU generator with CUDA logits still works instead of failing the step."""
-    device = generator.device if generator is not None else like.device
-    q = torch.empty(shape, dtype=like.dtype, device=device).exponential_(generator=generator)
-    return q.to(like.device)
-
-
-def apply_penalties(x: torch.Tensor, rows: list[SamplingRequestState], which: list[int]) -> None:
-    """In place on float32 `x[which]`: repetition, frequency, presence, no_repeat_ngram_size.
-
-    repetition_penalty (HF): every token seen in prompt + output has its logit divided by the
-    penalty when positive, multiplied when not. frequency/presence (OpenAI/vLLM) count the
-    OUTPUT only: logit -= frequency * count + presence * (count > 0). The engine could cache
-    prompt counts per request if long prompts make the per-step rebuild show up in profiles.
-    """
-    vocab, device = x.shape[1], x.device
-    idx = _index(which, device)
-    sub = x[idx]
-    params = [rows[i].params for i in which]
-
-    rep = [p.repetition_penalty for p in params]
-    if any(r != 1.0 for r in rep):
-        seen = _count_tokens([rows[i].prompt_token_ids + rows[i].output_token_ids for i in which],
-                             vocab, device) > 0
-        rep_t = torch.tensor(rep, dtype=torch.float32, device=device).unsqueeze(1)
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep_t, sub * rep_t), sub)
-
-    freq = [p.frequency_penalty for p in params]
-    pres = [p.presence_penalty for p in params]
-    if any(freq) or any(pres):
-        counts = _count_tokens([rows[i].output_token_ids for i in which], vocab, device)
-        freq_t = torch.tensor(freq, dtype=torch.float32, device=device).unsqueeze(1)
-        pres_t = torch.tensor(pres, dtype=torch.float32, device=device).unsqueeze(1)
-        sub = sub - freq_t * counts - pres_t * (counts > 0).to(torch.float32)
-
-    ban_rows, ban_tokens = [], []
-    for j, i in enumerate(which):
-        n = params[j].no_repeat_ngram_size
-        if n > 0:
-            seq = rows[i].prompt_token_ids + rows[i].output_token_ids
-            for t in banned_ngram_tokens(seq, n):
-                if 0 <= t < vocab:
-                    ban_rows.append(j)
-                    ban_tokens.append(t)
-    if ban_rows:
-        sub[_index(ban_rows, device), _index(ban_tokens, device)] = _NEG_INF
-    x[idx] = sub
+    def _random_params(self, rows: list[SamplingRequestState], vocab: int, device: torch.device) -> RandomRows:
+        """Per-row parameters and uniforms, moved to the device in one copy."""
+        seeds, steps, drawn = [], [], []
+        for j, r in enumerate(rows):
+            steps.append(len(r.output_token_ids))
+            if r.params.seed is not None:
+                seeds.append(r.params.seed)
+            elif r.generator is not None:
+                seeds.append(int(torch.randint(_KEY_RANGE, (1,), generator=r.generator,
+                                               device=r.generator.device).item()))
+            else:
+                seeds.append(0)
+                drawn.append(j)
+        if drawn:  # one draw for every unseeded row of the step
+            gen = self.default_generator
+            keys = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
+                                 device=gen.device if gen is not None else "cpu").tolist()
+            for j, key in zip(drawn, keys):
+                seeds[j] = key
+        u = step_uniforms(seeds, steps)[:, 0]
+        top_k = [r.params.top_k if 0 < r.params.top_k < vocab else 0 for r in rows]
+        packed = torch.tensor([[r.params.temperature, k, r.params.top_p, r.params.min_p, uj]
+                               for r, k, uj in zip(rows, top_k, u.tolist())], dtype=torch.float64)
+        packed = packed.to(device)
+        return RandomRows(temperature=packed[:, 0].float(), top_k=packed[:, 1].long(),
+                          top_p=packed[:, 2].float(), min_p=packed[:, 3].float(), uniform=packed[:, 4],
+                          host_top_k=top_k, host_top_p=[r.params.top_p for r in rows],
+                          host_min_p=[r.params.min_p for r in rows])
 
 
 def banned_ngram_tokens(seq: list[int], n: int) -> set[int]:
-    """HF no_repeat_ngram_size: tokens that would complete an n-gram already in `seq`."""
+    """HF no_repeat_ngram_size by its definition, a full scan: tokens that would complete an
+    n-gram already in `seq`. The sampler uses `SamplingState`'s incremental map; tests compare."""
     if n <= 0 or len(seq) < n:
         return set()
     prefix = seq[len(seq) - n + 1:] if n > 1 else []
@@ -207,63 +225,27 @@ def apply_min_tokens(x: torch.Tensor, rows: list[SamplingRequestState], which: l
         x[_index(ban_rows, x.device), _index(ban_tokens, x.device)] = _NEG_INF
 
 
-def filtered_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Unnormalised sampling probabilities of random rows: temperature, top_k, top_p, min_p.
-
-    Every filter keeps the most likely token, so a row never ends up empty. top_k keeps ties
-    with the k-th value (a cut inside a tie would be arbitrary). Excluded tokens get prob 0.
-    """
-    device, vocab = x.device, x.shape[1]
-    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
-    x = x / temp.unsqueeze(1)
-
-    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    top_p = [p.top_p for p in params]
-    if any(top_k) or any(p < 1.0 for p in top_p):
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        if any(top_k):
-            k = torch.tensor([k if k else vocab for k in top_k], device=device)
-            kth = sorted_x.gather(1, (k - 1).unsqueeze(1))
-            x = x.masked_fill(x < kth, _NEG_INF)
-            sorted_x = sorted_x.masked_fill(sorted_x < kth, _NEG_INF)
-        if any(p < 1.0 for p in top_p):
-            sorted_probs = sorted_x.softmax(dim=-1)
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            p_t = torch.tensor(top_p, dtype=torch.float32, device=device).unsqueeze(1)
-            # Keep while the mass of the better tokens is still short of top_p; this is the
-            # smallest set reaching top_p and always holds the top token (mass_before == 0).
-            # Rows with top_p == 1 are left alone so rounding in cumsum cannot drop a tail.
-            drop_sorted = (mass_before >= p_t) & (p_t < 1.0)
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            x = x.masked_fill(drop, _NEG_INF)
-
-    probs = x.softmax(dim=-1)
-    min_p = [p.min_p for p in params]
-    if any(min_p):
-        mp = torch.tensor(min_p, dtype=torch.float32, device=device).unsqueeze(1)
-        probs = probs.masked_fill(probs < mp * probs.amax(dim=-1, keepdim=True), 0.0)
-    return probs
+def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
+    """x[which] without a copy when that is every row."""
+    return x if len(which) == n else x[_index(which, x.device)]
 
 
-def _count_tokens(seqs: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """[len(seqs), vocab] float32 occurrence counts, in one scatter for the whole batch."""
-    width = max((len(s) for s in seqs), default=0)
-    counts = torch.zeros((len(seqs), vocab + 1), dtype=torch.float32, device=device)
-    if width:
-        # Padding and out-of-range ids go to an extra column that is dropped.
-        ids = torch.tensor([s + [vocab] * (width - len(s)) for s in seqs], dtype=torch.long, device=device)
-        ids = ids.masked_fill((ids < 0) | (ids > vocab), vocab)
-        counts.scatter_add_(1, ids, torch.ones(ids.shape, dtype=torch.float32, device=device))
-    return counts[:, :vocab]
+def _logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """[n] float64 log-sum-exp of each row, from cache-sized block sums (no [n, vocab] write)."""
+    m = x.amax(dim=-1, keepdim=True)
+    ones = torch.ones_like(m)
+    sums = block_sums(x, m, ones).double().sum(dim=-1)
+    return m.squeeze(1).double() + sums.log()
 
 
-def _collect_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, nums: list[int]) -> list[list]:
-    """[sampled_logprob, {alt_id: logprob}] per row, with one host transfer per tensor."""
-    sampled = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
-    k = min(max(nums), logprobs.shape[1])
+def _collect_logprobs(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, nums: list[int]) -> list[list]:
+    """[sampled_logprob, {alt_id: logprob}] per row: logprob = logit - logsumexp; the top
+    alternatives by one topk over the logits (the same order as over the logprobs)."""
+    sampled = (x.gather(1, chosen.unsqueeze(1)).squeeze(1).double() - lse).tolist()
+    k = min(max(nums), x.shape[1])
     if k:
-        top_vals, top_ids = logprobs.topk(k, dim=-1)
-        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        top_vals, top_ids = x.topk(k, dim=-1)
+        top_vals, top_ids = (top_vals.double() - lse.unsqueeze(1)).tolist(), top_ids.tolist()
     result = []
     for j, n in enumerate(nums):
         alts = dict(zip(top_ids[j][:n], top_vals[j][:n])) if n and k else {}

@@ -47,6 +47,10 @@ EMBEDDED_MODELS = {
     # a 2-layer, 256-hidden model for CPU benchmarks
     "small-random": dict(TINY_QWEN3, hidden_size=256, intermediate_size=768, num_attention_heads=8,
                          num_key_value_heads=4, vocab_size=512, weights=True),
+    # the same with Qwen's 151,936-token vocabulary: CPU benchmarks of sampling and penalties,
+    # where the vocabulary-wide work (not the 2-layer body) is what is measured
+    "small-random-151k": dict(TINY_QWEN3, hidden_size=256, intermediate_size=768, num_attention_heads=8,
+                              num_key_value_heads=4, vocab_size=151936, weights=True),
     "qwen3-0.6b-shape": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024,
                              intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                              num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,

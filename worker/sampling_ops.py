@@ -1,0 +1,278 @@
+"""Batched random sampling: temperature, top-k, top-p, min-p and the draw, with no vocabulary sort.
+
+Owns: `sample_random_rows`, which turns float32 logits of the random rows into token ids given
+per-row parameters and one uniform per row (from `random_stream.step_uniforms`). Plain torch,
+the same code on CPU and CUDA.
+
+The kept set of a row (all thresholds on the row's logits, so it is always a set of the highest
+values, ties kept together):
+  * top_k: values >= the k-th largest value (ties with it stay);
+  * top_p: over the top-k survivors with probabilities softmax(x / T), token i stays when the
+    mass of tokens with a strictly greater value is < top_p (the smallest set of whole tie
+    groups reaching top_p; the top token always stays);
+  * min_p: exp((x_i - max) / T) >= min_p, i.e. prob_i >= min_p * prob_max.
+The draw is the inverse CDF of the kept probabilities in token-id order at the row's uniform, so
+it depends only on the row (its logits, parameters and uniform), never on the rest of the batch.
+
+How, without sorting the vocabulary:
+  * rows with top_k, and rows with top_p whose kept set turns out to lie within their first
+    `TOP_P_CANDIDATES` values: `topk` candidates, filters and draw on those few columns;
+  * the others ("full" rows): thresholds in logit space (top-p by an exact 32-step bisection over
+    the float32 bit order, batched), then one pass that writes exp((x - max) / T) block sums and a
+    second level that draws inside the chosen block. On the CPU that pass runs over column chunks
+    that stay in cache; on CUDA it is one chunk.
+
+Must never: read or write state outside its arguments, mutate `x`, or sync to the host.
+To extend: a new filter is one more threshold; apply it in `_candidate_keep` and `_full_weights`
+in the same way, so both paths keep the same set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TOP_K_TIE_MARGIN = 8      # extra candidates past k to see ties with the k-th value
+TOP_P_CANDIDATES = 256    # candidates tried first for rows with top_p but no top_k
+BLOCK = 128               # columns per block of the two-level draw
+CPU_CHUNK = 16384         # columns per cache-sized chunk of the full pass on the CPU
+_BISECT_STEPS = 32
+
+
+@dataclass
+class RandomRows:
+    """Parameters of the random rows, on the logits' device, plus host copies used for planning."""
+
+    temperature: torch.Tensor  # [n] float32, > 0
+    top_k: torch.Tensor        # [n] int64, 0 = none (already 0 when >= vocab)
+    top_p: torch.Tensor        # [n] float32 in (0, 1]
+    min_p: torch.Tensor        # [n] float32 in [0, 1]
+    uniform: torch.Tensor      # [n] float64 in [0, 1)
+    host_top_k: list[int]
+    host_top_p: list[float]
+    host_min_p: list[float]
+
+
+def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
+    """Token ids [n] (int64) for float32 logits `x` [n, vocab] of random rows."""
+    return _run(x, rows, want_mask=False)
+
+
+def kept_mask(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
+    """[n, vocab] bool: the tokens each row may draw, found by the same paths as the draw
+    (for tests and diagnostics; the draw itself never builds this)."""
+    return _run(x, rows, want_mask=True)
+
+
+def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool) -> torch.Tensor:
+    n, vocab = x.shape
+    dev = x.device
+    m = x.amax(dim=-1, keepdim=True)
+    inv_t = (1.0 / rows.temperature).unsqueeze(1)
+    need = [_num_candidates(k, p, vocab) for k, p in zip(rows.host_top_k, rows.host_top_p)]
+    cand = [i for i, c in enumerate(need) if c]
+    full = [i for i, c in enumerate(need) if not c]
+    out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
+           else torch.empty(n, dtype=torch.long, device=dev))
+    if cand:
+        idx = _index(cand, dev)
+        resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
+                                                   _take(inv_t, idx, cand, n), rows, cand,
+                                                   [need[i] for i in cand])
+        if want_mask:
+            out[idx] = torch.zeros(len(cand), vocab, dtype=torch.bool, device=dev).scatter_(1, ids, w > 0)
+        else:
+            order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
+            w, ids = w.gather(1, order), ids.gather(1, order)
+            out[idx] = ids.gather(1, _inverse_cdf(w, rows.uniform[idx]).unsqueeze(1)).squeeze(1)
+        # Rows whose kept set did not fit their candidates (ties past k + margin, or a top-p set
+        # wider than its candidates) go the full way. Only the device knows which: one read.
+        if not bool(resolved.all()):
+            unresolved = (~resolved).nonzero().squeeze(1).tolist()
+            sub = [cand[j] for j in unresolved]
+            sub_idx = _index(sub, dev)
+            out[sub_idx] = _full(x[sub_idx], m[sub_idx], inv_t[sub_idx],
+                                 kth[_index(unresolved, dev)], rows, sub, want_mask)
+    if full:
+        idx = _index(full, dev)
+        tau = torch.full((len(full), 1), float("-inf"), device=dev)
+        out[idx] = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
+                         tau, rows, full, want_mask)
+    return out
+
+
+def _take(t: torch.Tensor, idx: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
+    """Rows `which` of `t`; `t` itself when that is every row (no [n, vocab] copy)."""
+    return t if len(which) == n else t[idx]
+
+
+def _num_candidates(top_k: int, top_p: float, vocab: int) -> int:
+    """Columns a row tries first: a fixed function of its own parameters (never of the batch),
+    so whether it falls back to the full path depends only on the row. 0 = full path."""
+    if top_k:
+        return min(vocab, top_k + TOP_K_TIE_MARGIN)
+    if top_p < 1.0:
+        return min(vocab, TOP_P_CANDIDATES)
+    return 0
+
+
+def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: list[int]):
+    """Filters over each row's top `need` values. Returns (resolved [n] bool, weights of the
+    kept candidates [n, c] float64 (0 elsewhere), their token ids [n, c], the top-k threshold
+    [n, 1], which the unresolved rows carry to the full path)."""
+    n, vocab = x.shape
+    dev = x.device
+    idx = _index(which, dev)
+    vals, ids = x.topk(max(need), dim=-1)  # sorted, highest first
+    pos = torch.arange(vals.shape[1], device=dev)
+    limit = torch.tensor(need, device=dev).unsqueeze(1)
+    top_k = rows.top_k[idx].unsqueeze(1)
+    has_k = top_k > 0
+    kth = torch.where(has_k, vals.gather(1, (top_k - 1).clamp(min=0)), torch.full_like(m, float("-inf")))
+    # A top-k row is resolved unless ties with the k-th value may reach past its candidates.
+    resolved = ((vals.gather(1, limit - 1) < kth) | (limit >= vocab) | ~has_k).squeeze(1)
+    w = torch.exp((vals - m) * inv_t).masked_fill_((pos >= limit) | (vals < kth), 0.0).double()
+    keep = w > 0
+    p_rows = [j for j, i in enumerate(which) if rows.host_top_p[i] < 1.0]
+    if p_rows:
+        top_p = rows.top_p[idx].unsqueeze(1).double()
+        total = w.sum(dim=-1, keepdim=True)
+        # Rows with top_p and no top_k: the mass is that of the whole vocabulary.
+        z_rows = [j for j in p_rows if not rows.host_top_k[which[j]] and need[j] < vocab]
+        if z_rows:
+            z_idx = _index(z_rows, dev)
+            total[z_idx] = _full_mass(_take(x, z_idx, z_rows, n), _take(m, z_idx, z_rows, n),
+                                      _take(inv_t, z_idx, z_rows, n))
+        before = _mass_before_group(vals, w)
+        keep_p = (before < top_p * total) | (top_p >= 1.0)
+        keep &= keep_p
+        # A top-p-only row is resolved when its last candidate is already cut off by top_p.
+        if z_rows:
+            cut = ~keep_p.gather(1, limit - 1).squeeze(1)
+            resolved[z_idx] = cut[z_idx]
+    if any(rows.host_min_p[i] > 0.0 for i in which):
+        keep &= w >= rows.min_p[idx].unsqueeze(1).double()
+    return resolved, w.masked_fill(~keep, 0.0), ids, kth
+
+
+def _mass_before_group(vals: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """For values sorted high to low: mass of strictly greater values (ties share their group's)."""
+    before = w.cumsum(dim=-1) - w
+    pos = torch.arange(vals.shape[1], device=vals.device).expand_as(vals)
+    starts = torch.ones_like(vals, dtype=torch.bool)
+    starts[:, 1:] = vals[:, 1:] != vals[:, :-1]
+    group_start = torch.where(starts, pos, torch.zeros_like(pos)).cummax(dim=-1).values
+    return before.gather(1, group_start)
+
+
+def _inverse_cdf(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index where the float64 cumulative weight first exceeds u * total; never a zero weight."""
+    cum = w.cumsum(dim=-1)
+    target = (u * cum[:, -1]).unsqueeze(1)
+    found = torch.searchsorted(cum, target, right=True).squeeze(1)
+    pos = torch.arange(w.shape[1], device=w.device)
+    last_positive = torch.where(w > 0, pos, torch.zeros_like(pos)).amax(dim=-1)
+    return torch.minimum(found, last_positive)
+
+
+def _chunks(vocab: int, device: torch.device):
+    step = CPU_CHUNK if device.type == "cpu" else vocab + BLOCK
+    for c0 in range(0, vocab, step):
+        yield c0, min(vocab, c0 + step)
+
+
+def block_sums(x, m, inv_t, tau=None, min_p=None) -> torch.Tensor:
+    """[n, ceil(vocab / BLOCK)] float32 sums of exp((x - m) * inv_t) over the kept columns."""
+    n, vocab = x.shape
+    sums = torch.empty(n, -(-vocab // BLOCK), dtype=torch.float32, device=x.device)
+    buf = None
+    for c0, c1 in _chunks(vocab, x.device):
+        width = c1 - c0
+        nblk = -(-width // BLOCK)
+        if buf is None or buf.shape[1] != nblk * BLOCK:
+            buf = torch.zeros(n, nblk * BLOCK, dtype=torch.float32, device=x.device)
+        w = buf[:, :width]
+        torch.sub(x[:, c0:c1], m, out=w)
+        w.mul_(inv_t).exp_()
+        if tau is not None:
+            w.masked_fill_(x[:, c0:c1] < tau, 0.0)
+        if min_p is not None:
+            w.masked_fill_(w < min_p, 0.0)
+        if width < buf.shape[1]:
+            buf[:, width:] = 0.0  # a reused buffer's tail holds the previous chunk
+        sums[:, c0 // BLOCK:c0 // BLOCK + nblk] = buf.view(n, nblk, BLOCK).sum(dim=-1)
+    return sums
+
+
+def _full_mass(x, m, inv_t) -> torch.Tensor:
+    return block_sums(x, m, inv_t).double().sum(dim=-1, keepdim=True)
+
+
+def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool) -> torch.Tensor:
+    """The whole vocabulary with per-row logit thresholds: top-k `tau`, top-p found here, min_p.
+    Returns the kept mask, or the draw: a block by its mass, then a column inside it."""
+    n, vocab = x.shape
+    dev = x.device
+    idx = _index(which, dev)
+    p_rows = [j for j, i in enumerate(which) if rows.host_top_p[i] < 1.0]
+    if p_rows:
+        p_idx = _index(p_rows, dev)
+        t = _take(tau, p_idx, p_rows, n)
+        found = top_p_threshold(_take(x, p_idx, p_rows, n), _take(m, p_idx, p_rows, n),
+                                _take(inv_t, p_idx, p_rows, n), t, rows.top_p[idx[p_idx]].unsqueeze(1))
+        tau = tau.clone()
+        tau[p_idx] = torch.maximum(t, found)
+    min_p = rows.min_p[idx].unsqueeze(1)
+    if want_mask:
+        w = torch.exp((x - m) * inv_t)
+        return (x >= tau) & (w >= min_p) & (w > 0)
+    has_min_p = any(rows.host_min_p[i] > 0.0 for i in which)
+    has_tau = bool(p_rows) or any(rows.host_top_k[i] for i in which)
+    sums = block_sums(x, m, inv_t, tau if has_tau else None, min_p if has_min_p else None).double()
+    u = rows.uniform[idx]
+    block = _inverse_cdf(sums, u)
+    cum = sums.cumsum(dim=-1)
+    before = torch.where(block > 0, cum.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1),
+                         torch.zeros_like(u))
+    target = u * cum[:, -1] - before  # the same u * total as the block choice: one inverse CDF
+    cols = block.unsqueeze(1) * BLOCK + torch.arange(BLOCK, device=dev)
+    xb = x.gather(1, cols.clamp(max=vocab - 1))
+    w = torch.exp((xb - m) * inv_t)
+    w = w.masked_fill_((cols >= vocab) | (xb < tau) | (w < min_p), 0.0).double()
+    found = torch.searchsorted(w.cumsum(dim=-1), target.unsqueeze(1), right=True).squeeze(1)
+    pos = torch.arange(BLOCK, device=dev)
+    last_positive = torch.where(w > 0, pos, torch.zeros_like(pos)).amax(dim=-1)
+    return block * BLOCK + torch.minimum(found, last_positive)
+
+
+def _float_key(v: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 with the same order (-0.0 just below +0.0)."""
+    bits = v.contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def _key_float(k: torch.Tensor) -> torch.Tensor:
+    bits = torch.where(k < 0, k ^ 0x7FFFFFFF, k).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def top_p_threshold(x, m, inv_t, tau, top_p) -> torch.Tensor:
+    """[n, 1] smallest logit value v of the row with mass(x > v) < top_p * mass(x >= tau), the
+    masses taken of exp((x - m) * inv_t). Exact: a bisection over the float32 bit order, 32
+    fixed steps for the whole batch (float sums are monotone in their terms, so it converges)."""
+    w = torch.exp((x - m) * inv_t).masked_fill_(x < tau, 0.0)
+    target = top_p * w.sum(dim=-1, keepdim=True)
+    lo = _float_key(torch.full_like(m, float("-inf")))
+    hi = _float_key(m)
+    for _ in range(_BISECT_STEPS):
+        mid = (lo + hi) // 2
+        mass = torch.where(x > _key_float(mid), w, 0.0).sum(dim=-1, keepdim=True)
+        below = mass < target
+        hi = torch.where(below, mid, hi)
+        lo = torch.where(below, lo, mid)
+    return _key_float(hi)
+
+
+def _index(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
