@@ -91,12 +91,17 @@ def run_ours(args, prompts, out_lens, kinds):
     runs = {}
     for kind in kinds:  # warm-up (lazy init, kernels) of every kind before any timing
         llm.generate(prompts[:2], sampling_params(kind, out_lens[:2], args.seed), use_tqdm=False)
-    for _ in range(args.repeats):
-        for kind in kinds:
+    vocab = llm.engine.spec.vocab_size
+    for r in range(args.repeats):
+        for ki, kind in enumerate(kinds):
             params = sampling_params(kind, out_lens, args.seed)
+            # Same lengths, other ids for every timed run: no run may find another's prompts in
+            # the prefix cache (that would skip its prefill and flatter the later kinds).
+            shift = 7919 * (1 + r * len(kinds) + ki)
+            run_prompts = [[2 + (t + shift) % (vocab - 2) for t in p] for p in prompts]
             _sync()
             t = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=len(kinds) == 1)
+            outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
             _sync()
             elapsed = time.perf_counter() - t
             n_tokens = sum(len(o.token_ids) for o in outs)
