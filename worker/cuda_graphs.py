@@ -6,12 +6,23 @@ Owns: static input buffers sized for `max_num_seqs` decodes with block tables as
 captured size (padding rows write no KV: slot -1) and replays. All graphs share one memory
 pool, captured largest first. Kernels must pick their launch shapes from tensor shapes only
 (never from values), which `kernels/` guarantees for decode.
+
+Tensor parallel (docs/parallel.md): every TP rank builds the same ladder (from the shared
+config) and captures it in the same order, calling `before_capture(bs)` (a barrier on a CPU
+group: never a collective inside a capture) before each size; the NCCL collectives inside the
+forward are captured, not run, so ranks meet in the eager warm-up before each capture. A replay
+names its batch (`run(..., batch=)`), which rank 0 broadcasts, so ranks never pick on their own.
+`release()` destroys the graphs: NCCL cannot destroy or abort a communicator while a captured
+graph still holds it, so graphs go before the process group does.
+
+Must never run a collective, a host sync or an allocation outside the graph pool while capturing.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+from typing import Callable, Optional
 
 import torch
 
@@ -30,8 +41,12 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, forward_logits, kv_caches, max_batch: int, max_blocks_per_seq: int,
-                 device: torch.device):
-        """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured."""
+                 device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
+                 capture_error_mode: str = "global"):
+        """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured.
+        `before_capture(bs)` runs before each size's warm-up (ranks of one replica: a barrier);
+        `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
+        from invalidating the capture."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -42,16 +57,19 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(max_batch, **i32)
         self.query_start_loc = torch.arange(max_batch + 1, **i32)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.replays = 0  # steps served by a graph (tests check that graphs really ran)
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         torch.cuda.synchronize(device)
         for bs in reversed(self.sizes):
+            if before_capture is not None:
+                before_capture(bs)
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
                                      self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             forward_logits(*args)  # warm-up: Triton compiles/autotunes outside the capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
                 self.outputs[bs] = forward_logits(*args)
             pool = graph.pool()
             self.graphs[bs] = graph
@@ -62,9 +80,17 @@ class DecodeGraphs:
         return (max_query_len == 1 and num_tokens == num_seqs == num_sampled
                 and num_seqs <= self.max_batch)
 
-    def run(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+    def batch_for(self, num_seqs: int) -> int:
+        """The captured size a batch of `num_seqs` decodes replays (padded up)."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def run(self, input_ids, positions, meta: AttentionMetadata, batch: Optional[int] = None) -> torch.Tensor:
+        """Replay for `input_ids.shape[0]` rows; `batch` (a captured size) is the graph to use,
+        by default the smallest that fits. Inputs may be int32: copies cast."""
         n = input_ids.shape[0]
-        bs = self.sizes[bisect.bisect_left(self.sizes, n)]
+        bs = self.batch_for(n) if batch is None else batch
+        if bs not in self.graphs or bs < n:
+            raise ValueError(f"no captured decode graph of {bs} rows for {n} rows (have {self.sizes})")
         width = meta.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
@@ -75,4 +101,15 @@ class DecodeGraphs:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
         self.graphs[bs].replay()
+        self.replays += 1
         return self.outputs[bs][:n]
+
+    def release(self) -> None:
+        """Destroy the graphs and their outputs (before the process group goes). The graphs
+        go even if the wait for pending work fails (a device error after a peer died)."""
+        try:
+            if self.graphs:
+                torch.cuda.synchronize()
+        finally:
+            self.graphs.clear()
+            self.outputs.clear()

@@ -1,7 +1,10 @@
 """On 2+ CUDA devices (NCCL): tensor / pipeline parallel greedy output equals T=1 on the same
 GPU type for the tiny float32 checkpoints (T=1 on GPU vs HF is tests/parity/test_gpu.py), with
-and without decode CUDA graphs; a killed rank fails the replica within 10 s (the NCCL abort
-path). T=4 and T=2 x P=2 need 4 devices.
+and without decode CUDA graphs (at P = 1 every TP rank captures the same ladder in lock step and
+decode steps must really replay; at P > 1 graph mode runs eagerly and must still match); a
+killed rank fails the replica within 10 s in eager and graph mode (the NCCL abort path, which
+must not wait for the captured graphs), and close() ends every rank after graphs were captured.
+T=4 and T=2 x P=2 need 4 devices.
 Run: `pytest -m gpu tests/distributed`."""
 
 import os
@@ -23,7 +26,7 @@ if NUM_GPUS < 2:
 GPU = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=256,
            max_num_batched_tokens=24, max_num_seqs=8)
 LAYOUTS = {"tp2_eager": (2, 1, True), "tp2_graphs": (2, 1, False), "pp2": (1, 2, True),
-           "tp2_pp2": (2, 2, True), "tp4_graphs": (4, 1, False)}
+           "pp2_graphs": (1, 2, False), "tp2_pp2": (2, 2, True), "tp4_graphs": (4, 1, False)}
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +46,21 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
     tp, pp, eager = LAYOUTS[layout]
     if tp * pp > NUM_GPUS:
         pytest.skip(f"needs {tp * pp} CUDA devices, {NUM_GPUS} visible")
-    check_parallel_greedy(started, dist_checkpoints[family], tp, pp, dict(GPU, enforce_eager=eager),
-                          [gpu_single[family]])
+    llm = check_parallel_greedy(started, dist_checkpoints[family], tp, pp, dict(GPU, enforce_eager=eager),
+                                [gpu_single[family]])
+    replays = llm.engine.runner.graph_replays
+    if eager or pp > 1:
+        assert replays == 0
+    else:  # pure decode steps (<= 8 sequences) replay a graph on every rank
+        assert replays > 0
 
 
 @pytest.mark.timeout(180, method="thread")
-def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints):
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager):
     from infer_cluster.protocol import SamplingParams
 
-    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=True,
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=eager,
                             **GPU))
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     rids = {llm.add_request([5 + i, 6, 7], long) for i in range(2)}
@@ -64,3 +73,8 @@ def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints):
         assert time.monotonic() - killed_at < 10, "requests still running 10 s after the kill"
         finals.update({d.request_id: d for d in llm.step() if d.finished})
     assert all(d.finish_reason == "error" and "rank 1" in d.error["message"] for d in finals.values())
+    if not eager:
+        assert llm.engine.runner.graph_replays == 0  # released, so the NCCL abort could finish
+    closed_at = time.monotonic()
+    llm.close()
+    assert time.monotonic() - closed_at < 10, "close() after the failure took too long"

@@ -1,13 +1,10 @@
-"""Rank layout (stage, TP rank, layer ranges, neighbours), timeout options from the
-environment, and the per-step bytes rank 0 sends: plain Python, no processes."""
+"""Rank layout (stage, TP rank, layer ranges, neighbours) and timeout options from the
+environment: plain Python, no processes. The step tensor is tested in test_step_codec.py."""
 
 import pytest
 
 from infer_cluster.protocol import ConfigError
-from infer_cluster.worker.distributed.step_codec import (DOORBELL_SIZE, Command, StepFormatError, decode_step,
-                                           encode_step, pack_doorbell, unpack_doorbell)
 from infer_cluster.worker.distributed.topology import DistributedOptions, RankLayout
-from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
 
 
 def test_layout_of_tp2_pp2():
@@ -46,22 +43,3 @@ def test_options_from_env(monkeypatch):
         DistributedOptions.from_env()
     with pytest.raises(ConfigError, match="heartbeat timeout"):
         DistributedOptions(heartbeat_timeout_s=0.6, heartbeat_interval_s=0.5)
-
-
-def test_step_round_trip_drops_request_ids():
-    out = SchedulerOutput([ScheduledRequest("a", [1, 2, 3], 0, [4, 5], True),
-                           ScheduledRequest("b", [9], 17, [0, 7, 3], False)], num_batched_tokens=4)
-    back = decode_step(encode_step(out))
-    assert back.num_batched_tokens == 4
-    assert [(r.token_ids, r.start_position, r.block_ids, r.needs_sample) for r in back.requests] == \
-           [([1, 2, 3], 0, [4, 5], True), ([9], 17, [0, 7, 3], False)]
-    with pytest.raises(StepFormatError, match="cannot decode"):
-        decode_step(b"\xc1garbage")
-
-
-def test_doorbell_frames():
-    frame = pack_doorbell(Command.STEP, 123456)
-    assert len(frame) == DOORBELL_SIZE and unpack_doorbell(frame) == (Command.STEP, 123456)
-    assert unpack_doorbell(pack_doorbell(Command.SHUTDOWN)) == (Command.SHUTDOWN, 0)
-    with pytest.raises(StepFormatError, match="unknown doorbell command 9"):
-        unpack_doorbell(bytes([9]) + bytes(8))

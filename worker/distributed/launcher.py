@@ -1,9 +1,9 @@
-"""Rank 0's side of the rank processes: start them, watch them, ring their doorbells, end them.
+"""Rank 0's side of the rank processes: start them, watch them, end them.
 
 Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
-never a fork of this process, which may hold CUDA), the two pipes per rank (its stdin is the
-doorbell rank 0 writes step / shutdown frames to, and whose EOF tells the rank that rank 0 is
-gone; a heartbeat pipe it writes a byte to every `heartbeat_interval_s`), and `RankMonitor`, a
+never a fork of this process, which may hold CUDA), the two pipes per rank (its stdin, whose
+EOF tells the rank to exit at once: rank 0 closed it or is gone; a heartbeat pipe it writes a
+byte to every `heartbeat_interval_s`), and `RankMonitor`, a
 thread that turns a rank that exits, or falls silent for `heartbeat_timeout_s`, into one
 recorded failure: it kills every rank (so rank 0's pending gloo collectives fail at once instead
 of waiting for the timeout), runs the failure callbacks, and logs one clear line.
@@ -29,7 +29,6 @@ from typing import Callable, Optional
 
 from infer_cluster.protocol import EngineError
 
-from .step_codec import Command, pack_doorbell
 from .topology import DistributedOptions
 
 log = logging.getLogger(__name__)
@@ -93,6 +92,7 @@ class RankMonitor:
         self.options = options
         self.error: Optional[str] = None
         self.failed = threading.Event()
+        self.handled = threading.Event()  # set once the failure callbacks have returned
         self._callbacks: list[Callable[[str], None]] = []
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -123,6 +123,7 @@ class RankMonitor:
                 cb(reason)
             except Exception:
                 log.exception("rank-failure callback raised")
+        self.handled.set()
 
     def _run(self) -> None:
         fds = {r.heartbeat_fd: r for r in self.ranks}
@@ -163,18 +164,6 @@ class RankMonitor:
                 return
 
 
-def ring(ranks: list[RankProcess], command: Command, payload_len: int = 0) -> None:
-    """Write one doorbell frame to every rank; a broken pipe means that rank is gone."""
-    frame = pack_doorbell(command, payload_len)
-    for r in ranks:
-        try:
-            r.popen.stdin.write(frame)
-            r.popen.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError) as exc:
-            raise RankFailedError(f"rank {r.rank} (pid {r.pid}) is gone: "
-                                  f"cannot write to it ({exc})") from None
-
-
 def kill_all(ranks: list[RankProcess]) -> None:
     """SIGKILL every rank still running (works on stopped processes too) and reap it."""
     for r in ranks:
@@ -190,16 +179,13 @@ def kill_all(ranks: list[RankProcess]) -> None:
             log.error("rank %d (pid %d) survived SIGKILL for 5 s", r.rank, r.pid)
 
 
-def request_shutdown(ranks: list[RankProcess]) -> None:
-    """Write SHUTDOWN to every live rank; ranks already gone are skipped."""
-    frame = pack_doorbell(Command.SHUTDOWN)
+def close_stdin(ranks: list[RankProcess]) -> None:
+    """Close every rank's stdin: at its EOF a rank exits at once (rank_main's watcher)."""
     for r in ranks:
-        if r.popen.poll() is None:
-            try:
-                r.popen.stdin.write(frame)
-                r.popen.stdin.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
+        try:
+            r.popen.stdin.close()
+        except OSError:  # unflushed bytes to a dead rank
+            pass
 
 
 def reap(ranks: list[RankProcess], timeout_s: float) -> None:

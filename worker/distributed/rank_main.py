@@ -1,16 +1,17 @@
 """Entry point of ranks 1..N-1: `python -m infer_cluster.worker.distributed.rank_main BOOTSTRAP_JSON`.
 
 Owns: one rank process's life. Before torch loads (seconds), it starts the heartbeat thread,
-which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed).
-Then it joins the group, builds its `RankShard`, and loops: read a doorbell frame from stdin
-(EOF = rank 0 is gone: exit), receive the step bytes on the control group, run its stage. A
-SHUTDOWN frame ends the loop and the process with code 0 (`os._exit`: torch's teardown is slow);
-any error ends it with code 1 after one logged traceback (rank 0's monitor turns that into the
-replica's failure).
+which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed),
+and a thread that ends it at EOF on stdin (rank 0 closed the pipe, or died). Then it joins the
+group, builds its `RankShard` (capturing decode graphs in lock step with the other ranks), and
+loops: wait for the next step on the step channel, run it. A STOP step ends the loop: graphs
+are released, the group is left, and the process exits with code 0 (`os._exit`: torch's
+teardown is slow); any error ends it with code 1 after one logged traceback (rank 0's monitor
+turns that into the replica's failure).
 
 Must never decide anything: it only executes what rank 0 broadcasts. It ignores SIGINT (rank 0
 owns its lifetime: a Ctrl-C in a terminal reaches the whole process group, and the replica
-drains before it ends its ranks). To add a command: handle a new `Command` in `_serve`.
+drains before it ends its ranks). To add an op: handle a new `step_codec.Op` in `_serve`.
 """
 
 from __future__ import annotations
@@ -38,31 +39,28 @@ def _start_heartbeat(fd: int, interval_s: float, parent_pid: int) -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def _read_exact(fd: int, n: int):
-    """n bytes from fd, or None at EOF."""
-    chunks, left = [], n
-    while left:
-        data = os.read(fd, left)
-        if not data:
-            return None
-        chunks.append(data)
-        left -= len(data)
-    return b"".join(chunks)
+def _exit_at_stdin_eof() -> None:
+    def watch():
+        while True:
+            try:
+                if not os.read(0, 4096):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os._exit(EXIT_PARENT_GONE)
+    threading.Thread(target=watch, name="stdin-eof", daemon=True).start()
 
 
-def _serve(shard, log) -> None:
-    from .step_codec import DOORBELL_SIZE, Command, decode_step, unpack_doorbell
+def _serve(shard) -> None:
+    from .step_codec import Op
 
     while True:
-        frame = _read_exact(0, DOORBELL_SIZE)
-        if frame is None:
-            log.error("rank 0 is gone (doorbell closed); exiting")
-            os._exit(EXIT_PARENT_GONE)
-        command, length = unpack_doorbell(frame)
-        if command is Command.SHUTDOWN:
+        header, payload = shard.channel.recv()
+        if header.op is Op.STOP:
             return
-        payload = shard.broadcast_step(None, length)
-        shard.run_step(decode_step(payload))
+        shard.run_step(header, payload)
 
 
 def main(argv: list[str]) -> None:
@@ -70,6 +68,7 @@ def main(argv: list[str]) -> None:
     rank = args["rank"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _start_heartbeat(args["heartbeat_fd"], args["options"]["heartbeat_interval_s"], args["parent_pid"])
+    _exit_at_stdin_eof()
 
     import logging
     logging.basicConfig(level=args.get("log_level", "WARNING"), stream=sys.stderr,
@@ -101,7 +100,8 @@ def main(argv: list[str]) -> None:
                           options, store)
         log.info("rank %d ready: stage %d, tp rank %d, layers %s, %d KV blocks", rank, layout.stage,
                  layout.tp_rank, layout.layer_range, shard.runner.num_kv_blocks)
-        _serve(shard, log)
+        _serve(shard)
+        shard.release_graphs()
         RankGroups.destroy()
     except BaseException:
         if os.getppid() != args["parent_pid"]:  # the group broke because rank 0 died

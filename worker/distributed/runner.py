@@ -6,8 +6,9 @@ Owns: rank 0's whole view of the rank group: checking up front that the model di
 ranks, opening the rendezvous store (free port unless `INFER_CLUSTER_MASTER_PORT` is set),
 starting ranks 1..N-1, building rank 0's own shard while watching the others (a rank that dies
 during start-up fails the constructor at once instead of after a rendezvous timeout), and each
-step: msgpack the `SchedulerOutput`, ring every rank's doorbell, broadcast the bytes, run stage
-0, return the logits the last stage sends back. Any failure (a rank died or hung, a collective
+step: pack the `SchedulerOutput` into the step tensor (`step_codec`), pick graph replay or eager
+for every rank (decode-only batches that fit the captured ladder replay), broadcast it
+(`channel`), run its own share, return the logits the last stage sends back. Any failure (a rank died or hung, a collective
 raised) is fatal for the replica: every rank is killed, this step and every later one raise
 `RankFailedError` naming the rank and cause, and `on_fatal(reason)` (if given) is called from
 the monitor thread so a server can exit and let the coordinator re-route.
@@ -37,10 +38,9 @@ from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
 from ..scheduler import SchedulerOutput
-from .launcher import (RankFailedError, RankMonitor, RankProcess, request_shutdown, reap, ring,
-                       spawn_rank)
+from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import Command, encode_step
+from .step_codec import STOP_HEADER, Op, is_decode_only, pack_step, sampled_request_ids
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class DistributedRunner:
         self.on_fatal = on_fatal
         self._closed = False
         self._lock = threading.Lock()  # orders close() against a late-finishing start-up thread
+        self._step_lock = threading.Lock()  # one broadcast at a time: steps, then STOP
         self._bootstrap: Optional[threading.Thread] = None
         self._bootstrap_done = False
         self._shard: Optional[RankShard] = None
@@ -120,6 +121,12 @@ class DistributedRunner:
         return [r.pid for r in self._ranks]
 
     @property
+    def graph_replays(self) -> int:
+        """Steps rank 0 served from a decode CUDA graph so far (0 without graphs)."""
+        graphs = self._shard.graphs if self._shard is not None else None
+        return graphs.replays if graphs is not None else 0
+
+    @property
     def error(self) -> Optional[str]:
         """Why the rank group failed, or None while it is healthy."""
         monitor = getattr(self, "_monitor", None)
@@ -131,26 +138,31 @@ class DistributedRunner:
         if self._closed:
             raise RankFailedError("the tensor/pipeline-parallel runner is closed")
         if self.error is not None:
+            self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
             raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
+        shard = self._shard
         try:
-            payload = encode_step(out)
-            ring(self._ranks, Command.STEP, len(payload))
-            self._shard.broadcast_step(payload, len(payload))
-            logits, request_ids = self._shard.run_step(out)
-            if self.device.type == "cuda":
-                # NCCL returns before the data is there, and an aborted collective (a peer died)
-                # leaves garbage rather than an error: only logits finished while the group
-                # was still healthy may be sampled.
-                torch.cuda.current_stream(self.device).synchronize()
+            with self._step_lock:
+                header, payload = pack_step(out, shard.block_size)
+                graphs = shard.graphs
+                if graphs is not None and is_decode_only(header) and header.num_seqs <= graphs.max_batch:
+                    header = dataclasses.replace(header, op=Op.GRAPH,
+                                                 graph_batch=graphs.batch_for(header.num_seqs))
+                logits = shard.run_step(header, shard.channel.send(header, payload))
+                if self.device.type == "cuda":
+                    # NCCL returns before the data is there, and an aborted collective (a peer
+                    # died) leaves garbage rather than an error: only logits finished while the
+                    # group was still healthy may be sampled.
+                    torch.cuda.current_stream(self.device).synchronize()
         except Exception as exc:
             raise self._step_failure(exc) from None
         if self.error is not None:
             raise self._step_failure(RuntimeError("the rank group failed during the step"))
-        return logits, request_ids
+        return logits, sampled_request_ids(out)
 
     def close(self) -> None:
-        """End every rank process (SHUTDOWN, then SIGKILL after a grace period) and leave the
-        process group. Idempotent; also registered to run at interpreter exit."""
+        """End every rank process (a STOP step, else EOF on its stdin; SIGKILL after a grace
+        period) and leave the process group. Idempotent; also registered to run at interpreter exit."""
         with self._lock:
             if self._closed:
                 return
@@ -160,8 +172,12 @@ class DistributedRunner:
         monitor = getattr(self, "_monitor", None)
         if monitor is not None:
             monitor.stop()
-        request_shutdown(self._ranks)
+        stopped = own_group and self.error is None and self._send_stop()
+        if not stopped:  # ranks that got no STOP exit at their stdin's EOF (a pending send fails)
+            close_stdin(self._ranks)
         if own_group:
+            if self._shard is not None:
+                self._shard.release_graphs()
             RankGroups.destroy()
         reap(self._ranks, self.options.shutdown_timeout_s)
         if self._bootstrap is not None and self._bootstrap.is_alive():
@@ -169,6 +185,25 @@ class DistributedRunner:
             # up to the collective timeout, after which it leaves the group itself.
             self._bootstrap.join(timeout=self.options.shutdown_timeout_s)
         self._store = None
+
+    def _send_stop(self) -> bool:
+        """Broadcast STOP (ranks release their graphs, leave the group, exit 0). Bounded: a
+        rank that stopped responding must not hold close() up; reap() kills it."""
+        if self._shard is None or not self._step_lock.acquire(timeout=self.options.shutdown_timeout_s):
+            return False
+        done = threading.Event()
+
+        def send():
+            try:
+                self._shard.channel.send(STOP_HEADER)
+                done.set()
+            except Exception:
+                log.debug("STOP broadcast failed", exc_info=True)
+            finally:
+                self._step_lock.release()
+
+        threading.Thread(target=send, name="rank0-stop", daemon=True).start()
+        return done.wait(timeout=2.0)
 
     def __enter__(self):
         return self
@@ -216,10 +251,20 @@ class DistributedRunner:
         if not self._monitor.failed.wait(timeout=1.0):
             self._monitor.fail(f"step failed on rank 0: {type(exc).__name__}: {exc}")
         log.debug("rank 0's view of the failure", exc_info=exc)
+        try:  # the replaying thread lets go of the graphs so that the NCCL abort can finish
+            self._shard.release_graphs()
+        except Exception:
+            log.debug("releasing the decode graphs after the failure raised", exc_info=True)
+        self._monitor.handled.wait(timeout=3.0)  # on_fatal has run before the step reports
         return RankFailedError(f"tensor/pipeline-parallel replica is down: {self._monitor.error}")
 
     def _on_failure(self, reason: str) -> None:
-        """Monitor thread, once, after every other rank was killed."""
-        RankGroups.abort()
+        """Monitor thread, once, after every other rank was killed. The NCCL abort unblocks
+        rank 0's pending kernels at once but returns only when no captured graph holds the
+        communicator (the step thread releases them), so it runs on its own thread and the
+        server hears of the failure regardless."""
+        aborter = threading.Thread(target=RankGroups.abort, name="rank0-abort", daemon=True)
+        aborter.start()
         if self.on_fatal is not None:
             self.on_fatal(reason)
+        aborter.join(timeout=2.0)

@@ -1,18 +1,21 @@
-"""One rank's share of a replica: its process groups, its `ModelRunner` shard, and one step of
-its pipeline stage. The same code runs on rank 0 (inside the replica) and on ranks 1..N-1.
+"""One rank's share of a replica: its process groups, its `ModelRunner` shard, its decode
+graphs, and one step of its pipeline stage. The same code runs on rank 0 (inside the replica)
+and on ranks 1..N-1.
 
 Owns: joining the `torch.distributed` world (gloo on CPU; NCCL on CUDA plus a gloo group for
-control traffic), creating one TP group per pipeline stage (every rank creates every group, in
-the same order, as torch requires), building the `ModelRunner` for this rank's TP rank and
-layer range, agreeing on the KV pool size (MIN over all ranks), the per-step control broadcast
-(rank 0's msgpack step bytes as a uint8 tensor), and `run_step`: stage inputs from the
-previous stage by `recv`, outputs to the next by `send`, and the sampled rows' logits from the
-last stage's TP leader to rank 0.
+control traffic), the step channel's wait group (gloo, no practical timeout: idle ranks wait
+there), one TP group per pipeline stage (every rank creates every group, in the same order, as
+torch requires), the `ModelRunner` for this rank's TP rank and layer range, the KV pool size
+(MIN over all ranks), the decode CUDA graphs (P = 1: captured at start-up on every TP rank in
+lock step, with barriers on the CPU group before every size and after the ladder), and
+`run_step`: unpack the broadcast step tensor, replay the graph it names or run eagerly, take
+stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
+sampled rows' logits from the last stage's TP leader to rank 0.
 
 Must never sample, schedule, or decide anything on its own: every rank derives its tensors
-from the same broadcast `SchedulerOutput`, so all ranks issue the same collectives in the same
-order. To add a per-step message (e.g. sampled ids instead of logits), send it in `run_step`
-on both sides in the same position.
+and its graph-or-eager choice from the same broadcast header and payload, so all ranks issue
+the same collectives in the same order. To add a per-step message (e.g. sampled ids instead of
+logits), send it in `run_step` on both sides in the same position.
 """
 
 from __future__ import annotations
@@ -25,14 +28,21 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from infer_cluster.protocol.errors import ConfigError
+
 from ..config import EngineConfig
+from ..cuda_graphs import DecodeGraphs, capture_sizes
 from ..model_runner import ModelRunner, resolve_device
 from ..models.decoder import ModelSpec
 from ..models.parallel import ParallelState
-from ..scheduler import SchedulerOutput
+from .channel import StepChannel
+from .step_codec import INT32_MAX, Op, StepHeader, unpack_step
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
+
+WAIT_TIMEOUT = datetime.timedelta(days=365)
+CPU_INLINE_CAPACITY = 16384  # int32 values of payload carried in the header broadcast (gloo)
 
 
 class RankGroups:
@@ -49,9 +59,11 @@ class RankGroups:
         dist.init_process_group(backend, store=store, rank=layout.rank, world_size=layout.world_size,
                                 timeout=timeout, **kwargs)
         self.backend = backend
-        # Control traffic (step bytes, KV agreement) stays on the CPU even when data uses NCCL.
+        # Control traffic (KV agreement, capture barriers) stays on the CPU even when data uses NCCL.
         self.control = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
                         else dist.group.WORLD)
+        # Where ranks 1..N-1 wait for the next step's header: an idle replica may wait for hours.
+        self.wait = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
         self.tp_group = None
         for stage in range(layout.pipeline_parallel_size):
             ranks = layout.tp_group_ranks(stage)
@@ -83,7 +95,7 @@ class RankGroups:
 
 
 class RankShard:
-    """This rank's model shard and step execution."""
+    """This rank's model shard, decode graphs and step execution."""
 
     def __init__(self, layout: RankLayout, config: EngineConfig, spec: ModelSpec, model_path: Path,
                  hf_config, max_model_len: int, options: DistributedOptions, store: dist.Store):
@@ -100,6 +112,16 @@ class RankShard:
                                   agree_num_kv_blocks=self._agree_num_kv_blocks)
         self.device = self.runner.device
         self.dtype = self.runner.dtype
+        self.block_size = config.block_size
+        if self.runner.num_kv_blocks * config.block_size > INT32_MAX:
+            raise ConfigError(f"{self.runner.num_kv_blocks} KV blocks of {config.block_size} tokens "
+                              f"exceed the int32 slot ids of the step tensor; lower num_kv_blocks")
+        self.channel = StepChannel(self.groups.wait, dist.group.WORLD, self.device,
+                                   0 if self.device.type == "cuda" else CPU_INLINE_CAPACITY)
+        self.graphs: Optional[DecodeGraphs] = None
+        if (self.device.type == "cuda" and not config.enforce_eager
+                and layout.pipeline_parallel_size == 1):
+            self.graphs = self._capture_graphs(config, max_model_len)
 
     def _agree_num_kv_blocks(self, num_blocks: int) -> int:
         """Every rank's pool must hold the same block ids: take the smallest."""
@@ -107,29 +129,50 @@ class RankShard:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.groups.control)
         return int(t.item())
 
-    # -- control ----------------------------------------------------------------------------
+    def _capture_graphs(self, config: EngineConfig, max_model_len: int) -> DecodeGraphs:
+        """Capture the same ladder in the same order on every TP rank (see docs/parallel.md,
+        "CUDA graphs"). The ladder comes from the shared config; checking it costs one small
+        all-reduce and turns a mismatch (a bug) into an error instead of a hang."""
+        max_batch = min(config.max_num_seqs, 512)
+        width = -(-max_model_len // config.block_size)
+        sizes = capture_sizes(max_batch)
+        mine = torch.tensor([len(sizes), max_batch, width, sum(sizes)], dtype=torch.int64)
+        lo, hi = mine.clone(), mine.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.groups.control)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.groups.control)
+        if not torch.equal(lo, hi):
+            raise RuntimeError(f"rank {self.layout.rank}: decode-graph ladders differ between ranks "
+                               f"(min {lo.tolist()}, max {hi.tolist()}); all ranks must capture alike")
+        graphs = DecodeGraphs(self.runner._forward_logits, self.runner.context.kv_caches, max_batch,
+                              width, self.device, before_capture=self._barrier,
+                              capture_error_mode="thread_local")
+        self._barrier()
+        return graphs
 
-    def broadcast_step(self, payload: Optional[bytes], length: int) -> bytes:
-        """Rank 0 passes its step bytes; the others pass None and get them back."""
-        if payload is not None:
-            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        else:
-            buf = torch.empty(length, dtype=torch.uint8)
-        dist.broadcast(buf, src=0, group=self.groups.control)
-        return payload if payload is not None else buf.numpy().tobytes()
+    def _barrier(self, _batch: int = 0) -> None:
+        dist.barrier(group=self.groups.control)
+
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs; NCCL cannot destroy or abort its communicators while a
+        captured graph holds them. Call from the thread that replays, before leaving the group."""
+        graphs, self.graphs = self.graphs, None
+        if graphs is not None:
+            graphs.release()
 
     # -- one step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run_step(self, out: SchedulerOutput) -> tuple[Optional[torch.Tensor], list[str]]:
-        """Run this rank's stage. Rank 0 gets `(logits [num_sampled, vocab], request ids)`;
-        other ranks get whatever their stage produced (ignored)."""
+    def run_step(self, header: StepHeader, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """Run this rank's share of the step. Rank 0 gets the sampled rows' logits
+        `[num_sampled, vocab]` (in payload row order); other ranks get whatever their stage
+        produced (ignored)."""
         runner, lay = self.runner, self.layout
-        if lay.pipeline_parallel_size == 1 and runner.graphs is not None and _is_decode_only(out):
-            return runner.execute(out)  # CUDA-graph path: identical decisions on every TP rank
-        inputs = runner.context.prepare(out)
-        num_tokens = inputs.input_ids.shape[0]
-        num_sampled = len(inputs.sample_request_ids)
+        if header.op is Op.GRAPH:
+            inputs = unpack_step(header, payload, widen=False)
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
+                                   batch=header.graph_batch)
+        inputs = unpack_step(header, payload)
+        num_tokens, num_sampled = header.num_tokens, header.num_sampled
         hidden = residual = None
         if not lay.is_first_stage:
             buf = torch.empty(2, num_tokens, self.spec.hidden_size, dtype=self.dtype, device=self.device)
@@ -147,8 +190,4 @@ class RankShard:
                 dist.recv(logits, src=lay.last_stage_leader)
         if lay.rank == 0 and not num_sampled:
             logits = torch.empty(0, self.spec.vocab_size, dtype=self.dtype, device=self.device)
-        return logits, inputs.sample_request_ids
-
-
-def _is_decode_only(out: SchedulerOutput) -> bool:
-    return all(len(r.token_ids) == 1 and r.needs_sample for r in out.requests)
+        return logits

@@ -1,67 +1,157 @@
-"""What rank 0 tells the other ranks each step, as bytes: the doorbell frame and the step.
+"""What rank 0 tells the other ranks each step: one packed int32 step tensor.
 
-Owns: `Command` (the doorbell's one-byte kinds), `pack_doorbell` / `unpack_doorbell` (the
-fixed 9-byte frame rank 0 writes to each rank's stdin pipe: command + payload length), and
-`encode_step` / `decode_step` (a `SchedulerOutput` as msgpack, which rank 0 then broadcasts
-as a uint8 tensor). Never pickle, never torch: ranks rebuild their own tensors from the
-decoded `SchedulerOutput` with `DynamicContext.prepare`, so every rank derives identical
-inputs from identical bytes.
+Owns: the step's layout. A fixed header of `HEADER_LEN` int32 (format, `Op`, token / sequence
+/ sampled-row counts, block-table width, longest query, the CUDA-graph batch to replay) and a
+payload of int32 sections, each padded to 4 values (16 bytes): input ids, positions, slot
+mapping, sampled rows, sequence lengths, query start offsets, block tables (row-major).
+`pack_step` builds both on the host from a `SchedulerOutput` (rank 0 only); `unpack_step` turns
+header + payload (on any device) into the same `StepInputs` that `DynamicContext.prepare`
+builds, with tensor views and dtype casts only: no per-request Python, no msgpack, no pickle.
+Every rank, rank 0 included, runs its step from the unpacked tensors, so all ranks derive
+identical inputs and issue the same collectives in the same order.
 
-To add a field to the step: append it to the per-request list in `encode_step`, read it in
-`decode_step`, and bump `STEP_FORMAT` (all ranks of a replica run the same code, so no
-compatibility shims are needed beyond a clear error on mismatch).
+Must never carry request ids (they stay on rank 0, which alone samples) or anything a rank
+would decide on by itself. To add a field: append a header slot or a payload section (sized
+from the header alone), read it in `unpack_step`, and bump `STEP_FORMAT` (all ranks of a
+replica run the same code; a mismatch is a clear `StepFormatError`).
 """
 
 from __future__ import annotations
 
 import enum
-import struct
+from dataclasses import dataclass
 
-import msgpack
+import numpy as np
+import torch
 
-from ..scheduler import ScheduledRequest, SchedulerOutput
+from ..context import StepInputs
+from ..models.decoder import AttentionMetadata
+from ..scheduler import SchedulerOutput
 
-STEP_FORMAT = 1
-_DOORBELL = struct.Struct("<BQ")
-DOORBELL_SIZE = _DOORBELL.size
+STEP_FORMAT = 2
+HEADER_LEN = 8
+INT32_MAX = 2**31 - 1
 
 
-class Command(enum.IntEnum):
-    STEP = 1      # a step payload of the given length follows on the control group
-    SHUTDOWN = 2  # leave the loop, tear down the group, exit 0
+class Op(enum.IntEnum):
+    RUN = 1    # run the step eagerly
+    GRAPH = 2  # replay the decode graph of `graph_batch` rows (every rank has the same ladder)
+    STOP = 3   # leave the step loop, release graphs and groups, exit 0
 
 
 class StepFormatError(ValueError):
-    """The bytes are not a step this code understands (a bug, or mixed code versions)."""
+    """The header is not a step this code understands (a bug, or mixed code versions)."""
 
 
-def pack_doorbell(command: Command, payload_len: int = 0) -> bytes:
-    return _DOORBELL.pack(int(command), payload_len)
+@dataclass(frozen=True)
+class StepHeader:
+    op: Op
+    num_tokens: int = 0
+    num_seqs: int = 0
+    num_sampled: int = 0
+    table_width: int = 0
+    max_query_len: int = 0
+    graph_batch: int = 0
+
+    def to_array(self) -> np.ndarray:
+        return np.array([STEP_FORMAT, int(self.op), self.num_tokens, self.num_seqs, self.num_sampled,
+                         self.table_width, self.max_query_len, self.graph_batch], dtype=np.int32)
+
+    @classmethod
+    def from_values(cls, values) -> "StepHeader":
+        values = [int(v) for v in values[:HEADER_LEN]]
+        if len(values) != HEADER_LEN:
+            raise StepFormatError(f"step header has {len(values)} values, expected {HEADER_LEN}")
+        if values[0] != STEP_FORMAT:
+            raise StepFormatError(f"step format {values[0]} from rank 0, this rank speaks {STEP_FORMAT}")
+        try:
+            op = Op(values[1])
+        except ValueError:
+            raise StepFormatError(f"unknown step op {values[1]}") from None
+        return cls(op, *values[2:])
+
+    def section_sizes(self) -> list[int]:
+        """Unpadded lengths of the payload sections, in payload order."""
+        t, n = self.num_tokens, self.num_seqs
+        return [t, t, t, self.num_sampled, n, n + 1 if n else 0, n * self.table_width]
+
+    @property
+    def payload_len(self) -> int:
+        return sum(_pad4(s) for s in self.section_sizes())
 
 
-def unpack_doorbell(frame: bytes) -> tuple[Command, int]:
-    if len(frame) != DOORBELL_SIZE:
-        raise StepFormatError(f"doorbell frame has {len(frame)} bytes, expected {DOORBELL_SIZE}")
-    kind, length = _DOORBELL.unpack(frame)
-    try:
-        return Command(kind), length
-    except ValueError:
-        raise StepFormatError(f"unknown doorbell command {kind}") from None
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
 
 
-def encode_step(out: SchedulerOutput) -> bytes:
-    """Only what the tensors need: request ids stay on rank 0 (it alone samples)."""
-    rows = [[r.token_ids, r.start_position, r.block_ids, r.needs_sample] for r in out.requests]
-    return msgpack.packb([STEP_FORMAT, out.num_batched_tokens, rows], use_bin_type=True)
+STOP_HEADER = StepHeader(Op.STOP)
 
 
-def decode_step(data: bytes) -> SchedulerOutput:
-    try:
-        version, num_tokens, rows = msgpack.unpackb(data, raw=False)
-    except Exception as exc:
-        raise StepFormatError(f"cannot decode a step payload of {len(data)} bytes: {exc}") from None
-    if version != STEP_FORMAT:
-        raise StepFormatError(f"step format {version} from rank 0, this rank speaks {STEP_FORMAT}")
-    requests = [ScheduledRequest(str(i), list(ids), int(start), list(blocks), bool(sample))
-                for i, (ids, start, blocks, sample) in enumerate(rows)]
-    return SchedulerOutput(requests=requests, num_batched_tokens=num_tokens)
+def pack_step(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.ndarray]:
+    """Header (op RUN) and int32 payload of `out` (rank 0). Values are those
+    `DynamicContext.prepare` computes; the caller guarantees that slots fit int32 (the shard
+    checks the pool size)."""
+    reqs = out.requests
+    n = len(reqs)
+    width = max(len(r.block_ids) for r in reqs)
+    ids, positions, slots, sample_rows = [], [], [], []
+    seq_lens = np.empty(n, dtype=np.int32)
+    qsl = np.zeros(n + 1, dtype=np.int32)
+    tables = np.zeros((n, width), dtype=np.int32)
+    max_q = end = 0
+    for i, r in enumerate(reqs):
+        q = len(r.token_ids)
+        start, blocks = r.start_position, r.block_ids
+        tables[i, :len(blocks)] = blocks
+        ids.extend(r.token_ids)
+        if q == 1:
+            positions.append(start)
+            slots.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            positions.extend(range(start, start + q))
+            slots.extend(blocks[p // block_size] * block_size + p % block_size
+                         for p in range(start, start + q))
+        end += q
+        seq_lens[i] = start + q
+        qsl[i + 1] = end
+        max_q = max(max_q, q)
+        if r.needs_sample:
+            sample_rows.append(end - 1)
+    header = StepHeader(Op.RUN, end, n, len(sample_rows), width, max_q)
+    payload = np.zeros(header.payload_len, dtype=np.int32)
+    offset = 0
+    for part in (ids, positions, slots, sample_rows, seq_lens, qsl, tables.reshape(-1)):
+        payload[offset:offset + len(part)] = part
+        offset += _pad4(len(part))
+    return header, payload
+
+
+def unpack_step(header: StepHeader, payload: torch.Tensor, widen: bool = True) -> StepInputs:
+    """`StepInputs` as views of `payload` (1-D int32, any device), with the dtypes `prepare`
+    gives (int64 ids / positions / slots / sampled rows, int32 lengths and tables). With
+    `widen=False` those four stay int32 views (a CUDA-graph replay copies them into its own
+    int64 buffers, casting on the way). `sample_request_ids` is left empty: only rank 0
+    knows them and fills them in."""
+    views, offset = [], 0
+    for size in header.section_sizes():
+        views.append(payload[offset:offset + size])
+        offset += _pad4(size)
+    ids, positions, slots, sample_rows, seq_lens, qsl, tables = views
+    if widen:
+        ids, positions, slots, sample_rows = (v.long() for v in (ids, positions, slots, sample_rows))
+    meta = AttentionMetadata(slot_mapping=slots,
+                             block_tables=tables.view(header.num_seqs, header.table_width),
+                             seq_lens=seq_lens, query_start_loc=qsl,
+                             max_query_len=header.max_query_len)
+    return StepInputs(input_ids=ids, positions=positions, meta=meta, sample_indices=sample_rows,
+                      sample_request_ids=[])
+
+
+def sampled_request_ids(out: SchedulerOutput) -> list[str]:
+    """Request id of each sampled row, in payload order (rank 0)."""
+    return [r.request_id for r in out.requests if r.needs_sample]
+
+
+def is_decode_only(header: StepHeader) -> bool:
+    """Every sequence adds one token and is sampled: a step a decode graph can run."""
+    return (header.max_query_len == 1 and header.num_tokens == header.num_seqs == header.num_sampled)

@@ -19,6 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single.
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 @dataclass
 class ParallelState:
     tp_rank: int = 0
@@ -31,11 +35,14 @@ class ParallelState:
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """`[rows, d]` on each rank -> `[rows, tp * d]`, rank order along the last dim. One
+        gather into one flat buffer (graph-capturable, no per-rank list), then a transpose."""
         if self.tp_size == 1:
             return x
-        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
-        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
-        return torch.cat(parts, dim=-1)
+        rows, d = x.shape
+        out = torch.empty(self.tp_size * rows, d, dtype=x.dtype, device=x.device)
+        _gather_into(out, x.contiguous(), group=self.tp_group)
+        return out.view(self.tp_size, rows, d).transpose(0, 1).reshape(rows, self.tp_size * d)
 
 
 def _divide(n: int, d: int, what: str) -> int:

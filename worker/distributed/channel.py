@@ -1,0 +1,73 @@
+"""`StepChannel`: how the packed step (`step_codec`) gets from rank 0 to every rank.
+
+Owns: two broadcasts from rank 0. First a fixed-size int32 message on the `wait` group (gloo,
+CPU tensors, no practical timeout): the header, followed by the payload itself when it fits
+`inline_capacity` values. Otherwise the payload follows on the `data` group (the device group:
+NCCL on CUDA, so it goes device to device; gloo on CPU). Ranks 1..N-1 block in the first
+broadcast between steps; that is where an idle replica waits, so it needs no doorbell, and
+the wait group has no timeout to dodge (a dead rank 0 is seen by the rank's heartbeat thread
+and a dead peer by rank 0's monitor, which kills the group; see launcher.py).
+
+Why the header is on a CPU group even on CUDA: a rank needs the sizes on the host before it
+can allocate the payload or pick a graph, and reading a header that arrived on the GPU costs a
+device sync that also waits for the rank's own previous step; an NCCL wait while the replica
+is idle would spin a GPU kernel and trip the NCCL watchdog after its timeout.
+
+Must never decide anything: it moves rank 0's bytes. To change the transport (e.g. a shared
+memory ring), keep `send` / `recv` and their results.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .step_codec import HEADER_LEN, Op, StepHeader
+
+
+class StepChannel:
+    def __init__(self, wait_group, data_group, device: torch.device, inline_capacity: int):
+        self.wait_group = wait_group
+        self.data_group = data_group
+        self.device = device
+        self.inline_capacity = inline_capacity
+        self._first = torch.zeros(HEADER_LEN + inline_capacity, dtype=torch.int32)
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host
+
+    def send(self, header: StepHeader, payload: Optional[np.ndarray] = None) -> Optional[torch.Tensor]:
+        """Rank 0: broadcast `header` and `payload`; returns the payload on this rank's device
+        (None for a payload-less op such as STOP)."""
+        n = 0 if payload is None else len(payload)
+        first = self._first
+        first[:HEADER_LEN] = torch.from_numpy(header.to_array())
+        inline = n <= self.inline_capacity
+        if n and inline:
+            first[HEADER_LEN:HEADER_LEN + n] = torch.from_numpy(payload)
+        dist.broadcast(first, src=0, group=self.wait_group)
+        if not n:
+            return None
+        data = self._to_device(torch.from_numpy(payload))
+        if not inline:
+            dist.broadcast(data, src=0, group=self.data_group)
+        return data
+
+    def recv(self) -> tuple[StepHeader, Optional[torch.Tensor]]:
+        """Ranks 1..N-1: wait for the next step; returns its header and payload (on device)."""
+        first = self._first
+        dist.broadcast(first, src=0, group=self.wait_group)
+        header = StepHeader.from_values(first[:HEADER_LEN].tolist())
+        n = header.payload_len if header.op is not Op.STOP else 0
+        if not n:
+            return header, None
+        if n <= self.inline_capacity:  # a copy: the buffer is reused by the next recv
+            return header, self._to_device(first[HEADER_LEN:HEADER_LEN + n].clone())
+        data = torch.empty(n, dtype=torch.int32, device=self.device)
+        dist.broadcast(data, src=0, group=self.data_group)
+        return header, data
