@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -45,6 +45,23 @@ for stage in "$@"; do
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --tokenizer metaspace \
           --out "$OUT/coldstart_metaspace.json" 2>&1 | grep -v "it/s\]" | tail -7 ;;
     profile) python3 bench/step_profile.py --out "$OUT/step_profile.json" 2>&1 | tail -3 ;;
+    parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
+      # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
+      # P=1 vs P=2 (8B shape). Each run gets at most what is left of a 570 s budget.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never multicast
+      par_end=$((SECONDS + 570))
+      par_left() { local l=$((par_end - SECONDS)); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }
+      timeout "$(par_left 240)" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_dist_tests.log" | tail -6
+      for run in "qwen3-0.6b-shape 1 1" "qwen3-0.6b-shape 2 1" "llama-3-8b-shape 1 1" "llama-3-8b-shape 2 1" \
+                 "llama-3-8b-shape 1 2"; do
+        read -r model tp pp <<< "$run"
+        echo "--- $model T=$tp P=$pp (limit $(par_left 120) s)"
+        timeout "$(par_left 120)" python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --out "$OUT/par_t${tp}_p${pp}_$model.json" 2>&1 \
+          | grep -E "^infer-cluster|^model=|Error|error" | tail -4
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

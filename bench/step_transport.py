@@ -2,7 +2,8 @@
 there, on the CPU (gloo, two processes, one thread each), without the model.
 
 Two transports, each timed as a round trip on rank 0 (send the step, rank 1 rebuilds its
-`StepInputs`, a one-value all-reduce acknowledges), minus the cost of that all-reduce alone:
+`StepInputs`, a one-value all-reduce on a third group acknowledges, as the model's first
+TP all-reduce would), minus the cost of that all-reduce alone:
 
 - `msgpack`: the previous design, reproduced here as the baseline: rank 0 builds its own
   inputs with `DynamicContext.prepare`, msgpacks the `SchedulerOutput`, writes a 9-byte
@@ -10,6 +11,11 @@ Two transports, each timed as a round trip on rank 0 (send the step, rank 1 rebu
   doorbell, receives, decodes and runs `prepare`.
 - `packed`: the step tensor (`worker/distributed/step_codec.py`) through `StepChannel`: rank 0
   packs once and unpacks views; rank 1 receives header (+ inline payload) and unpacks views.
+
+Reports the median wall-clock round trip and each rank's CPU time per step (all threads of the
+process, so gloo's too), and, in one process without any transport, the Python work each side
+does per step (rank 0: build and encode; rank 1: decode and rebuild). On a busy machine the
+round trips swing with gloo's thread wake-ups; the host-work figures are the steady ones.
 
     python bench/step_transport.py --batch 1 32 256 --out bench/results/step_transport.json
 """
@@ -91,7 +97,11 @@ def rank_main(rank: int, port: int, pipe_fd: int, args) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
     wait = dist.new_group(backend="gloo", timeout=timeout)
-    channel = StepChannel(wait, dist.group.WORLD, torch.device("cpu"), CPU_INLINE_CAPACITY)
+    inline = CPU_INLINE_CAPACITY if args.inline is None else args.inline
+    channel = StepChannel(wait, dist.group.WORLD, torch.device("cpu"), inline)
+    # The acknowledgement stands for the model's first collective, which is on the TP group:
+    # a group of its own, as in a replica (switching gloo groups has a cost of its own).
+    ack_group = dist.new_group(backend="gloo", timeout=timeout)
     ack = torch.zeros(1)
     results = []
     for batch in args.batch:
@@ -118,21 +128,64 @@ def rank_main(rank: int, port: int, pipe_fd: int, args) -> None:
                 unpack_step(*channel.recv())
 
         row = {"batch": batch}
-        for name, body in (("ack_only", lambda: None), ("msgpack", msgpack_step), ("packed", packed_step)):
-            times = []
-            for i in range(args.warmup + args.steps):
-                t0 = time.perf_counter()
+        bodies = {"ack_only": lambda: None, "msgpack": msgpack_step, "packed": packed_step}
+        times = {name: [] for name in bodies}
+        cpu = {name: torch.zeros(2, dtype=torch.float64) for name in bodies}
+        for body in bodies.values():
+            for _ in range(args.warmup):
                 body()
-                dist.all_reduce(ack)
-                if i >= args.warmup:
-                    times.append(time.perf_counter() - t0)
-            row[name + "_us"] = statistics.median(times) * 1e6
+                dist.all_reduce(ack, group=ack_group)
+        # Rounds alternate the transports so that a busy machine's drift hits all alike.
+        per_round = max(1, args.steps // args.rounds)
+        for _ in range(args.rounds):
+            for name, body in bodies.items():
+                cpu0 = time.process_time()
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    body()
+                    dist.all_reduce(ack, group=ack_group)
+                    times[name].append(time.perf_counter() - t0)
+                # CPU time of this process (all its threads, gloo's included)
+                cpu[name][rank] += time.process_time() - cpu0
+        for name in bodies:
+            dist.all_reduce(cpu[name])
+            row[name + "_us"] = statistics.median(times[name]) * 1e6
+            row[name + "_cpu_us"] = (cpu[name] / (per_round * args.rounds) * 1e6).tolist()
         for name in ("msgpack", "packed"):
             row[name + "_net_us"] = row[name + "_us"] - row["ack_only_us"]
+            row[name + "_net_cpu_us"] = [a - b for a, b in zip(row[name + "_cpu_us"], row["ack_only_cpu_us"])]
         results.append(row)
     if rank == 0:
         print(json.dumps(results), flush=True)
     dist.destroy_process_group()
+
+
+def host_work(batch: int, context: int, repeat: int = 200) -> dict:
+    """In-process Python work per step on each side (no transport): median microseconds."""
+    import torch
+
+    from infer_cluster.worker.distributed.step_codec import pack_step, unpack_step
+
+    out, ctx = make_step(batch, context), context_for(batch, context)
+    data = encode(out)
+    header, payload = pack_step(out, BLOCK)
+
+    def pack_and_unpack():
+        h, p = pack_step(out, BLOCK)
+        unpack_step(h, torch.from_numpy(p))
+
+    def timed(fn):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+    return {"msgpack_rank0_us": timed(lambda: (ctx.prepare(out), encode(out))),
+            "msgpack_rank1_us": timed(lambda: ctx.prepare(decode(data))),
+            "packed_rank0_us": timed(pack_and_unpack),
+            "packed_rank1_us": timed(lambda: unpack_step(header, torch.from_numpy(payload)))}
 
 
 def main(argv=None):
@@ -141,6 +194,9 @@ def main(argv=None):
     ap.add_argument("--context", type=int, default=1024, help="tokens already in each sequence")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--inline", type=int, default=None,
+                    help="payload values carried in the header broadcast (default: the shard's)")
     ap.add_argument("--out", default="bench/results/step_transport.json")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -156,7 +212,8 @@ def main(argv=None):
         port = s.getsockname()[1]
     read_fd, write_fd = os.pipe()
     common = [sys.executable, os.path.abspath(__file__), "--port", str(port), "--context", str(args.context),
-              "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", *map(str, args.batch)]
+              "--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+              *(["--inline", str(args.inline)] if args.inline is not None else []), "--batch", *map(str, args.batch)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(common + ["--rank", "0", "--pipe-fd", str(write_fd)], pass_fds=(write_fd,),
                               stdout=subprocess.PIPE, env=env, text=True),
@@ -173,10 +230,16 @@ def main(argv=None):
                 p.wait()
     rows = json.loads(stdout.strip().splitlines()[-1])
     for r in rows:
-        print(f"batch={r['batch']:4d} context={args.context}: msgpack+doorbell {r['msgpack_net_us']:8.1f} us/step, "
-              f"packed tensor {r['packed_net_us']:8.1f} us/step (ack all-reduce {r['ack_only_us']:.1f} us "
-              f"subtracted)")
-    write_json(args.out, {"context": args.context, "steps": args.steps, "rows": rows})
+        r.update(host_work(r["batch"], args.context))
+        print(f"batch={r['batch']:4d} context={args.context} host work per step, rank 0 / rank 1: "
+              f"msgpack {r['msgpack_rank0_us']:6.1f} / {r['msgpack_rank1_us']:6.1f} us, "
+              f"packed {r['packed_rank0_us']:6.1f} / {r['packed_rank1_us']:6.1f} us")
+        for name, label in (("msgpack", "msgpack+doorbell"), ("packed", "packed tensor")):
+            cpu = r[name + "_net_cpu_us"]
+            print(f"batch={r['batch']:4d} context={args.context} {label:17s}: round trip {r[name + '_net_us']:7.1f} us, "
+                  f"CPU rank 0 {cpu[0]:7.1f} us, rank 1 {cpu[1]:7.1f} us per step "
+                  f"(the ack all-reduce's {r['ack_only_us']:.0f} us / CPU subtracted)")
+    write_json(args.out, {"context": args.context, "steps": args.steps, "inline": args.inline, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -122,6 +122,21 @@ def test_rank_dying_at_startup_fails_constructor(started, dist_checkpoints, tmp_
     assert spawned and wait_gone(spawned, 5.0) == []
 
 
+@pytest.mark.timeout(90)
+def test_idle_replica_outlives_the_collective_timeout(started, dist_checkpoints, monkeypatch):
+    """Ranks wait for the next step in the step channel's wait group, which has no practical
+    timeout, not in a collective bound by INFER_CLUSTER_DIST_TIMEOUT_S: a replica left idle
+    for longer than that stays healthy and gives the same tokens."""
+    monkeypatch.setenv("INFER_CLUSTER_DIST_TIMEOUT_S", "8")
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, **ENGINE))
+    prompts = [[5, 6, 7], [9, 10]]
+    short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    first = [o.token_ids for o in llm.generate(prompts, short, use_tqdm=False)]
+    time.sleep(9)
+    assert llm.engine.runner.error is None
+    assert [o.token_ids for o in llm.generate(prompts, short, use_tqdm=False)] == first
+
+
 def test_bad_layouts_fail_before_starting_processes(dist_checkpoints):
     with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide num_attention_heads"):
         LLM(dist_checkpoints["llama"], tensor_parallel_size=3, **ENGINE)
