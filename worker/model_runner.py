@@ -89,8 +89,8 @@ class ModelRunner:
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
                                       self.num_kv_heads, spec.head_dim, self.dtype, self.device)
         self.graphs: Optional[DecodeGraphs] = None
-        # Graphs only for a single rank: capturing NCCL collectives across rank processes hung on
-        # the H200 pair (2026-11-22), so tensor-parallel replicas run decode eagerly for now.
+        # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
+        # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
         if (self.device.type == "cuda" and not config.enforce_eager and self.ps.tp_size == 1
                 and self.model.is_last and self.model.is_first):
             self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
