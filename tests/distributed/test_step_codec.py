@@ -24,12 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 BLOCK = 8
 
 STEPS = {
-    "prefill_chunk_no_sample": SchedulerOutput([ScheduledRequest("a", list(range(2, 26)), 16, [3, 9, 4, 1, 5], False)], 24),
+    "prefill_chunk_no_sample": SchedulerOutput(
+        [ScheduledRequest("a", list(range(2, 26)), 16, [3, 9, 4, 1, 5], False)], 24),
     "mixed": SchedulerOutput([ScheduledRequest("a", [1, 2, 3], 0, [4], True),
                               ScheduledRequest("b", [9], 17, [0, 7, 3], False),
                               ScheduledRequest("c", [44], 8, [6, 2], True)], 5),
-    "decode_only": SchedulerOutput([ScheduledRequest(f"r{i}", [100 + i], 5 * i + 3, list(range(i, 2 * i + 1)), True)
-                                    for i in range(7)], 7),
+    "decode_only": SchedulerOutput(
+        [ScheduledRequest(f"r{i}", [100 + i], 5 * i + 3, list(range(i, 2 * i + 1)), True) for i in range(7)], 7),
     "one_token": SchedulerOutput([ScheduledRequest("x", [5], 0, [0], True)], 1),
 }
 
@@ -114,8 +115,8 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(60)
 def test_channel_over_gloo_inline_and_second_broadcast():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.channel_peer", str(rank), port],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

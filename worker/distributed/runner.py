@@ -6,12 +6,13 @@ Owns: rank 0's whole view of the rank group: checking up front that the model di
 ranks, opening the rendezvous store (free port unless `INFER_CLUSTER_MASTER_PORT` is set),
 starting ranks 1..N-1, building rank 0's own shard while watching the others (a rank that dies
 during start-up fails the constructor at once instead of after a rendezvous timeout), and each
-step: pack the `SchedulerOutput` into the step tensor (`step_codec`), pick graph replay or eager
-for every rank (decode-only batches that fit the captured ladder replay), broadcast it
-(`channel`), run its own share, return the logits the last stage sends back. Any failure (a rank died or hung, a collective
-raised) is fatal for the replica: every rank is killed, this step and every later one raise
-`RankFailedError` naming the rank and cause, and `on_fatal(reason)` (if given) is called from
-the monitor thread so a server can exit and let the coordinator re-route.
+step: pack the `SchedulerOutput` into the step tensor (`step_codec`), pick graph replay or
+eager for every rank (decode-only batches that fit the captured ladder replay), broadcast it
+(`channel`), run its own share, return the logits the last stage sends back. Any failure (a
+rank died or hung, a collective raised) is fatal for the replica: every rank is killed, this
+step and every later one raise `RankFailedError` naming the rank and cause, and
+`on_fatal(reason)` (if given) is called from the monitor thread so a server can exit and let
+the coordinator re-route.
 
 Must never run a step after a failure (ranks could be mid-collective), never block forever
 (collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
@@ -162,7 +163,7 @@ class DistributedRunner:
 
     def close(self) -> None:
         """End every rank process (a STOP step, else EOF on its stdin; SIGKILL after a grace
-        period) and leave the process group. Idempotent; also registered to run at interpreter exit."""
+        period) and leave the process group. Idempotent; also run at interpreter exit."""
         with self._lock:
             if self._closed:
                 return
