@@ -1,6 +1,7 @@
-"""Per-step host cost of a tensor-parallel replica on the CPU (gloo): how much longer one decode
-step takes at T=2 than at T=1 on the same model, which is the price of getting the step to the
-other ranks and rebuilding it there (the tiny model's compute is small next to it).
+"""Per-step cost of a tensor-parallel replica: how much longer one decode step takes at T=2 than
+at T=1 on the same model (CPU with gloo by default; `--device cuda` on 2 GPUs). On the CPU the
+tiny model's compute is small, so the difference is mostly communication: the step's delivery
+and the model's own collectives.
 
 Runs `runner.execute(out)` directly on a synthetic decode `SchedulerOutput` (B sequences of
 `--context` tokens each, every row sampled), `--steps` times after a warm-up, at T=1 and T=2,
@@ -53,6 +54,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="bench/results/step_overhead.json")
     args = ap.parse_args(argv)
 
@@ -64,9 +67,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     block_size = 16
     need = max(args.batch) * -(-(args.context + 1) // block_size) + 1
-    results = {"model": args.model, "context": args.context, "steps": args.steps, "rows": []}
+    results = {"model": args.model, "device": args.device, "context": args.context, "steps": args.steps,
+               "rows": []}
     for tp in args.tp:
-        with LLM(args.model, device="cpu", dtype="float32", tensor_parallel_size=tp,
+        with LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=tp,
                  block_size=block_size, num_kv_blocks=need, max_num_seqs=max(args.batch),
                  max_num_batched_tokens=max(256, max(args.batch))) as llm:
             runner = llm.engine.runner
