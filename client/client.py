@@ -5,6 +5,12 @@ Owns: the public client API (`submit` -> `RequestHandle`, `generate`, `status`, 
 Thread-safe: any thread may submit, wait, stream or cancel; all socket work happens on the one IO
 thread (`client/io_thread.py`). Never imports torch (the client runs where no GPU stack is).
 
+Connecting: until the coordinator first answers, every call waits at most `connect_timeout`
+seconds and then fails with `UnreachableError` saying why (nothing listening, the replica port,
+a refused key, auth on one side only); a refused key or a wrong port fails at once.
+Auth: `auth=DIR` (a folder from `infer-cluster keygen`, full or exported) makes the socket a CURVE
+client with the `client` key (or `admin`, whichever the folder has; `auth_role` picks).
+
 Usage::
 
     with InferenceClient("tcp://127.0.0.1:5555") as client:
@@ -18,6 +24,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from typing import Callable, Optional, Sequence, Union
@@ -25,14 +32,15 @@ from typing import Callable, Optional, Sequence, Union
 import zmq
 
 from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, ProtocolError, RequestDelta,
-                      RequestOutput, SamplingParams)
+                                    RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
 from infer_cluster.protocol.messages import (CancelRequest, ControlRequest, DeltaPayload, Message,
                                StatusRequest, SubmitRequest)
 
+from . import auth as _auth
 from .handle import RequestHandle
-from .io_thread import ClientIO
+from .io_thread import ClientIO, check_address
 
 log = logging.getLogger("infer_cluster.client")
 
@@ -71,10 +79,28 @@ class InferenceClient:
 
     def __init__(self, address: str = "tcp://127.0.0.1:5555", *, name: str = "",
                  heartbeat_interval: float = 1.0, coordinator_timeout: float = 30.0,
-                 max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES, socket_hwm: int = 100_000):
+                 max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES, socket_hwm: int = 100_000,
+                 auth: _auth.AuthArg = None, auth_role: Optional[str] = None,
+                 connect_timeout: float = 5.0):
+        """`auth`: a key folder (or `AuthKeys`); None = no auth. `auth_role`: "client" or
+        "admin" (default: client if the folder has its secret key, else admin).
+        Raises ValueError (bad address, bad timing) or `AuthError` (unusable key folder)."""
         if heartbeat_interval <= 0 or coordinator_timeout <= heartbeat_interval:
             raise ValueError("need 0 < heartbeat_interval < coordinator_timeout")
-        self.address = address
+        if not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
+        self.address = check_address(address)
+        keys = _auth.resolve(auth)
+        role = None
+        if keys is not None:
+            if auth_role is not None and auth_role not in _auth.CLIENT_PORT_ROLES:
+                raise ValueError(f"auth_role must be one of {_auth.CLIENT_PORT_ROLES}, got {auth_role!r}")
+            role = keys.pick_role((auth_role,) if auth_role else ("client", "admin"))
+            keys.need_public("coordinator")
+        self.auth_role = role
+        self.connect_timeout = connect_timeout
+        # Calls made before the coordinator first answered: key -> (deadline, fail(message)).
+        self._awaiting_connect: dict[object, tuple[float, Callable[[str], None]]] = {}
         self.max_frame_bytes = max_frame_bytes
         self._ctx = zmq.Context(io_threads=1)
         self._lock = threading.Lock()
@@ -86,9 +112,15 @@ class InferenceClient:
         self.last_error: Optional[Exception] = None
         self._instance = ""
         self._closed = False
-        self._io = ClientIO(self._ctx, address, name or "client", self._on_message,
-                            self._on_silence, heartbeat_interval, coordinator_timeout,
-                            socket_hwm, max_frame_bytes)
+        try:
+            self._io = ClientIO(self._ctx, address, name or "client", self._on_message,
+                                self._on_silence, heartbeat_interval, coordinator_timeout,
+                                socket_hwm, max_frame_bytes, keys=keys, role=role or "client",
+                                on_connect_tick=self._on_connect_tick)
+        except Exception:
+            self._closed = True
+            self._ctx.term()
+            raise
         self._io.start()
 
     # -------------------------------------------------------------- requests
@@ -127,6 +159,7 @@ class InferenceClient:
             if rid in self._handles:
                 raise InvalidRequestError(f"request id {rid!r} is already in flight on this client")
             self._handles[rid] = handle
+            self._await_connect(rid, lambda why: self._fail_handle(rid, why))
         self._io.send(payload)
         return handle
 
@@ -154,12 +187,51 @@ class InferenceClient:
         future: Future = Future()
         with self._lock:
             self._waiters[reply_kind].append(future)
+            self._await_connect(future, lambda why: self._fail_waiter(reply_kind, future, why))
         self._io.send(codec.encode(msg))
         try:
             return future.result(timeout)
         except TimeoutError:
+            self._fail_waiter(reply_kind, future, "")
             raise TimeoutError(f"no reply from the coordinator at {self.address} in {timeout} s; "
                                "is it running?") from None
+
+    # -------------------------------------------------------------- connecting
+
+    def _await_connect(self, key, fail: Callable[[str], None]) -> None:
+        """Under the lock: until the coordinator first answers, `key` fails after
+        connect_timeout (checked by the IO thread's `_on_connect_tick`)."""
+        if not self._io.is_connected:
+            self._awaiting_connect[key] = (time.monotonic() + self.connect_timeout, fail)
+
+    def _on_connect_tick(self, now: float, refusal: Optional[str]) -> None:  # IO thread
+        with self._lock:
+            due = [(k, fail) for k, (deadline, fail) in self._awaiting_connect.items()
+                   if refusal or now >= deadline]
+            for k, _ in due:
+                del self._awaiting_connect[k]
+        if due:
+            why = self._io.describe_no_answer(self.connect_timeout)
+            log.debug("%s", why)  # the caller gets it as UnreachableError
+            for _, fail in due:
+                fail(why)
+
+    def _fail_handle(self, request_id: str, why: str) -> None:
+        with self._lock:
+            handle = self._handles.pop(request_id, None)
+        if handle is not None:
+            handle._deliver(RequestDelta(request_id=request_id, finish_reason="error",
+                                         error=UnreachableError(why).to_dict()))
+
+    def _fail_waiter(self, reply_kind: int, future: Future, why: str) -> None:
+        with self._lock:
+            try:
+                self._waiters[reply_kind].remove(future)
+            except ValueError:
+                return  # answered meanwhile
+            self._awaiting_connect.pop(future, None)
+        if why:
+            future.set_exception(UnreachableError(why))
 
     def status(self, timeout: float = 5.0) -> dict:
         """Cluster status: {"coordinator": {...stats}, "replicas": [{...per replica}]}."""
@@ -181,6 +253,14 @@ class InferenceClient:
 
     def _on_message(self, msg: Message) -> None:
         kind = msg.KIND
+        if not self._io.is_connected:
+            if kind is ReplyKind.ERROR and msg.code == "protocol" and msg.request_id is None:
+                # e.g. the replica port answering CLIENT_HELLO: waiting cannot fix that.
+                self._io.refusal = f"the coordinator at {self.address} refused: {msg.message}"
+                return
+            with self._lock:
+                self._io.is_connected = True
+                self._awaiting_connect.clear()
         if kind is ReplyKind.DELTA:
             for payload in msg.deltas:
                 self._deliver(payload)

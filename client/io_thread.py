@@ -5,18 +5,24 @@ ZMQ socket must only be used by one thread), receiving and decoding replies, per
 the coordinator knows this client is alive (it aborts the requests of silent clients), and
 noticing a silent coordinator. It calls back into the client for every decoded message and never
 blocks on a user: callbacks only touch in-memory state. No busy polling: one `zmq.Poller` wait
-bounded by the next heartbeat. Never imports torch.
+bounded by the next heartbeat (10 Hz while no reply has arrived yet, to fail waiting calls on
+time). Until the first reply, a socket monitor explains why nothing answers (connection
+refused, CURVE key refused, auth on one side only) so the client can fail fast with that reason.
+With keys (`client/auth.py`) the DEALER is a CURVE client. Never imports torch.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.errors import ProtocolError
@@ -26,6 +32,35 @@ log = logging.getLogger("infer_cluster.client")
 
 _STOP = b"stop"
 _SEND = b"send"
+UNCONNECTED_TICK = 0.1  # seconds between connect-deadline checks before the first reply
+_MONITOR_EVENTS = (zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                   | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECTED)
+_TCP_ADDRESS = re.compile(r"^tcp://(\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(\d+)$")
+
+
+def check_address(address: str) -> str:
+    """A usable ZMQ address, or ValueError saying what form is expected."""
+    if not isinstance(address, str):
+        raise ValueError(f"the address must be a string like tcp://HOST:PORT, got {address!r}")
+    if address.startswith(("ipc://", "inproc://")) and len(address.split("://", 1)[1]) > 0:
+        return address
+    match = _TCP_ADDRESS.match(address)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"bad address {address!r}: expected tcp://HOST:PORT with a port in "
+                         "1..65535, e.g. tcp://127.0.0.1:5555")
+    return address
+
+
+def _unresolvable_host(address: str) -> Optional[str]:
+    match = _TCP_ADDRESS.match(address)
+    if match is None or match.group(1).startswith("["):
+        return None
+    try:
+        socket.getaddrinfo(match.group(1), None)
+        return None
+    except OSError:
+        return match.group(1)
 
 
 def make_dealer(ctx: zmq.Context, identity: bytes, hwm: int) -> zmq.Socket:
@@ -45,18 +80,32 @@ class ClientIO(threading.Thread):
     def __init__(self, ctx: zmq.Context, address: str, name: str,
                  on_message: Callable[[Message], None], on_silence: Callable[[float], None],
                  heartbeat_interval: float, coordinator_timeout: float, hwm: int,
-                 max_frame_bytes: int):
+                 max_frame_bytes: int, keys=None, role: str = "client",
+                 on_connect_tick: Optional[Callable[[float, Optional[str]], None]] = None):
         super().__init__(name=f"infer-cluster-client-io-{name}", daemon=True)
         self.address = address
         self._on_message = on_message
         self._on_silence = on_silence
+        self._on_connect_tick = on_connect_tick
+        self.uses_auth = keys is not None
+        self.is_connected = False        # set by the client on the coordinator's first reply
+        self.refusal: Optional[str] = None   # a handshake failure that retrying cannot fix
+        self._seen_events: set[int] = set()  # monitor events so far (until connected)
         self.heartbeat_interval = heartbeat_interval
         self.coordinator_timeout = coordinator_timeout
         self.max_frame_bytes = max_frame_bytes
         identity = f"client-{name}-{os.getpid()}-{os.urandom(6).hex()}".encode()
         self.identity = identity
         self._dealer = make_dealer(ctx, identity, hwm)
-        self._dealer.connect(address)
+        try:
+            if keys is not None:
+                from .auth import curve_client
+                curve_client(self._dealer, keys, role)
+            self._monitor = self._dealer.get_monitor_socket(_MONITOR_EVENTS)
+            self._dealer.connect(address)
+        except Exception:
+            self._dealer.close(linger=0)
+            raise
         inproc = f"inproc://client-cmd-{identity.hex()}"
         self._cmd_pull = ctx.socket(zmq.PULL)
         self._cmd_pull.setsockopt(zmq.LINGER, 0)
@@ -93,18 +142,26 @@ class ClientIO(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._cmd_pull, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         self._send_msg(ClientHello(client_name=self._name))
         next_ping = time.monotonic() + self.heartbeat_interval
         try:
             while True:
-                timeout_ms = max(0, int((next_ping - time.monotonic()) * 1000) + 1)
+                wake = next_ping
+                if not self.is_connected:
+                    wake = min(wake, time.monotonic() + UNCONNECTED_TICK)
+                timeout_ms = max(0, int((wake - time.monotonic()) * 1000) + 1)
                 events = dict(poller.poll(timeout_ms))
                 if self._cmd_pull in events and not self._drain_commands():
                     self._send_msg(Goodbye(reason="client closed"))
                     return
                 if self._dealer in events:
                     self._drain_replies()
+                if self._monitor in events:
+                    self._read_monitor()
                 now = time.monotonic()
+                if not self.is_connected and self._on_connect_tick is not None:
+                    self._on_connect_tick(now, self.refusal)
                 if now >= next_ping:
                     self._send_msg(Ping())
                     next_ping = now + self.heartbeat_interval
@@ -115,8 +172,58 @@ class ClientIO(threading.Thread):
             log.exception("client IO thread crashed")
             self._on_silence(float("inf"))
         finally:
+            self._dealer.disable_monitor()
+            self._monitor.close(linger=0)
             self._dealer.close()
             self._cmd_pull.close()
+
+    # -------------------------------------------------------------- connection diagnosis
+
+    def _read_monitor(self) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            self._seen_events.add(kind)
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.refusal = (f"the coordinator at {self.address} refused this client's key "
+                                "(check --auth / INFER_CLUSTER_AUTH: the key must come from the "
+                                "cluster's `infer-cluster keygen` folder, and clients use the "
+                                "client port, not the replica port)")
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self.refusal = self._mechanism_mismatch()
+
+    def _mechanism_mismatch(self) -> str:
+        if self.uses_auth:
+            return (f"the peer at {self.address} does not use CURVE auth with this key folder's "
+                    "coordinator key (is it started with the same --auth folder?)")
+        return (f"the coordinator at {self.address} requires authentication; pass --auth DIR "
+                "(or set INFER_CLUSTER_AUTH) with a key folder from `infer-cluster keygen`")
+
+    def describe_no_answer(self, waited: float) -> str:
+        """Why nothing answered after `waited` seconds, with what to check (one line)."""
+        if self.refusal:
+            return self.refusal
+        host = _unresolvable_host(self.address)
+        if host is not None:
+            return f"cannot resolve host {host!r} in {self.address}; check the address"
+        seen = self._seen_events
+        head = f"no answer from the coordinator at {self.address} in {waited:g} s"
+        if zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in seen:
+            if self.uses_auth:
+                return (f"{head}: it drops the handshake, so it does not hold this folder's "
+                        "coordinator key; use a key folder from the same `infer-cluster keygen` "
+                        "as the coordinator's --auth")
+            return f"{head}: it drops the handshake; is this an infer-cluster coordinator?"
+        if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen:
+            return (f"{head} although the connection is up; is this the coordinator's client "
+                    "port (--port), not the replica port or another program?")
+        if zmq.EVENT_CONNECTED in seen:
+            return f"{head}: the connection keeps closing; is this an infer-cluster coordinator?"
+        return (f"{head} (connection refused or unreachable: nothing listens there); is it "
+                "running, and is the address its client port (--port)?")
 
     def _send_msg(self, msg: Message) -> None:
         self._send_raw(codec.encode(msg, self.max_frame_bytes))
@@ -125,8 +232,10 @@ class ClientIO(threading.Thread):
         try:
             self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK)
         except zmq.Again:
-            log.error("dropped a message to %s: send queue full (coordinator unreachable?)",
-                      self.address)
+            # Before the first answer this is the connect failure the client reports itself.
+            log.log(logging.ERROR if self.is_connected else logging.DEBUG,
+                    "dropped a message to %s: send queue full (coordinator unreachable?)",
+                    self.address)
 
     def _drain_commands(self) -> bool:
         """Forward queued sends; False once a stop command is seen."""

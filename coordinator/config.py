@@ -5,12 +5,14 @@ raises `ValueError` naming the field (the CLI turns it into a one-line error). N
 torch or zmq.
 
 To add a knob: add a field with a default, check it in `__post_init__`, add a CLI flag in
-`coordinator/cli.py` (`coordinator` and `serve` commands).
+`infer_cluster/cli.py` (`coordinator` and `serve` commands).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
+from typing import Optional
 
 from infer_cluster.protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
@@ -32,10 +34,18 @@ class CoordinatorConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     socket_hwm: int = 100_000        # per-peer queue limit on both ROUTERs
     name: str = "coordinator"
+    auth: Optional[str] = None       # key folder (`infer-cluster keygen`); None = no auth
+    insecure: bool = False           # allow a non-loopback bind without auth
 
     def __post_init__(self):
         if not self.host:
             raise ValueError("host must not be empty")
+        if not self.auth and not self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"--host {self.host} accepts connections from other machines, and without "
+                "--auth anyone who reaches the port can submit work, control the cluster or "
+                "register as a replica; pass --auth DIR (keys from `infer-cluster keygen DIR`), "
+                "or --insecure if the network is trusted")
         for name in ("port", "replica_port"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value <= 65535):
@@ -67,3 +77,13 @@ class CoordinatorConfig:
     @property
     def back_address(self) -> str:
         return f"tcp://{self.host}:{self.replica_port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` can only be reached from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # "*", a hostname or an interface name: reachable from elsewhere

@@ -5,6 +5,9 @@ loop (`zmq.Poller` with a timeout set by the next timer; never a busy poll), fra
 error replies for bad input, handler dispatch through `FRONT_HANDLERS` / `BACK_HANDLERS`, the
 liveness / deadline / pending timers, operator control and the status snapshot, and draining on
 shutdown. Request bookkeeping lives in `dispatcher.py`, sends in `outbox.py`.
+With `config.auth` set, both ROUTERs are CURVE servers checked by the ZAP handler in `auth.py`
+(a key per port), and each client-port message carries its key's role; `ADMIN_KINDS` are refused
+unless that role is `admin`.
 Never imports torch (a test imports `infer_cluster.cli` and checks).
 
 Threading: everything runs on the thread that calls `serve_forever`; `request_stop` is the one
@@ -21,10 +24,12 @@ from typing import Optional
 
 import zmq
 
+from infer_cluster.client.auth import load_keys
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.errors import ProtocolError
-from infer_cluster.protocol.messages import (Drain, ErrorReply, HeartbeatAck, Message, Pause, ReplicaState,
-                               Resume, Shutdown)
+from infer_cluster.protocol.kinds import ControlKind
+from infer_cluster.protocol.messages import (ControlReply, Drain, ErrorReply, HeartbeatAck, Message,
+                                             Pause, ReplicaState, Resume, Shutdown)
 
 from .backend import BACK_HANDLERS, on_client_message_on_replica_port
 from .clients import ClientRegistry
@@ -41,6 +46,9 @@ log = logging.getLogger("infer_cluster.coordinator")
 MAX_BATCH = 512            # messages read from one socket before looking at the others
 MAX_POLL_SECONDS = 0.25    # upper bound on one poll, so stop requests are seen promptly
 PROBE_DELAYS = (0.05, 0.5)  # after a TCP disconnect, probe replicas at these delays
+# Client-port messages only the admin key may send when auth is on (a new operator action that
+# changes the cluster goes here too).
+ADMIN_KINDS = frozenset({ControlKind.CONTROL})
 
 
 class _RateLimitedLog:
@@ -81,11 +89,23 @@ def _make_router(ctx: zmq.Context, config: CoordinatorConfig) -> zmq.Socket:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, context: Optional[zmq.Context] = None):
         self.config = config
-        self._ctx = context or zmq.Context.instance()
+        self._authenticator = None
+        keys = load_keys(config.auth) if config.auth else None  # AuthError names the fix
+        # A ZAP handler belongs to a context; with auth, a context of our own keeps it from
+        # judging (or colliding with) other sockets of this process.
+        self._own_ctx = context is None and keys is not None
+        self._ctx = context or (zmq.Context() if keys else zmq.Context.instance())
         self.front = _make_router(self._ctx, config)
         self.back = _make_router(self._ctx, config)
         self._monitor = None
         try:
+            if keys is not None:
+                from .auth import CLIENT_DOMAIN, REPLICA_DOMAIN, RoleAuthenticator
+                from infer_cluster.client.auth import curve_server
+                self._authenticator = RoleAuthenticator(self._ctx, keys)
+                self._authenticator.start()  # before bind: libzmq admits anyone without a handler
+                curve_server(self.front, keys, CLIENT_DOMAIN)
+                curve_server(self.back, keys, REPLICA_DOMAIN)
             self.front_address = self._bind(self.front, config.port)
             self.back_address = self._bind(self.back, config.replica_port)
             # A unique name: pyzmq's default embeds the socket's fd, which a later socket in
@@ -98,6 +118,10 @@ class Coordinator:
             for sock in (self._monitor, self.front, self.back):
                 if sock is not None:
                     sock.close(linger=0)
+            if self._authenticator is not None:
+                self._authenticator.stop()
+            if self._own_ctx:
+                self._ctx.term()
             raise
         self.outbox = Outbox(self.front, self.back, config.max_frame_bytes)
         self.registry = ReplicaRegistry()
@@ -116,8 +140,9 @@ class Coordinator:
         self._probe_at: list[float] = []
         self._next_liveness = 0.0
         self._bad_log = _RateLimitedLog()
-        log.info("coordinator listening: clients %s, replicas %s, routing %s",
-                 self.front_address, self.back_address, config.routing)
+        log.info("coordinator listening: clients %s, replicas %s, routing %s, auth %s",
+                 self.front_address, self.back_address, config.routing,
+                 f"CURVE (keys in {config.auth})" if keys else "off")
 
     def _bind(self, sock: zmq.Socket, port: int) -> str:
         if port == 0:
@@ -159,7 +184,10 @@ class Coordinator:
                 if self.back in events:
                     self._read(self.back, self._on_back_frames, now)
                 if self.front in events:
-                    self._read(self.front, self._on_front_frames, now)
+                    if self._authenticator is None:
+                        self._read(self.front, self._on_front_frames, now)
+                    else:
+                        self._read_with_role(self.front, self._on_front_frames, now)
                 if self._monitor in events:
                     self._on_monitor_events(now)
                 self._run_timers(time.monotonic())
@@ -182,6 +210,17 @@ class Coordinator:
             except zmq.Again:
                 return
             on_frames(frames, now)
+            self._settle(now)
+
+    def _read_with_role(self, sock: zmq.Socket, on_frames, now: float) -> None:
+        """Like `_read`, and passes the role libzmq's ZAP handler gave the sender's key."""
+        for _ in range(MAX_BATCH):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            role = frames[-1].get("User-Id")
+            on_frames([f.bytes for f in frames], now, role)
             self._settle(now)
 
     def _settle(self, now: float) -> None:
@@ -214,11 +253,19 @@ class Coordinator:
                 code=ProtocolError.code, message=str(exc), request_id=codec.peek_request_id(data)))
             return None
 
-    def _on_front_frames(self, frames, now: float) -> None:
+    def _on_front_frames(self, frames, now: float, role: Optional[str] = None) -> None:
         decoded = self._decode(self.front, frames, "client")
         if decoded is None:
             return
         identity, msg = decoded
+        if msg.KIND in ADMIN_KINDS and self._authenticator is not None and role != "admin":
+            self._bad_log.warning("refused %s from client %s: its key is the %s key, not admin",
+                                  msg.KIND.name, identity.hex(), role)
+            self.outbox.to_identity(self.front, identity, ControlReply(
+                ok=False, replicas=[], message=f"refused: control actions need the admin key, "
+                f"this connection uses the {role} key (pass --auth with a folder holding "
+                f"admin.key_secret)"))
+            return
         handler = FRONT_HANDLERS.get(msg.KIND)
         if handler is None:
             self.outbox.to_identity(self.front, identity, ErrorReply(
@@ -276,7 +323,8 @@ class Coordinator:
         targets = (self.registry.find_by_name(replica_name) if replica_name is not None
                    else self.registry.live())
         if not targets:
-            return False, f"no live replica named {replica_name!r}", []
+            return False, (f"no live replica named {replica_name!r}" if replica_name is not None
+                           else "no replica is registered"), []
         message, state = {
             "pause": (Pause(reason="operator"), ReplicaState.PAUSED),
             "resume": (Resume(reason="operator"), ReplicaState.ACTIVE),
@@ -339,3 +387,7 @@ class Coordinator:
         self.back.disable_monitor()
         for sock in (self._monitor, self.front, self.back):
             sock.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        if self._own_ctx:
+            self._ctx.term()

@@ -1,7 +1,8 @@
 """`infer-cluster`: the command line (click).
 
 Owns: the commands `serve`, `coordinator`, `replica`, `status`, `control`, `generate`, `bench`,
-their help texts and turning errors into one line. It must never import torch at module level
+`keygen`, their help texts and turning errors into one line: a user mistake is one line naming
+the problem and the fix, and an unexpected exception is one line too unless `--debug` is given. It must never import torch at module level
 (`status` and `bench` run where no GPU stack is installed): engine work happens in replica
 processes, or behind a lazy import for the offline `generate` and for `replica`.
 Engine flags are generated from the fields of `worker.config.EngineConfig` (a torch-free module),
@@ -24,8 +25,8 @@ from infer_cluster import __version__
 
 from infer_cluster.worker.config import EngineConfig
 
-from .cli_options import (CliError, coordinator_options, engine_argv, engine_options,
-                          given_engine_options)
+from .cli_options import (CliError, auth_option, check_auth, coordinator_options, engine_argv,
+                          engine_options, given_engine_options, typed_engine_options)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -36,20 +37,41 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OneLineErrors(click.Group):
+    """Turns any exception a command lets escape into one line on stderr and exit code 1;
+    `--debug` (before the command) shows the traceback instead."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            from infer_cluster.protocol import InferClusterError
+            text = str(exc) if isinstance(exc, (InferClusterError, OSError, ValueError)) \
+                else f"{type(exc).__name__}: {exc}"
+            raise CliError(f"error: {' '.join(text.split())} (--debug shows the traceback)") from None
+
+
+@click.group(cls=OneLineErrors,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--debug", is_flag=True, help="show Python tracebacks for errors")
 @click.version_option(__version__, "--version", prog_name="infer-cluster",
                       message="%(prog)s %(version)s")
 @click.pass_context
-def main(ctx, log_level):
+def main(ctx, log_level, debug):
     """infer-cluster: a ZMQ-distributed LLM serving cluster.
 
     Quick start: `infer-cluster serve` (coordinator + one replica of the embedded tiny-random
     model on tcp://127.0.0.1:5555), then `infer-cluster generate --address
     tcp://127.0.0.1:5555 "Hello"`. Without --address, `generate` runs the engine in-process.
     """
-    ctx.obj = {"log_level": log_level}
+    ctx.obj = {"log_level": log_level, "debug": debug}
     _setup_logging(log_level)
 
 
@@ -61,7 +83,7 @@ def _coordinator_config(kw: dict) -> CoordinatorConfig:
             heartbeat_interval=kw["heartbeat_interval"], replica_timeout=kw["replica_timeout"],
             client_timeout=kw["client_timeout"], drain_timeout=kw["drain_timeout"],
             no_replica_timeout=kw["no_replica_timeout"],
-            max_frame_bytes=kw["max_frame_bytes"])
+            max_frame_bytes=kw["max_frame_bytes"], auth=kw["auth"], insecure=kw["insecure"])
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
 
@@ -74,7 +96,8 @@ def _coordinator_argv(cfg: CoordinatorConfig) -> list[str]:
             "--client-timeout", str(cfg.client_timeout),
             "--drain-timeout", str(cfg.drain_timeout),
             "--no-replica-timeout", str(cfg.no_replica_timeout),
-            "--max-frame-bytes", str(cfg.max_frame_bytes)]
+            "--max-frame-bytes", str(cfg.max_frame_bytes),
+            *(["--auth", cfg.auth] if cfg.auth else []), *(["--insecure"] if cfg.insecure else [])]
 
 
 def _count_gpus() -> int:
@@ -144,10 +167,13 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
         raise CliError("error: serve needs fixed ports (--port / --replica-port must not be 0)")
     if data_parallel_size < 1:
         raise CliError("error: --data-parallel-size must be >= 1")
+    check_auth(cfg.auth, ("coordinator",))
     try:
-        EngineConfig(**engine)
+        EngineConfig(**typed_engine_options(engine))
     except Exception as exc:
         raise CliError(f"error: {exc}") from None
+    for port, flag in ((cfg.port, "--port"), (cfg.replica_port, "--replica-port")):
+        _check_port_free(cfg.host, port, flag)
     level = ctx.obj["log_level"]
     host = _connect_host(cfg.host)
     replica_address = f"tcp://{host}:{cfg.replica_port}"
@@ -157,9 +183,10 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
         python_module_argv("infer_cluster", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
         [python_module_argv("infer_cluster.worker", "--coordinator", replica_address, "--name", f"replica-{i}",
                             "--log-level", level, "--drain-timeout", str(cfg.drain_timeout),
-                            *engine_argv(engine))
+                            *(["--auth", cfg.auth] if cfg.auth else []), *engine_argv(engine))
          for i in range(data_parallel_size)],
-        client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs)
+        client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs,
+        auth=cfg.auth)
 
     def on_signal(signum, _frame):
         launcher.stop_event.set()
@@ -191,10 +218,12 @@ def coordinator(**kw):
     """Run only the coordinator (for multi-host: replicas connect from other machines)."""
     from infer_cluster.coordinator.server import Coordinator
     cfg = _coordinator_config(kw)
+    check_auth(cfg.auth, ("coordinator",))
     try:
         coord = Coordinator(cfg)
     except Exception as exc:  # typically "address already in use"
-        raise CliError(f"error: cannot listen on {cfg.front_address} / {cfg.back_address}: {exc}") from None
+        raise CliError(f"error: cannot listen on {cfg.front_address} / {cfg.back_address}: "
+                       f"{exc}; pick free ports with --port / --replica-port") from None
 
     def on_signal(signum, _frame):
         graceful = not coord._stop.is_set()
@@ -211,29 +240,55 @@ def coordinator(**kw):
               help="the coordinator's replica address, tcp://HOST:PORT (its client port + 1)")
 @click.option("--name", default=None, help="replica name in logs and status (default: host-pid)")
 @click.option("--drain-timeout", default=30.0, show_default=True, type=float)
+@auth_option
 @engine_options
-def replica(coordinator_address, name, drain_timeout, **kw):
+def replica(coordinator_address, name, drain_timeout, auth, **kw):
     """Run one replica (an engine) that registers with a coordinator."""
     import socket
-    from infer_cluster.worker.server import ServerConfig, run_replica  # loads torch: replicas need it
+    from infer_cluster.client.io_thread import check_address
     name = name or f"replica-{socket.gethostname()}-{os.getpid()}"
+    check_auth(auth, ("replica",))
+    engine = typed_engine_options(given_engine_options(kw))
     try:
-        server_cfg = ServerConfig(coordinator=coordinator_address, name=name,
-                                  drain_timeout=drain_timeout)
+        check_address(coordinator_address)
+        EngineConfig(**engine)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
-    engine = given_engine_options(kw)
-    if "device_ids" in engine:
-        engine["device_ids"] = [int(x) for x in engine["device_ids"].split(",") if x.strip()]
+    from infer_cluster.worker.server import ServerConfig, run_replica  # loads torch: replicas need it
+    try:
+        server_cfg = ServerConfig(coordinator=coordinator_address, name=name,
+                                  drain_timeout=drain_timeout, auth=auth)
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
     sys.exit(run_replica(server_cfg, engine))
 
 
+def _check_port_free(host: str, port: int, flag: str) -> None:
+    """One line now instead of a coordinator child dying during startup."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(None if host in ("*", "") else host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise CliError(f"error: cannot use --host {host!r}: {exc.strerror or exc}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise CliError(f"error: cannot listen on {host}:{port} ({flag}): {exc.strerror}; "
+                           f"pick another {flag} or stop what uses it") from None
+
+
 from .cli_client import bench, control, generate, status  # noqa: E402  (registers commands)
+from .cli_keygen import keygen  # noqa: E402
 
 main.add_command(status)
 main.add_command(control)
 main.add_command(generate)
 main.add_command(bench)
+main.add_command(keygen)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,35 @@ import click
 
 from infer_cluster.protocol import InferClusterError, SamplingParams
 
-from .cli_options import CliError, engine_options, given_engine_options
+from .cli_options import (CliError, auth_option, engine_options, given_engine_options,
+                          typed_engine_options)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 address_option = click.option("--address", default=DEFAULT_ADDRESS, show_default=True,
                               help="the coordinator's client address")
 
 
-def _client(address: str):
+CONNECT_TIMEOUT = 3.0  # a CLI command answers within 5 s even when nothing listens
+
+
+def _client(address: str, auth=None, roles=("client", "admin")):
+    """A connected-on-demand client, or a one-line error (bad address, unusable key folder)."""
     from infer_cluster.client import InferenceClient
-    return InferenceClient(address, name="cli")
+    from infer_cluster.client.auth import load_keys
+    try:
+        role = load_keys(auth).pick_role(roles) if auth else None
+        return InferenceClient(address, name="cli", auth=auth, auth_role=role,
+                               connect_timeout=CONNECT_TIMEOUT)
+    except ValueError as exc:  # AuthError is one
+        raise CliError(f"error: {exc}") from None
+
+
+def _call(fn, *args, **kwargs):
+    """A client call whose failure (timeout, unreachable) is one line."""
+    try:
+        return fn(*args, **kwargs)
+    except (TimeoutError, InferClusterError) as exc:
+        raise CliError(f"error: {exc}") from None
 
 
 def _fmt_row(cols, widths) -> str:
@@ -62,14 +81,12 @@ def render_status(status: dict) -> str:
 @click.command()
 @address_option
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
-@click.option("--timeout", default=5.0, show_default=True, type=float)
-def status(address, as_json, timeout):
+@click.option("--timeout", default=4.0, show_default=True, type=float)
+@auth_option
+def status(address, as_json, timeout, auth):
     """Show the coordinator and a table of replicas: state, load, KV use, tokens/s."""
-    with _client(address) as c:
-        try:
-            st = c.status(timeout=timeout)
-        except TimeoutError as exc:
-            raise CliError(f"error: {exc}") from None
+    with _client(address, auth) as c:
+        st = _call(c.status, timeout=timeout)
     click.echo(json.dumps(st, indent=2) if as_json else render_status(st))
 
 
@@ -77,13 +94,14 @@ def status(address, as_json, timeout):
 @click.argument("action", type=click.Choice(["pause", "resume", "drain", "shutdown"]))
 @click.option("--replica", default=None, help="replica name (default: every replica)")
 @address_option
-def control(action, replica, address):
-    """Pause, resume, drain or shut down replicas through the coordinator."""
-    with _client(address) as c:
-        try:
-            reply = c.control(action, replica)
-        except TimeoutError as exc:
-            raise CliError(f"error: {exc}") from None
+@auth_option
+def control(action, replica, address, auth):
+    """Pause, resume, drain or shut down replicas through the coordinator.
+
+    With auth on, only the admin key may do this (`--auth` with a folder holding
+    admin.key_secret: the full folder or `keygen DIR --export admin OUT`)."""
+    with _client(address, auth, roles=("admin", "client")) as c:
+        reply = _call(c.control, action, replica, timeout=4.0)
     if not reply["ok"]:
         raise CliError(f"error: {reply['message']}")
     click.echo(f"{reply['message']}: {', '.join(reply['replicas'])}")
@@ -108,9 +126,10 @@ def _sampling(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos) -> 
 @click.option("--sampling-seed", default=None, type=int, help="per-request sampling seed")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--ignore-eos", is_flag=True)
+@auth_option
 @engine_options
 def generate(prompts, address, max_tokens, temperature, top_p, top_k, sampling_seed, stop,
-             ignore_eos, **kw):
+             ignore_eos, auth, **kw):
     """Generate text for PROMPTS. One prompt streams to the terminal; several print in order.
 
     Without --address the engine runs in this process (engine flags apply); with --address the
@@ -119,12 +138,16 @@ def generate(prompts, address, max_tokens, temperature, top_p, top_k, sampling_s
     engine = given_engine_options(kw)
     try:
         if address is None:
-            _generate_offline(list(prompts), params, engine)
+            source = click.get_current_context().get_parameter_source("auth")
+            if auth and source is click.core.ParameterSource.COMMANDLINE:
+                raise CliError("error: --auth applies to a cluster; add --address, or drop "
+                               "--auth to run the engine in this process")
+            _generate_offline(list(prompts), params, typed_engine_options(engine))
         else:
             if engine:
                 click.echo(f"note: engine options ({', '.join(engine)}) are ignored with "
                            "--address; the replicas were started with their own", err=True)
-            _generate_online(address, list(prompts), params)
+            _generate_online(address, list(prompts), params, auth)
     except InferClusterError as exc:
         raise CliError(f"error: {exc}") from None
 
@@ -134,8 +157,8 @@ def _print_outputs(prompts, outputs) -> None:
         click.echo(f"[{i}] {p!r} -> {out.text!r} ({out.finish_reason}, {len(out.token_ids)} tokens)")
 
 
-def _generate_online(address, prompts, params) -> None:
-    with _client(address) as c:
+def _generate_online(address, prompts, params, auth) -> None:
+    with _client(address, auth) as c:
         if len(prompts) == 1:
             handle = c.submit(prompts[0], params)
             for delta in handle.stream():
@@ -189,8 +212,9 @@ def _range(text: str, name: str) -> tuple[int, int]:
               help="prompt token ids are drawn from LO:HI (must be inside the vocabulary)")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", default=None, help="also write the summary to this file")
+@auth_option
 def bench(address, num_requests, concurrency, request_rate, input_len, output_len,
-          token_id_range, seed, json_path):
+          token_id_range, seed, json_path, auth):
     """Online load through a running cluster: TTFT / TPOT / end-to-end p50 and p99."""
     from .loadgen import Workload, format_table, run_load, summarize
     try:
@@ -199,11 +223,8 @@ def bench(address, num_requests, concurrency, request_rate, input_len, output_le
                         token_id_range=_range(token_id_range, "token-id-range"), seed=seed)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
-    with _client(address) as c:
-        try:
-            c.status(timeout=5.0)
-        except TimeoutError as exc:
-            raise CliError(f"error: {exc}") from None
+    with _client(address, auth) as c:
+        _call(c.status, timeout=4.0)
         result = run_load(c, work.build(), concurrency=concurrency, request_rate=request_rate,
                           progress=True, seed=seed)
     summary = summarize(result)

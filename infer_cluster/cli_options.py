@@ -1,7 +1,8 @@
 """Option groups shared by the `infer-cluster` commands.
 
 Owns: the engine flags (one per `EngineConfig` field, generated, so new engine options appear
-without edits), the coordinator flags, and forwarding given engine flags to `python -m infer_cluster.worker`.
+without edits), the coordinator flags, `--auth` (with INFER_CLUSTER_AUTH) and loading its keys
+into one-line errors, and forwarding given engine flags to `python -m infer_cluster.worker`.
 Never imports torch (`worker.config` is torch-free by contract).
 """
 
@@ -21,6 +22,33 @@ class CliError(click.ClickException):
 
     def show(self, file=None) -> None:
         click.echo(self.message, err=True)
+
+
+AUTH_HELP = ("CURVE key folder from `infer-cluster keygen DIR` (the full folder, or one made by "
+             "`keygen DIR --export ROLE OUT`); without it nothing is authenticated. "
+             "Env: INFER_CLUSTER_AUTH")
+
+
+def auth_option(func):
+    """`--auth DIR` (env INFER_CLUSTER_AUTH); the command gets `auth` = the folder or None."""
+    return click.option("--auth", "auth", default=None, envvar="INFER_CLUSTER_AUTH",
+                        metavar="DIR", help=AUTH_HELP)(func)
+
+
+def check_auth(auth, roles: tuple) -> None:
+    """Fail with one line now if `auth` cannot serve one of `roles` (the first found is used)."""
+    if not auth:
+        return
+    from infer_cluster.client.auth import AuthError, load_keys
+    try:
+        keys = load_keys(auth)
+        if roles == ("coordinator",):
+            for role in ("coordinator", "client", "admin", "replica"):
+                keys.need_public(role)
+        keys.pick_role(roles)
+        keys.need_public("coordinator")
+    except AuthError as exc:
+        raise CliError(f"error: {exc}") from None
 
 
 def _engine_type(f: dataclasses.Field):
@@ -58,6 +86,18 @@ def given_engine_options(kwargs: dict) -> dict:
     return given
 
 
+def typed_engine_options(engine: dict) -> dict:
+    """Comma-separated list flags (`--device-ids 0,1`) -> lists of ints, or a one-line error."""
+    out = dict(engine)
+    if isinstance(out.get("device_ids"), str):
+        try:
+            out["device_ids"] = [int(x) for x in out["device_ids"].split(",") if x.strip()]
+        except ValueError:
+            raise CliError(f"error: --device-ids must be comma-separated GPU numbers like 0,1; "
+                           f"got {engine['device_ids']!r}") from None
+    return out
+
+
 def engine_argv(options: dict) -> list[str]:
     """Given engine options -> `python -m infer_cluster.worker` flags."""
     argv = []
@@ -73,7 +113,8 @@ def engine_argv(options: dict) -> list[str]:
 def coordinator_options(func):
     opts = [
         click.option("--host", default="127.0.0.1", show_default=True,
-                     help="interface to listen on (0.0.0.0 for all)"),
+                     help="interface to listen on (0.0.0.0 for all; anything but loopback "
+                          "needs --auth or --insecure)"),
         click.option("--port", default=5555, show_default=True, type=int, help="client port"),
         click.option("--replica-port", default=None, type=int,
                      help="port replicas connect to [default: --port + 1]"),
@@ -93,6 +134,15 @@ def coordinator_options(func):
                      help="on SIGTERM, wait this long for in-flight requests"),
         click.option("--max-frame-bytes", default=16 * 1024 * 1024, show_default=True, type=int,
                      help="largest accepted message"),
+        click.option("--auth", "auth", default=None, envvar="INFER_CLUSTER_AUTH", metavar="DIR",
+                     help="the full key folder from `infer-cluster keygen DIR`: clients need the "
+                          "client or admin key, replicas the replica key, control actions the "
+                          "admin key. Env: INFER_CLUSTER_AUTH"),
+        click.option("--insecure", is_flag=True,
+                     help="listen on a non-loopback --host WITHOUT authentication: anyone who "
+                          "can reach the ports may submit work, pause or shut down replicas, "
+                          "and register a fake replica that receives other users' prompts. "
+                          "Only for a trusted, isolated network"),
     ]
     for opt in reversed(opts):
         func = opt(func)

@@ -79,7 +79,9 @@ class Child:
 class ClusterLauncher:
     def __init__(self, coordinator_argv: list[str], replica_argvs: list[list[str]],
                  client_address: str, log_dir: Optional[str] = None, restart_replicas: bool = True,
-                 env: Optional[dict] = None, replica_envs: Optional[list[dict]] = None):
+                 env: Optional[dict] = None, replica_envs: Optional[list[dict]] = None,
+                 auth: Optional[str] = None):
+        self.auth = auth  # key folder for the readiness client (admin or client key)
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.replica_envs = [dict(e, PYTHONUNBUFFERED="1") for e in replica_envs] if replica_envs \
@@ -98,11 +100,15 @@ class ClusterLauncher:
         """Start everything; return the cluster status once all replicas registered.
         Raises RuntimeError (with the reason) if that does not happen in `ready_timeout`."""
         from infer_cluster.client import InferenceClient
+        from infer_cluster.protocol import UnreachableError
         deadline = time.monotonic() + ready_timeout
         self.coordinator.start(self.env)
         for child, env in zip(self.replicas, self.replica_envs):
             child.start(env)
-        with InferenceClient(self.client_address, name="serve") as client:
+        # Waiting for a coordinator that is still starting is normal: only a refusal (wrong
+        # key, auth on one side only) ends the wait early.
+        with InferenceClient(self.client_address, name="serve", auth=self.auth,
+                             connect_timeout=max(5.0, ready_timeout)) as client:
             while True:
                 if not self.coordinator.is_running:
                     raise RuntimeError(f"the coordinator exited with code "
@@ -118,6 +124,8 @@ class ClusterLauncher:
                     status = client.status(timeout=min(2.0, remaining))
                 except TimeoutError:
                     continue
+                except UnreachableError as exc:
+                    raise RuntimeError(str(exc)) from None
                 if status["coordinator"].get("num_replicas", 0) >= len(self.replicas):
                     return status
                 if self.stop_event.wait(min(0.5, max(0.0, remaining))):

@@ -6,7 +6,7 @@ Owns: `SamplingParams`, request status / finish reasons / deltas / outputs, type
 
 from .errors import (ConfigError, EngineError, InferClusterError, InvalidRequestError, ModelNotFoundError,
                      NoReplicaError, OutOfMemoryError, OverloadedError, ProtocolError,
-                     RequestTimeoutError, error_from_code)
+                     RequestTimeoutError, UnreachableError, error_from_code)
 from .outputs import FinishReason, RequestDelta, RequestOutput, RequestStatus, REQUEST_TRANSITIONS
 from .sampling_params import SamplingParams
 
@@ -14,5 +14,5 @@ __all__ = [
     "SamplingParams", "FinishReason", "RequestDelta", "RequestOutput", "RequestStatus",
     "REQUEST_TRANSITIONS", "InferClusterError", "InvalidRequestError", "ModelNotFoundError",
     "OutOfMemoryError", "ProtocolError", "OverloadedError", "NoReplicaError",
-    "RequestTimeoutError", "EngineError", "ConfigError", "error_from_code",
+    "RequestTimeoutError", "UnreachableError", "EngineError", "ConfigError", "error_from_code",
 ]

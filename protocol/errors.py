@@ -66,6 +66,12 @@ class NoReplicaError(InferClusterError):
     code = "no_replica"
 
 
+class UnreachableError(InferClusterError, ConnectionError):
+    """The coordinator did not answer in time, or refused the connection (wrong port or key)."""
+
+    code = "unreachable"
+
+
 class RequestTimeoutError(InferClusterError, TimeoutError):
     """The request's deadline passed before it finished."""
 

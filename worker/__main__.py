@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="coordinator silent this long: drop requests and register again")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, wait this long for in-flight requests before exiting")
+    p.add_argument("--auth", default=os.environ.get("INFER_CLUSTER_AUTH") or None, metavar="DIR",
+                   help="CURVE key folder holding the replica keypair (from `infer-cluster "
+                        "keygen`, full or `--export replica`); env INFER_CLUSTER_AUTH")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     engine = p.add_argument_group("engine options (EngineConfig)")
     for f in dataclasses.fields(EngineConfig):
@@ -76,8 +79,11 @@ def main(argv=None) -> int:
         server_config = ServerConfig(coordinator=args.coordinator, name=name,
                                      heartbeat_interval=args.heartbeat_interval,
                                      coordinator_timeout=args.coordinator_timeout,
-                                     drain_timeout=args.drain_timeout)
-    except ValueError as exc:
+                                     drain_timeout=args.drain_timeout, auth=args.auth)
+        if args.auth:
+            from infer_cluster.client.auth import load_keys
+            load_keys(args.auth).pick_role(("replica",))  # fail now, not after loading the model
+    except ValueError as exc:  # AuthError is a ValueError
         logging.error("bad option: %s", exc)
         return 2
     engine_options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}

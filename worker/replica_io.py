@@ -5,7 +5,9 @@ REREGISTER or a silent coordinator), heartbeats with load and tokens/s, forwardi
 loop's encoded outputs (inproc PUSH -> PULL, because a ZMQ socket belongs to one thread), and
 handing coordinator commands to the engine loop's queue. It never calls the engine and never
 blocks on it, so a long step cannot delay a heartbeat. No busy polling: one `zmq.Poller` wait
-bounded by the next timer. Never imports torch.
+bounded by the next timer. With `config.auth` (a key folder holding the replica keypair, see
+`client/auth.py`) the DEALER is a CURVE client; a coordinator that refuses the key (or uses no
+auth) is a fatal deployment error, reported once, not retried forever. Never imports torch.
 
 To pass a new coordinator command to the engine loop: add its kind to `ENGINE_COMMANDS`.
 """
@@ -21,6 +23,7 @@ import time
 from typing import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.errors import ProtocolError
@@ -67,6 +70,16 @@ class ReplicaIO(threading.Thread):
         identity = f"{config.name}-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
         self.identity = identity.encode()
         self._dealer = make_replica_dealer(self._ctx, self.identity)
+        self._uses_auth = bool(getattr(config, "auth", None))
+        if self._uses_auth:
+            from infer_cluster.client.auth import curve_client, load_keys
+            keys = load_keys(config.auth)
+            keys.pick_role(("replica",))
+            curve_client(self._dealer, keys, "replica")
+        self._monitor = self._dealer.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self._warned_handshake = False
         self._dealer.connect(config.coordinator)
         inproc = f"inproc://replica-out-{self.identity.hex()}"
         self._pull = self._ctx.socket(zmq.PULL)
@@ -111,6 +124,7 @@ class ReplicaIO(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         next_hello = 0.0
         next_heartbeat = 0.0
         try:
@@ -125,6 +139,8 @@ class ReplicaIO(threading.Thread):
                         return
                 if self._dealer in events:
                     self._read_commands()
+                if self._monitor in events:
+                    self._read_monitor()
                 now = time.monotonic()
                 if not self.is_registered and now >= next_hello and not self.fatal_error:
                     self._send(Hello(replica_name=self.config.name, capacity=self._capacity,
@@ -142,8 +158,41 @@ class ReplicaIO(threading.Thread):
             log.exception("replica IO thread crashed")
             self.fatal_error = "replica IO thread crashed"
         finally:
+            self._dealer.disable_monitor()
+            self._monitor.close(linger=0)
             self._dealer.close()
             self._pull.close()
+
+    def _read_monitor(self) -> None:
+        """A refused handshake is a deployment error: retrying cannot fix it, so stop."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if self.fatal_error:
+                continue
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Also what a coordinator restarting mid-handshake looks like: keep trying.
+                if not self._warned_handshake:
+                    self._warned_handshake = True
+                    log.warning("the coordinator at %s drops the handshake%s; retrying",
+                                self.config.coordinator, " (does it hold this folder's "
+                                "coordinator key?)" if self._uses_auth else "")
+                continue
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.fatal_error = (f"the coordinator at {self.config.coordinator} refused this "
+                                    "replica's key: use the replica key of the cluster's "
+                                    "`infer-cluster keygen` folder, on the replica port")
+            elif self._uses_auth:
+                self.fatal_error = (f"the coordinator at {self.config.coordinator} does not "
+                                    "accept CURVE auth with this folder's coordinator key (was it "
+                                    "started with the same --auth folder?)")
+            else:
+                self.fatal_error = (f"the coordinator at {self.config.coordinator} requires "
+                                    "authentication: pass --auth DIR (or INFER_CLUSTER_AUTH) "
+                                    "with the cluster's key folder")
+            log.error("%s", self.fatal_error)
 
     def _rated_load(self, now: float) -> ReplicaLoad:
         load = self._load_fn()

@@ -52,6 +52,7 @@ class ServerConfig:
     coordinator_timeout: float = 10.0  # silent coordinator -> drop requests, register again
     drain_timeout: float = 30.0       # graceful stop: wait this long for in-flight requests
     idle_wait: float = 0.5            # longest block on the command queue when idle
+    auth: Optional[str] = None        # key folder with the replica keypair (client/auth.py)
 
     def __post_init__(self):
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
