@@ -101,7 +101,9 @@ class ClientIO(threading.Thread):
             if keys is not None:
                 from .auth import curve_client
                 curve_client(self._dealer, keys, role)
-            self._monitor = self._dealer.get_monitor_socket(_MONITOR_EVENTS)
+            # A unique name: pyzmq's default embeds the fd, which a later socket may reuse.
+            self._monitor = self._dealer.get_monitor_socket(
+                _MONITOR_EVENTS, addr=f"inproc://client-monitor-{identity.hex()}")
             self._dealer.connect(address)
         except Exception:
             self._dealer.close(linger=0)
@@ -212,11 +214,12 @@ class ClientIO(threading.Thread):
         seen = self._seen_events
         head = f"no answer from the coordinator at {self.address} in {waited:g} s"
         if zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in seen:
+            # libzmq reports a mechanism mismatch either way, depending on who closes first.
             if self.uses_auth:
-                return (f"{head}: it drops the handshake, so it does not hold this folder's "
-                        "coordinator key; use a key folder from the same `infer-cluster keygen` "
-                        "as the coordinator's --auth")
-            return f"{head}: it drops the handshake; is this an infer-cluster coordinator?"
+                return (f"{head}: it drops the CURVE handshake, so it does not hold this "
+                        "folder's coordinator key (or runs without --auth); use a key folder "
+                        "from the same `infer-cluster keygen` as the coordinator's --auth")
+            return self._mechanism_mismatch()
         if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen:
             return (f"{head} although the connection is up; is this the coordinator's client "
                     "port (--port), not the replica port or another program?")

@@ -4,4 +4,4 @@ import sys
 
 from infer_cluster.cli import main
 
-sys.exit(main())
+sys.exit(main(prog_name="infer-cluster"))

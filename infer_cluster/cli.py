@@ -26,7 +26,8 @@ from infer_cluster import __version__
 from infer_cluster.worker.config import EngineConfig
 
 from .cli_options import (CliError, auth_option, check_auth, coordinator_options, engine_argv,
-                          engine_options, given_engine_options, typed_engine_options)
+                          engine_options, given_engine_options, typed_engine_options,
+                          check_device)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -39,7 +40,25 @@ def _setup_logging(level: str) -> None:
 
 class OneLineErrors(click.Group):
     """Turns any exception a command lets escape into one line on stderr and exit code 1;
-    `--debug` (before the command) shows the traceback instead."""
+    `--debug` (before the command) shows the traceback instead. Usage errors (a bad flag
+    value) are one line too, exit code 2."""
+
+    def main(self, *args, **kwargs):
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "infer-cluster"
+            click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx):
         try:
@@ -168,8 +187,9 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
     if data_parallel_size < 1:
         raise CliError("error: --data-parallel-size must be >= 1")
     check_auth(cfg.auth, ("coordinator",))
+    typed = typed_engine_options(engine)
     try:
-        EngineConfig(**typed_engine_options(engine))
+        EngineConfig(**typed)
     except Exception as exc:
         raise CliError(f"error: {exc}") from None
     for port, flag in ((cfg.port, "--port"), (cfg.replica_port, "--replica-port")):
@@ -254,6 +274,7 @@ def replica(coordinator_address, name, drain_timeout, auth, **kw):
         EngineConfig(**engine)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
+    check_device(engine)
     from infer_cluster.worker.server import ServerConfig, run_replica  # loads torch: replicas need it
     try:
         server_cfg = ServerConfig(coordinator=coordinator_address, name=name,

@@ -15,8 +15,8 @@ import click
 
 from infer_cluster.protocol import InferClusterError, SamplingParams
 
-from .cli_options import (CliError, auth_option, engine_options, given_engine_options,
-                          typed_engine_options)
+from .cli_options import (CliError, auth_option, check_device, engine_options,
+                          given_engine_options, typed_engine_options)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 address_option = click.option("--address", default=DEFAULT_ADDRESS, show_default=True,
@@ -175,6 +175,7 @@ def _generate_online(address, prompts, params, auth) -> None:
 
 
 def _generate_offline(prompts, params, engine) -> None:
+    check_device(engine)
     from infer_cluster.worker import LLM  # loads torch: this form runs the engine here
     llm = LLM(**engine)
     if len(prompts) > 1:

@@ -43,7 +43,10 @@ def check_auth(auth, roles: tuple) -> None:
     try:
         keys = load_keys(auth)
         if roles == ("coordinator",):
-            for role in ("coordinator", "client", "admin", "replica"):
+            if "coordinator" not in keys.secret:
+                raise AuthError(f"{auth} has no coordinator.key_secret: the coordinator needs the "
+                                "full folder made by `infer-cluster keygen DIR`, not an export")
+            for role in ("client", "admin", "replica"):
                 keys.need_public(role)
         keys.pick_role(roles)
         keys.need_public("coordinator")
@@ -96,6 +99,16 @@ def typed_engine_options(engine: dict) -> dict:
             raise CliError(f"error: --device-ids must be comma-separated GPU numbers like 0,1; "
                            f"got {engine['device_ids']!r}") from None
     return out
+
+
+def check_device(engine: dict) -> None:
+    """`--device cuda` where torch sees no GPU: one line (loads torch; call only where the
+    engine runs in this process)."""
+    if engine.get("device") == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise CliError("error: --device cuda, but torch sees no CUDA GPU here; use --device "
+                           "cpu (or auto), or check the driver / CUDA_VISIBLE_DEVICES")
 
 
 def engine_argv(options: dict) -> list[str]:

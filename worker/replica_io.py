@@ -78,7 +78,8 @@ class ReplicaIO(threading.Thread):
             curve_client(self._dealer, keys, "replica")
         self._monitor = self._dealer.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+            addr=f"inproc://replica-monitor-{self.identity.hex()}")
         self._warned_handshake = False
         self._dealer.connect(config.coordinator)
         inproc = f"inproc://replica-out-{self.identity.hex()}"
@@ -176,9 +177,9 @@ class ReplicaIO(threading.Thread):
                 # Also what a coordinator restarting mid-handshake looks like: keep trying.
                 if not self._warned_handshake:
                     self._warned_handshake = True
-                    log.warning("the coordinator at %s drops the handshake%s; retrying",
-                                self.config.coordinator, " (does it hold this folder's "
-                                "coordinator key?)" if self._uses_auth else "")
+                    log.warning("the coordinator at %s drops the handshake (%s); retrying",
+                                self.config.coordinator, "does it hold this folder's coordinator "
+                                "key?" if self._uses_auth else "does it require --auth?")
                 continue
             if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.fatal_error = (f"the coordinator at {self.config.coordinator} refused this "

@@ -72,7 +72,9 @@ class ClusterProcs:
 
     def __init__(self, log_dir: Path, num_replicas: int = 2, host: str = "127.0.0.1",
                  connect_host: Optional[str] = None, coordinator_args=(), replica_args=(),
-                 coordinator_prefix=(), replica_prefixes=None, replica_connect_hosts=None):
+                 coordinator_prefix=(), replica_prefixes=None, replica_connect_hosts=None,
+                 auth: Optional[str] = None):
+        self.auth = auth  # key folder the test's own status client uses (None: no auth)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.replica_port = free_port(), free_port()
@@ -116,7 +118,7 @@ class ClusterProcs:
         self.replicas[i].wait(10)
 
     def status(self, timeout: float = 5.0) -> dict:
-        with InferenceClient(self.address, name="test-status") as c:
+        with InferenceClient(self.address, name="test-status", auth=self.auth) as c:
             return c.status(timeout=timeout)
 
     def wait_replicas(self, n: int, timeout: float = 180.0) -> dict:

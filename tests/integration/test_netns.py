@@ -98,6 +98,7 @@ def netns():
 def test_link_cut_mid_load_loses_nothing(netns, tmp_path, offline_reference):
     procs = ClusterProcs(
         tmp_path, num_replicas=2, host="0.0.0.0", connect_host=f"{netns.net}.3.1",
+        coordinator_args=["--insecure"],  # an isolated test network: no keys needed
         coordinator_prefix=["ip", "netns", "exec", netns.coord],
         replica_prefixes=[["ip", "netns", "exec", netns.rep_a], ["ip", "netns", "exec", netns.rep_b]],
         replica_connect_hosts=[f"{netns.net}.1.1", f"{netns.net}.2.1"])
