@@ -53,9 +53,15 @@ def load_hf_config(path: Path):
         raise ModelNotFoundError(f"cannot read config in {str(path)!r}: {exc}") from None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
+    if not any((path / n).exists() for n in TOKENIZER_FILES):
+        raise ModelNotFoundError(f"model directory {str(path)!r} has no tokenizer (none of "
+                                 f"{', '.join(TOKENIZER_FILES)})")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
@@ -78,6 +84,10 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt") as f:
+        try:
+            f = safe_open(str(file), framework="pt")
+        except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
+            raise ModelNotFoundError(f"cannot read weights {str(file)!r}: {exc}") from None
+        with f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
