@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run an infer-cluster on this machine in the background: one coordinator + N replicas.
 #
-#   deploy/local.sh up [--replicas N] [--port P] [--host H] [-- ENGINE FLAGS...]
+#   deploy/local.sh up [--replicas N] [--port P] [--host H] [--auth DIR | --insecure] [-- ENGINE FLAGS...]
 #   deploy/local.sh status        # processes (pid files) + `infer-cluster status`
 #   deploy/local.sh logs [NAME]   # tail the logs (coordinator, replica-0, ...)
 #   deploy/local.sh down          # SIGTERM (coordinator drains first), SIGKILL after a grace
@@ -9,6 +9,8 @@
 # State lives in $RUN_DIR (default ./run/infer-cluster): pids/NAME.pid, logs/NAME.log, env.
 # $PYTHON picks the interpreter (default: .venv/bin/python if present, else python3).
 # Unlike `infer-cluster serve`, nothing supervises the processes: use systemd or k8s for that.
+# --auth DIR (keys from `infer-cluster keygen DIR`; default: $INFER_CLUSTER_AUTH) turns on CURVE
+# auth for every process and for `status`; a --host other than loopback needs it (or --insecure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -30,21 +32,29 @@ start() {  # start NAME ARGS... (detached, own session, logs appended)
 }
 
 up() {
-    local replicas=1 port=5555 host=127.0.0.1
+    local replicas=1 port=5555 host=127.0.0.1 auth="${INFER_CLUSTER_AUTH:-}" insecure=()
     while [ $# -gt 0 ]; do
         case "$1" in
             --replicas) replicas="$2"; shift 2 ;;
             --port) port="$2"; shift 2 ;;
             --host) host="$2"; shift 2 ;;
+            --auth) auth="$2"; shift 2 ;;
+            --insecure) insecure=(--insecure); shift ;;
             --) shift; break ;;
             *) die "unknown option $1 (engine flags go after --)" ;;
         esac
     done
     mkdir -p "$RUN_DIR/pids" "$RUN_DIR/logs"
     local connect="$host"; [ "$host" = "0.0.0.0" ] && connect=127.0.0.1
-    printf 'ADDRESS=tcp://%s:%s\n' "$connect" "$port" >"$RUN_DIR/env"
+    if [ -n "$auth" ]; then
+        auth="$(cd "$auth" 2>/dev/null && pwd)" || die "--auth: no such folder (make one with: infer-cluster keygen DIR)"
+        export INFER_CLUSTER_AUTH="$auth"  # every process below, and `status`, use the keys
+    else
+        unset INFER_CLUSTER_AUTH
+    fi
+    printf 'ADDRESS=tcp://%s:%s\nINFER_CLUSTER_AUTH=%s\n' "$connect" "$port" "$auth" >"$RUN_DIR/env"
     start coordinator "$PYTHON" -m infer_cluster coordinator --host "$host" --port "$port" \
-        --replica-port "$((port + 1))"
+        --replica-port "$((port + 1))" ${insecure[@]+"${insecure[@]}"}
     local i
     for ((i = 0; i < replicas; i++)); do
         start "replica-$i" "$PYTHON" -m infer_cluster.worker --coordinator "tcp://$connect:$((port + 1))" \
@@ -93,7 +103,8 @@ status() {
         if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: NOT running (stale pid $pid)"; fi
     done
     # shellcheck disable=SC1091
-    [ -f "$RUN_DIR/env" ] && . "$RUN_DIR/env" && "$PYTHON" -m infer_cluster --log-level ERROR status --address "$ADDRESS"
+    [ -f "$RUN_DIR/env" ] && . "$RUN_DIR/env" && INFER_CLUSTER_AUTH="${INFER_CLUSTER_AUTH:-}" \
+        "$PYTHON" -m infer_cluster --log-level ERROR status --address "$ADDRESS"
 }
 
 logs() { tail -n 50 -F "$RUN_DIR/logs/${1:-coordinator}.log"; }
@@ -103,5 +114,5 @@ case "${1:-}" in
     down) down ;;
     status) status ;;
     logs) shift; logs "$@" ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

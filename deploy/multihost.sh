@@ -17,9 +17,15 @@
 #   PYTHON       interpreter on the hosts (default: $REMOTE_DIR/.venv/bin/python)
 #   PORT         client port (default 5555; replicas use PORT+1); open both in firewalls
 #   RUN_DIR      remote state dir for pid and log files (default: $REMOTE_DIR/run/multihost)
+#   AUTH         local key folder from `infer-cluster keygen DIR` (default: $INFER_CLUSTER_AUTH).
+#                `up` copies the full folder to the coordinator host and an exported replica-only
+#                folder to each replica host (both under $RUN_DIR/keys, mode 0700), and every
+#                process runs with --auth. Clients need `keygen DIR --export client OUT`.
+#   INSECURE=1   run without keys: anyone who reaches the ports can use and control the cluster
+#                and register fake replicas. Without AUTH or INSECURE=1, `up` refuses.
 set -euo pipefail
 
-[ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,26p' "$0"; exit 2; }
 HOSTS_FILE="$1"; CMD="$2"; shift 2
 [ "${1:-}" = "--" ] && shift
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,6 +34,9 @@ REMOTE_DIR="${REMOTE_DIR:-$ROOT}"
 PYTHON="${PYTHON:-$REMOTE_DIR/.venv/bin/python}"
 PORT="${PORT:-5555}"
 RUN_DIR="${RUN_DIR:-$REMOTE_DIR/run/multihost}"
+AUTH="${AUTH:-${INFER_CLUSTER_AUTH:-}}"
+KEYS="$RUN_DIR/keys"
+LOCAL_PYTHON="${LOCAL_PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 
 mapfile -t LINES < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$HOSTS_FILE")
 [ "${#LINES[@]}" -ge 2 ] || { echo "multihost.sh: $HOSTS_FILE needs a coordinator line and at least one replica line" >&2; exit 1; }
@@ -48,6 +57,17 @@ start_remote() {  # start_remote HOST NAME ARGS...: detached, pid + log under RU
             echo \"$host: started $name (pid \$!)\"; fi"
 }
 
+push_keys() {  # push_keys HOST ROLE: copy what ROLE needs to HOST:$KEYS (full folder for the coordinator)
+    local host="$1" role="$2" dir="$AUTH" tmp=""
+    if [ "$role" != coordinator ]; then
+        tmp="$(mktemp -d)"
+        PYTHONPATH="$ROOT" "$LOCAL_PYTHON" -m infer_cluster keygen "$AUTH" --export "$role" "$tmp/keys" >/dev/null
+        dir="$tmp/keys"
+    fi
+    tar -C "$dir" -cf - . | $SSH "$host" "umask 077 && rm -rf $KEYS && mkdir -p $KEYS && tar -C $KEYS -xf -"
+    [ -z "$tmp" ] || rm -rf "$tmp"
+}
+
 stop_remote() {  # stop_remote HOST NAME: SIGTERM, wait 40 s, SIGKILL
     local host="$1" name="$2"
     remote "$host" "f=$RUN_DIR/pids/$name.pid; [ -f \$f ] || exit 0; p=\$(cat \$f); \
@@ -57,18 +77,37 @@ stop_remote() {  # stop_remote HOST NAME: SIGTERM, wait 40 s, SIGKILL
 
 case "$CMD" in
     up)
+        if [ -n "$AUTH" ]; then
+            security=(--auth "$KEYS")
+            push_keys "$COORD_HOST" coordinator
+            declare -A pushed=(["$COORD_HOST"]=1)
+        elif [ "${INSECURE:-0}" = 1 ]; then
+            security=(--insecure)
+        else
+            echo "multihost.sh: the coordinator listens on 0.0.0.0; set AUTH=DIR (keys from" \
+                 "\`infer-cluster keygen DIR\`) or INSECURE=1 for a trusted network" >&2
+            exit 1
+        fi
         start_remote "$COORD_HOST" coordinator "$PYTHON" -m infer_cluster coordinator \
-            --host 0.0.0.0 --port "$PORT" --replica-port "$((PORT + 1))"
+            --host 0.0.0.0 --port "$PORT" --replica-port "$((PORT + 1))" "${security[@]}"
         for ((i = 1; i < ${#LINES[@]}; i++)); do
             read -r host extra <<<"${LINES[$i]}"
+            replica_auth=()
+            if [ -n "$AUTH" ]; then
+                # The coordinator host keeps its full folder; others get the replica key only.
+                [ -n "${pushed[$host]:-}" ] || { push_keys "$host" replica; pushed[$host]=1; }
+                replica_auth=(--auth "$KEYS")
+            fi
             # shellcheck disable=SC2086
             start_remote "$host" "replica-$i" "$PYTHON" -m infer_cluster.worker \
-                --coordinator "tcp://$COORD_HOST:$((PORT + 1))" --name "replica-$i-$host" "$@" $extra
+                --coordinator "tcp://$COORD_HOST:$((PORT + 1))" --name "replica-$i-$host" \
+                ${replica_auth[@]+"${replica_auth[@]}"} "$@" $extra
         done
         echo "clients connect to tcp://$COORD_HOST:$PORT (check: $0 $HOSTS_FILE status)"
         ;;
     status)
-        remote "$COORD_HOST" "$PYTHON -m infer_cluster --log-level ERROR status --address tcp://127.0.0.1:$PORT"
+        remote "$COORD_HOST" "a=''; [ -d $KEYS ] && a='--auth $KEYS'; \
+            $PYTHON -m infer_cluster --log-level ERROR status --address tcp://127.0.0.1:$PORT \$a"
         ;;
     down)
         stop_remote "$COORD_HOST" coordinator  # first: it drains in-flight requests
