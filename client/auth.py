@@ -86,7 +86,9 @@ def load_keys(directory: Union[str, os.PathLike]) -> AuthKeys:
                 public, secret = zmq.auth.load_certificate(path)
             except (OSError, ValueError) as exc:
                 raise AuthError(f"cannot read key file {path}: {exc}") from None
-            keys.public.setdefault(role, public)
+            if keys.public.setdefault(role, public) != public:
+                raise AuthError(f"{role}.key and {role}.key_secret in {directory} hold different "
+                                "public keys; run `infer-cluster keygen` again")
             if secret:
                 keys.secret[role] = secret
     if not keys.public:

@@ -27,7 +27,7 @@ from infer_cluster.worker.config import EngineConfig
 
 from .cli_options import (CliError, auth_option, check_auth, coordinator_options, engine_argv,
                           engine_options, given_engine_options, typed_engine_options,
-                          check_device)
+                          check_device, check_model)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -192,6 +192,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
         EngineConfig(**typed)
     except Exception as exc:
         raise CliError(f"error: {exc}") from None
+    check_model(engine)
     for port, flag in ((cfg.port, "--port"), (cfg.replica_port, "--replica-port")):
         _check_port_free(cfg.host, port, flag)
     level = ctx.obj["log_level"]
@@ -274,6 +275,7 @@ def replica(coordinator_address, name, drain_timeout, auth, **kw):
         EngineConfig(**engine)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
+    check_model(engine)
     check_device(engine)
     from infer_cluster.worker.server import ServerConfig, run_replica  # loads torch: replicas need it
     try:

@@ -15,7 +15,7 @@ import click
 
 from infer_cluster.protocol import InferClusterError, SamplingParams
 
-from .cli_options import (CliError, auth_option, check_device, engine_options,
+from .cli_options import (CliError, auth_option, check_device, check_model, engine_options,
                           given_engine_options, typed_engine_options)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -175,6 +175,7 @@ def _generate_online(address, prompts, params, auth) -> None:
 
 
 def _generate_offline(prompts, params, engine) -> None:
+    check_model(engine)
     check_device(engine)
     from infer_cluster.worker import LLM  # loads torch: this form runs the engine here
     llm = LLM(**engine)

@@ -101,10 +101,43 @@ def typed_engine_options(engine: dict) -> dict:
     return out
 
 
+def check_model(engine: dict) -> None:
+    """A missing model folder, or one whose config.json is not JSON: one line at once, before
+    any process or torch import (the engine's own checks would take seconds to get there)."""
+    import json
+    import os
+    from infer_cluster.worker.tiny_random import EMBEDDED_MODELS  # torch-free
+    for flag in ("model", "tokenizer"):
+        name = engine.get(flag)
+        if not name or name in EMBEDDED_MODELS:
+            continue
+        path = os.path.expanduser(name)
+        if not os.path.isdir(path):
+            raise CliError(f"error: --{flag} {name!r} is neither a folder nor an embedded model "
+                           f"({', '.join(EMBEDDED_MODELS)}); give a local Hugging Face model folder")
+        config = os.path.join(path, "config.json")
+        if flag == "model" and not os.path.isfile(config):
+            raise CliError(f"error: model folder {name!r} has no config.json; point --model at "
+                           "the folder that holds config.json and *.safetensors")
+        if flag == "model":
+            try:
+                with open(config, encoding="utf-8") as f:
+                    json.load(f)
+            except (OSError, ValueError) as exc:
+                raise CliError(f"error: cannot read config in {name!r}: {config} is not valid "
+                               f"JSON ({exc})") from None
+
+
 def check_device(engine: dict) -> None:
-    """`--device cuda` where torch sees no GPU: one line (loads torch; call only where the
-    engine runs in this process)."""
+    """`--device cuda` where no GPU is: one line (loads torch unless there is plainly no NVIDIA
+    driver; call only where the engine runs in this process)."""
     if engine.get("device") == "cuda":
+        import os
+        import shutil
+        no_driver = shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0")
+        if no_driver:
+            raise CliError("error: --device cuda, but this machine has no NVIDIA driver or GPU; "
+                           "use --device cpu (or auto)")
         import torch
         if not torch.cuda.is_available():
             raise CliError("error: --device cuda, but torch sees no CUDA GPU here; use --device "

@@ -8,6 +8,7 @@ not pause or shut down replicas; and the cluster must keep serving throughout.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import time
 import pytest
 import zmq
 
-from infer_cluster.client import InferenceClient
+from infer_cluster.client import AsyncInferenceClient, InferenceClient
 from infer_cluster.client.auth import curve_client, load_keys
 from infer_cluster.protocol import SamplingParams, UnreachableError, codec
 from infer_cluster.protocol.messages import ClientHello, Hello, ReplicaCapacity
@@ -81,6 +82,11 @@ def test_exported_keys_work_and_key_folders_are_minimal(cluster, keys):
     assert load_keys(keys["client"]).secret.keys() == {"client"}
     _serves(cluster, keys["client"])
     _serves(cluster, keys["full"])
+
+    async def through_asyncio():
+        async with AsyncInferenceClient(cluster.address, auth=keys["client"]) as c:
+            return await c.generate(["hello"], PARAMS)
+    assert [len(o.token_ids) for o in asyncio.run(through_asyncio())] == [6]
 
 
 @pytest.mark.parametrize("who", ["no key", "another cluster's keys"])
