@@ -1,4 +1,4 @@
-"""CURVE keys for every side of the cluster: the key folder, loading it, and putting keys on sockets.
+"""CURVE keys for every side of the cluster: the key folder, loading it, keys onto sockets.
 
 Owns: the key folder layout (one zmq certificate pair per role, written by
 `zmq.auth.create_certificates`: `ROLE.key` holds the public key, `ROLE.key_secret` both), loading

@@ -94,7 +94,8 @@ class InferenceClient:
         role = None
         if keys is not None:
             if auth_role is not None and auth_role not in _auth.CLIENT_PORT_ROLES:
-                raise ValueError(f"auth_role must be one of {_auth.CLIENT_PORT_ROLES}, got {auth_role!r}")
+                raise ValueError(f"auth_role must be one of {_auth.CLIENT_PORT_ROLES}, "
+                                 f"got {auth_role!r}")
             role = keys.pick_role((auth_role,) if auth_role else ("client", "admin"))
             keys.need_public("coordinator")
         self.auth_role = role

@@ -2,9 +2,10 @@
 
 Owns: the commands `serve`, `coordinator`, `replica`, `status`, `control`, `generate`, `bench`,
 `keygen`, their help texts and turning errors into one line: a user mistake is one line naming
-the problem and the fix, and an unexpected exception is one line too unless `--debug` is given. It must never import torch at module level
-(`status` and `bench` run where no GPU stack is installed): engine work happens in replica
-processes, or behind a lazy import for the offline `generate` and for `replica`.
+the problem and the fix, and an unexpected exception is one line too unless `--debug` is given.
+It must never import torch at module level (`status` and `bench` run where no GPU stack is
+installed): engine work happens in replica processes, or behind a lazy import for the offline
+`generate` and for `replica`.
 Engine flags are generated from the fields of `worker.config.EngineConfig` (a torch-free module),
 so a new engine option shows up here without edits.
 
@@ -290,8 +291,8 @@ def _check_port_free(host: str, port: int, flag: str) -> None:
     """One line now instead of a coordinator child dying during startup."""
     import socket
     try:
-        infos = socket.getaddrinfo(None if host in ("*", "") else host, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(None if host in ("*", "") else host, port,
+                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
         raise CliError(f"error: cannot use --host {host!r}: {exc.strerror or exc}") from None
     family, kind, proto, _, addr = infos[0]
