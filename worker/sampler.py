@@ -38,7 +38,7 @@ import torch
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .random_stream import step_uniforms
-from .sampling_ops import RandomRows, block_sums, sample_random_rows
+from .sampling_ops import RandomRows, block_sums, sample_random_rows, to_device, topk
 from .sampling_state import SamplingState
 
 _NEG_INF = float("-inf")
@@ -190,9 +190,8 @@ class Sampler:
                 seeds[j] = key
         u = step_uniforms(seeds, steps)[:, 0]
         top_k = [r.params.top_k if 0 < r.params.top_k < vocab else 0 for r in rows]
-        packed = torch.tensor([[r.params.temperature, k, r.params.top_p, r.params.min_p, uj]
-                               for r, k, uj in zip(rows, top_k, u.tolist())], dtype=torch.float64)
-        packed = packed.to(device)
+        packed = to_device([[r.params.temperature, k, r.params.top_p, r.params.min_p, uj]
+                            for r, k, uj in zip(rows, top_k, u.tolist())], torch.float64, device)
         return RandomRows(temperature=packed[:, 0].float(), top_k=packed[:, 1].long(),
                           top_p=packed[:, 2].float(), min_p=packed[:, 3].float(), uniform=packed[:, 4],
                           host_top_k=top_k, host_top_p=[r.params.top_p for r in rows],
@@ -232,6 +231,8 @@ def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
 
 def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     """[n] float64 log-sum-exp of each row, from cache-sized block sums (no [n, vocab] write)."""
+    if x.is_cuda:  # one fused reduction; the block sums below spare the CPU's caches
+        return torch.logsumexp(x, dim=-1).double()
     m = x.amax(dim=-1, keepdim=True)
     ones = torch.ones_like(m)
     sums = block_sums(x, m, ones).double().sum(dim=-1)
@@ -244,7 +245,7 @@ def _collect_logprobs(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, 
     sampled = (x.gather(1, chosen.unsqueeze(1)).squeeze(1).double() - lse).tolist()
     k = min(max(nums), x.shape[1])
     if k:
-        top_vals, top_ids = x.topk(k, dim=-1)
+        top_vals, top_ids = topk(x, k)
         top_vals, top_ids = (top_vals.double() - lse.unsqueeze(1)).tolist(), top_ids.tolist()
     result = []
     for j, n in enumerate(nums):
@@ -254,4 +255,4 @@ def _collect_logprobs(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, 
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=device)
+    return to_device(values, torch.long, device)

@@ -29,6 +29,8 @@ import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
 
+from .sampling_ops import to_device
+
 
 def uses_counts(params: SamplingParams) -> bool:
     return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
@@ -110,9 +112,9 @@ class SamplingState:
             e.slot = self._take_slot(max(1, e.width))
             self.output_counts[e.slot].zero_()
             if ids:
-                self.token_ids[e.slot, :len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
-                self.output_counts[e.slot, :len(ids)] = torch.tensor(
-                    [float(out_counts.get(t, 0)) for t in ids], device=self.device)
+                self.token_ids[e.slot, :len(ids)] = to_device(ids, torch.long, self.device)
+                self.output_counts[e.slot, :len(ids)] = to_device(
+                    [float(out_counts.get(t, 0)) for t in ids], torch.float32, self.device)
             self.num_distinct[e.slot] = len(ids)
         if e.ngram_size:
             for t in prompt:
@@ -157,9 +159,9 @@ class SamplingState:
             return
         dev = x.device
         width = max(entries[j].width for j in use)
-        slots = torch.tensor([entries[j].slot for j in use], dtype=torch.long, device=dev)
-        per_row = torch.tensor([[params[j].repetition_penalty, params[j].frequency_penalty,
-                                 params[j].presence_penalty] for j in use], dtype=torch.float32, device=dev)
+        slots = to_device([entries[j].slot for j in use], torch.long, dev)
+        per_row = to_device([[params[j].repetition_penalty, params[j].frequency_penalty,
+                              params[j].presence_penalty] for j in use], torch.float32, dev)
         rep, freq, pres = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
         ids = self.token_ids[slots, :width]
         counts = self.output_counts[slots, :width]
@@ -168,7 +170,7 @@ class SamplingState:
         # Padding repeats column 0 with its own count, so the duplicate writes below agree.
         ids = torch.where(valid, ids, ids[:, :1])
         counts = torch.where(valid, counts, counts[:, :1])
-        row_idx = torch.tensor([rows[j] for j in use], dtype=torch.long, device=dev).unsqueeze(1)
+        row_idx = to_device([rows[j] for j in use], torch.long, dev).unsqueeze(1)
         y = x[row_idx, ids]
         z = torch.where(y > 0, y / rep, y * rep)
         z = z - freq * counts - pres * (counts > 0).to(torch.float32)
@@ -187,8 +189,8 @@ class SamplingState:
             entries[j].width += 1  # an upper bound: the token may already be there
         self._ensure_width(max(entries[j].width for j in counted))
         dev = self.device
-        slots = torch.tensor([entries[j].slot for j in counted], dtype=torch.long, device=dev)
-        new = tokens[torch.tensor(counted, dtype=torch.long, device=tokens.device)].to(dev)
+        slots = to_device([entries[j].slot for j in counted], torch.long, dev)
+        new = tokens[to_device(counted, torch.long, tokens.device)].to(dev)
         width = max(entries[j].width for j in counted)
         num = self.num_distinct[slots]
         hit = (self.token_ids[slots, :width] == new.unsqueeze(1)) & \

@@ -225,3 +225,20 @@ def test_cuda_draws_the_same_tokens_as_the_cpu():
     cuda = sample_random_rows(x.cuda(), rows).cpu()
     # Integer-keyed uniforms are identical; only float rounding at a CDF boundary may differ.
     assert (cpu != cuda).sum() <= len(cases) // 200
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_by_blocks_equals_torch_topk(seed):
+    """Same values as torch.topk (ties included: bf16-rounded logits), ids that hold them,
+    winners in the ragged tail block too."""
+    from infer_cluster.worker.sampling_ops import topk_by_blocks
+    g = torch.Generator().manual_seed(seed)
+    vocab = 9000 + 1237 * seed
+    x = torch.randn(5, vocab, generator=g).to(torch.bfloat16).float()
+    if seed % 2:
+        x[:, -3:] += 8.0
+    for k in (1, 5, 50, 58, 300):
+        vals, ids = topk_by_blocks(x, k)
+        assert torch.equal(vals, x.topk(k, dim=-1).values)
+        assert torch.equal(x.gather(1, ids), vals)
+        assert all(len(set(r)) == k for r in ids.tolist())
