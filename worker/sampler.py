@@ -120,14 +120,30 @@ class Sampler:
                 x_lp = _rows_of(x, logprob_rows, n)
                 lse = _logsumexp(x_lp)
 
-            token_ids = torch.empty(n, dtype=torch.long, device=device)
             greedy_rows = [i for i in range(n) if rows[i].params.is_greedy]
-            if greedy_rows:
-                token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
+            if len(greedy_rows) == n:
+                token_ids = x.argmax(dim=-1)
+            else:
+                token_ids = torch.empty(n, dtype=torch.long, device=device)
+                if greedy_rows:
+                    token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
             if random_rows:
                 params = self._random_params([rows[i] for i in random_rows], x.shape[1], device)
-                token_ids[_index(random_rows, device)] = sample_random_rows(_rows_of(x, random_rows, n), params)
-            host_ids = token_ids.tolist()
+                drawn = sample_random_rows(_rows_of(x, random_rows, n), params)
+                if len(random_rows) == n:
+                    token_ids = drawn
+                else:
+                    token_ids[_index(random_rows, device)] = drawn
+            lp_nums = [rows[i].params.logprobs for i in logprob_rows]
+            if logprob_rows:
+                # Everything the host needs comes back in one transfer: ids, then logprobs.
+                chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
+                lp_k = min(max(lp_nums), x.shape[1])
+                pack = _logprob_pack(x_lp, lse, chosen, lp_k)
+                flat = torch.cat([token_ids.double(), pack.flatten()]).tolist()
+                host_ids = [int(t) for t in flat[:n]]
+            else:
+                host_ids = token_ids.tolist()
             if entries:
                 self.state.append(entries, token_ids[_index(penalty_rows, device)],
                                   [host_ids[i] for i in penalty_rows])
@@ -137,11 +153,11 @@ class Sampler:
 
         out_logprobs: list[Optional[list]] = [None] * n
         if logprob_rows:
-            entries_lp = _collect_logprobs(x_lp, lse,
-                                           token_ids[_index(logprob_rows, device)],
-                                           [rows[i].params.logprobs for i in logprob_rows])
-            for i, entry in zip(logprob_rows, entries_lp):
-                out_logprobs[i] = entry
+            width = 1 + 2 * lp_k
+            for j, (i, num) in enumerate(zip(logprob_rows, lp_nums)):
+                row = flat[n + j * width:n + (j + 1) * width]
+                alts = {int(t): v for t, v in zip(row[1 + lp_k:1 + lp_k + num], row[1:1 + num])}
+                out_logprobs[i] = [row[0], alts]
         return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
 
     def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:
@@ -239,19 +255,15 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     return m.squeeze(1).double() + sums.log()
 
 
-def _collect_logprobs(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, nums: list[int]) -> list[list]:
-    """[sampled_logprob, {alt_id: logprob}] per row: logprob = logit - logsumexp; the top
-    alternatives by one topk over the logits (the same order as over the logprobs)."""
-    sampled = (x.gather(1, chosen.unsqueeze(1)).squeeze(1).double() - lse).tolist()
-    k = min(max(nums), x.shape[1])
-    if k:
-        top_vals, top_ids = topk(x, k)
-        top_vals, top_ids = (top_vals.double() - lse.unsqueeze(1)).tolist(), top_ids.tolist()
-    result = []
-    for j, n in enumerate(nums):
-        alts = dict(zip(top_ids[j][:n], top_vals[j][:n])) if n and k else {}
-        result.append([sampled[j], alts])
-    return result
+def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 [rows, 1 + 2k], on the device: the sampled token's logprob, the top-k logprobs,
+    then their ids (exact in float64). logprob = logit - logsumexp; the top alternatives by one
+    topk over the logits (the same order as over the logprobs)."""
+    sampled = x.gather(1, chosen.unsqueeze(1)).double() - lse.unsqueeze(1)
+    if not k:
+        return sampled
+    vals, ids = topk(x, k)
+    return torch.cat([sampled, vals.double() - lse.unsqueeze(1), ids.double()], dim=1)
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:
