@@ -139,9 +139,10 @@ class Sampler:
                 # Everything the host needs comes back in one transfer: ids, then logprobs.
                 chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
                 lp_k = min(max(lp_nums), x.shape[1])
-                pack = _logprob_pack(x_lp, lse, chosen, lp_k)
-                flat = torch.cat([token_ids.double(), pack.flatten()]).tolist()
-                host_ids = [int(t) for t in flat[:n]]
+                values, alt_ids = _logprob_pack(x_lp, lse, chosen, lp_k)
+                host_ids = torch.cat([token_ids, alt_ids.flatten()]).tolist()  # the one sync
+                flat = values.flatten().tolist()
+                alt_flat, host_ids = host_ids[n:], host_ids[:n]
             else:
                 host_ids = token_ids.tolist()
             if entries:
@@ -153,11 +154,11 @@ class Sampler:
 
         out_logprobs: list[Optional[list]] = [None] * n
         if logprob_rows:
-            width = 1 + 2 * lp_k
+            width = 1 + lp_k
             for j, (i, num) in enumerate(zip(logprob_rows, lp_nums)):
-                row = flat[n + j * width:n + (j + 1) * width]
-                alts = {int(t): v for t, v in zip(row[1 + lp_k:1 + lp_k + num], row[1:1 + num])}
-                out_logprobs[i] = [row[0], alts]
+                v0 = j * width
+                out_logprobs[i] = [flat[v0], dict(zip(alt_flat[j * lp_k:j * lp_k + num],
+                                                      flat[v0 + 1:v0 + 1 + num]))]
         return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
 
     def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:
@@ -255,15 +256,16 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     return m.squeeze(1).double() + sums.log()
 
 
-def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
-    """float64 [rows, 1 + 2k], on the device: the sampled token's logprob, the top-k logprobs,
-    then their ids (exact in float64). logprob = logit - logsumexp; the top alternatives by one
-    topk over the logits (the same order as over the logprobs)."""
+def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: float64 [rows, 1 + k] (the sampled token's logprob, then the top-k
+    logprobs) and int64 [rows, k] (their ids). logprob = logit - logsumexp; the alternatives by
+    one topk over the logits (the same order as over the logprobs)."""
     sampled = x.gather(1, chosen.unsqueeze(1)).double() - lse.unsqueeze(1)
     if not k:
-        return sampled
+        return sampled, torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
     vals, ids = topk(x, k)
-    return torch.cat([sampled, vals.double() - lse.unsqueeze(1), ids.double()], dim=1)
+    return torch.cat([sampled, vals.double() - lse.unsqueeze(1)], dim=1), ids
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:
