@@ -129,17 +129,21 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _tiles(q, block_d):
+def _tiles(q, block_d, kv_int8=False):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
-    operands in registers, hence the narrower tiles and 8 warps. On the interpreter small tiles
-    keep several tiles per test case, exercising the boundaries."""
+    operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
+    tiles in registers: at head_dim 256 the float tile spills (255 registers), 32x32 does not
+    (128). On the interpreter small tiles keep several tiles per test case, exercising the
+    boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:
         return 32, 16, 8, 2
     if block_d <= 128:
         return 64, 64, 4, 3
+    if kv_int8:
+        return 32, 32, 8, 2
     return 64, 32, 8, 2
 
 
@@ -151,9 +155,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d)
-    lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8)
+    lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
