@@ -148,9 +148,9 @@ class ModelRunner:
                 f"no GPU memory left for the KV cache on {self.device} (weights + activations peak at "
                 f"{peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB); raise gpu_memory_utilization "
                 f"or lower max_num_batched_tokens")
-        log.info("KV pool: %d blocks of %d tokens (%.2f GiB), activation peak %.2f GiB",
+        log.info("KV pool: %d blocks of %d tokens (%.2f GiB, %s), activation peak %.2f GiB",
                  min(num_blocks, most_useful), bs, min(num_blocks, most_useful) * per_block / 2**30,
-                 peak / 2**30)
+                 str(self.kv_dtype).replace("torch.", ""), peak / 2**30)
         return min(num_blocks, most_useful)
 
     @torch.inference_mode()
