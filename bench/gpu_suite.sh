@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -61,6 +61,17 @@ for stage in "$@"; do
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --out "$OUT/par_t${tp}_p${pp}_$model.json" 2>&1 \
           | grep -E "^infer-cluster|^model=|Error|error" | tail -4
+      done ;;
+    int8)  # issue 14 part 1: int8 KV cache. GPU tests, decode bf16 vs int8 in graphs, int8 kernel rows (float rows: stage kernels), workload A auto vs int8
+      python3 -m pytest -q -m gpu tests/kernels/test_attention_int8.py tests/kernels/test_kv_append.py \
+        tests/parity/test_gpu_int8.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_int8_tests.log" | tail -8
+      python3 bench/int8_decode.py --out "$OUT/int8_decode.json" 2>&1 | tail -10
+      python3 bench/kernels.py --int8 --only int8 --out "$OUT/kernels_int8.json" 2>&1 | tail -12
+      for kv in auto int8; do
+        python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --kv-cache-dtype $kv --out "$OUT/workloadA_qwen3_kv_$kv.json" 2>&1 | tee "$OUT/workloadA_kv_$kv.log" \
+          | grep -E "^model=|^infer-cluster|engine time|Error|error" | tail -4
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -150,6 +150,67 @@ def case_attention(s, dtype, device):
     return cases
 
 
+def _quantized(cache):
+    """int8 codes and float32 scales [blocks, kv_heads, page] of a float cache (the append rule)."""
+    from infer_cluster.kernels.kv_append import quantize_int8_ref
+    codes, scale = quantize_int8_ref(cache)
+    return codes, scale.transpose(1, 2).contiguous()
+
+
+def case_int8(s, dtype, device):
+    """`--int8`: kv_append into an int8 cache, and decode/prefill attention over one, on the same
+    shapes (and, for decode, the same context draws) as the float rows, so the ms compare
+    directly. GB/s counts the int8 codes plus the float32 scales."""
+    import random
+
+    import torch
+
+    from infer_cluster.kernels import attention, attention_triton
+    from infer_cluster.kernels.kv_append import kv_append_ref
+    from infer_cluster.kernels.kv_append_triton import kv_append_triton
+    h, hk, d = s["heads"], s["kv_heads"], s["head_dim"]
+    el = torch.tensor([], dtype=dtype).element_size()
+    cases = []
+    for n in s["tokens"]:
+        key, val = _rand((n, hk, d), dtype, device), _rand((n, hk, d), dtype, device)
+        num_blocks, bs = max(2 * n // 16, 64), 16
+        kc = torch.zeros(num_blocks, bs, hk, d, device=device, dtype=torch.int8)
+        vc = torch.zeros_like(kc)
+        ks = torch.zeros(num_blocks, hk, bs, device=device)
+        vs = torch.zeros_like(ks)
+        slots = torch.randperm(num_blocks * bs, device=device)[:n].to(torch.int64)
+        args = (key, val, kc, vc, slots, ks, vs)
+        cases.append(Case("kv_append int8", f"{n}x{hk}x{d} bs{bs}",
+                          lambda a=args: kv_append_triton(*a), lambda a=args: kv_append_ref(*a),
+                          n * hk * 2 * (el * d + d + 4),
+                          reset=lambda a=args: [t.zero_() for t in a[2:4] + a[5:]],
+                          output=lambda a=args: (a[2], a[3], a[5], a[6])))
+    rng = random.Random(0)  # the same draws as case_attention's decode rows
+
+    def add(name, q_lens, ctx_lens):
+        q, kc, vc, bt, qsl, lens = _paged_batch(q_lens, ctx_lens, h, hk, d, 16, dtype, device)
+        (kc, ks), (vc, vs) = _quantized(kc), _quantized(vc)
+        mql, scale = max(q_lens), d ** -0.5
+        if mql == 1:
+            work, metric = sum(ctx_lens) * hk * (d + 4) * 2 + el * 2 * len(q_lens) * h * d, "GB/s"
+        else:
+            pairs = sum(sum(c - q + j + 1 for j in range(q)) for q, c in zip(q_lens, ctx_lens))
+            work, metric = 4.0 * pairs * h * d, "TFLOP/s"
+        scales = dict(k_scale=ks, v_scale=vs)
+        cases.append(Case(name, f"{len(q_lens)} seqs, q {sum(q_lens)}, ctx {sum(ctx_lens)}",
+                          lambda: attention_triton.paged_attention_triton(
+                              q, kc, vc, bt, qsl, lens, scale, mql, **scales),
+                          lambda: attention.paged_attention_ref(q, kc, vc, bt, qsl, lens, scale,
+                                                                **scales), work, metric))
+
+    for b, ctx in s["decode"]:
+        add(f"decode int8 b{b}", [1] * b, [rng.randint(ctx // 2, 3 * ctx // 2) for _ in range(b)])
+    for num, q_len, prefix in s["prefill"]:
+        kind = "prefill" if prefix == 0 else "chunked prefill"
+        add(f"{kind} int8 {num}x{q_len}", [q_len] * num, [prefix + q_len] * num)
+    return cases
+
+
 CASES = [case_elementwise, case_attention]
 
 SHAPES = {  # Qwen3-0.6B
@@ -248,6 +309,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--only", default="", help="substring filter on kernel names")
+    ap.add_argument("--int8", action="store_true",
+                    help="also time the int8 KV cache variants (kv_append, decode, prefill)")
     ap.add_argument("--interpret", action="store_true",
                     help="without CUDA: tiny shapes under TRITON_INTERPRET=1 (times meaningless)")
     args = ap.parse_args(argv)
@@ -269,7 +332,7 @@ def main(argv=None):
     torch.manual_seed(0)
 
     rows = []
-    for make in CASES:
+    for make in CASES + ([case_int8] if args.int8 else []):
         try:
             cases = make(shapes, dtype, device)
         except Exception as e:

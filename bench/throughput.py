@@ -60,6 +60,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                    help="KV cache storage (EngineConfig.kv_cache_dtype)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--num-seqs", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128], metavar=("LO", "HI"))
@@ -84,6 +86,7 @@ def run_ours(args, prompts, out_lens, kinds):
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
+              kv_cache_dtype=args.kv_cache_dtype,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               tensor_parallel_size=args.tensor_parallel_size,
@@ -109,7 +112,8 @@ def run_ours(args, prompts, out_lens, kinds):
                 runs[kind] = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed}
     info = dict(runs[kinds[0]])
     info.update({"num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
-                 "dtype": str(llm.engine.runner.dtype), "preemptions": llm.stats()["num_preemptions"],
+                 "dtype": str(llm.engine.runner.dtype), "kv_cache_dtype": args.kv_cache_dtype,
+                 "preemptions": llm.stats()["num_preemptions"],
                  "step_seconds": llm.stats()["step_seconds"], "sampling": runs})
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()
@@ -184,7 +188,8 @@ def main(argv=None):
             print(f"HF baseline ({mode}) failed: {type(exc).__name__}: {exc}")
             result["hf_error"] = f"{type(exc).__name__}: {exc}"
     print(f"\nmodel={args.model} device={ours['device']} dtype={ours['dtype']} seqs={args.num_seqs} "
-          f"prompt={args.prompt_len} output={args.output_len}")
+          f"prompt={args.prompt_len} output={args.output_len} kv_cache_dtype={args.kv_cache_dtype} "
+          f"num_kv_blocks={ours['num_kv_blocks']} preemptions={ours['preemptions']}")
     print(f"{'system':<28}{'tokens':>10}{'seconds':>10}{'tok/s':>12}{'/ greedy':>10}")
     greedy = ours["sampling"].get("greedy")
     for kind, run in ours["sampling"].items():

@@ -11,6 +11,10 @@ Shapes: q `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, 
 head_dim]`; block_tables `[num_seqs, max_blocks]` int32; query_start_loc `[num_seqs + 1]` int32;
 seq_lens `[num_seqs]` int32. Returns `[num_tokens, num_heads, head_dim]` in q's dtype.
 The reference computes in float32; the Triton kernels live beside it.
+
+int8 caches come with `k_scale`/`v_scale` float32 `[num_blocks, num_kv_heads, block_size]`
+(see `kernels/kv_append.py`): a cached row is `code * scale`. The reference dequantizes the
+gathered blocks; the kernels dequantize inside, on read.
 """
 
 from __future__ import annotations
@@ -18,10 +22,20 @@ from __future__ import annotations
 import torch
 
 from .dispatch import use_triton
+from .kv_append import check_int8_scales
+
+
+def _gather(cache, scales, blocks, ctx_len):
+    """float32 `[ctx_len, num_kv_heads, head_dim]` of one sequence's cached rows."""
+    rows = cache[blocks].float()                                   # [n, page, H, D]
+    if scales is not None:
+        rows = rows * scales[blocks].transpose(1, 2)[..., None]    # [n, page, H, 1]
+    return rows.reshape(-1, *cache.shape[2:])[:ctx_len]
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                        max_query_len=None):
+                        max_query_len=None, k_scale=None, v_scale=None):
+    check_int8_scales(k_cache, k_scale, v_scale)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -36,8 +50,8 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
             continue
         num_blocks = (ctx_len + block_size - 1) // block_size
         blocks = block_tables[i, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx_len].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx_len].float()
+        k = _gather(k_cache, k_scale, blocks, ctx_len)
+        v = _gather(v_cache, v_scale, blocks, ctx_len)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
@@ -53,11 +67,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None):
+                    max_query_len=None, k_scale=None, v_scale=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
-    Triton path pick the decode kernel when every sequence has one query token."""
+    Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
+    `v_scale` only with int8 caches."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len)
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                               k_scale=k_scale, v_scale=v_scale)

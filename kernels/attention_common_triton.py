@@ -1,15 +1,20 @@
 """Pieces both paged attention kernels share: the tl.dot wrapper and the dtype policy.
 
 Owns: `_dot` (a tile product: operands in fp16/bf16 on CUDA, float32 with input_precision="ieee"
-elsewhere), `_dot_mode` (picks its LOWP/DOT_DTYPE constexprs from q), `_TL_DTYPES` (the supported
-dtypes, which `_check` enforces) and `_LOG2E` (exponentials are base 2, the scale folded into
+elsewhere), `_dot_mode` (picks its LOWP/DOT_DTYPE constexprs from q and the cache dtype),
+`_int8_operand` (int8 KV codes to dot operands), `_load_scales` (a tile's per-token int8 scales),
+`_TL_DTYPES` (the supported dtypes, which `_check` enforces) and `_LOG2E` (exponentials are base 2, the scale folded into
 log2(e)). Must never import the decode, prefill or entry modules: they all import this one, and
 keeping it a leaf keeps the package free of import cycles.
 
 Numerics: scores, softmax statistics and accumulators are float32. On CUDA with fp16/bf16 inputs
 the tl.dot operands stay in that dtype (probabilities are cast to it for P@V, as usual); in
 float32 or on the CPU interpreter the dots run in float32 with input_precision="ieee" (the
-interpreter's bf16 math is wrong). To extend: put here only what both kernels use (a new dtype
+interpreter's bf16 math is wrong). int8 KV caches: codes become fp16 dot operands on CUDA
+(whatever the model dtype: exact for |code| <= 127, and made by integer arithmetic rather than
+the slow int->float conversion, which would cost more than the bytes it saves) and float32
+elsewhere; the per-token scales multiply score columns (K) and probability columns (V) in
+float32, so an int8 tile is never dequantized in full. To extend: put here only what both kernels use (a new dtype
 goes into `_TL_DTYPES` and `_dot_mode`); a helper for one kernel lives in that kernel's module.
 """
 
@@ -32,7 +37,34 @@ def _dot(a, b, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     return res
 
 
-def _dot_mode(q):
-    """(LOWP, DOT_DTYPE): native half-precision dots on CUDA, float32 everywhere else."""
+@triton.jit
+def _int8_operand(codes, LOWP: tl.constexpr):
+    """int8 codes as exact dot operands. LOWP: fp16 by bit arithmetic: code + 1152 as an fp16
+    bit pattern is 0x6480 + code (fp16 spacing is 1 in [1024, 2048)); one integer add and one
+    fp16 subtract per element. Otherwise float32."""
+    if LOWP:
+        bits = (codes.to(tl.int32) + 0x6480).to(tl.int16)
+        res = bits.to(tl.float16, bitcast=True) - 1152.0
+    else:
+        res = codes.to(tl.float32)
+    return res
+
+
+@triton.jit
+def _load_scales(ptrs, mask, HAS_MASK: tl.constexpr):
+    """float32 per-token scales of a K or V tile; masked lanes read 0 (their scores are -inf
+    and their probabilities 0 already)."""
+    if HAS_MASK:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+def _dot_mode(q, kv_dtype=None):
+    """(LOWP, DOT_DTYPE): native half-precision dots on CUDA, float32 everywhere else. With an
+    int8 cache the CUDA dots run in fp16 (see `_int8_operand`)."""
     lowp = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    return lowp, (_TL_DTYPES[q.dtype] if lowp else tl.float32)
+    if not lowp:
+        return False, tl.float32
+    return True, (tl.float16 if kv_dtype == torch.int8 else _TL_DTYPES[q.dtype])

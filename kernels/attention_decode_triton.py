@@ -14,6 +14,10 @@ num_heads)) merges the non-empty ones. The split count is chosen from tensor sha
 captured in a CUDA graph; this module must never sync with the host or read KV positions
 >= seq_lens[i].
 
+int8 caches (KV_INT8 constexpr; float caches compile without that code): `_decode_tile` loads
+the codes and the tile's per-token scales, folds the K scales into the score columns and the V
+scales into the probability columns before P@V (see `attention_common_triton`).
+
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_decode_tile`, loop bounds into `_decode_kernel`; keep `_attend_tile` (prefill) and the
 reference in step. A new launch knob becomes a `decode_config` key, so `bench/tune_decode.py`
@@ -26,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .attention_common_triton import _LOG2E, _dot, _dot_mode, _int8_operand, _load_scales
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
@@ -51,10 +55,11 @@ def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start, hi, offs_d, d_mask,
-                 sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
+def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head, bt_row, start,
+                 hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 KV_INT8: tl.constexpr):
     """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
     state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]."""
     offs_t = tl.arange(0, BLOCK_N)
@@ -71,15 +76,20 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start, hi
         else:
             blk = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
         pos = offs_n % PAGE
+    n_mask = (start + offs_t) < hi
     if MASKED:
-        n_mask = (start + offs_t) < hi
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
         kv_mask = d_mask[None, :]
     HAS_MASK: tl.constexpr = MASKED or not EVEN_D
     k = _load_masked(k_head + (blk * sk_b + pos * sk_s)[:, None] + offs_d[None, :] * sk_d,
                      kv_mask, HAS_MASK)
-    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
+    if KV_INT8:
+        k_scale = _load_scales(ks_head + blk * sks_b + pos * sks_s, n_mask, MASKED)
+        s = _dot(q, tl.trans(_int8_operand(k, LOWP)), LOWP, DOT_DTYPE) \
+            * (k_scale * scale_log2)[None, :]
+    else:
+        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     # Every tile holds at least one visible position, so m_new is finite.
@@ -89,18 +99,25 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start, hi
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _load_masked(v_head + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
                      kv_mask, HAS_MASK)
-    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
+    if KV_INT8:
+        v_scale = _load_scales(vs_head + blk * svs_b + pos * svs_s, n_mask, MASKED)
+        acc = acc * alpha[:, None] + _dot(p * v_scale[None, :], _int8_operand(v, LOWP), LOWP,
+                                          DOT_DTYPE)
+    else:
+        acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
     return acc, m_new, l_i
 
 
 @triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr, plse_ptr,
-                   scale_log2,
-                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr,
+                   plse_ptr, scale_log2,
+                   sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
+                   sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt,
                    so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                   SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   KV_INT8: tl.constexpr):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -124,22 +141,28 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_p
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
                 mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    if KV_INT8:
+        q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
     k_head = k_ptr + kvh * sk_h
     v_head = v_ptr + kvh * sv_h
+    ks_head = ks_ptr + kvh * sks_h
+    vs_head = vs_ptr + kvh * svs_h
     # Whole tiles without masks, then at most one clipped tile (the context's end).
     full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start in range(lo, full_hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
-                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
-                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
+                                     vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
+                                     sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
+                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8)
     for start in range(full_hi, hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, bt_row, start,
-                                     hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d,
-                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE)
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
+                                     vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
+                                     sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
+                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -235,9 +258,10 @@ def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=N
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
-    `num_splits` forces the split count; `config` overrides keys of `decode_config`."""
+    `num_splits` forces the split count; `config` overrides keys of `decode_config`;
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -260,13 +284,18 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     else:
         part_out = part_lse = out  # never touched when SPLIT is off
         po_strides, pl_strides = (0, 0, 0), (0, 0)
-    lowp, dot_dtype = _dot_mode(q)
+    lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
+    kv_int8 = k_cache.dtype == torch.int8
+    if kv_int8:
+        scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
+    else:  # never read: KV_INT8 is off
+        scales, s_strides = (k_cache, v_cache), (0,) * 6
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
-        scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
+        part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
-        BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype,
+        BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
         block_s = triton.next_power_of_2(splits)

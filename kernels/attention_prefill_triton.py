@@ -9,6 +9,10 @@ online softmax over K/V tiles gathered through the block table (`_attend_tile`);
 before the block's first query position skip the causal mask, the remaining diagonal tiles apply
 it. Must never read KV positions >= seq_lens[i] (block tables may be padded with junk ids).
 
+int8 caches (KV_INT8 constexpr; float caches compile without that code): `_attend_tile` loads
+codes and per-token scales and folds the scales into score and probability columns, like the
+decode kernel (see `attention_common_triton`).
+
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_attend_tile`, loop bounds into `_prefill_kernel`; keep `_decode_tile` (decode) and the
 reference in step. New tile sizes go into `_tiles`, checked for register spills (docs/kernels.md).
@@ -20,17 +24,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .attention_common_triton import _LOG2E, _dot, _dot_mode, _int8_operand
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row, start, hi, q_pos, page_size,
-                 sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2, offs_d, d_mask,
+def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, hi, q_pos,
+                 page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
+                 scale_log2, offs_d, d_mask,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOWP: tl.constexpr,
-                 DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+                 DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr):
     """Fold KV positions [start, start+BLOCK_N) into the running softmax state of q's rows.
     k_ptr/v_ptr already point at the right KV head. MASKED: positions may reach `hi` (and, if
-    CAUSAL, pass a row's own position `q_pos`); unmasked tiles are known to be fully visible."""
+    CAUSAL, pass a row's own position `q_pos`); unmasked tiles are known to be fully visible.
+    KV_INT8: ks_ptr/vs_ptr point at the KV head's scales."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         n_mask = offs_n < hi
@@ -42,7 +48,11 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row, start, hi, q_pos, page_
     pos = (offs_n % page_size).to(tl.int64)
     kt = tl.load(k_ptr + (blk * sk_b + pos * sk_s)[None, :] + offs_d[:, None] * sk_d,
                  mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-    s = _dot(q, kt, LOWP, DOT_DTYPE) * scale_log2
+    if KV_INT8:
+        k_scale = tl.load(ks_ptr + blk * sks_b + pos * sks_s, mask=n_mask, other=0.0)
+        s = _dot(q, _int8_operand(kt, LOWP), LOWP, DOT_DTYPE) * (k_scale * scale_log2)[None, :]
+    else:
+        s = _dot(q, kt, LOWP, DOT_DTYPE) * scale_log2
     if MASKED:
         visible = n_mask[None, :]
         if CAUSAL:
@@ -56,17 +66,23 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, bt_row, start, hi, q_pos, page_
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_ptr + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
                 mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
+    if KV_INT8:
+        v_scale = tl.load(vs_ptr + blk * svs_b + pos * svs_s, mask=n_mask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p * v_scale[None, :], _int8_operand(v, LOWP), LOWP,
+                                          DOT_DTYPE)
+    else:
+        acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, scale_log2, page_size,
-                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d, s_bt,
-                    so_t, so_h, so_d,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr,
+                    scale_log2, page_size,
+                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
+                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt, so_t, so_h, so_d,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr):
+                    DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -88,53 +104,69 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, sca
     rows = (row0 + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if KV_INT8:
+        q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
     k_head = k_ptr + kvh * sk_h
     v_head = v_ptr + kvh * sv_h
+    ks_head = ks_ptr + kvh * sks_h
+    vs_head = vs_ptr + kvh * svs_h
     for start in range(0, full_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, bt_row, start, hi, q_pos,
-                                     page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2,
-                                     offs_d, d_mask, False, True, LOWP, DOT_DTYPE, BLOCK_N)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
+                                     start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
+                                     sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
+                                     False, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8)
     for start in range(full_hi, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, bt_row, start, hi, q_pos,
-                                     page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, scale_log2,
-                                     offs_d, d_mask, True, True, LOWP, DOT_DTYPE, BLOCK_N)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
+                                     start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
+                                     sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
+                                     True, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _tiles(q, block_d):
+def _tiles(q, block_d, kv_int8=False):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
-    operands in registers, hence the narrower tiles and 8 warps. On the interpreter small tiles
-    keep several tiles per test case, exercising the boundaries."""
+    operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
+    tiles in registers: at head_dim 256 the float tile spills (255 registers), 32x32 does not
+    (128). On the interpreter small tiles keep several tiles per test case, exercising the
+    boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:
         return 32, 16, 8, 2
     if block_d <= 128:
         return 64, 64, 4, 3
+    if kv_int8:
+        return 32, 32, 8, 2
     return 64, 32, 8, 2
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                      max_query_len, out):
-    """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches)."""
+                      max_query_len, out, k_scale=None, v_scale=None):
+    """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d)
-    lowp, dot_dtype = _dot_mode(q)
+    kv_int8 = k_cache.dtype == torch.int8
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8)
+    lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
+    if kv_int8:
+        scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
+    else:  # never read: KV_INT8 is off
+        scales, s_strides = (k_cache, v_cache), (0,) * 6
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
-        page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
-        *out.stride(), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp, DOT_DTYPE=dot_dtype, num_warps=num_warps,
-        num_stages=num_stages)
+        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
+        page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+        block_tables.stride(0), *out.stride(), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp, DOT_DTYPE=dot_dtype,
+        KV_INT8=kv_int8, num_warps=num_warps, num_stages=num_stages)
     return out

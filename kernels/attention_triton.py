@@ -18,6 +18,11 @@ The public names of the decode and prefill modules are re-exported here: tests, 
 `kernels.attention` import them from `kernels.attention_triton`.
 
 Head dims: any even size up to 256; tiles are padded to a power of two >= 16 and masked.
+KV caches in q's dtype, or int8 with float32 scales (`k_scale`/`v_scale` `[num_blocks,
+num_kv_heads, block_size]`): both kernels then take the `KV_INT8` constexpr branch, which loads
+codes, converts them to float32 and applies the per-token scales to the score columns (K) and
+the probability columns (V), so no dequantized copy of the cache exists and the float paths
+compile without it.
 To extend (e.g. sliding window, fp8 KV), change `_attend_tile` (prefill) and `_decode_tile`
 (decode), the places a K/V tile is loaded and folded in, and the loop bounds; keep the
 reference in step. A new kernel path gets its own module and a branch in
@@ -32,6 +37,7 @@ from .attention_common_triton import _TL_DTYPES
 from .attention_decode_triton import (DECODE_TUNED, decode_attention, decode_config,
                                       plan_decode_splits)
 from .attention_prefill_triton import prefill_attention
+from .kv_append import check_int8_scales
 
 __all__ = ["paged_attention_triton", "decode_attention", "prefill_attention", "decode_config",
            "plan_decode_splits", "DECODE_TUNED"]
@@ -39,7 +45,8 @@ __all__ = ["paged_attention_triton", "decode_attention", "prefill_attention", "d
 _MAX_HEAD_DIM = 256
 
 
-def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens):
+def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale=None,
+           v_scale=None):
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"q must be [tokens, heads, head_dim] and caches [blocks, block_size, "
                          f"kv_heads, head_dim]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, "
@@ -53,6 +60,11 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens):
         raise ValueError(f"head_dim {head_dim} > {_MAX_HEAD_DIM} is not supported")
     if q.dtype not in _TL_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; expected float32, float16 or bfloat16")
+    if (k_cache.dtype not in _TL_DTYPES and k_cache.dtype != torch.int8) \
+            or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"KV caches must both be float32, float16, bfloat16 or int8, got "
+                         f"{k_cache.dtype} and {v_cache.dtype}")
+    check_int8_scales(k_cache, k_scale, v_scale)
     num_seqs = seq_lens.shape[0]
     if query_start_loc.shape != (num_seqs + 1,) or block_tables.dim() != 2 \
             or block_tables.shape[0] < num_seqs:
@@ -62,8 +74,8 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens):
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                           max_query_len=None):
-    _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+                           max_query_len=None, k_scale=None, v_scale=None):
+    _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if seq_lens.shape[0] == 0 or q.shape[0] == 0:
         return out
@@ -73,8 +85,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
     if max_query_len <= 0:
         return out
     if max_query_len == 1:
-        decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out)
+        decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                         k_scale=k_scale, v_scale=v_scale)
     else:
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                          max_query_len, out)
+                          max_query_len, out, k_scale=k_scale, v_scale=v_scale)
     return out

@@ -16,6 +16,7 @@ from infer_cluster.protocol.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "int8")
 LOAD_FORMATS = ("auto", "dummy")
 
 
@@ -32,6 +33,7 @@ class EngineConfig:
     tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory if not the model's"})
     device: str = field(default="auto", metadata={"help": "auto (CUDA if present), cpu or cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto (float32 on CPU, bf16/fp16 on CUDA), float32, float16 or bfloat16"})
+    kv_cache_dtype: str = field(default="auto", metadata={"help": "KV cache storage: auto (the model dtype) or int8 (a float32 scale per token and KV head; about half the bytes of bf16 per block, so about twice the blocks)"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block (power of two)"})
     num_kv_blocks: Optional[int] = field(default=None, metadata={"help": "KV blocks to allocate; default: sized from free memory after a warm-up pass"})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "fraction of GPU memory for weights + activations + KV cache"})
@@ -55,6 +57,8 @@ class EngineConfig:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         _positive_int("block_size", self.block_size)

@@ -1,7 +1,10 @@
 """`DynamicContext`: the paged KV tensors of one replica (this rank's layers) and the
 conversion of a `SchedulerOutput` into the per-step tensors the model reads.
 
-Owns: KV tensors per layer, `[num_blocks, block_size, num_kv_heads, head_dim]` for K and V, and
+Owns: KV tensors per layer (`LayerKV`): `[num_blocks, block_size, num_kv_heads, head_dim]` for
+K and V in the model dtype, or int8 plus float32 scales `[num_blocks, num_kv_heads, block_size]`
+for K and V (`kv_cache_dtype="int8"`; the scales sit beside the blocks under the same block ids,
+so prefix caching and preemption need nothing extra), their size per block, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
 tables, sequence lengths, query start offsets) plus the rows whose logits are sampled. Host
 lists are packed into one buffer and copied to the device in a single non-blocking transfer.
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .models.decoder import AttentionMetadata
+from .models.decoder import AttentionMetadata, LayerKV
 from .scheduler import SchedulerOutput
 
 
@@ -30,16 +33,28 @@ class StepInputs:
 class DynamicContext:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device):
+        """`dtype` is the storage dtype: the model's, or torch.int8 (then with scales)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+        scale_shape = (num_blocks, num_kv_heads, block_size)
+
+        def layer() -> LayerKV:
+            kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+            if dtype == torch.int8:
+                kv += [torch.zeros(scale_shape, dtype=torch.float32, device=device) for _ in range(2)]
+            return LayerKV(*kv)
+
+        self.kv_caches = [layer() for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype: torch.dtype) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+        """K + V bytes of one block over all layers, scales included (int8: 4 bytes per row)."""
+        row = head_dim * torch.tensor([], dtype=dtype).element_size()
+        if dtype == torch.int8:
+            row += torch.tensor([], dtype=torch.float32).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * row
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         bs = self.block_size

@@ -41,6 +41,11 @@ def resolve_device(config: EngineConfig, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """KV cache storage dtype: the model dtype (`auto`) or int8 (scales kept beside it)."""
+    return torch.int8 if config.kv_cache_dtype == "int8" else dtype
+
+
 def resolve_dtype(config: EngineConfig, hf_config, device: torch.device) -> torch.dtype:
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
@@ -72,6 +77,7 @@ class ModelRunner:
         self.ps = ps or ParallelState()
         self.device = resolve_device(config, local_rank)
         self.dtype = resolve_dtype(config, hf_config, self.device)
+        self.kv_dtype = resolve_kv_dtype(config, self.dtype)
         self.max_model_len = max_model_len
         start, end = layer_range or (0, spec.num_layers)
         if self.device.type == "cuda":
@@ -87,7 +93,7 @@ class ModelRunner:
         if agree_num_kv_blocks is not None:
             self.num_kv_blocks = agree_num_kv_blocks(self.num_kv_blocks)
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
-                                      self.num_kv_heads, spec.head_dim, self.dtype, self.device)
+                                      self.num_kv_heads, spec.head_dim, self.kv_dtype, self.device)
         self.graphs: Optional[DecodeGraphs] = None
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
@@ -116,7 +122,7 @@ class ModelRunner:
 
     def _bytes_per_block(self) -> int:
         return DynamicContext.bytes_per_block(self.num_layers, self.config.block_size,
-                                              self.num_kv_heads, self.spec.head_dim, self.dtype)
+                                              self.num_kv_heads, self.spec.head_dim, self.kv_dtype)
 
     def _size_kv_pool(self) -> int:
         """Blocks to allocate: the configured count, else what fits the memory budget after a
@@ -142,9 +148,9 @@ class ModelRunner:
                 f"no GPU memory left for the KV cache on {self.device} (weights + activations peak at "
                 f"{peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB); raise gpu_memory_utilization "
                 f"or lower max_num_batched_tokens")
-        log.info("KV pool: %d blocks of %d tokens (%.2f GiB), activation peak %.2f GiB",
+        log.info("KV pool: %d blocks of %d tokens (%.2f GiB, %s), activation peak %.2f GiB",
                  min(num_blocks, most_useful), bs, min(num_blocks, most_useful) * per_block / 2**30,
-                 peak / 2**30)
+                 str(self.kv_dtype).replace("torch.", ""), peak / 2**30)
         return min(num_blocks, most_useful)
 
     @torch.inference_mode()
@@ -153,7 +159,7 @@ class ModelRunner:
         n = min(self.config.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-n // bs)
         ctx = DynamicContext(self.num_layers, num_blocks, bs, self.num_kv_heads, self.spec.head_dim,
-                             self.dtype, self.device)
+                             self.kv_dtype, self.device)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.arange(n, device=dev),

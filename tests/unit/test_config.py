@@ -108,6 +108,7 @@ def test_sampling_params_from_dict_rejects_unknown_keys():
      "device_ids lists 3 devices .* = 4"),
     (dict(device_ids=[-1]), "device_ids must be non-negative integers"),
     (dict(cpu_kv_cache_gib=0), "cpu_kv_cache_gib must be > 0"),
+    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, int8, got 'fp8'"),
 ])
 def test_engine_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -119,6 +120,7 @@ def test_engine_config_rejects_bad_values(kwargs, message):
 def test_engine_config_accepts_good_values():
     c = EngineConfig()
     assert (c.block_size, c.device, c.dtype, c.world_size) == (16, "auto", "auto", 1)
+    assert c.kv_cache_dtype == "auto" and EngineConfig(kv_cache_dtype="int8").kv_cache_dtype == "int8"
     for bs in (1, 2, 8, 32, 256):
         assert EngineConfig(block_size=bs).block_size == bs
     c = EngineConfig(device="cuda", dtype="bfloat16", tensor_parallel_size=2,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -37,6 +37,17 @@ class AttentionMetadata:
     seq_lens: torch.Tensor          # [num_seqs] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32
     max_query_len: int              # host int: lets attention pick the decode kernel without a sync
+
+
+class LayerKV(NamedTuple):
+    """One layer's paged KV (see kernels/attention.py and kernels/kv_append.py): K and V
+    `[num_blocks, block_size, num_kv_heads, head_dim]` in the model dtype, or int8 codes with
+    float32 scales `[num_blocks, num_kv_heads, block_size]` (None for a float cache)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: Optional[torch.Tensor] = None
+    v_scale: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -140,10 +151,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         apply_rotary(q, k, positions, *rope_cache)
-        k_cache, v_cache = kv_cache
-        kv_append(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_cache, v_cache, k_scale, v_scale = kv_cache
+        kv_append(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                              meta.seq_lens, self.scale, meta.max_query_len)
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 

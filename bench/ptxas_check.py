@@ -1,0 +1,140 @@
+"""Register and spill check of the paged attention and int8 append kernels for sm_90, without a GPU.
+
+Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target) of
+`_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
+(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256) with the launch tiles the
+entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
+constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
+bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
+loads). Prints one row per variant; exits 1 if any variant spills. Never runs a kernel.
+
+  python bench/ptxas_check.py            # bf16 and int8 caches
+To add a variant: a row in `variants()` (kernel, pointer dtypes, integer arguments, constexprs,
+launch options).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+H, HK, PAGE = 16, 8, 16
+DECODE_DNS = ("s_bt", "spo_s", "spo_h", "spl_s", "spl_h")  # the kernel's do_not_specialize
+
+
+def _strides(d, int8):
+    """Integer arguments for contiguous q/out [T, H, d], caches [B, PAGE, HK, d] and scales
+    [B, HK, PAGE] (zeros when the cache is not int8: the kernel never reads them)."""
+    s = dict(sq_t=H * d, sq_h=d, sq_d=1, sk_b=PAGE * HK * d, sk_s=HK * d, sk_h=d, sk_d=1,
+             sv_b=PAGE * HK * d, sv_s=HK * d, sv_h=d, sv_d=1, s_bt=2560, so_t=H * d, so_h=d,
+             so_d=1)
+    sc = (HK * PAGE, PAGE, 1) if int8 else (0, 0, 0)
+    s.update(zip(("sks_b", "sks_h", "sks_s"), sc))
+    s.update(zip(("svs_b", "svs_h", "svs_s"), sc))
+    return s
+
+
+def variants():
+    import torch
+    import triton.language as tl
+
+    from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED, _decode_kernel
+    from infer_cluster.kernels.attention_prefill_triton import _prefill_kernel, _tiles
+    from infer_cluster.kernels.kv_append_triton import _kv_append_int8_kernel
+    rows = []
+    for int8 in (False, True):
+        kv = "*i8" if int8 else "*bf16"
+        ptrs = dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ks_ptr="*fp32" if int8 else kv,
+                    vs_ptr="*fp32" if int8 else kv, bt_ptr="*i32", qsl_ptr="*i32",
+                    lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
+        dot = tl.float16 if int8 else tl.bfloat16
+        for split in (False, True):
+            ints = dict(_strides(128, int8), spo_s=0, spo_h=0, spo_p=128 if split else 0,
+                        spl_s=0, spl_h=0)
+            consts = dict(GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE, BLOCK_G=16, BLOCK_D=128,
+                          BLOCK_N=DECODE_TUNED["block_n"], SPLIT=split, LOWP=True, DOT_DTYPE=dot,
+                          KV_INT8=int8)
+            opts = dict(num_warps=DECODE_TUNED["num_warps"],
+                        num_stages=DECODE_TUNED["num_stages"])
+            rows.append((f"decode {kv[1:]} split={split} d128", _decode_kernel, ptrs, ints,
+                         consts, opts, DECODE_DNS))
+        ptrs = {k: v for k, v in ptrs.items() if k not in ("po_ptr", "plse_ptr")}
+        cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
+        for d in (64, 128, 256):
+            bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
+            consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
+                          LOWP=True, DOT_DTYPE=dot, KV_INT8=int8)
+            rows.append((f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps}", _prefill_kernel, ptrs,
+                         dict(_strides(d, int8), page_size=PAGE), consts,
+                         dict(num_warps=warps, num_stages=stages), ()))
+    ints = dict(num_kv_heads=HK, head_dim=128, block_size=PAGE, sk_t=3 * H * 128, sk_h=128,
+                sk_d=1, sv_t=3 * H * 128, sv_h=128, sv_d=1, skc_b=PAGE * HK * 128,
+                skc_s=HK * 128, skc_h=128, skc_d=1, svc_b=PAGE * HK * 128, svc_s=HK * 128,
+                svc_h=128, svc_d=1, sks_b=HK * PAGE, sks_h=PAGE, sks_s=1, svs_b=HK * PAGE,
+                svs_h=PAGE, svs_s=1)
+    rows.append(("kv_append int8 d128", _kv_append_int8_kernel,
+                 dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
+                      ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
+                 dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
+    return rows
+
+
+def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(inspect.signature(kernel.fn).parameters)
+    sig, values, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in consts:
+            sig[name], values[(i,)] = "constexpr", consts[name]
+        elif name in ptrs:
+            sig[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            sig[name] = "fp32"
+        elif name not in dns and ints[name] == 1:
+            sig[name], values[(i,)] = "constexpr", 1
+        else:
+            sig[name] = "i32"
+            if name not in dns and ints[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, sig, values, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def ptxas_info(ptx: str) -> tuple[int, int]:
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o",
+                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
+                             check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", err).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", err).group(1))
+    return regs, spills
+
+
+def main() -> int:
+    bad = 0
+    print(f"{'variant':<36}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}")
+    for name, kernel, ptrs, ints, consts, opts, dns in variants():
+        c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
+        regs, spills = ptxas_info(c.asm["ptx"])
+        bad += spills > 0
+        print(f"{name:<36}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
+              f"{c.asm['ptx'].count('cp.async.'):>10}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

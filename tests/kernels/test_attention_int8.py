@@ -1,0 +1,174 @@
+"""Paged attention over int8 KV caches (codes + per-token, per-head float32 scales): the Triton
+decode and prefill kernels vs `paged_attention_ref`, which dequantizes the gathered blocks.
+
+Batches come from `test_attention.make_batch` and are quantized with the append rule
+(`quantize_int8_ref`); the NaN traps move to the scales (an int8 code cannot be NaN), so any
+read past seq_lens still shows up as NaN in the output.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from infer_cluster.kernels import attention_decode_triton, attention_prefill_triton
+from infer_cluster.kernels.attention import paged_attention_ref
+from infer_cluster.kernels.attention_common_triton import _int8_operand
+from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton
+from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
+from tests.kernels.conftest import INTERPRET, tol
+from tests.kernels.test_attention import DECODE_CASES, PREFILL_CASES, make_batch
+
+
+def _quantize_cache(cache):
+    """(codes [B, S, H, D] int8, scales [B, H, S] float32) with NaN scales where a row is NaN."""
+    poisoned = torch.isnan(cache).any(dim=-1)
+    codes, scale = quantize_int8_ref(torch.nan_to_num(cache))
+    scale = scale.masked_fill(poisoned, float("nan"))
+    return codes, scale.transpose(1, 2).contiguous()
+
+
+def int8_batch(batch):
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    kc, ks = _quantize_cache(k_cache)
+    vc, vs = _quantize_cache(v_cache)
+    return q, kc, vc, ks, vs, block_tables, qsl, seq_lens
+
+
+def _dequantized(codes, scales):
+    return dequantize_int8_ref(codes, scales.transpose(1, 2))
+
+
+def check_int8(batch, dtype, max_query_len, scale=None, float_batch=None):
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = batch
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    got = paged_attention_triton(q, kc, vc, block_tables, qsl, seq_lens, scale, max_query_len,
+                                 k_scale=ks, v_scale=vs)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, scale, k_scale=ks,
+                              v_scale=vs)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert not torch.isnan(got).any(), "read KV past seq_lens (NaN trap)"
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+    # The int8 reference is the float reference on the dequantized cache.
+    deq = paged_attention_ref(q, _dequantized(kc, ks), _dequantized(vc, vs), block_tables, qsl,
+                              seq_lens, scale)
+    torch.testing.assert_close(ref, deq, atol=1e-5, rtol=1e-5)
+    if float_batch is not None:  # and int8 stays near the unquantized cache (sanity bound)
+        fq, fk, fv = float_batch[:3]
+        exact = paged_attention_ref(fq, fk, fv, block_tables, qsl, seq_lens, scale)
+        assert (got.float() - exact.float()).abs().max() < 0.1
+    return got
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}/{c[3]}"
+                         f"-d{c[4]}-bs{c[5]}")
+def test_decode_int8_matches_ref(device, dtype, case):
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    batch = make_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    check_int8(int8_batch(batch), dtype, max_query_len=1, float_batch=batch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"q{c[0]}-ctx{c[1]}-h{c[2]}/{c[3]}"
+                         f"-d{c[4]}-bs{c[5]}")
+def test_prefill_int8_matches_ref(device, dtype, case):
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    batch = make_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    check_int8(int8_batch(batch), dtype, max_query_len=max(q_lens), float_batch=batch)
+
+
+# Tiles inside one page and across pages, with and without splits (empty partitions skipped).
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_decode_int8_configs_match_ref(device, block_n, num_splits, block_size):
+    batch = make_batch(device, torch.float32, [1, 1, 0, 1], [130, 20, 9, 37], 8, 4, 48, block_size)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.1, out, num_splits=num_splits,
+                     config=dict(block_n=block_n), k_scale=ks, v_scale=vs)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.1, k_scale=ks, v_scale=vs)
+    atol, rtol = tol(torch.float32)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def test_int8_checks():
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(
+        make_batch("cpu", torch.float32, [1], [5], 2, 1, 32, 16))
+    with pytest.raises(ValueError, match="k_scale"):
+        paged_attention_triton(q, kc, vc, block_tables, qsl, seq_lens, 1.0, 1)
+    with pytest.raises(ValueError, match="v_scale"):
+        paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 1.0, k_scale=ks,
+                            v_scale=vs.transpose(1, 2))
+    with pytest.raises(ValueError, match="int8"):
+        paged_attention_triton(q, kc.to(torch.int16), vc.to(torch.int16), block_tables, qsl,
+                               seq_lens, 1.0, 1)
+
+
+@triton.jit
+def _codes_kernel(x_ptr, out_ptr, LOWP: tl.constexpr):
+    offs = tl.arange(0, 256)
+    tl.store(out_ptr + offs, _int8_operand(tl.load(x_ptr + offs), LOWP).to(tl.float32))
+
+
+@pytest.mark.parametrize("lowp", [False, True])
+def test_int8_operand_is_exact(device, lowp):
+    # The CUDA path's fp16 bit trick (LOWP) and the float32 path give every code exactly.
+    codes = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8).to(device)
+    out = torch.empty(256, device=device)
+    _codes_kernel[(1,)](codes, out, LOWP=lowp)
+    assert torch.equal(out, codes.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_lens,ctx_lens", [([1, 1, 1], [1, 40, 33]), ([5, 0, 1, 17], [70, 4, 23, 17])])
+def test_int8_cuda_operand_path_on_interpreter(monkeypatch, dtype, q_lens, ctx_lens):
+    # The CUDA half-precision policy (fp16 dot operands from the bit trick, q cast once) run on
+    # the interpreter by forcing LOWP, so the path is checked without a GPU. fp16 operands:
+    # bf16-level tolerance.
+    if not INTERPRET:
+        pytest.skip("interpreter only (the GPU tests run this path for real)")
+    fp16_dots = lambda q, kv_dtype=None: (True, tl.float16)  # noqa: E731
+    monkeypatch.setattr(attention_decode_triton, "_dot_mode", fp16_dots)
+    monkeypatch.setattr(attention_prefill_triton, "_dot_mode", fp16_dots)
+    batch = make_batch("cpu", dtype, q_lens, ctx_lens, 4, 2, 64, 16)
+    check_int8(int8_batch(batch), torch.bfloat16, max_query_len=max(q_lens), float_batch=batch)
+
+
+# Bigger shapes run on the GPU only (the interpreter would take minutes).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gpu_decode_int8_large(gpu_device, dtype):
+    ctx = [1, 17, 600, 611, 4097, 100, 32768 // 4]
+    batch = make_batch(gpu_device, dtype, [1] * len(ctx), ctx, 16, 8, 128, 16)
+    check_int8(int8_batch(batch), dtype, max_query_len=1, float_batch=batch)
+    batch = make_batch(gpu_device, dtype, [1] * 64, [613] * 64, 32, 4, 64, 32)
+    check_int8(int8_batch(batch), dtype, 1, float_batch=batch)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("num_splits", [1, 4, 33])
+@pytest.mark.parametrize("block_n", [16, 64, 128])
+def test_gpu_decode_int8_configs(gpu_device, dtype, num_splits, block_n):
+    batch = make_batch(gpu_device, dtype, [1] * 6, [1, 15, 16, 333, 2049, 700], 16, 8, 128, 16)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.088, out, num_splits=num_splits,
+                     config=dict(block_n=block_n), k_scale=ks, v_scale=vs)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.088, k_scale=ks,
+                              v_scale=vs)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_gpu_prefill_int8_large(gpu_device, dtype, head_dim):
+    q_lens = [1000, 1, 0, 257, 64, 1]
+    ctx_lens = [1000, 1500, 10, 2000, 64, 900]
+    batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, head_dim, 16)
+    check_int8(int8_batch(batch), dtype, max_query_len=1000, float_batch=batch)
