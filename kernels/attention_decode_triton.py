@@ -267,6 +267,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     cfg = decode_config(q)
+    if k_scale is not None and cfg is not None and q.is_cuda and cfg.get("block_n") == DECODE_TUNED["block_n"]:
+        # int8 tiles are half the bytes: 128-token tiles won on the H100 (bench/int8_decode.py,
+        # 2026-11-24: batch 256 equal, batch 32 1.16x vs 1.01x, batch 1 1.13x vs 1.04x of bf16).
+        cfg["block_n"] = 128
     if config:
         cfg.update(config)
     block_n = cfg["block_n"]

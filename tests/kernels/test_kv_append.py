@@ -21,6 +21,16 @@ def _case(device, dtype, num_tokens, num_kv_heads, head_dim, block_size, num_blo
     return key, value, k_cache, v_cache, slots
 
 
+def _assert_int8_close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """Exact off CUDA; on CUDA scales within 4 ulp and codes within one step."""
+    if got.device.type != "cuda":
+        torch.testing.assert_close(got, ref, atol=0, rtol=0)
+    elif got.dtype == torch.int8:
+        assert (got.int() - ref.int()).abs().max().item() <= 1
+    else:
+        torch.testing.assert_close(got, ref, atol=0, rtol=5e-7)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens,num_kv_heads,head_dim,block_size,pad_every", [
     (1, 1, 32, 16, 0),
@@ -98,9 +108,11 @@ def test_kv_append_int8_matches_ref(device, dtype, num_tokens, num_kv_heads, hea
     refs = [c.clone() for c in caches]
     kv_append_ref(key, value, refs[0], refs[1], slots, refs[2], refs[3])
     kv_append_triton(key, value, caches[0], caches[1], slots, caches[2], caches[3])
-    # Same rule, same float32 ops (IEEE divisions, no FMA): codes and scales are exact.
+    # Same rule, same float32 ops (IEEE divisions, no FMA): codes and scales are exact in the
+    # interpreter. On CUDA, Triton's float32 division is correct to 2 ulp, not rounded to
+    # nearest: scales may differ in the last bits, and a code on a .5 boundary by one step.
     for got, ref, old in zip(caches, refs, before):
-        torch.testing.assert_close(got, ref, atol=0, rtol=0)
+        _assert_int8_close(got, ref)
         assert torch.equal(got, old) == (pad_every == 1)
 
 
@@ -133,7 +145,7 @@ def test_kv_append_int8_strided_bf16_inputs(device):
     kv_append_ref(key, value, refs[0], refs[1], slots, refs[2], refs[3])
     kv_append_triton(key, value, k_cache, v_cache, slots, k_scale, v_scale)
     for got, ref in zip((k_cache, v_cache, k_scale, v_scale), refs):
-        torch.testing.assert_close(got, ref, atol=0, rtol=0)
+        _assert_int8_close(got, ref)
     assert (k_scale[0, :, 3] == 0).all() and (k_cache[0, 3] == 0).all()   # the zero row
     assert (k_scale[0, :, 2] == -1).all()                                  # never named
     back = dequantize_int8_ref(k_cache.view(32, heads, dim)[[0, 17]],
