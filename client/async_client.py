@@ -89,6 +89,15 @@ class AsyncInferenceClient:
                                               timeout, handle._on_delta)
         return handle
 
+    def chat(self, messages, sampling_params=None, request_id=None, priority=0,
+             timeout=None) -> AsyncRequestHandle:
+        """`InferenceClient.chat` for asyncio: the replica renders `messages` with its model's
+        chat template."""
+        handle = AsyncRequestHandle(asyncio.get_running_loop())
+        handle._handle = self._client._submit(None, sampling_params, request_id, priority,
+                                              timeout, handle._on_delta, messages=messages)
+        return handle
+
     async def generate(self, prompts, sampling_params=None, timeout=None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

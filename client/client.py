@@ -35,8 +35,8 @@ from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, Protoco
                                     RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
-from infer_cluster.protocol.messages import (CancelRequest, ControlRequest, DeltaPayload, Message,
-                               StatusRequest, SubmitRequest)
+from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, ControlRequest, DeltaPayload,
+                               Message, StatusRequest, SubmitRequest)
 
 from . import auth as _auth
 from .handle import RequestHandle
@@ -61,6 +61,27 @@ def _check_prompt(prompt) -> tuple[Optional[str], Optional[list]]:
         return None, ids
     raise InvalidRequestError(f"the prompt must be a string or a list of token ids, "
                               f"got {type(prompt).__name__}")
+
+
+def _check_messages(messages) -> list[ChatMessage]:
+    """Chat turns as `{"role": ..., "content": ...}` maps (or `ChatMessage`s)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of {role, content} maps")
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, ChatMessage):
+            out.append(m)
+            continue
+        if not isinstance(m, dict) or set(m) - {"role", "content"}:
+            raise InvalidRequestError(f"messages[{i}] must be a map with the keys 'role' and "
+                                      f"'content', got {m!r:.200}")
+        role, content = m.get("role"), m.get("content", "")
+        if not isinstance(role, str) or not 0 < len(role) <= 64:
+            raise InvalidRequestError(f"messages[{i}].role must be a string of 1..64 characters")
+        if not isinstance(content, str):
+            raise InvalidRequestError(f"messages[{i}].content must be a string")
+        out.append(ChatMessage(role=role, content=content))
+    return out
 
 
 def _check_params(sampling_params) -> SamplingParams:
@@ -134,9 +155,25 @@ class InferenceClient:
         "timeout", KV freed). Raises `InvalidRequestError` for bad input."""
         return self._submit(prompt, sampling_params, request_id, priority, timeout, None)
 
+    def chat(self, messages: Sequence[dict], sampling_params: Union[SamplingParams, dict, None] = None,
+             request_id: Optional[str] = None, priority: int = 0,
+             timeout: Optional[float] = None) -> RequestHandle:
+        """Like `submit`, for a conversation: `messages` is a list of `{"role", "content"}`
+        maps that the replica renders with its model's chat template (a model without one
+        ends the request with `InvalidRequestError`)."""
+        return self._submit(None, sampling_params, request_id, priority, timeout, None,
+                            messages=messages)
+
     def _submit(self, prompt, sampling_params, request_id, priority, timeout,
-                listener: Optional[Callable[[RequestDelta], None]]) -> RequestHandle:
-        text, ids = _check_prompt(prompt)
+                listener: Optional[Callable[[RequestDelta], None]],
+                messages: Optional[Sequence] = None) -> RequestHandle:
+        if messages is not None:
+            if prompt is not None:
+                raise InvalidRequestError("give either a prompt or chat messages, not both")
+            chat, text, ids = _check_messages(messages), None, None
+        else:
+            chat = None
+            text, ids = _check_prompt(prompt)
         params = _check_params(sampling_params)
         rid = request_id if request_id is not None else uuid.uuid4().hex
         if not isinstance(rid, str) or not 0 < len(rid) <= 256:
@@ -148,7 +185,8 @@ class InferenceClient:
             raise InvalidRequestError(f"timeout must be a positive number of seconds, got {timeout!r}")
         msg = SubmitRequest(request_id=rid, prompt=text, prompt_token_ids=ids,
                             sampling_params=params.to_dict(), priority=priority,
-                            timeout=float(timeout) if timeout is not None else None)
+                            timeout=float(timeout) if timeout is not None else None,
+                            messages=chat)
         try:
             payload = codec.encode(msg, self.max_frame_bytes)
         except ProtocolError as exc:

@@ -47,7 +47,7 @@ def on_submit(coord, identity: bytes, msg: SubmitRequest, now: float) -> None:
     except InvalidRequestError as exc:
         _reject(coord, identity, rid, "invalid_request", str(exc))
         return
-    if msg.prompt == "" or msg.prompt_token_ids == []:
+    if msg.prompt == "" or msg.prompt_token_ids == [] or msg.messages == []:
         _reject(coord, identity, rid, "invalid_request", "the prompt is empty")
         return
     if len(coord.table) >= coord.config.max_requests:
@@ -56,7 +56,7 @@ def on_submit(coord, identity: bytes, msg: SubmitRequest, now: float) -> None:
                 f"the coordinator's limit (--max-requests) is {coord.config.max_requests}; retry later")
         return
     req = coord.table.create(identity, rid, msg.prompt, msg.prompt_token_ids, params,
-                             msg.priority, msg.timeout, now)
+                             msg.priority, msg.timeout, now, messages=msg.messages)
     client.request_ids.add(rid)
     coord.dispatcher.stats.num_submitted += 1
     coord.dispatcher.dispatch(req, now)

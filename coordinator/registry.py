@@ -73,6 +73,7 @@ class ReplicaRecord:
         return {
             "name": self.name, "host": self.host, "pid": self.pid, "state": self.state.value,
             "model": self.capacity.model, "num_requests": self.num_requests,
+            "max_model_len": self.capacity.max_model_len,
             "num_running": load.num_running, "num_waiting": load.num_waiting,
             "num_free_blocks": load.num_free_blocks, "num_total_blocks": load.num_total_blocks,
             "kv_used": (used / load.num_total_blocks) if load.num_total_blocks else 0.0,

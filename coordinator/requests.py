@@ -46,10 +46,13 @@ REQUEST_STATE_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 }
 
 
-def estimate_prompt_tokens(prompt: Optional[str], prompt_token_ids: Optional[list]) -> int:
+def estimate_prompt_tokens(prompt: Optional[str], prompt_token_ids: Optional[list],
+                           messages: Optional[list] = None) -> int:
     """Routing only needs a load estimate; ~4 bytes per token for text avoids a tokenizer here."""
     if prompt_token_ids is not None:
         return len(prompt_token_ids)
+    if messages is not None:  # content plus a few template tokens per turn
+        return sum(len(m.content.encode("utf-8", "surrogatepass")) // 4 + 4 for m in messages) + 1
     return len((prompt or "").encode("utf-8", "surrogatepass")) // 4 + 1
 
 
@@ -76,6 +79,7 @@ class TrackedRequest:
     charged_tokens: int = 0            # what this request adds to its replica's routing load
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
+    messages: Optional[list] = None    # a chat request (ChatMessage structs) instead of a prompt
 
     @property
     def key(self) -> tuple[bytes, str]:
@@ -119,7 +123,7 @@ class RequestTable:
 
     def create(self, client: bytes, request_id: str, prompt, prompt_token_ids,
                params: SamplingParams, priority: int, timeout: Optional[float],
-               now: float) -> TrackedRequest:
+               now: float, messages: Optional[list] = None) -> TrackedRequest:
         key = (client, request_id)
         if key in self._by_key:
             raise KeyError(f"request id {request_id!r} is already in flight for this client")
@@ -129,7 +133,9 @@ class RequestTable:
                              priority=priority, submitted_at=now, pending_since=now,
                              timeout=timeout,
                              deadline=(now + timeout) if timeout is not None else None,
-                             num_prompt_tokens_estimate=estimate_prompt_tokens(prompt, prompt_token_ids))
+                             messages=messages,
+                             num_prompt_tokens_estimate=estimate_prompt_tokens(
+                                 prompt, prompt_token_ids, messages))
         self._next_seq += 1
         self._by_key[key] = req
         if req.deadline is not None:

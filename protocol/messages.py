@@ -82,6 +82,18 @@ class ErrorInfo(Struct):
 
 
 @dataclass(kw_only=True)
+class ChatMessage(Struct):
+    """One turn of a chat request; the replica renders the list with its tokenizer's chat
+    template (only the replica has the tokenizer)."""
+
+    role: str = wire(string(64, min_len=1))
+    content: str = wire(string(MAX_TEXT_CHARS), default="")
+
+
+MAX_CHAT_MESSAGES = 4096
+
+
+@dataclass(kw_only=True)
 class ReplicaCapacity(Struct):
     """What a replica can hold; sent once in HELLO."""
 
@@ -292,9 +304,10 @@ class Reregister(Message):
 # ---------------------------------------------------------------- requests
 
 def _check_one_prompt(msg) -> None:
-    if (msg.prompt is None) == (msg.prompt_token_ids is None):
+    given = (msg.prompt is not None) + (msg.prompt_token_ids is not None) + (msg.messages is not None)
+    if given != 1:
         raise ProtocolError(f"{msg.KIND.name} {msg.request_id!r} needs exactly one of "
-                            "'prompt' (text) and 'prompt_token_ids'")
+                            "'prompt' (text), 'prompt_token_ids' and 'messages' (chat)")
 
 
 @dataclass(kw_only=True)
@@ -309,6 +322,9 @@ class SubmitRequest(Message):
     sampling_params: dict = wire(plain_map(), default_factory=dict)
     priority: int = wire(PRIORITY, default=0)
     timeout: Optional[float] = wire(optional(number(0.001, 7 * 24 * 3600.0)), default=None)
+    # A chat conversation instead of a prompt, rendered by the replica's chat template.
+    messages: Optional[list] = wire(optional(list_of(struct(ChatMessage), MAX_CHAT_MESSAGES)),
+                                    default=None)
 
     def validate(self) -> None:
         _check_one_prompt(self)
@@ -332,6 +348,9 @@ class DispatchRequest(Message):
     sampling_params: dict = wire(plain_map(), default_factory=dict)
     priority: int = wire(PRIORITY, default=0)
     resume_token_ids: list = wire(token_id_list(), default_factory=list)
+    # A chat conversation instead of a prompt, rendered by the replica's chat template.
+    messages: Optional[list] = wire(optional(list_of(struct(ChatMessage), MAX_CHAT_MESSAGES)),
+                                    default=None)
 
     def validate(self) -> None:
         _check_one_prompt(self)

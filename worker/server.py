@@ -34,6 +34,7 @@ from infer_cluster.protocol.kinds import ControlKind, RequestKind
 from infer_cluster.protocol.messages import (DispatchRequest, ReplicaLoad, ReplicaState,
                                ReplicaStateChange, StepOutput, delta_wire)
 
+from .chat import prompt_of
 from .replica_io import REREGISTERED, ReplicaIO
 from .text_stage import TextStage, TextWorker
 
@@ -259,7 +260,7 @@ class EngineServer:
     def _on_dispatch(self, msg: DispatchRequest) -> None:
         try:
             params = SamplingParams.from_dict(msg.sampling_params)
-            prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
+            prompt = prompt_of(msg, self.engine.tokenizer)  # text, token ids, or rendered chat
             rid = self.engine.add_request(prompt, params, msg.request_id, msg.priority,
                                           resume_token_ids=msg.resume_token_ids or None)
         except InferClusterError as exc:

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-CACHE_VERSION = "v1"
+CACHE_VERSION = "v2"  # v2: tokenizers ship CHATML_TEMPLATE
 
 # A small, varied corpus so the BPE merges cover ordinary English, code and numbers.
 _CORPUS = """
@@ -36,6 +36,14 @@ She sells sea shells by the sea shore. Peter Piper picked a peck of pickled pepp
 """.strip()
 
 TOKENIZER_SPECIAL = ["<|endoftext|>", "<|pad|>"]
+
+# ChatML-style turns, so /v1/chat/completions works on the embedded models out of the box. The
+# markers are plain text to this tokenizer (adding special tokens would change every token id).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 TINY_QWEN3 = dict(model_type="qwen3", vocab_size=512, hidden_size=128, intermediate_size=256,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -80,6 +88,7 @@ def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512) -> None:
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                    pad_token="<|pad|>", bos_token=None)
+    fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(str(out_dir))
 
 
