@@ -25,9 +25,9 @@ from .handle import RequestHandle
 
 
 class AsyncRequestHandle:
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: Optional[asyncio.Queue] = None):
         self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue = queue if queue is not None else asyncio.Queue()
         self._final: asyncio.Future = loop.create_future()
         self._handle: Optional[RequestHandle] = None
 
@@ -50,6 +50,18 @@ class AsyncRequestHandle:
     @property
     def output(self) -> RequestOutput:
         return self._handle.output
+
+    @property
+    def submitted_at(self) -> float:
+        return self._handle.submitted_at
+
+    @property
+    def first_token_at(self) -> Optional[float]:
+        return self._handle.first_token_at
+
+    @property
+    def finished_at(self) -> Optional[float]:
+        return self._handle.finished_at
 
     def done(self) -> bool:
         return self._handle.done()
@@ -82,18 +94,22 @@ class AsyncInferenceClient:
         return self._client.address
 
     def submit(self, prompt, sampling_params=None, request_id=None, priority=0,
-               timeout=None) -> AsyncRequestHandle:
-        """Non-blocking (the send is queued to the IO thread); call from inside the loop."""
-        handle = AsyncRequestHandle(asyncio.get_running_loop())
+               timeout=None, stream_queue: Optional[asyncio.Queue] = None) -> AsyncRequestHandle:
+        """Non-blocking (the send is queued to the IO thread); call from inside the loop.
+
+        `stream_queue`: deliver this request's deltas to a queue shared with other requests
+        (tell them apart by `delta.request_id`), to merge several streams without a task per
+        request; `stream()` must then not be used on the handle."""
+        handle = AsyncRequestHandle(asyncio.get_running_loop(), stream_queue)
         handle._handle = self._client._submit(prompt, sampling_params, request_id, priority,
                                               timeout, handle._on_delta)
         return handle
 
     def chat(self, messages, sampling_params=None, request_id=None, priority=0,
-             timeout=None) -> AsyncRequestHandle:
+             timeout=None, stream_queue: Optional[asyncio.Queue] = None) -> AsyncRequestHandle:
         """`InferenceClient.chat` for asyncio: the replica renders `messages` with its model's
-        chat template."""
-        handle = AsyncRequestHandle(asyncio.get_running_loop())
+        chat template. `stream_queue` as for `submit`."""
+        handle = AsyncRequestHandle(asyncio.get_running_loop(), stream_queue)
         handle._handle = self._client._submit(None, sampling_params, request_id, priority,
                                               timeout, handle._on_delta, messages=messages)
         return handle

@@ -5,7 +5,7 @@ CLI (`cli*.py`, `launcher.py`, `loadgen.py`), which is the composition root: it 
 coordinators, replicas and gateways, so it may reach every subpackage.
 
 The installed distribution maps the repository's folders under this namespace (setup.cfg's
-`package_dir`): `infer_cluster.protocol`, `.client`, `.coordinator`, `.worker`, `.kernels`.
+`package_dir`): `infer_cluster.protocol`, `.client`, `.coordinator`, `.worker`, `.kernels`, `.gateway`.
 Exports are lazy: `from infer_cluster import InferenceClient, SamplingParams` never imports
 torch; only `LLM` and the engine names load the worker side. To export a new name, add it to
 `_EXPORTS` with the module that defines it.

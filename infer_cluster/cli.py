@@ -31,6 +31,8 @@ from .cli_options import (CliError, auth_option, check_auth, coordinator_options
                           check_device, check_model)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
+from .cli_gateway import gateway_child_argv, http_options, metrics_option, start_coordinator_metrics
+
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
 
@@ -167,6 +169,8 @@ def _connect_host(host: str) -> str:
 
 @main.command()
 @coordinator_options
+@metrics_option
+@http_options
 @click.option("--data-parallel-size", "-dp", default=1, show_default=True, type=int,
               help="number of replica processes")
 @click.option("--log-dir", default=None, help="write each process's log to DIR/NAME.log")
@@ -176,7 +180,8 @@ def _connect_host(host: str) -> str:
               help="seconds to wait for every replica to register")
 @engine_options
 @click.pass_context
-def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
+def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port, http_port,
+          http_host, **kw):
     """Start a coordinator and --data-parallel-size replicas as processes; stop all on
     Ctrl-C / SIGTERM (the coordinator drains in-flight requests first)."""
     from .launcher import ClusterLauncher, python_module_argv
@@ -201,14 +206,19 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
     replica_address = f"tcp://{host}:{cfg.replica_port}"
     client_address = f"tcp://{host}:{cfg.port}"
     replica_envs = _replica_envs(dict(os.environ), data_parallel_size, engine)
+    metrics_argv = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
+    gateway = (gateway_child_argv(client_address, http_host, http_port, level)
+               if http_port is not None else None)
     launcher = ClusterLauncher(
-        python_module_argv("infer_cluster", "--log-level", level, "coordinator", *_coordinator_argv(cfg)),
+        python_module_argv("infer_cluster", "--log-level", level, "coordinator",
+                           *_coordinator_argv(cfg), *metrics_argv),
         [python_module_argv("infer_cluster.worker", "--coordinator", replica_address, "--name", f"replica-{i}",
                             "--log-level", level, "--drain-timeout", str(cfg.drain_timeout),
                             *(["--auth", cfg.auth] if cfg.auth else []), *engine_argv(engine))
          for i in range(data_parallel_size)],
         client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs,
-        auth=cfg.auth)
+        auth=cfg.auth, gateway_argv=gateway,
+        gateway_url=f"http://{_connect_host(http_host)}:{http_port}")
 
     def on_signal(signum, _frame):
         launcher.stop_event.set()
@@ -219,7 +229,9 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
         status = launcher.start(ready_timeout)
         click.echo(f"infer-cluster serving {status['coordinator'].get('model') or engine['model']} "
                    f"on {client_address} with {data_parallel_size} replica(s) "
-                   f"(replicas connect to {replica_address}); Ctrl-C to stop", err=False)
+                   f"(replicas connect to {replica_address})"
+                   + (f", HTTP on http://{http_host}:{http_port}/v1" if gateway else "")
+                   + "; Ctrl-C to stop", err=False)
         sys.stdout.flush()
         code = launcher.supervise()
     except RuntimeError as exc:
@@ -236,7 +248,8 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, **kw):
 
 @main.command()
 @coordinator_options
-def coordinator(**kw):
+@metrics_option
+def coordinator(metrics_port, **kw):
     """Run only the coordinator (for multi-host: replicas connect from other machines)."""
     from infer_cluster.coordinator.server import Coordinator
     cfg = _coordinator_config(kw)
@@ -254,6 +267,8 @@ def coordinator(**kw):
     signal.signal(signal.SIGTERM, on_signal)
     click.echo(f"coordinator: clients connect to {coord.front_address}, replicas to "
                f"{coord.back_address}", err=True)
+    start_coordinator_metrics(metrics_port, cfg.host, f"tcp://{_connect_host(cfg.host)}:"
+                              f"{coord.front_address.rsplit(':', 1)[1]}")
     coord.serve_forever()
 
 
@@ -307,12 +322,14 @@ def _check_port_free(host: str, port: int, flag: str) -> None:
 
 from .cli_client import bench, control, generate, status  # noqa: E402  (registers commands)
 from .cli_keygen import keygen  # noqa: E402
+from .cli_gateway import gateway as gateway_command  # noqa: E402
 
 main.add_command(status)
 main.add_command(control)
 main.add_command(generate)
 main.add_command(bench)
 main.add_command(keygen)
+main.add_command(gateway_command)
 
 
 if __name__ == "__main__":

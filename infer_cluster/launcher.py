@@ -1,10 +1,11 @@
-"""Process supervision behind `infer-cluster serve`: one coordinator and N replica processes.
+"""Process supervision behind `infer-cluster serve`: one coordinator, N replica processes and,
+with `--http-port`, one HTTP gateway process.
 
 Owns: starting the children (own session, so a terminal Ctrl-C reaches only `serve`, and a
 parent-death signal, so they never outlive a killed `serve`), waiting until the cluster is ready,
-restarting a replica that dies (it registers again and takes load), and the ordered stop:
-coordinator first (it drains in-flight requests), then replicas (SIGTERM, then SIGKILL after a
-grace period). It never talks the wire protocol itself except through `InferenceClient.status`.
+restarting a replica or gateway that dies (a replica registers again and takes load), and the
+ordered stop: gateway first (it stops taking HTTP requests), then the coordinator (it drains
+in-flight requests), then replicas (SIGTERM, then SIGKILL after a grace period). It never talks the wire protocol itself except through `InferenceClient.status`.
 Never imports torch: replicas are separate processes.
 """
 
@@ -80,7 +81,8 @@ class ClusterLauncher:
     def __init__(self, coordinator_argv: list[str], replica_argvs: list[list[str]],
                  client_address: str, log_dir: Optional[str] = None, restart_replicas: bool = True,
                  env: Optional[dict] = None, replica_envs: Optional[list[dict]] = None,
-                 auth: Optional[str] = None):
+                 auth: Optional[str] = None,
+                 gateway_argv: Optional[list[str]] = None, gateway_url: Optional[str] = None):
         self.auth = auth  # key folder for the readiness client (admin or client key)
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
@@ -92,6 +94,8 @@ class ClusterLauncher:
         self.coordinator = Child("coordinator", coordinator_argv, path("coordinator"))
         self.replicas = [Child(f"replica-{i}", argv, path(f"replica-{i}"))
                          for i, argv in enumerate(replica_argvs)]
+        self.gateway = Child("gateway", gateway_argv, path("gateway")) if gateway_argv else None
+        self.gateway_url = gateway_url
         self.client_address = client_address
         self.restart_replicas = restart_replicas
         self.stop_event = threading.Event()
@@ -127,9 +131,30 @@ class ClusterLauncher:
                 except UnreachableError as exc:
                     raise RuntimeError(str(exc)) from None
                 if status["coordinator"].get("num_replicas", 0) >= len(self.replicas):
-                    return status
+                    break
                 if self.stop_event.wait(min(0.5, max(0.0, remaining))):
                     raise RuntimeError("stopped during startup")
+        if self.gateway is not None:
+            self.gateway.start(self.env)
+            self._wait_gateway(deadline)
+        return status
+
+    def _wait_gateway(self, deadline: float) -> None:
+        """Until the gateway's /health answers 200 (it has seen an active replica)."""
+        import httpx
+        while True:
+            if not self.gateway.is_running:
+                raise RuntimeError(f"the HTTP gateway exited with code "
+                                   f"{self.gateway.proc.returncode} during startup")
+            try:
+                if httpx.get(f"{self.gateway_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the HTTP gateway at {self.gateway_url} was not healthy in time")
+            if self.stop_event.wait(0.2):
+                raise RuntimeError("stopped during startup")
 
     def supervise(self) -> int:
         """Until `stop_event`: restart dead replicas (with backoff). Returns an exit code:
@@ -140,7 +165,10 @@ class ClusterLauncher:
                           self.coordinator.proc.returncode)
                 return 1
             now = time.monotonic()
-            for child, env in zip(self.replicas, self.replica_envs):
+            restartable = list(zip(self.replicas, self.replica_envs))
+            if self.gateway is not None:
+                restartable.append((self.gateway, self.env))
+            for child, env in restartable:
                 if child.is_running or not self.restart_replicas:
                     continue
                 if child.next_restart is None:
@@ -155,8 +183,15 @@ class ClusterLauncher:
         return 0
 
     def stop(self, drain_timeout: float, grace: float = 10.0) -> None:
-        """Coordinator first (it drains in-flight requests), then replicas; SIGKILL stragglers."""
+        """Gateway, then coordinator (it drains in-flight requests), then replicas; SIGKILL
+        stragglers."""
         self.stop_event.set()
+        if self.gateway is not None:
+            self.gateway.signal(signal.SIGTERM)
+            if not self.gateway.wait(grace + 5):
+                log.warning("gateway still running after %g s; killing it", grace + 5)
+                self.gateway.signal(signal.SIGKILL)
+                self.gateway.wait(5)
         self.coordinator.signal(signal.SIGTERM)
         if not self.coordinator.wait(drain_timeout + grace):
             log.warning("coordinator still running after %g s; killing it", drain_timeout + grace)
@@ -170,7 +205,7 @@ class ClusterLauncher:
                 log.warning("%s still running after %g s; killing it", child.name, grace)
                 child.signal(signal.SIGKILL)
                 child.wait(5)
-        for child in [self.coordinator, *self.replicas]:
+        for child in [self.coordinator, *self.replicas, *([self.gateway] if self.gateway else [])]:
             if child._log_file is not None:
                 child._log_file.close()
 

@@ -1,0 +1,79 @@
+"""The FastAPI application: lifespan, the small routes, and wiring of the parts.
+
+Owns: `create_app(config)` (one backend connection, one metrics registry with the gateway's
+metrics and the cluster collector, error handlers, routers), `GET /v1/models`, `GET /health`
+(200 only while at least one replica is active, from a fresh status call) and `GET /metrics`
+(Prometheus text format). State lives on `app.state`, not in module globals, so tests and
+several apps can share a process. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import chat, completions
+from .backend import ClusterBackend, active_replicas
+from .cluster_metrics import ClusterCollector
+from .config import GatewayConfig
+from .errors import APIError, error_response, install_error_handlers
+from .metrics import GatewayMetrics
+from .schemas import ModelCard, ModelList
+
+log = logging.getLogger("infer_cluster.gateway")
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    backend = ClusterBackend(config)
+    metrics = GatewayMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await backend.start()
+        # The collector runs in a worker thread at scrape time (see /metrics), so it may block
+        # on the sync client's status call.
+        metrics.registry.register(ClusterCollector(lambda: backend.client._client.status(timeout=2.0)))
+        log.info("gateway on http://%s:%d -> coordinator %s", config.host, config.port,
+                 config.coordinator)
+        try:
+            yield
+        finally:
+            await backend.stop()
+
+    app = FastAPI(title="infer-cluster", summary="OpenAI-compatible API of an infer-cluster",
+                  lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.backend, app.state.metrics, app.state.config = backend, metrics, config
+    install_error_handlers(app, config.retry_after, metrics)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        max_len = backend.max_model_len
+        return ModelList(data=[ModelCard(id=name, created=backend.created, max_model_len=max_len)
+                               for name in backend.model_names])
+
+    @app.get("/health")
+    async def health():
+        try:
+            status = await backend.refresh(timeout=2.0)
+        except TimeoutError:
+            return error_response(APIError("the coordinator does not answer", "no_replica"),
+                                  config.retry_after)
+        num_active = len(active_replicas(status))
+        if num_active == 0:
+            return error_response(APIError("no replica is active", "no_replica"), config.retry_after)
+        return JSONResponse({"status": "ok", "num_active_replicas": num_active})
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request):
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest,
+                                                                metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,86 @@
+"""`POST /v1/chat/completions`: a conversation in, the assistant's reply out.
+
+Owns: the route and the chat response / chunk shapes. The messages travel to the replica,
+which renders them with its model's chat template (`worker/chat.py`); a model without one ends
+the request with `invalid_request`, which reaches the caller as a 400. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from .generation import ClientGone, Generation, openai_finish_reason, wait_for_disconnect
+from .logprobs import chat_logprobs
+from .params import chat_messages, chat_params, per_choice
+from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                      ChatCompletionResponse, ChatDelta, ChatMessageOut)
+from .sse import EventStream, stream_events
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+    state = request.app.state
+    backend, metrics, config = state.backend, state.metrics, state.config
+    model = backend.check_can_serve(body.model)
+    params = chat_params(body, config.max_n, backend.max_model_len)
+    gen = Generation.submit(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
+                            body.n, stream=body.stream, chat=True)
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        return await _stream(gen, body, model, response_id, created)
+    disconnected = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await gen.wait_all(disconnected)
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        disconnected.cancel()
+        gen.close()
+    choices = []
+    for c in gen.choices:
+        out = c.handle.output
+        choices.append(ChatChoice(
+            index=c.index, message=ChatMessageOut(content=out.text),
+            finish_reason=openai_finish_reason(out.finish_reason),
+            logprobs=chat_logprobs(out.token_ids, out.logprobs) if body.logprobs else None))
+    return ChatCompletionResponse(id=response_id, created=created, model=model, choices=choices,
+                                  usage=gen.usage())
+
+
+async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,
+                  created: int):
+    try:
+        first = await gen.first_event()
+    except BaseException:
+        gen.close()
+        raise
+    started: set[int] = set()
+
+    def make_chunk(choice, delta, final: bool) -> str:
+        role = None
+        if choice.index not in started:  # the first chunk of a choice names the role
+            started.add(choice.index)
+            role = "assistant"
+        logprobs = chat_logprobs(delta.token_ids, delta.logprobs) if body.logprobs else None
+        return ChatCompletionChunk(
+            id=response_id, created=created, model=model,
+            choices=[ChatChunkChoice(index=choice.index, delta=ChatDelta(role=role, content=delta.text),
+                                     logprobs=logprobs,
+                                     finish_reason=openai_finish_reason(delta.finish_reason)
+                                     if final else None)]).model_dump_json()
+
+    def make_usage_chunk(usage) -> str:
+        return ChatCompletionChunk(id=response_id, created=created, model=model, choices=[],
+                                   usage=usage).model_dump_json()
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
+                       on_close=gen.close)

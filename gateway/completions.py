@@ -1,0 +1,84 @@
+"""`POST /v1/completions`: prompts (text, token ids, or a batch) in, text out.
+
+Owns: the route, building `CompletionResponse` / stream chunks from a `Generation`, and the
+choice order (prompt-major: choice `i` is prompt `i // n`, sample `i % n`, as OpenAI does).
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from .generation import ClientGone, Generation, openai_finish_reason, wait_for_disconnect
+from .logprobs import completion_logprobs
+from .params import completion_params, completion_prompts, per_choice
+from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from .sse import EventStream, stream_events
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(body: CompletionRequest, request: Request):
+    state = request.app.state
+    backend, metrics, config = state.backend, state.metrics, state.config
+    model = backend.check_can_serve(body.model)
+    params = completion_params(body, config.max_n)
+    prompts = completion_prompts(body, config.max_batch)
+    gen = Generation.submit(backend, metrics, prompts, per_choice(params, body.n), body.n,
+                            stream=body.stream, chat=False)
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        return await _stream(gen, body, model, response_id, created)
+    disconnected = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await gen.wait_all(disconnected)
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the requests were cancelled
+    finally:
+        disconnected.cancel()
+        gen.close()
+    want_logprobs = body.logprobs is not None
+    choices = []
+    for c in gen.choices:
+        out = c.handle.output
+        choices.append(CompletionChoice(
+            index=c.index, text=out.text, finish_reason=openai_finish_reason(out.finish_reason),
+            logprobs=completion_logprobs(out.token_ids, out.logprobs, 0) if want_logprobs else None))
+    return CompletionResponse(id=response_id, created=created, model=model, choices=choices,
+                              usage=gen.usage())
+
+
+async def _stream(gen: Generation, body: CompletionRequest, model: str, response_id: str,
+                  created: int):
+    try:
+        first = await gen.first_event()
+    except BaseException:
+        gen.close()
+        raise
+    want_logprobs = body.logprobs is not None
+
+    def make_chunk(choice, delta, final: bool) -> str:
+        logprobs = None
+        if want_logprobs:
+            logprobs = completion_logprobs(delta.token_ids, delta.logprobs, choice.text_len)
+        choice.text_len += len(delta.text)
+        return CompletionResponse(
+            id=response_id, created=created, model=model,
+            choices=[CompletionChoice(index=choice.index, text=delta.text, logprobs=logprobs,
+                                      finish_reason=openai_finish_reason(delta.finish_reason)
+                                      if final else None)]).model_dump_json()
+
+    def make_usage_chunk(usage) -> str:
+        return CompletionResponse(id=response_id, created=created, model=model, choices=[],
+                                  usage=usage).model_dump_json()
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
+                       on_close=gen.close)

@@ -1,0 +1,100 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+Owns: `APIError` (what route code raises), the mapping from infer-cluster error codes (the
+`code` of `protocol.errors` classes, as they arrive in a failed request's final delta) to HTTP
+status and OpenAI error type, and the FastAPI exception handlers (pydantic validation errors
+become 400 naming the field, not FastAPI's default 422). Never imports torch.
+
+To map a new cluster error: add its code to `_BY_CODE`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infer_cluster.protocol import InferClusterError
+
+# cluster error code -> (HTTP status, OpenAI error type)
+_BY_CODE = {
+    "invalid_request": (400, "invalid_request_error"),
+    "invalid_config": (400, "invalid_request_error"),
+    "out_of_memory": (400, "invalid_request_error"),  # can never fit this replica's KV pool
+    "model_not_found": (404, "invalid_request_error"),
+    "overloaded": (503, "server_error"),
+    "no_replica": (503, "server_error"),
+    "aborted": (503, "server_error"),
+    "timeout": (504, "server_error"),
+    "protocol": (500, "server_error"),
+    "engine": (500, "server_error"),
+    "internal": (500, "server_error"),
+}
+
+
+class APIError(Exception):
+    """An error reply. `code` is the cluster's error code (or an HTTP-level one)."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: Optional[str] = None,
+                 status: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        default_status, self.type = _BY_CODE.get(code, (500, "server_error"))
+        self.status = status or default_status
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    @classmethod
+    def from_cluster(cls, exc: InferClusterError, param: Optional[str] = None) -> "APIError":
+        return cls(exc.message, exc.code, param)
+
+    @classmethod
+    def from_final(cls, finish_reason: str, error: Optional[dict]) -> "APIError":
+        """The error a request that ended with `finish_reason` abort/error/timeout stands for."""
+        if finish_reason == "abort":
+            return cls("the request was aborted by the cluster (operator action or shutdown)",
+                       "aborted")
+        error = error or {}
+        code = str(error.get("code") or ("timeout" if finish_reason == "timeout" else "internal"))
+        return cls(str(error.get("message") or "the request failed"), code)
+
+
+def error_response(err: APIError, retry_after: int) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def _param_of(loc) -> Optional[str]:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) if parts else None
+
+
+def install_error_handlers(app: FastAPI, retry_after: int, metrics) -> None:
+    async def on_api_error(request: Request, exc: APIError):
+        metrics.count_error(exc.code, exc.status)
+        return error_response(exc, retry_after)
+
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = _param_of(first.get("loc", ()))
+        where = f"{param}: " if param else ""
+        err = APIError(f"{where}{first.get('msg', 'invalid value')}", "invalid_request", param)
+        metrics.count_error(err.code, err.status)
+        return error_response(err, retry_after)
+
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        err = APIError(str(exc.detail), code, status=exc.status_code)
+        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(err, retry_after)
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

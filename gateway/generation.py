@@ -1,0 +1,191 @@
+"""One HTTP generation request as a set of cluster requests ("choices"), and their results.
+
+Owns: submitting every choice (prompts x n) through the backend's `AsyncInferenceClient`,
+waiting for all of them (non-streaming) or merging their deltas into one ordered event stream
+(streaming: one shared asyncio queue, no task per choice), turning a failed or aborted choice
+into an `APIError`, exact usage counting, cancelling every unfinished choice when the HTTP
+client goes away or the response ends early, and recording each choice in the metrics.
+It formats nothing: `completions.py` / `chat.py` build the response bodies. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional
+
+from infer_cluster.protocol import InferClusterError, RequestDelta
+
+from .errors import APIError
+from .schemas import Usage
+
+log = logging.getLogger("infer_cluster.gateway")
+
+_OPENAI_FINISH = {"stop": "stop", "length": "length"}
+
+
+def openai_finish_reason(reason: Optional[str]) -> Optional[str]:
+    """OpenAI's value for a successful ending (others are reported as errors)."""
+    return _OPENAI_FINISH.get(reason, reason)
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    handle: object  # AsyncRequestHandle
+    num_prompt_tokens: int = 0
+    text_len: int = 0         # characters streamed so far (completion logprobs' text_offset)
+    finish_reason: Optional[str] = None
+    recorded: bool = False
+
+
+@dataclass
+class Generation:
+    """Choices of one HTTP request; `choices[i]` answers prompt `i // n`, sample `i % n`."""
+
+    backend: object
+    metrics: object
+    choices: list[Choice] = field(default_factory=list)
+    queue: Optional[asyncio.Queue] = None
+    _by_rid: dict = field(default_factory=dict)
+    _closed: bool = False
+
+    @classmethod
+    def submit(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
+               stream: bool, chat: bool) -> "Generation":
+        gen = cls(backend, metrics, queue=asyncio.Queue() if stream else None)
+        client, timeout = backend.client, backend.config.request_timeout
+        try:
+            for p_index, prompt in enumerate(prompts):
+                for k in range(n):
+                    params = params_per_choice[k]
+                    if chat:
+                        handle = client.chat(prompt, params, timeout=timeout, stream_queue=gen.queue)
+                    else:
+                        handle = client.submit(prompt, params, timeout=timeout, stream_queue=gen.queue)
+                    choice = Choice(len(gen.choices), p_index, handle)
+                    gen.choices.append(choice)
+                    gen._by_rid[handle.request_id] = choice
+        except InferClusterError as exc:
+            gen.cancel_unfinished()
+            raise APIError.from_cluster(exc) from None
+        except RuntimeError as exc:  # the client is closed: the gateway is shutting down
+            gen.cancel_unfinished()
+            raise APIError(f"the gateway is shutting down: {exc}", "no_replica") from None
+        metrics.in_flight.inc()
+        return gen
+
+    # ------------------------------------------------------------------ non-streaming
+
+    async def wait_all(self, disconnected: "asyncio.Future") -> None:
+        """Until every choice ended; raises `APIError` for the first failed one (the others
+        are cancelled) and `ClientGone` when `disconnected` resolves first."""
+        finals = [asyncio.ensure_future(c.handle.result()) for c in self.choices]
+        pending = set(finals)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending | {disconnected},
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if disconnected in done:
+                    raise ClientGone()
+                pending.discard(disconnected)
+                for task in done:
+                    exc = task.exception()
+                    if isinstance(exc, InferClusterError):
+                        raise APIError.from_cluster(exc)
+                    if exc is not None:
+                        raise exc
+            for c in self.choices:
+                self._settle(c, c.handle.output.finish_reason)
+                if c.finish_reason not in ("stop", "length"):
+                    raise APIError.from_final(c.finish_reason, c.handle.output.error)
+        finally:
+            for task in finals:
+                task.cancel()
+
+    # ------------------------------------------------------------------ streaming
+
+    async def first_event(self) -> tuple[Choice, RequestDelta]:
+        """The first delta of any choice; a choice that failed before producing anything is
+        raised as `APIError` so the reply can still carry the right HTTP status."""
+        choice, delta = await self.next_event()
+        if delta.finished and not delta.token_ids and delta.finish_reason not in ("stop", "length"):
+            raise APIError.from_final(delta.finish_reason, delta.error)
+        return choice, delta
+
+    async def next_event(self) -> tuple[Choice, RequestDelta]:
+        delta = await self.queue.get()
+        choice = self._by_rid[delta.request_id]
+        if delta.finished:
+            self._settle(choice, delta.finish_reason, delta.num_prompt_tokens)
+        return choice, delta
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(1 for c in self.choices if c.finish_reason is None)
+
+    async def events(self, first: tuple[Choice, RequestDelta]) -> AsyncIterator[tuple[Choice, RequestDelta]]:
+        yield first
+        while self.num_unfinished:
+            yield await self.next_event()
+
+    # ------------------------------------------------------------------ endings
+
+    def _settle(self, choice: Choice, reason: Optional[str], num_prompt_tokens: int = 0) -> None:
+        if choice.finish_reason is not None:
+            return
+        choice.finish_reason = reason or "abort"
+        out = choice.handle.output
+        choice.num_prompt_tokens = num_prompt_tokens or len(out.prompt_token_ids)
+
+    def usage(self) -> Usage:
+        """Prompt tokens once per prompt (as the replica tokenized it), completion tokens summed
+        over every choice's generated ids."""
+        prompt_tokens: dict[int, int] = {}
+        for c in self.choices:
+            prompt_tokens[c.prompt_index] = max(prompt_tokens.get(c.prompt_index, 0),
+                                                c.num_prompt_tokens or len(c.handle.output.prompt_token_ids))
+        completion = sum(len(c.handle.output.token_ids) for c in self.choices)
+        prompt = sum(prompt_tokens.values())
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def cancel_unfinished(self) -> int:
+        """Cancel every choice still running on the cluster; returns how many."""
+        num = 0
+        for c in self.choices:
+            if not c.handle.done() and c.handle.cancel():
+                num += 1
+        return num
+
+    def close(self) -> None:
+        """End of the HTTP exchange (normal or not): cancel leftovers, record metrics once.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        num = self.cancel_unfinished()
+        if num:
+            log.info("cancelled %d unfinished request(s) of a closed HTTP exchange", num)
+        for c in self.choices:
+            if c.recorded:
+                continue
+            c.recorded = True
+            out = c.handle.output
+            reason = c.finish_reason or out.finish_reason or "abort"
+            self.metrics.observe_choice(c.handle, reason, c.num_prompt_tokens or len(out.prompt_token_ids))
+        self.metrics.in_flight.dec()
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its (non-streaming) reply was ready."""
+
+
+async def wait_for_disconnect(request) -> None:
+    """Resolves when the HTTP client goes away (the ASGI server sends `http.disconnect` once the
+    body has been read and the connection closes); event-driven, no polling."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return

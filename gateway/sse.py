@@ -1,0 +1,65 @@
+"""Server-sent events for streamed completions.
+
+Owns: the SSE framing (`data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`), the response
+class that always runs the stream's cleanup when the exchange ends (Starlette stops iterating
+a stream when the client disconnects but does not close the generator; ours is closed at once,
+and its `finally` cancels the unfinished requests on the cluster), and the common streaming
+loop shared by completions and chat: chunk per delta, an error event when a choice fails after
+the stream began, the usage chunk, then `[DONE]`. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+
+from .errors import APIError
+from .generation import Generation
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload_json: str) -> bytes:
+    return b"data: " + payload_json.encode() + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # runs the generator's finally (cancel) now
+            self._on_close()  # also when the generator never started
+
+
+async def stream_events(gen: Generation, first, make_chunk: Callable, make_usage_chunk,
+                        include_usage: bool) -> AsyncIterator[bytes]:
+    """Yield SSE frames for every delta of `gen`; `make_chunk(choice, delta)` returns the
+    chunk's JSON text (or None to skip), `make_usage_chunk(usage)` the final usage chunk's."""
+    try:
+        async for choice, delta in gen.events(first):
+            if delta.finished and delta.finish_reason not in ("stop", "length"):
+                if delta.token_ids or delta.text:
+                    yield sse(make_chunk(choice, delta, final=False))
+                err = APIError.from_final(delta.finish_reason, delta.error)
+                gen.metrics.count_error(err.code, err.status)
+                yield sse(json.dumps(err.body()))
+                gen.cancel_unfinished()
+                break
+            text = make_chunk(choice, delta, final=delta.finished)
+            if text is not None:
+                yield sse(text)
+        else:
+            if include_usage:
+                yield sse(make_usage_chunk(gen.usage()))
+        yield DONE
+    finally:
+        gen.close()
