@@ -210,3 +210,15 @@ def cluster(tmp_path_factory):
         yield procs
     finally:
         procs.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway_cluster(tmp_path_factory):
+    """`infer-cluster serve --http-port` (coordinator, one replica, HTTP gateway), shared by
+    tests/integration/test_gateway*.py."""
+    from .gateway_cluster import GatewayCluster
+    procs = GatewayCluster(tmp_path_factory.mktemp("gateway-logs"))
+    try:
+        yield procs.start()
+    finally:
+        procs.stop()

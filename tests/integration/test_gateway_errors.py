@@ -1,0 +1,161 @@
+"""Error paths of the HTTP gateway with raw HTTP (httpx): OpenAI's error shape, the right
+status for each cause, Retry-After on 503, and nothing left in flight afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from infer_cluster.client import InferenceClient
+
+from .gateway_cluster import MAX_REQUESTS
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = "tiny-random"
+
+
+def _post(cluster, path, body, **kw):
+    return httpx.post(f"{cluster.url}{path}", json=body, timeout=60, **kw)
+
+
+def _error(resp, status: int, code: str, param=None) -> str:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == code, err
+    assert err["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    if param is not None:
+        assert err["param"] == param, err
+    return err["message"]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"prompt": "hi", "top_p": 7}, "top_p", "less than or equal to 1"),
+    ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
+    ({"prompt": "hi", "seed": -5}, "seed", "seed must be >= 0"),
+    ({"prompt": "hi", "max_tokens": 2, "min_tokens": 5}, "min_tokens", "must be <= max_tokens"),
+    ({"prompt": "hi", "tempreature": 1}, "tempreature", "Extra inputs"),
+    ({"prompt": "hi", "n": 100}, "n", "at most"),
+    ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias", "not supported"),
+    ({"prompt": ""}, "prompt", "must not be empty"),
+    ({"prompt": [1, -2]}, None, ""),
+    ({}, "prompt", "Field required"),
+])
+def test_bad_completion_parameters_are_400_naming_the_field(gateway_cluster, body, param, words):
+    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request", param)
+    assert words in message
+
+
+def test_bad_chat_requests_are_400(gateway_cluster):
+    bad_role = {"messages": [{"role": "wizard", "content": "hi"}]}
+    _error(_post(gateway_cluster, "/v1/chat/completions", bad_role), 400, "invalid_request",
+           "messages.0.role")
+    no_messages = {"messages": []}
+    _error(_post(gateway_cluster, "/v1/chat/completions", no_messages), 400, "invalid_request",
+           "messages")
+    top_without_logprobs = {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
+    _error(_post(gateway_cluster, "/v1/chat/completions", top_without_logprobs), 400,
+           "invalid_request", "top_logprobs")
+    resp = httpx.post(f"{gateway_cluster.url}/v1/chat/completions", content=b"{not json",
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    _error(resp, 400, "invalid_request")
+
+
+def test_unknown_model_is_404(gateway_cluster):
+    message = _error(_post(gateway_cluster, "/v1/completions",
+                           {"model": "gpt-17", "prompt": "hi", "max_tokens": 2}),
+                     404, "model_not_found", "model")
+    assert "gpt-17" in message and MODEL in message
+    _error(_post(gateway_cluster, "/v1/chat/completions",
+                 {"model": "gpt-17", "messages": [{"role": "user", "content": "hi"}]}),
+           404, "model_not_found", "model")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_too_long_is_400_with_both_lengths(gateway_cluster, stream):
+    body = {"model": MODEL, "prompt": [7] * 3000, "max_tokens": 4, "stream": stream}
+    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request")
+    assert "3000" in message and "2048" in message
+    chat = {"messages": [{"role": "user", "content": "capital of France " * 1500}], "stream": stream,
+            "max_tokens": 4}
+    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request")
+    assert "max_model_len is 2048" in message
+    gateway_cluster.wait_idle()
+
+
+def test_overload_is_503_with_retry_after(gateway_cluster):
+    """MAX_REQUESTS + 16 long streams at once: exactly MAX_REQUESTS are admitted (they stay
+    open until every reply is in), the rest get 503 overloaded with Retry-After."""
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}
+    num = MAX_REQUESTS + 16
+
+    async def run():
+        answered, all_answered = [], asyncio.Event()
+
+        async def one(http):
+            async with http.stream("POST", f"{gateway_cluster.url}/v1/completions", json=body) as r:
+                body_text = (await r.aread()).decode() if r.status_code != 200 else ""
+                answered.append((r.status_code, r.headers.get("Retry-After"), body_text))
+                if len(answered) == num:
+                    all_answered.set()
+                await all_answered.wait()  # admitted streams stay in flight until then
+
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=num)) as http:
+            await asyncio.wait_for(asyncio.gather(*(one(http) for _ in range(num))), 120)
+        return answered
+
+    answered = asyncio.run(run())
+    statuses = sorted(status for status, _, _ in answered)
+    assert statuses == [200] * MAX_REQUESTS + [503] * 16
+    for status, retry_after, text in answered:
+        if status == 503:
+            assert retry_after == "1"
+            err = json.loads(text)["error"]
+            assert err["code"] == "overloaded" and "--max-requests" in err["message"]
+    gateway_cluster.wait_idle()  # closing the admitted streams cancelled them
+
+
+def test_no_active_replica_is_503_and_health_follows(gateway_cluster):
+    with InferenceClient(gateway_cluster.address, name="test-control") as c:
+        assert c.control("pause")["ok"]
+        try:
+            deadline = time.monotonic() + 5
+            health = None
+            while time.monotonic() < deadline:
+                health = httpx.get(f"{gateway_cluster.url}/health", timeout=5)
+                if health.status_code == 503:
+                    break
+                time.sleep(0.1)
+            assert health.status_code == 503 and health.headers["Retry-After"] == "1"
+            time.sleep(1.0)  # past the gateway's cached status refresh
+            resp = _post(gateway_cluster, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            assert "no replica is active" in _error(resp, 503, "no_replica")
+            assert resp.headers["Retry-After"] == "1"
+        finally:
+            assert c.control("resume")["ok"]
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{gateway_cluster.url}/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "health did not recover after resume"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    ok = _post(gateway_cluster, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
+def test_error_counts_reach_metrics(gateway_cluster):
+    _post(gateway_cluster, "/v1/completions", {"prompt": "hi", "top_p": 9})
+    text = httpx.get(f"{gateway_cluster.url}/metrics", timeout=10).text
+    lines = [l for l in text.splitlines()
+             if l.startswith('infer_cluster_request_errors_total{code="invalid_request",status="400"}')]
+    assert lines and float(lines[0].split()[-1]) >= 1
+
+
+def test_unknown_path_is_openai_shaped_404(gateway_cluster):
+    resp = httpx.get(f"{gateway_cluster.url}/v1/nothing", timeout=10)
+    assert resp.status_code == 404 and json.loads(resp.text)["error"]["code"] == "not_found"
