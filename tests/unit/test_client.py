@@ -182,7 +182,9 @@ def test_async_client(served):
 
 def test_client_coordinator_and_protocol_never_import_torch():
     code = ("import sys, infer_cluster.cli, infer_cluster.coordinator.server, infer_cluster.client, "
-            "infer_cluster.protocol.codec; from infer_cluster import InferenceClient, SamplingParams; "
+            "infer_cluster.protocol.codec, infer_cluster.gateway.app, infer_cluster.gateway.server, "
+            "infer_cluster.cli_gateway; "
+            "from infer_cluster import InferenceClient, SamplingParams; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
