@@ -214,10 +214,18 @@ def _range(text: str, name: str) -> tuple[int, int]:
               help="prompt token ids are drawn from LO:HI (must be inside the vocabulary)")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", default=None, help="also write the summary to this file")
+@click.option("--http", "http_url", default=None,
+              help="also drive the same workload through the HTTP gateway at this URL "
+                   "(e.g. http://127.0.0.1:8000) and report what the gateway adds over ZMQ")
+@click.option("--repeat", default=1, show_default=True, type=int,
+              help="with --http: alternate ZMQ and HTTP runs this many times (pooled results)")
 @auth_option
 def bench(address, num_requests, concurrency, request_rate, input_len, output_len,
-          token_id_range, seed, json_path, auth):
-    """Online load through a running cluster: TTFT / TPOT / end-to-end p50 and p99."""
+          token_id_range, seed, json_path, http_url, repeat, auth):
+    """Online load through a running cluster: TTFT / TPOT / end-to-end p50 and p99.
+
+    With --http URL the workload runs through ZMQ (InferenceClient) and through the gateway's
+    /v1/completions (streaming) against the same cluster, and a table shows the difference."""
     from .loadgen import Workload, format_table, run_load, summarize
     try:
         work = Workload(num_requests=num_requests, input_len=_range(input_len, "input-len"),
@@ -225,6 +233,14 @@ def bench(address, num_requests, concurrency, request_rate, input_len, output_le
                         token_id_range=_range(token_id_range, "token-id-range"), seed=seed)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
+    if http_url is not None:
+        from .loadgen_http import bench_both
+        summary = bench_both(address, http_url, work, concurrency, request_rate, seed, repeat,
+                             auth=auth)
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(summary, f, indent=2)
+        return
     with _client(address, auth) as c:
         _call(c.status, timeout=4.0)
         result = run_load(c, work.build(), concurrency=concurrency, request_rate=request_rate,

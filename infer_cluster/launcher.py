@@ -142,6 +142,7 @@ class ClusterLauncher:
     def _wait_gateway(self, deadline: float) -> None:
         """Until the gateway's /health answers 200 (it has seen an active replica)."""
         import httpx
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per health probe
         while True:
             if not self.gateway.is_running:
                 raise RuntimeError(f"the HTTP gateway exited with code "

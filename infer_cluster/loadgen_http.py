@@ -1,0 +1,216 @@
+"""The HTTP side of `infer-cluster bench --http URL`: the same workload through the gateway.
+
+Owns: driving a workload (`loadgen.Workload.build()` pairs) through `POST /v1/completions` with
+SSE streaming (token-id prompts, greedy, `ignore_eos`, `stream_options.include_usage` for the
+exact token count) at a fixed concurrency or Poisson rate, with per-request TTFT (first chunk
+that carries a choice) and end-to-end time measured by the HTTP client, and the comparison
+table of HTTP against ZMQ. It returns `loadgen.LoadResult`, so `loadgen.summarize` applies
+unchanged. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Optional
+
+from .loadgen import LoadResult, RequestTiming
+
+
+async def _one(http, url: str, model: Optional[str], prompt, params) -> RequestTiming:
+    body = {"prompt": prompt, "max_tokens": params.max_tokens, "temperature": params.temperature,
+            "ignore_eos": params.ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    started = time.monotonic()
+    first = None
+    num_tokens = 0
+    finish_reason = None
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            return RequestTiming(None, time.monotonic() - started, 0, "error")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                finish_reason = "error"
+                continue
+            if chunk.get("choices"):
+                if first is None:
+                    first = time.monotonic()
+                finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
+            if chunk.get("usage"):
+                num_tokens = chunk["usage"]["completion_tokens"]
+    end = time.monotonic()
+    return RequestTiming(first - started if first is not None else None, end - started,
+                         num_tokens, finish_reason)
+
+
+async def _run(url: str, requests: list, concurrency: Optional[int],
+               request_rate: Optional[float], seed: int, model: Optional[str]) -> LoadResult:
+    import httpx
+
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency) if concurrency else None
+    limits = httpx.Limits(max_connections=concurrency or len(requests),
+                          max_keepalive_connections=concurrency or len(requests))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
+        async def guarded(prompt, params):
+            if gate is None:
+                return await _one(http, url, model, prompt, params)
+            async with gate:
+                return await _one(http, url, model, prompt, params)
+
+        started = time.monotonic()
+        tasks = []
+        next_arrival = started
+        for prompt, params in requests:
+            if request_rate is not None:
+                delay = next_arrival - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_arrival += rng.expovariate(request_rate)
+            tasks.append(asyncio.ensure_future(guarded(prompt, params)))
+        timings = await asyncio.gather(*tasks)
+        wall = time.monotonic() - started
+    return LoadResult(timings=list(timings), wall_seconds=wall)
+
+
+def run_http_load(url: str, requests: list, concurrency: Optional[int] = None,
+                  request_rate: Optional[float] = None, seed: int = 0,
+                  model: Optional[str] = None) -> LoadResult:
+    """Send `requests` ((prompt, SamplingParams) pairs) to the gateway at `url`."""
+    return asyncio.run(_run(url.rstrip("/"), requests, concurrency, request_rate, seed, model))
+
+
+_COMPARED = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
+             ("tpot_p50_ms", "TPOT p50 (ms)"), ("tpot_p99_ms", "TPOT p99 (ms)"),
+             ("e2e_p50_ms", "e2e p50 (ms)"), ("e2e_p99_ms", "e2e p99 (ms)"),
+             ("output_tokens_per_s", "output tokens/s")]
+
+
+def compare(zmq: dict, http: dict) -> dict:
+    """HTTP minus ZMQ for each latency, and the throughput change in percent."""
+    out = {}
+    for key, label in _COMPARED:
+        a, b = zmq.get(key), http.get(key)
+        if key == "output_tokens_per_s":
+            out["throughput_change_pct"] = round(100.0 * (b - a) / a, 2) if a else float("nan")
+        else:
+            out[f"{key}_added"] = round(b - a, 3)
+    return out
+
+
+def format_comparison(zmq: dict, http: dict) -> str:
+    lines = [f"  {'':<18}{'ZMQ':>12}{'HTTP':>12}{'HTTP - ZMQ':>14}"]
+    for key, label in _COMPARED:
+        a, b = zmq.get(key), http.get(key)
+        diff = (f"{100.0 * (b - a) / a:+.2f}%" if key == "output_tokens_per_s" and a
+                else f"{b - a:+.3f}")
+        lines.append(f"  {label:<18}{a:>12}{b:>12}{diff:>14}")
+    return "\n".join(lines)
+
+
+def _gateway_latency_sums(http_url: str) -> dict:
+    """The gateway's own TTFT / e2e histogram sums and counts (measured at its ZMQ client)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{http_url.rstrip('/')}/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ("infer_cluster_time_to_first_token_seconds",
+                           "infer_cluster_e2e_request_latency_seconds"):
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count")):
+                    out[sample.name] = sample.value
+    return out
+
+
+def paired_http_overhead(before: dict, after: dict, http: LoadResult) -> dict:
+    """Mean TTFT / e2e as the HTTP client saw them minus the same requests' means as the
+    gateway's ZMQ client saw them: what the HTTP layer adds, free of run-to-run noise."""
+    def mean_at_gateway(name):
+        n = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
+        return (after.get(f"{name}_sum", 0) - before.get(f"{name}_sum", 0)) / n if n else float("nan")
+
+    ttfts = [t.ttft for t in http.timings if t.ttft is not None]
+    e2es = [t.e2e for t in http.timings]
+    client_ttft = sum(ttfts) / len(ttfts) if ttfts else float("nan")
+    client_e2e = sum(e2es) / len(e2es) if e2es else float("nan")
+    gw_ttft = mean_at_gateway("infer_cluster_time_to_first_token_seconds")
+    gw_e2e = mean_at_gateway("infer_cluster_e2e_request_latency_seconds")
+    ms = 1000.0
+    return {"ttft_mean_ms_http_client": round(client_ttft * ms, 3),
+            "ttft_mean_ms_inside_gateway": round(gw_ttft * ms, 3),
+            "ttft_mean_ms_added_by_http": round((client_ttft - gw_ttft) * ms, 3),
+            "e2e_mean_ms_http_client": round(client_e2e * ms, 3),
+            "e2e_mean_ms_inside_gateway": round(gw_e2e * ms, 3),
+            "e2e_mean_ms_added_by_http": round((client_e2e - gw_e2e) * ms, 3)}
+
+
+def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
+               request_rate: Optional[float], seed: int, repeat: int, auth=None) -> dict:
+    """`infer-cluster bench --http`: a short warm-up through both paths, then `repeat` rounds of
+    ZMQ then HTTP on the same workload (alternating, so drift in the machine's load hits both);
+    prints both summaries and the difference; returns them as one dict."""
+    import click
+
+    from infer_cluster.client import InferenceClient
+
+    from .cli_options import CliError
+    from .loadgen import format_table, run_load, summarize
+
+    if repeat < 1:
+        raise CliError("error: --repeat must be >= 1")
+    requests = work.build()
+    warmup = requests[: min(8, len(requests))]
+    pooled = {"zmq": LoadResult(), "http": LoadResult()}
+    with InferenceClient(address, name="bench", auth=auth) as client:
+        try:
+            client.status(timeout=5.0)
+        except TimeoutError as exc:
+            raise CliError(f"error: {exc}") from None
+        try:
+            run_http_load(http_url, warmup[:1], seed=seed)
+        except Exception as exc:
+            raise CliError(f"error: the gateway at {http_url} does not answer: {exc}") from None
+        run_load(client, warmup, concurrency=concurrency, seed=seed)
+        run_http_load(http_url, warmup, concurrency=concurrency, seed=seed)
+        sums = {"before": {}, "after": {}}
+        for round_ in range(repeat):
+            for name in ("zmq", "http"):
+                if name == "zmq":
+                    result = run_load(client, requests, concurrency=concurrency,
+                                      request_rate=request_rate, seed=seed)
+                else:
+                    before = _gateway_latency_sums(http_url)
+                    result = run_http_load(http_url, requests, concurrency=concurrency,
+                                           request_rate=request_rate, seed=seed)
+                    after = _gateway_latency_sums(http_url)
+                    for key in after:  # accumulate this round's histogram deltas
+                        sums["after"][key] = sums["after"].get(key, 0) + after[key] - before.get(key, 0)
+                pooled[name].timings += result.timings
+                pooled[name].wall_seconds += result.wall_seconds
+                click.echo(f"round {round_ + 1}/{repeat} {name}: {result.wall_seconds:.2f} s", err=True)
+    zmq, http = summarize(pooled["zmq"]), summarize(pooled["http"])
+    paired = paired_http_overhead(sums["before"], sums["after"], pooled["http"])
+    settings = {"address": address, "http": http_url, "concurrency": concurrency,
+                "request_rate": request_rate, "repeat": repeat}
+    click.echo(format_table(zmq, title="infer-cluster bench: ZMQ (InferenceClient)"))
+    click.echo(format_table(http, title="infer-cluster bench: HTTP (gateway /v1/completions, SSE)"))
+    click.echo("what the gateway adds:")
+    click.echo(format_comparison(zmq, http))
+    click.echo("the HTTP layer on the same requests (HTTP client vs the gateway's own ZMQ client):")
+    click.echo(format_table(paired))
+    return {"settings": settings, "zmq": zmq, "http": http, "http_minus_zmq": compare(zmq, http),
+            "http_layer_paired": paired}
