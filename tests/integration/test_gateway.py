@@ -204,6 +204,16 @@ def test_closed_stream_aborts_its_request(gateway_cluster):
     assert st["coordinator"]["num_aborted"] >= 1
 
 
+def test_disconnect_before_a_non_streaming_reply_aborts_its_request(gateway_cluster):
+    body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 2000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway_cluster.url}/v1/completions", json=body,
+                   timeout=httpx.Timeout(10.0, read=1.0))
+    closed_at = time.monotonic()
+    gateway_cluster.wait_idle(timeout=2.0)
+    assert time.monotonic() - closed_at < 2.0
+
+
 def test_metrics_parse_and_count(gateway_cluster, oai):
     oai.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, temperature=0)
     families = {f.name: f for f in text_string_to_metric_families(

@@ -156,3 +156,18 @@ def test_render_chat_uses_the_template_and_refuses_a_model_without_one(tmp_path)
     tok.chat_template = None
     with pytest.raises(InvalidRequestError, match="no chat template"):
         render_chat(tok, [{"role": "user", "content": "Hello"}])
+
+
+def test_cli_has_the_gateway_command_and_http_options():
+    from click.testing import CliRunner
+
+    from infer_cluster.cli import main
+    runner = CliRunner()
+    serve_help = runner.invoke(main, ["serve", "--help"]).output
+    assert "--http-port" in serve_help and "--metrics-port" in serve_help
+    assert "--metrics-port" in runner.invoke(main, ["coordinator", "--help"]).output
+    gateway_help = runner.invoke(main, ["gateway", "--help"])
+    assert gateway_help.exit_code == 0 and "--coordinator" in gateway_help.output
+    bad = runner.invoke(main, ["gateway", "--port", "70000"])
+    assert bad.exit_code == 1 and "port must be a TCP port" in bad.output
+    assert "Traceback" not in bad.output
