@@ -1,6 +1,7 @@
 """Running the gateway: `run_gateway(config)` serves the app with uvicorn until SIGINT/SIGTERM.
 
-Owns only the uvicorn invocation (uvicorn handles the signals and finishes open responses on
+Owns only the uvicorn invocation (uvicorn picks uvloop and httptools, both dependencies, for a
+cheaper event loop and HTTP parser; it handles the signals and finishes open responses on
 shutdown; the app's lifespan closes the coordinator connection). Never imports torch.
 """
 
