@@ -9,11 +9,10 @@ several apps can share a process. Never imports torch.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -35,9 +34,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await backend.start()
-        # The collector runs in a worker thread at scrape time (see /metrics), so it may block
-        # on the sync client's status call.
-        metrics.registry.register(ClusterCollector(lambda: backend.client._client.status(timeout=2.0)))
+        # /metrics fetches a fresh status before each scrape; the collector reads that one.
+        metrics.registry.register(ClusterCollector(backend.scrape_status))
         log.info("gateway on http://%s:%d -> coordinator %s", config.host, config.port,
                  config.coordinator)
         try:
@@ -71,9 +69,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return JSONResponse({"status": "ok", "num_active_replicas": num_active})
 
     @app.get("/metrics")
-    async def prometheus_metrics(request: Request):
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest,
-                                                                metrics.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+    async def prometheus_metrics():
+        await backend.refresh_for_scrape()
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

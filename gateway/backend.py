@@ -32,6 +32,7 @@ class ClusterBackend:
         self.status: dict = {"coordinator": {}, "replicas": []}
         self.status_at = 0.0
         self._refresher: Optional[asyncio.Task] = None
+        self._scrape_error: Optional[str] = "no scrape yet"
         self.created = int(time.time())
 
     async def start(self) -> None:
@@ -53,6 +54,20 @@ class ClusterBackend:
         status = await self.client.status(timeout=timeout)
         self.status, self.status_at = status, time.monotonic()
         return status
+
+    async def refresh_for_scrape(self) -> None:
+        """A fresh status for the metrics collector (`scrape_status`), or the reason there is none."""
+        try:
+            await self.refresh(timeout=2.0)
+            self._scrape_error = None
+        except TimeoutError as exc:
+            self._scrape_error = str(exc)
+
+    def scrape_status(self) -> dict:
+        """The status fetched by the last `refresh_for_scrape`; raises when that failed."""
+        if self._scrape_error is not None:
+            raise TimeoutError(self._scrape_error)
+        return self.status
 
     async def _refresh_forever(self) -> None:
         while True:
