@@ -76,5 +76,11 @@ class GatewayCluster:
         raise AssertionError(f"cluster not idle after {timeout} s: {st}")
 
     def stop(self) -> None:
+        """SIGTERM to `serve`; it must take the gateway down with the rest."""
         stop_process(self.proc, grace=30.0)
+        try:
+            httpx.get(f"{self.url}/health", timeout=2.0)
+        except httpx.TransportError:
+            return
+        raise RuntimeError(f"the gateway at {self.url} still answers after serve stopped")
 

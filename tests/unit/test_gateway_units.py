@@ -171,3 +171,20 @@ def test_cli_has_the_gateway_command_and_http_options():
     bad = runner.invoke(main, ["gateway", "--port", "70000"])
     assert bad.exit_code == 1 and "port must be a TCP port" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_bench_comparison_and_paired_overhead():
+    from infer_cluster.loadgen import LoadResult, RequestTiming
+    from infer_cluster.loadgen_http import compare, paired_http_overhead
+    diff = compare({"ttft_p50_ms": 10.0, "output_tokens_per_s": 100.0},
+                   {"ttft_p50_ms": 10.5, "output_tokens_per_s": 98.0})
+    assert diff["ttft_p50_ms_added"] == 0.5 and diff["throughput_change_pct"] == -2.0
+    http = LoadResult(timings=[RequestTiming(0.012, 0.110, 4, "length"),
+                               RequestTiming(0.014, 0.130, 4, "length")])
+    inside = {"infer_cluster_time_to_first_token_seconds_sum": 0.022,
+              "infer_cluster_time_to_first_token_seconds_count": 2,
+              "infer_cluster_e2e_request_latency_seconds_sum": 0.236,
+              "infer_cluster_e2e_request_latency_seconds_count": 2}
+    paired = paired_http_overhead({}, inside, http)
+    assert paired["ttft_mean_ms_added_by_http"] == pytest.approx(2.0)
+    assert paired["e2e_mean_ms_added_by_http"] == pytest.approx(2.0)
