@@ -103,6 +103,8 @@ def compare(zmq: dict, http: dict) -> dict:
     out = {}
     for key, label in _COMPARED:
         a, b = zmq.get(key), http.get(key)
+        if a is None or b is None:
+            continue
         if key == "output_tokens_per_s":
             out["throughput_change_pct"] = round(100.0 * (b - a) / a, 2) if a else float("nan")
         else:
