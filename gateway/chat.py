@@ -19,7 +19,7 @@ from .logprobs import chat_logprobs
 from .params import chat_messages, chat_params, per_choice
 from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
-from .sse import EventStream, stream_events
+from .sse import EventStream, event_json, stream_events
 
 router = APIRouter()
 
@@ -70,16 +70,16 @@ async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, resp
             started.add(choice.index)
             role = "assistant"
         logprobs = chat_logprobs(delta.token_ids, delta.logprobs) if body.logprobs else None
-        return ChatCompletionChunk(
+        return event_json(ChatCompletionChunk(
             id=response_id, created=created, model=model,
             choices=[ChatChunkChoice(index=choice.index, delta=ChatDelta(role=role, content=delta.text),
                                      logprobs=logprobs,
                                      finish_reason=openai_finish_reason(delta.finish_reason)
-                                     if final else None)]).model_dump_json()
+                                     if final else None)]))
 
     def make_usage_chunk(usage) -> str:
-        return ChatCompletionChunk(id=response_id, created=created, model=model, choices=[],
-                                   usage=usage).model_dump_json()
+        return event_json(ChatCompletionChunk(id=response_id, created=created, model=model,
+                                              choices=[], usage=usage))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),

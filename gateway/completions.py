@@ -18,7 +18,7 @@ from .generation import ClientGone, Generation, openai_finish_reason, wait_for_d
 from .logprobs import completion_logprobs
 from .params import completion_params, completion_prompts, per_choice
 from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from .sse import EventStream, stream_events
+from .sse import EventStream, event_json, stream_events
 
 router = APIRouter()
 
@@ -69,15 +69,15 @@ async def _stream(gen: Generation, body: CompletionRequest, model: str, response
         if want_logprobs:
             logprobs = completion_logprobs(delta.token_ids, delta.logprobs, choice.text_len)
         choice.text_len += len(delta.text)
-        return CompletionResponse(
+        return event_json(CompletionResponse(
             id=response_id, created=created, model=model,
             choices=[CompletionChoice(index=choice.index, text=delta.text, logprobs=logprobs,
                                       finish_reason=openai_finish_reason(delta.finish_reason)
-                                      if final else None)]).model_dump_json()
+                                      if final else None)]))
 
     def make_usage_chunk(usage) -> str:
-        return CompletionResponse(id=response_id, created=created, model=model, choices=[],
-                                  usage=usage).model_dump_json()
+        return event_json(CompletionResponse(id=response_id, created=created, model=model,
+                                             choices=[], usage=usage))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),

@@ -21,6 +21,13 @@ from .generation import Generation
 DONE = b"data: [DONE]\n\n"
 
 
+def event_json(model) -> str:
+    """A response model as the JSON of one event: ASCII only, because generated text may hold
+    U+2028, U+2029 or U+0085, which clients that split lines with `str.splitlines` would
+    otherwise take for line ends inside the event."""
+    return model.model_dump_json(ensure_ascii=True)
+
+
 def sse(payload_json: str) -> bytes:
     return b"data: " + payload_json.encode() + b"\n\n"
 

@@ -33,22 +33,26 @@ async def _one(http, url: str, model: Optional[str], prompt, params) -> RequestT
         if resp.status_code != 200:
             await resp.aread()
             return RequestTiming(None, time.monotonic() - started, 0, "error")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                finish_reason = "error"
-                continue
-            if chunk.get("choices"):
-                if first is None:
-                    first = time.monotonic()
-                finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
-            if chunk.get("usage"):
-                num_tokens = chunk["usage"]["completion_tokens"]
+        buffer = b""
+        async for data in resp.aiter_bytes():  # events end with a blank line (SSE)
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: "):
+                    continue
+                payload = event[6:]
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    finish_reason = "error"
+                    continue
+                if chunk.get("choices"):
+                    if first is None:
+                        first = time.monotonic()
+                    finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
+                if chunk.get("usage"):
+                    num_tokens = chunk["usage"]["completion_tokens"]
     end = time.monotonic()
     return RequestTiming(first - started if first is not None else None, end - started,
                          num_tokens, finish_reason)

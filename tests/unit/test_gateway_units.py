@@ -188,3 +188,15 @@ def test_bench_comparison_and_paired_overhead():
     paired = paired_http_overhead({}, inside, http)
     assert paired["ttft_mean_ms_added_by_http"] == pytest.approx(2.0)
     assert paired["e2e_mean_ms_added_by_http"] == pytest.approx(2.0)
+
+
+def test_stream_events_are_one_line_even_when_text_holds_unicode_line_breaks():
+    from infer_cluster.gateway.schemas import CompletionChoice, CompletionResponse
+    from infer_cluster.gateway.sse import event_json, sse
+    text = "a\u2028b\u2029c\x85d\ne"
+    frame = sse(event_json(CompletionResponse(id="x", model="m", choices=[
+        CompletionChoice(index=0, text=text)]))).decode()
+    assert frame.endswith("\n\n") and len(frame.splitlines()) == 2  # the event and the blank
+    assert frame.isascii()
+    import json
+    assert json.loads(frame[len("data: "):])["choices"][0]["text"] == text
