@@ -60,8 +60,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def health():
         try:
             status = await backend.refresh(timeout=2.0)
-        except TimeoutError:
-            return error_response(APIError("the coordinator does not answer", "no_replica"),
+        except (TimeoutError, ConnectionError) as exc:  # ConnectionError: UnreachableError
+            return error_response(APIError(f"the coordinator does not answer: {exc}", "no_replica"),
                                   config.retry_after)
         num_active = len(active_replicas(status))
         if num_active == 0:

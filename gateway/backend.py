@@ -36,10 +36,11 @@ class ClusterBackend:
         self.created = int(time.time())
 
     async def start(self) -> None:
-        self.client = AsyncInferenceClient(self.config.coordinator, name="gateway")
+        self.client = AsyncInferenceClient(self.config.coordinator, name="gateway",
+                                           auth=self.config.auth)
         try:
             await self.refresh(timeout=2.0)
-        except TimeoutError:
+        except (TimeoutError, ConnectionError):  # ConnectionError: UnreachableError
             log.warning("the coordinator at %s does not answer yet; serving 503 until it does",
                         self.config.coordinator)
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
@@ -60,7 +61,7 @@ class ClusterBackend:
         try:
             await self.refresh(timeout=2.0)
             self._scrape_error = None
-        except TimeoutError as exc:
+        except (TimeoutError, ConnectionError) as exc:
             self._scrape_error = str(exc)
 
     def scrape_status(self) -> dict:
@@ -74,7 +75,7 @@ class ClusterBackend:
             await asyncio.sleep(self.config.status_interval)
             try:
                 await self.refresh(timeout=max(1.0, 4 * self.config.status_interval))
-            except TimeoutError:
+            except (TimeoutError, ConnectionError):
                 self.status = {"coordinator": {}, "replicas": []}
             except Exception:  # never let the refresher die silently
                 log.exception("status refresh failed")

@@ -106,7 +106,7 @@ class ClusterCollector(Collector):
             yield family
 
 
-def start_metrics_server(port: int, client_address: str, host: str = "0.0.0.0"):
+def start_metrics_server(port: int, client_address: str, host: str = "0.0.0.0", auth=None):
     """Serve `ClusterCollector` metrics over HTTP on `port` from a daemon thread; the status
     comes from the coordinator at `client_address` through an `InferenceClient`. Returns the
     (server, thread, client) so the caller can close them."""
@@ -114,7 +114,7 @@ def start_metrics_server(port: int, client_address: str, host: str = "0.0.0.0"):
 
     from infer_cluster.client import InferenceClient
 
-    client = InferenceClient(client_address, name="metrics")
+    client = InferenceClient(client_address, name="metrics", auth=auth)
     registry = CollectorRegistry()
     registry.register(ClusterCollector(lambda: client.status(timeout=2.0)))
     server, thread = start_http_server(port, addr=host, registry=registry)

@@ -22,6 +22,8 @@ class GatewayConfig:
     status_interval: float = 0.5               # how often the cached cluster status refreshes
     retry_after: int = 1                       # seconds, sent with 503 replies
     log_level: str = "info"
+    auth: Optional[str] = None                 # key folder (`infer-cluster keygen`) when the
+                                               # coordinator runs with --auth; client or admin key
 
     def __post_init__(self):
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):

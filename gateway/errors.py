@@ -27,6 +27,7 @@ _BY_CODE = {
     "model_not_found": (404, "invalid_request_error"),
     "overloaded": (503, "server_error"),
     "no_replica": (503, "server_error"),
+    "unreachable": (503, "server_error"),  # the coordinator does not answer
     "aborted": (503, "server_error"),
     "timeout": (504, "server_error"),
     "protocol": (500, "server_error"),

@@ -207,7 +207,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
     client_address = f"tcp://{host}:{cfg.port}"
     replica_envs = _replica_envs(dict(os.environ), data_parallel_size, engine)
     metrics_argv = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
-    gateway = (gateway_child_argv(client_address, http_host, http_port, level)
+    gateway = (gateway_child_argv(client_address, http_host, http_port, level, cfg.auth)
                if http_port is not None else None)
     launcher = ClusterLauncher(
         python_module_argv("infer_cluster", "--log-level", level, "coordinator",
@@ -268,7 +268,7 @@ def coordinator(metrics_port, **kw):
     click.echo(f"coordinator: clients connect to {coord.front_address}, replicas to "
                f"{coord.back_address}", err=True)
     start_coordinator_metrics(metrics_port, cfg.host, f"tcp://{_connect_host(cfg.host)}:"
-                              f"{coord.front_address.rsplit(':', 1)[1]}")
+                              f"{coord.front_address.rsplit(':', 1)[1]}", cfg.auth)
     coord.serve_forever()
 
 

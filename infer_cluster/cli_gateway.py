@@ -13,7 +13,7 @@ from typing import Optional
 
 import click
 
-from .cli_options import CliError
+from .cli_options import CliError, auth_option, check_auth
 
 http_options_list = [
     click.option("--http-port", default=None, type=int,
@@ -37,14 +37,15 @@ metrics_option = click.option(
 
 
 def gateway_child_argv(coordinator_address: str, http_host: str, http_port: int,
-                       log_level: str) -> list[str]:
+                       log_level: str, auth: Optional[str] = None) -> list[str]:
     from .launcher import python_module_argv
     return python_module_argv("infer_cluster", "--log-level", log_level, "gateway",
                               "--coordinator", coordinator_address, "--host", http_host,
-                              "--port", str(http_port))
+                              "--port", str(http_port), *(["--auth", auth] if auth else []))
 
 
-def start_coordinator_metrics(port: Optional[int], host: str, client_address: str) -> None:
+def start_coordinator_metrics(port: Optional[int], host: str, client_address: str,
+                              auth: Optional[str] = None) -> None:
     """`--metrics-port` for a coordinator process: a daemon HTTP thread (prometheus_client)
     whose collector asks this coordinator for its status through the client port."""
     if port is None:
@@ -53,7 +54,7 @@ def start_coordinator_metrics(port: Optional[int], host: str, client_address: st
         raise CliError(f"error: --metrics-port must be a TCP port in 1..65535, got {port}")
     from infer_cluster.gateway.cluster_metrics import start_metrics_server
     try:
-        start_metrics_server(port, client_address, host=host)
+        start_metrics_server(port, client_address, host=host, auth=auth)
     except OSError as exc:
         raise CliError(f"error: cannot serve metrics on {host}:{port}: {exc}") from None
     click.echo(f"coordinator: Prometheus metrics on http://{host}:{port}/metrics", err=True)
@@ -70,19 +71,22 @@ def start_coordinator_metrics(port: Optional[int], host: str, client_address: st
 @click.option("--request-timeout", default=None, type=float,
               help="seconds; a request still running after this ends with a 504 / error event")
 @click.option("--max-n", default=16, show_default=True, type=int, help="largest accepted `n`")
+@auth_option
 @click.pass_context
-def gateway(ctx, coordinator_address, host, port, served_model_name, request_timeout, max_n):
+def gateway(ctx, coordinator_address, host, port, served_model_name, request_timeout, max_n, auth):
     """Run an OpenAI-compatible HTTP gateway in front of a running coordinator.
 
     The gateway holds no model and needs no GPU: it is a client of the coordinator. Start
     several for more HTTP capacity. Try it: `curl http://HOST:PORT/v1/completions -H
     'Content-Type: application/json' -d '{"prompt": "Hello", "max_tokens": 16}'`."""
     from infer_cluster.gateway import GatewayConfig, run_gateway
+    check_auth(auth, ("client", "admin"))
     try:
         config = GatewayConfig(coordinator=coordinator_address, host=host, port=port,
                                served_model_name=served_model_name,
                                request_timeout=request_timeout, max_n=max_n,
-                               log_level=ctx.obj["log_level"] if ctx.obj else "info")
+                               log_level=ctx.obj["log_level"] if ctx.obj else "info",
+                               auth=auth)
     except ValueError as exc:
         raise CliError(f"error: {exc}") from None
     click.echo(f"gateway: http://{host}:{port}/v1 -> coordinator {coordinator_address}", err=True)

@@ -23,13 +23,14 @@ MAX_REQUESTS = 24  # the coordinator's admission limit; test_gateway_errors over
 
 
 class GatewayCluster:
-    def __init__(self, log_dir: Path, extra_args=()):
+    def __init__(self, log_dir: Path, extra_args=(), auth=None):
         self.log_dir = Path(log_dir)
         self.port, self.replica_port = free_port(), free_port()
         self.http_port, self.metrics_port = free_port(), free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.url = f"http://127.0.0.1:{self.http_port}"
-        self.extra_args = list(extra_args)
+        self.auth = auth  # key folder when the cluster runs with --auth
+        self.extra_args = list(extra_args) + (["--auth", str(auth)] if auth else [])
         self.proc = None
 
     def start(self, timeout: float = 180.0) -> "GatewayCluster":
@@ -59,7 +60,7 @@ class GatewayCluster:
         return (self.log_dir / "serve.log").read_text(errors="replace")
 
     def status(self) -> dict:
-        with InferenceClient(self.address, name="test-status") as c:
+        with InferenceClient(self.address, name="test-status", auth=self.auth) as c:
             return c.status(timeout=5.0)
 
     def wait_idle(self, timeout: float = 5.0) -> dict:
