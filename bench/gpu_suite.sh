@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 gateway
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -72,6 +72,28 @@ for stage in "$@"; do
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --kv-cache-dtype $kv --out "$OUT/workloadA_qwen3_kv_$kv.json" 2>&1 | tee "$OUT/workloadA_kv_$kv.log" \
           | grep -E "^model=|^infer-cluster|engine time|Error|error" | tail -4
+      done ;;
+    gateway)  # issue 12: what the HTTP gateway adds over ZMQ on a quiet many-core host: the embedded
+      # model on the CPU (the issue's setting), then qwen3-0.6b-shape on the GPU. Needs the gateway
+      # dependencies (fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx) in the env.
+      for spec in "cpu tiny-random" "cuda qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096"; do
+        set -- $spec; dev=$1; model=$2; shift 2
+        python3 -m infer_cluster serve --port 5655 --http-port 8100 --device $dev --model $model "$@" \
+          > "$OUT/gateway_serve_$model.log" 2>&1 &
+        serve_pid=$!
+        python3 -c "import httpx, time
+for _ in range(600):
+    try:
+        if httpx.get('http://127.0.0.1:8100/health', timeout=2).status_code == 200: break
+    except httpx.HTTPError: pass
+    time.sleep(0.5)"
+        timeout 300 python3 -m infer_cluster --log-level WARNING bench --address tcp://127.0.0.1:5655 \
+          --http http://127.0.0.1:8100 -n 5 --concurrency 1 --input-len 32 --output-len 16 --repeat 20 \
+          --json "$OUT/gateway_latency_$model.json" 2>&1 | grep -v "^round" | tail -16
+        timeout 300 python3 -m infer_cluster --log-level WARNING bench --address tcp://127.0.0.1:5655 \
+          --http http://127.0.0.1:8100 -n 128 --concurrency 32 --input-len 32 --output-len 64 --repeat 3 \
+          --json "$OUT/gateway_throughput_$model.json" 2>&1 | grep -v "^round" | tail -16
+        kill -TERM $serve_pid; wait $serve_pid
       done ;;
     *) echo "unknown stage $stage" ;;
   esac
