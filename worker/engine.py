@@ -301,6 +301,7 @@ class DynamicEngine:
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
                 "num_preemptions": self.scheduler.num_preemptions,
+                "num_scheduled_tokens": self.scheduler.num_scheduled_tokens,
                 "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
                 "num_free_blocks": self.allocator.num_free_blocks,
                 "num_total_blocks": self.allocator.num_blocks,

@@ -81,6 +81,7 @@ class Scheduler:
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
+        self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
 
     # -- queue management ---------------------------------------------------------------------
@@ -148,6 +149,7 @@ class Scheduler:
         if not out.preempted_ids:
             budget = self._admit_waiting(budget, out)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
+        self.num_scheduled_tokens += out.num_batched_tokens
         return out
 
     def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
