@@ -5,7 +5,10 @@ Owns: one host tensor per `LayerKV` field (K, V and, for an int8 cache, their sc
 `[num_host_blocks, num_layers, *per-block shape]`: a block's data for every layer is one
 contiguous run, so a run of consecutive host blocks is one contiguous region. Pinned on CUDA
 (plain CPU tensors on CPU), plus a device and a host staging buffer of `staging_blocks` blocks.
-`swap(swap_out, swap_in)` performs a step's copies in that order:
+`swap(swap_out, swap_in)` performs a step's copies in that order (swap-outs on the compute
+stream, blocking; swap-ins on CUDA on a side copy stream, so they overlap the step's forward,
+which never reads the blocks they fill: the scheduler lets those requests compute from the next
+step on; `wait_loads()` makes the compute stream wait for them before the next forward or copy):
   * out: per layer a gather of the listed device blocks into the device staging buffer, then ONE
     device-to-host copy per field (straight into the pool when the host blocks are consecutive,
     else into the pinned staging buffer and scattered there with one `index_copy_`);
@@ -51,7 +54,9 @@ class HostKVPool:
             self.host.append(torch.zeros((num_blocks,) + shape, dtype=dtype, pin_memory=pin))
             self.host_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, pin_memory=pin))
             self.dev_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, device=self.device))
-        self._h2d_done: Optional[torch.cuda.Event] = None
+        self._h2d_done: Optional[torch.cuda.Event] = None  # host staging buffer free again
+        self._loaded: Optional[torch.cuda.Event] = None    # the last swap-ins landed
+        self.copy_stream = torch.cuda.Stream(self.device) if pin else None
 
     @property
     def nbytes(self) -> int:
@@ -59,11 +64,30 @@ class HostKVPool:
 
     def swap(self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]]) -> None:
         """Run a step's copies: every (device, host) swap-out, then every (host, device) swap-in."""
+        self.wait_loads()  # the previous step's swap-ins share the staging buffer
         out = sorted(swap_out, key=lambda p: p[1])  # by host block: consecutive runs copy direct
         for i in range(0, len(out), self.num_staging):
             chunk = out[i:i + self.num_staging]
             self._out([d for d, _ in chunk], [h for _, h in chunk])
+        if not swap_in:
+            return
         into = sorted(swap_in, key=lambda p: p[0])
+        if self.copy_stream is None:
+            self._in_chunks(into)
+            return
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
+        with torch.cuda.stream(self.copy_stream):
+            self._in_chunks(into)
+            self._loaded = torch.cuda.Event()
+            self._loaded.record(self.copy_stream)
+
+    def wait_loads(self) -> None:
+        """Make the compute stream wait for the swap-ins issued so far (before a forward)."""
+        if self._loaded is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._loaded)
+            self._loaded = None
+
+    def _in_chunks(self, into: list[tuple[int, int]]) -> None:
         for i in range(0, len(into), self.num_staging):
             chunk = into[i:i + self.num_staging]
             self._in([h for h, _ in chunk], [d for _, d in chunk])
@@ -99,7 +123,7 @@ class HostKVPool:
             stage.copy_(src, non_blocking=True)
             if self.device.type == "cuda":
                 self._h2d_done = torch.cuda.Event()
-                self._h2d_done.record()
+                self._h2d_done.record(torch.cuda.current_stream(self.device))
             for layer, kv in enumerate(self.kv_caches):
                 kv[f].index_copy_(0, dev_idx, stage[:, layer])
 

@@ -206,6 +206,8 @@ class ModelRunner:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row."""
         inputs = self.context.prepare(out)
+        if self.host_pool is not None:
+            self.host_pool.wait_loads()  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

@@ -7,8 +7,10 @@ blocks run out (the newest / lowest-priority running request goes first), and to
 checks after sampling. With a host tier (`HostTier`, `kv_offload_gib`) it also lists the step's
 KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host prefix hits and
 swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
-tier has room (else recomputed). The runner performs every swap-out, then every swap-in, before
-the step's forward. Its only product is a `SchedulerOutput`; the model runner sees nothing
+tier has room (else recomputed). The runner performs every swap-out, then issues every swap-in,
+before the step's forward; a request whose KV is being copied in (or that shares blocks being
+copied in) is admitted but computes from the next step, so the copies overlap this step's
+forward, which never reads those blocks. Its only product is a `SchedulerOutput`; the model runner sees nothing
 else of it. Must never import torch.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
@@ -80,6 +82,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
@@ -136,6 +139,7 @@ class Scheduler:
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -224,6 +228,7 @@ class Scheduler:
                 self.host.pin_hits(host_hit)  # before allocating: its evictions must not take them
             new = self._allocate(need, out)
             req.block_ids = cached + new
+            loading = swapped or bool(host_hit) or any(b in self._loading for b in cached)
             if swapped:
                 out.swap_in.extend(zip(req.host_block_ids, new))
                 self.host.release(req.host_block_ids, in_flight=True)
@@ -240,6 +245,8 @@ class Scheduler:
             self.waiting.pop(0)
             req.transition(RequestStatus.RUNNING)
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
+            if loading:  # its KV lands during this step: it computes from the next one
+                continue
             self._emit(req, num_new, out)
             budget -= num_new
         return budget
@@ -250,6 +257,7 @@ class Scheduler:
         the copies run before this step's forward, so a later admission of the same step may
         share them."""
         out.swap_in.extend(zip(host_hit, new))
+        self._loading.update(new[:len(host_hit)])
         for idx, block in enumerate(new[:len(host_hit)], start=num_device_hit):
             self.allocator.register(block, req.block_hashes[idx])
         req.num_registered_blocks = num_device_hit + len(host_hit)

@@ -96,15 +96,22 @@ def test_evicted_prefix_blocks_go_to_the_host_and_come_back_on_a_hit():
     assert out.swap_out == [(1, 0), (0, 1)] and out.swap_in == []
     # a's prompt again: not on the device any more, both full blocks on the host (1, 0)
     h.add("c", a_prompt, max_tokens=1)
+    h.add("d", a_prompt + [5, 5], max_tokens=1)  # shares the blocks c is loading
     out = h.schedule()
-    (s,) = out.requests
-    assert s.block_ids == [0, 1, 2] and s.start_position == 8 and s.token_ids == [9]
-    assert out.swap_out == [(1, 2), (2, 3)]   # b's cached blocks 1 and 2, evicted in turn
-    assert out.swap_in == [(1, 0), (0, 1)]
-    c = h.sched.requests["c"]
+    assert out.requests == []  # both compute from the next step, once the copies landed
+    assert out.swap_out == [(1, 2), (2, 3), (3, 4)]  # b's cached blocks, evicted in turn
+    assert out.swap_in == [(1, 0), (0, 1)]    # once: d shares c's blocks on the device
+    c, d = h.sched.requests["c"], h.sched.requests["d"]
+    assert c.block_ids == [0, 1, 2] and d.block_ids == [0, 1, 3]
     assert (c.num_cached_tokens, c.num_cached_tokens_host) == (0, 8)
-    assert h.alloc.lookup_prefix(c.block_hashes[:2]) == [0, 1]  # shared at once by later admissions
-    h.update(out, {"c": 7})
+    assert (d.num_cached_tokens, d.num_cached_tokens_host) == (8, 0)
+    h.update(out, {})
+    out = h.schedule()
+    s, t = out.requests
+    assert (s.request_id, s.start_position, s.token_ids) == ("c", 8, [9])
+    assert (t.request_id, t.start_position, t.token_ids) == ("d", 8, [9, 5, 5])
+    assert not out.has_swaps
+    h.update(out, {"c": 7, "d": 7})
     assert h.sched.prefix_cache_hit_tokens_host == 8 and h.tier.num_hit_blocks == 2
     h.tier.check_invariants()
     h.assert_all_free()
@@ -129,8 +136,10 @@ def test_preempted_request_is_swapped_out_and_resumed_without_recompute():
         if out.swap_in:
             break
     assert "a" not in h.sched.requests
-    (s,) = [s for s in out.requests if s.request_id == "b"]
-    assert out.swap_in == list(zip([0, 1], s.block_ids[:2]))
+    assert out.requests == []
+    assert out.swap_in == list(zip([0, 1], h.sched.requests["b"].block_ids[:2]))
+    out, _ = h.step()
+    (s,) = out.requests
     assert s.start_position == 8 and s.token_ids == [7]  # only the pending token is computed
     h.tier.check_invariants()
     while h.sched.has_unfinished():
