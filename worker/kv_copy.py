@@ -21,6 +21,7 @@ chooses blocks. Must never be used with tensor/pipeline parallel ranks (config r
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -51,7 +52,7 @@ class HostKVPool:
         for f in self.fields:
             shape = (len(kv_caches),) + tuple(first[f].shape[1:])
             dtype = first[f].dtype
-            self.host.append(torch.zeros((num_blocks,) + shape, dtype=dtype, pin_memory=pin))
+            self.host.append(_host_empty((num_blocks,) + shape, dtype, pin))
             self.host_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, pin_memory=pin))
             self.dev_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, device=self.device))
         self._h2d_done: Optional[torch.cuda.Event] = None  # host staging buffer free again
@@ -131,6 +132,26 @@ class HostKVPool:
         if self._h2d_done is not None:
             self._h2d_done.synchronize()
             self._h2d_done = None
+
+
+def _host_empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A host tensor, page-locked on CUDA. Registered with `cudaHostRegister` rather than taken
+    from torch's pinned allocator, which rounds every block up to a power of two (a 9 GiB pool
+    would pin 16 GiB); unregistered when the tensor dies."""
+    t = torch.empty(shape, dtype=dtype)
+    if not pin:
+        return t
+    ptr, size = t.data_ptr(), t.numel() * t.element_size()
+    err = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 1))  # 1: cudaHostRegisterPortable
+    if err != 0:
+        raise RuntimeError(f"could not page-lock {size / 2**30:.2f} GiB of host memory for the KV tier "
+                           f"(cudaError {err}); lower kv_offload_gib")
+    weakref.finalize(t, _host_unregister, ptr)
+    return t
+
+
+def _host_unregister(ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
 def _first_if_consecutive(blocks: list[int]) -> Optional[int]:

@@ -228,7 +228,7 @@ class Scheduler:
                 self.host.pin_hits(host_hit)  # before allocating: its evictions must not take them
             new = self._allocate(need, out)
             req.block_ids = cached + new
-            loading = swapped or bool(host_hit) or any(b in self._loading for b in cached)
+            loading = swapped or bool(host_hit) or not self._loading.isdisjoint(cached)
             if swapped:
                 out.swap_in.extend(zip(req.host_block_ids, new))
                 self.host.release(req.host_block_ids, in_flight=True)
