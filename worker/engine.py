@@ -27,9 +27,9 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
                       SamplingParams)
 
 from .block_allocator import BlockAllocator
-from .host_tier import HostTier
 from .config import EngineConfig
 from .detokenizer import piece_table
+from .host_tier import HostTier
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
