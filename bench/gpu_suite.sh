@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 gateway
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 gateway hosttier
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -95,6 +95,11 @@ for _ in range(600):
           --json "$OUT/gateway_throughput_$model.json" 2>&1 | grep -v "^round" | tail -16
         kill -TERM $serve_pid; wait $serve_pid
       done ;;
+    hosttier)  # issue 14 part 2: host KV tier. GPU engine tests (pinned pool, copy stream, graphs), then
+      # 256 requests over 16 distinct 4,000-token prefixes, device pool for 4, tier off vs on (Qwen3-0.6B shape, bf16)
+      python3 -m pytest -q -m gpu tests/engine/test_host_tier.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_host_tier_tests.log" | tail -5
+      python3 bench/host_tier.py --out "$OUT/host_tier.json" 2>&1 | tee "$OUT/host_tier.log" | grep -v "it/s\]" | tail -6 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

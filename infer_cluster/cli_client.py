@@ -50,6 +50,15 @@ def _fmt_row(cols, widths) -> str:
     return "  ".join(str(c).ljust(w) for c, w in zip(cols, widths)).rstrip()
 
 
+def _host_kv(row: dict) -> str:
+    """The host KV tier's column: blocks used of total, and prompt tokens it served."""
+    total = row.get("num_host_blocks") or 0
+    if not total:
+        return "off"
+    return (f"{row.get('num_host_used_blocks', 0)}/{total} blk, "
+            f"{row.get('prefix_cache_hit_tokens_host', 0)} hit tok")
+
+
 def render_status(status: dict) -> str:
     c = status["coordinator"]
     lines = [
@@ -63,11 +72,11 @@ def render_status(status: dict) -> str:
         f"replica deaths {c.get('num_replica_deaths', 0)}",
         "",
     ]
-    header = ["NAME", "STATE", "HOST", "PID", "REQS", "RUNNING", "WAITING", "KV USED", "TOK/S",
-              "GENERATED", "LAST SEEN"]
+    header = ["NAME", "STATE", "HOST", "PID", "REQS", "RUNNING", "WAITING", "KV USED", "HOST KV",
+              "TOK/S", "GENERATED", "LAST SEEN"]
     rows = [[r.get("name"), r.get("state"), r.get("host"), r.get("pid"), r.get("num_requests"),
              r.get("num_running"), r.get("num_waiting"),
-             f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}",
+             f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}", _host_kv(r),
              f"{r.get('tokens_per_s', 0):.1f}", r.get("num_generated_tokens"),
              f"{r.get('seconds_since_seen', 0):.1f}s ago"] for r in status["replicas"]]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]

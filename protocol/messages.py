@@ -117,6 +117,11 @@ class ReplicaLoad(Struct):
     prefix_cache_hit_tokens: int = wire(COUNT, default=0)
     num_generated_tokens: int = wire(COUNT, default=0)
     tokens_per_s: float = wire(number(0.0), default=0.0)
+    # host KV tier (kv_offload_gib); all 0 when it is off
+    num_host_blocks: int = wire(COUNT, default=0)
+    num_host_used_blocks: int = wire(COUNT, default=0)
+    prefix_cache_hit_tokens_host: int = wire(COUNT, default=0)
+    num_swapped_out: int = wire(COUNT, default=0)
 
 
 @dataclass(kw_only=True)
@@ -131,6 +136,7 @@ class DeltaPayload(Struct):
     error: Optional[ErrorInfo] = wire(optional(struct(ErrorInfo)), default=None)
     num_prompt_tokens: int = wire(COUNT, default=0)
     num_cached_tokens: int = wire(COUNT, default=0)
+    num_cached_tokens_host: int = wire(COUNT, default=0)
     # The prompt as the engine tokenized it; sent once, with a request's first delta.
     prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
 
@@ -148,6 +154,8 @@ class DeltaPayload(Struct):
             d["num_prompt_tokens"] = self.num_prompt_tokens
         if self.num_cached_tokens:
             d["num_cached_tokens"] = self.num_cached_tokens
+        if self.num_cached_tokens_host:
+            d["num_cached_tokens_host"] = self.num_cached_tokens_host
         if self.prompt_token_ids is not None:
             d["prompt_token_ids"] = self.prompt_token_ids
         return d
@@ -165,7 +173,8 @@ class DeltaPayload(Struct):
         return cls(request_id=delta.request_id, token_ids=list(delta.token_ids), text=delta.text,
                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, error=error,
                    num_prompt_tokens=delta.num_prompt_tokens,
-                   num_cached_tokens=delta.num_cached_tokens, prompt_token_ids=prompt_token_ids)
+                   num_cached_tokens=delta.num_cached_tokens,
+                   num_cached_tokens_host=delta.num_cached_tokens_host, prompt_token_ids=prompt_token_ids)
 
     def to_delta(self) -> RequestDelta:
         return RequestDelta(request_id=self.request_id, token_ids=list(self.token_ids),
@@ -173,7 +182,8 @@ class DeltaPayload(Struct):
                             finish_reason=self.finish_reason,
                             error=self.error.to_dict() if self.error is not None else None,
                             num_prompt_tokens=self.num_prompt_tokens,
-                            num_cached_tokens=self.num_cached_tokens)
+                            num_cached_tokens=self.num_cached_tokens,
+                            num_cached_tokens_host=self.num_cached_tokens_host)
 
 
 def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> dict:
@@ -191,6 +201,8 @@ def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> 
         d["num_prompt_tokens"] = delta.num_prompt_tokens
     if delta.num_cached_tokens:
         d["num_cached_tokens"] = delta.num_cached_tokens
+    if delta.num_cached_tokens_host:
+        d["num_cached_tokens_host"] = delta.num_cached_tokens_host
     if prompt_token_ids is not None:
         d["prompt_token_ids"] = prompt_token_ids
     return d

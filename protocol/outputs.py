@@ -58,6 +58,7 @@ class RequestDelta:
     error: Optional[dict] = None  # {"code", "message"} when finish_reason == "error"
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    num_cached_tokens_host: int = 0  # prompt tokens copied back from the host KV tier
 
     @property
     def finished(self) -> bool:
@@ -71,6 +72,7 @@ class RequestDelta:
             d["finish_reason"] = self.finish_reason
             d["num_prompt_tokens"] = self.num_prompt_tokens
             d["num_cached_tokens"] = self.num_cached_tokens
+            d["num_cached_tokens_host"] = self.num_cached_tokens_host
         if self.error is not None:
             d["error"] = self.error
         return d
@@ -81,7 +83,8 @@ class RequestDelta:
                    text=d.get("text", ""), logprobs=d.get("logprobs"),
                    finish_reason=d.get("finish_reason"), error=d.get("error"),
                    num_prompt_tokens=d.get("num_prompt_tokens", 0),
-                   num_cached_tokens=d.get("num_cached_tokens", 0))
+                   num_cached_tokens=d.get("num_cached_tokens", 0),
+                   num_cached_tokens_host=d.get("num_cached_tokens_host", 0))
 
 
 @dataclass
@@ -97,6 +100,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: Optional[dict] = None
     prompt: Optional[str] = None
+    # Prompt tokens served per tier (DashInfer's prefix_len_gpu / prefix_len_cpu):
+    # `num_cached_tokens` from the device pool, this from the host tier.
+    num_cached_tokens_host: int = 0
 
     @property
     def finished(self) -> bool:
@@ -114,16 +120,18 @@ class RequestOutput:
             self.finish_reason = delta.finish_reason
             self.error = delta.error
             self.num_cached_tokens = delta.num_cached_tokens
+            self.num_cached_tokens_host = delta.num_cached_tokens_host
 
     def to_dict(self) -> dict:
         return {"request_id": self.request_id, "prompt_token_ids": list(self.prompt_token_ids),
                 "token_ids": list(self.token_ids), "text": self.text,
                 "finish_reason": self.finish_reason, "logprobs": self.logprobs,
                 "num_cached_tokens": self.num_cached_tokens, "error": self.error,
-                "prompt": self.prompt}
+                "prompt": self.prompt, "num_cached_tokens_host": self.num_cached_tokens_host}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RequestOutput":
         return cls(**{k: d.get(k) for k in ("request_id", "prompt_token_ids", "token_ids", "text",
                                               "finish_reason", "logprobs", "num_cached_tokens",
-                                              "error", "prompt")})
+                                              "error", "prompt")},
+                   num_cached_tokens_host=d.get("num_cached_tokens_host") or 0)

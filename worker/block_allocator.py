@@ -53,6 +53,9 @@ class BlockAllocator:
         # Insertion order = eviction order: the front is the least recently freed block.
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.num_evictions = 0
+        # (block, hash) of every cached block `allocate` evicted, when a host tier wants them
+        # (the scheduler drains it after each allocation); None: not recorded.
+        self.evicted: Optional[list[tuple[int, int]]] = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -68,6 +71,8 @@ class BlockAllocator:
         out = []
         for _ in range(n):
             block, _ = self._free.popitem(last=False)
+            if self.evicted is not None and self.hash_of[block] is not None:
+                self.evicted.append((block, self.hash_of[block]))
             self._forget_hash(block)
             self.ref_count[block] = 1
             out.append(block)

@@ -29,6 +29,7 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
+from .host_tier import HostTier
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
@@ -87,8 +88,10 @@ class DynamicEngine:
         config = self.config
         self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
                                         config.enable_prefix_caching)
+        num_host_blocks = getattr(self.runner, "num_host_blocks", 0)
+        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len)
+                                   self.max_model_len, self.host_tier)
         # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
         # (a few per row); this CPU generator only draws the keys of unseeded rows.
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
@@ -193,6 +196,8 @@ class DynamicEngine:
         out = None
         try:
             out = self._timed("schedule", self.scheduler.schedule)
+            if out.has_swaps:  # host-tier copies, before the forward that reads them
+                self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
                 sampled, logprobs = self._timed("forward_and_sample", self._run, out)
                 advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
@@ -240,7 +245,8 @@ class DynamicEngine:
         new_ids = req.output_token_ids[req.num_emitted_tokens:]
         req.num_emitted_tokens = len(req.output_token_ids)
         delta = RequestDelta(req.request_id, new_ids, "", [logprob] if logprob is not None else None,
-                             None, None, req.num_prompt_tokens, req.num_cached_tokens)
+                             None, None, req.num_prompt_tokens, req.num_cached_tokens,
+                             num_cached_tokens_host=req.num_cached_tokens_host)
         if req.is_finished:
             delta.finish_reason = req.finish_reason
             self._drop_state(req.request_id)
@@ -255,6 +261,10 @@ class DynamicEngine:
         FAILED; `_unreported_finals` then sends their final deltas."""
         error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}").to_dict()
         ids = [s.request_id for s in out.requests] if out is not None else list(self.scheduler.requests)
+        if out is not None and out.has_swaps:  # copies may be half done: trust no cached KV
+            ids = list(self.scheduler.requests)
+            self.allocator.reset_prefix_cache()
+            self.host_tier.reset_prefix_cache()
         for rid in ids:
             req = self.scheduler.requests.get(rid)
             if req is not None:
@@ -272,7 +282,8 @@ class DynamicEngine:
 
     def _final_delta(self, req: Request) -> RequestDelta:
         return RequestDelta(req.request_id, [], "", None, req.finish_reason, req.error,
-                            req.num_prompt_tokens, req.num_cached_tokens)
+                            req.num_prompt_tokens, req.num_cached_tokens,
+                            num_cached_tokens_host=req.num_cached_tokens_host)
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -290,6 +301,7 @@ class DynamicEngine:
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
                 "num_preemptions": self.scheduler.num_preemptions,
+                "num_scheduled_tokens": self.scheduler.num_scheduled_tokens,
                 "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
                 "num_free_blocks": self.allocator.num_free_blocks,
                 "num_total_blocks": self.allocator.num_blocks,
@@ -297,7 +309,16 @@ class DynamicEngine:
                 "generated_tokens_per_s": self._num_generated / elapsed,
                 "max_num_seqs": self.config.max_num_seqs,
                 "warmup_seconds": self.warmup_stats["seconds"] if self.warmup_stats else 0.0,
-                "step_seconds": dict(self._phase_seconds)}
+                "step_seconds": dict(self._phase_seconds),
+                **self._host_tier_stats()}
+
+    def _host_tier_stats(self) -> dict:
+        """The host KV tier's use (all zero when it is off)."""
+        tier = self.host_tier
+        stats = tier.stats() if tier is not None else HostTier.empty_stats()
+        stats["prefix_cache_hit_tokens_host"] = self.scheduler.prefix_cache_hit_tokens_host
+        stats["num_swapped_out"] = self.scheduler.num_swapped_out
+        return stats
 
     def capacity(self) -> dict:
         return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,

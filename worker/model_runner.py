@@ -22,6 +22,7 @@ from infer_cluster.protocol import OutOfMemoryError
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
+from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
 from .models.parallel import ParallelState
@@ -94,6 +95,12 @@ class ModelRunner:
             self.num_kv_blocks = agree_num_kv_blocks(self.num_kv_blocks)
         self.context = DynamicContext(self.num_layers, self.num_kv_blocks, config.block_size,
                                       self.num_kv_heads, spec.head_dim, self.kv_dtype, self.device)
+        # The host tier (kv_offload_gib): its pinned pool and copies live in kv_copy.py.
+        self.host_pool: Optional[HostKVPool] = None
+        if config.kv_offload_gib:
+            self.host_pool = build_host_pool(self.context.kv_caches, config.kv_offload_gib,
+                                             self._bytes_per_block())
+        self.num_host_blocks = self.host_pool.num_blocks if self.host_pool is not None else 0
         self.graphs: Optional[DecodeGraphs] = None
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
@@ -142,6 +149,7 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         used_by_others = total - free - torch.cuda.memory_reserved(self.device)
         budget = total * self.config.gpu_memory_utilization - peak - used_by_others
+        budget -= staging_device_bytes(self.config.kv_offload_gib, per_block)  # host tier staging
         num_blocks = int(budget // per_block)
         if num_blocks <= 0:
             raise OutOfMemoryError(
@@ -189,10 +197,17 @@ class ModelRunner:
         return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches))
 
     @torch.inference_mode()
+    def swap_blocks(self, out: SchedulerOutput) -> None:
+        """Run the step's host-tier copies (all swap-outs, then all swap-ins) before its forward."""
+        self.host_pool.swap(out.swap_out, out.swap_in)
+
+    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row."""
         inputs = self.context.prepare(out)
+        if self.host_pool is not None:
+            self.host_pool.wait_loads()  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

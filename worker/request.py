@@ -33,7 +33,9 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
-        self.num_cached_tokens = 0
+        self.num_cached_tokens = 0       # prompt tokens served by the device prefix cache
+        self.num_cached_tokens_host = 0  # ... and by the host tier (copied back, not recomputed)
+        self.host_block_ids: Optional[list[int]] = None  # set while swapped out to the host tier
         self.num_preemptions = 0
         self.finish_reason: Optional[str] = None
         self.error: Optional[dict] = None

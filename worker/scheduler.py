@@ -4,7 +4,13 @@ Owns: the waiting and running queues, the per-step token budget (`max_num_batche
 shared by decodes and chunked prefills, vLLM v1 style), `max_num_seqs`, FCFS with optional
 priority (lower value first), prefix-cache lookups at admission, preemption by recompute when
 blocks run out (the newest / lowest-priority running request goes first), and token-level stop
-checks after sampling. Its only product is a `SchedulerOutput`; the model runner sees nothing
+checks after sampling. With a host tier (`HostTier`, `kv_offload_gib`) it also lists the step's
+KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host prefix hits and
+swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
+tier has room (else recomputed). The runner performs every swap-out, then issues every swap-in,
+before the step's forward; a request whose KV is being copied in (or that shares blocks being
+copied in) is admitted but computes from the next step, so the copies overlap this step's
+forward, which never reads those blocks. Its only product is a `SchedulerOutput`; the model runner sees nothing
 else of it. Must never import torch.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
@@ -20,6 +26,7 @@ from typing import Optional
 from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
 from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
+from .host_tier import HostTier
 from .request import Request
 
 
@@ -40,6 +47,14 @@ class SchedulerOutput:
     requests: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
+    # KV copies to run before the forward, all swap-outs first: (device block, host block) and
+    # (host block, device block).
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
 
     @property
     def is_empty(self) -> bool:
@@ -52,8 +67,11 @@ def _cdiv(a: int, b: int) -> int:
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, host: Optional[HostTier] = None):
         self.allocator = allocator
+        self.host = host
+        if host is not None:
+            allocator.evicted = []
         self.block_size = allocator.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -63,6 +81,10 @@ class Scheduler:
         self.running: list[Request] = []   # sorted by sort_key; tail = first preemption victim
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
+        self.prefix_cache_hit_tokens_host = 0
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
+        self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
+        self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
 
     # -- queue management ---------------------------------------------------------------------
@@ -97,6 +119,9 @@ class Scheduler:
             self.waiting.remove(req)
         self.allocator.free(req.block_ids)
         req.block_ids = []
+        if req.host_block_ids is not None:  # ended while swapped out
+            self.host.release(req.host_block_ids, in_flight=False)
+            req.host_block_ids = None
         req.transition(status)
         req.finish_reason = reason
         req.error = error
@@ -112,6 +137,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.host is not None:
+            self.host.begin_step()
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -125,6 +153,7 @@ class Scheduler:
         if not out.preempted_ids:
             budget = self._admit_waiting(budget, out)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
+        self.num_scheduled_tokens += out.num_batched_tokens
         return out
 
     def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
@@ -136,14 +165,33 @@ class Scheduler:
             self._preempt(victim, out)
             if victim is req:
                 return False
-        req.block_ids.extend(self.allocator.allocate(need))
+        req.block_ids.extend(self._allocate(need, out))
         return True
+
+    def _allocate(self, n: int, out: SchedulerOutput) -> list[int]:
+        """Take `n` device blocks; with a host tier, cached blocks they evict are copied out."""
+        blocks = self.allocator.allocate(n)
+        evicted = self.allocator.evicted
+        if evicted:
+            for device_block, block_hash in evicted:
+                host_block = self.host.store(block_hash)
+                if host_block is not None:
+                    out.swap_out.append((device_block, host_block))
+            evicted.clear()
+        return blocks
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
+        num_kv_blocks = _cdiv(req.num_computed_tokens, self.block_size)
+        host_blocks = self.host.take(num_kv_blocks) if self.host is not None and num_kv_blocks else None
+        if host_blocks is not None:  # swap out: computed KV kept, resumed by a swap-in
+            out.swap_out.extend(zip(req.block_ids, host_blocks))
+            req.host_block_ids = host_blocks
+            self.num_swapped_out += 1
+        else:
+            req.num_computed_tokens = 0
         self.allocator.free(req.block_ids)
         req.block_ids = []
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.transition(RequestStatus.PREEMPTED)
         self.num_preemptions += 1
@@ -153,11 +201,18 @@ class Scheduler:
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            req.block_hashes = hash_full_blocks(req.all_token_ids, self.block_size, req.block_hashes)
-            # The last token is always computed: its logits choose the next token.
-            max_cached = (req.num_tokens - 1) // self.block_size
-            cached = self.allocator.lookup_prefix(req.block_hashes[:max_cached])
-            num_cached_tokens = len(cached) * self.block_size
+            swapped = req.host_block_ids is not None
+            if swapped:  # its KV waits on the host: all of it comes back, nothing is recomputed
+                cached, host_hit = [], []
+                num_cached_tokens = req.num_computed_tokens
+            else:
+                req.block_hashes = hash_full_blocks(req.all_token_ids, self.block_size, req.block_hashes)
+                # The last token is always computed: its logits choose the next token.
+                max_cached = (req.num_tokens - 1) // self.block_size
+                cached = self.allocator.lookup_prefix(req.block_hashes[:max_cached])
+                host_hit = (self.host.lookup(req.block_hashes[len(cached):max_cached])
+                            if self.host is not None else [])
+                num_cached_tokens = (len(cached) + len(host_hit)) * self.block_size
             num_new = min(req.num_tokens - num_cached_tokens, budget)
             need = _cdiv(num_cached_tokens + num_new, self.block_size) - len(cached)
             revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)
@@ -169,18 +224,43 @@ class Scheduler:
                     continue
                 break
             self.allocator.share(cached)
-            req.block_ids = cached + self.allocator.allocate(need)
-            req.num_computed_tokens = num_cached_tokens
-            req.num_registered_blocks = len(cached)
+            if host_hit:
+                self.host.pin_hits(host_hit)  # before allocating: its evictions must not take them
+            new = self._allocate(need, out)
+            req.block_ids = cached + new
+            loading = swapped or bool(host_hit) or not self._loading.isdisjoint(cached)
+            if swapped:
+                out.swap_in.extend(zip(req.host_block_ids, new))
+                self.host.release(req.host_block_ids, in_flight=True)
+                req.host_block_ids = None
+                req.num_registered_blocks = 0  # its full blocks are offered again after the step
+            else:
+                self._swap_in_hits(req, host_hit, new, len(cached), out)
+                req.num_computed_tokens = num_cached_tokens
             if req.num_preemptions == 0:
-                req.num_cached_tokens = num_cached_tokens
-                self.prefix_cache_hit_tokens += num_cached_tokens
+                req.num_cached_tokens = len(cached) * self.block_size
+                req.num_cached_tokens_host = len(host_hit) * self.block_size
+                self.prefix_cache_hit_tokens += req.num_cached_tokens
+                self.prefix_cache_hit_tokens_host += req.num_cached_tokens_host
             self.waiting.pop(0)
             req.transition(RequestStatus.RUNNING)
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
+            if loading:  # its KV lands during this step: it computes from the next one
+                continue
             self._emit(req, num_new, out)
             budget -= num_new
         return budget
+
+    def _swap_in_hits(self, req: Request, host_hit: list[int], new: list[int], num_device_hit: int,
+                      out: SchedulerOutput) -> None:
+        """Copy host prefix hits into the first new device blocks and register them at once:
+        the copies run before this step's forward, so a later admission of the same step may
+        share them."""
+        out.swap_in.extend(zip(host_hit, new))
+        self._loading.update(new[:len(host_hit)])
+        for idx, block in enumerate(new[:len(host_hit)], start=num_device_hit):
+            self.allocator.register(block, req.block_hashes[idx])
+        req.num_registered_blocks = num_device_hit + len(host_hit)
 
     def _emit(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         start = req.num_computed_tokens

@@ -247,7 +247,11 @@ class EngineServer:
                            num_total_blocks=s.get("num_total_blocks", 0),
                            num_preemptions=s.get("num_preemptions", 0),
                            prefix_cache_hit_tokens=s.get("prefix_cache_hit_tokens", 0),
-                           num_generated_tokens=s.get("num_generated_tokens", 0))
+                           num_generated_tokens=s.get("num_generated_tokens", 0),
+                           num_host_blocks=s.get("num_host_blocks", 0),
+                           num_host_used_blocks=s.get("num_host_used_blocks", 0),
+                           prefix_cache_hit_tokens_host=s.get("prefix_cache_hit_tokens_host", 0),
+                           num_swapped_out=s.get("num_swapped_out", 0))
 
     def _load_snapshot(self) -> ReplicaLoad:
         return self._load  # replaced (never mutated) by the engine loop, so safe to read

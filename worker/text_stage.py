@@ -92,7 +92,7 @@ class TextStage:
                 d.text += detok.flush()
                 del self._detok[d.request_id]
             else:
-                d.num_prompt_tokens = d.num_cached_tokens = 0  # sent with the final only
+                d.num_prompt_tokens = d.num_cached_tokens = d.num_cached_tokens_host = 0  # final only
             out.append(d)
         return out, stops
 

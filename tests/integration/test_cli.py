@@ -37,7 +37,7 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
     address = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "infer_cluster", "serve", "--port", str(port), "--replica-port",
-         str(free_port()), "--num-kv-blocks", "1024", "--log-dir", str(tmp_path)],
+         str(free_port()), "--num-kv-blocks", "1024", "--kv-offload-gib", "0.01", "--log-dir", str(tmp_path)],
         cwd=REPO, env=child_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = []
     try:
@@ -73,6 +73,12 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
         summary = json.loads(out.read_text())
         assert summary["num_completed"] == 20 and summary["ttft_p50_ms"] > 0
         assert "tpot_p99_ms" in b.stdout
+
+        # the host KV tier (0.01 GiB of 16 KiB tiny-random blocks) shows in the status
+        (row,) = json.loads(cli("status", "--address", address, "--json").stdout)["replicas"]
+        assert row["num_host_blocks"] == 655 and row["num_host_used_blocks"] >= 0
+        table = cli("status", "--address", address).stdout
+        assert "HOST KV" in table and "/655 blk" in table
 
         ctl = cli("control", "drain", "--replica", "replica-0", "--address", address)
         assert ctl.returncode == 0 and "replica-0" in ctl.stdout

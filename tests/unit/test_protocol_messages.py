@@ -210,6 +210,8 @@ def test_peek_request_id():
     (RequestDelta(request_id="a", token_ids=[1, 2], text="xy"), None),
     (RequestDelta(request_id="b", token_ids=[3], text="", logprobs=[[-1.0, {3: -1.0}]],
                   finish_reason="stop", num_prompt_tokens=4, num_cached_tokens=2), [9, 8, 7, 6]),
+    (RequestDelta(request_id="d", token_ids=[5], finish_reason="length", num_prompt_tokens=40,
+                  num_cached_tokens=16, num_cached_tokens_host=16), None),
     (RequestDelta(request_id="c", finish_reason="error", error={"code": "engine", "message": "x"}), []),
 ])
 def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
@@ -217,3 +219,4 @@ def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
     assert delta_wire(delta, prompt_ids) == DeltaPayload.from_delta(delta, prompt_ids).to_dict()
     sent = codec.encode(StepOutput(deltas=[delta_wire(delta, prompt_ids)]))
     assert codec.decode(sent).deltas[0] == DeltaPayload.from_delta(delta, prompt_ids)
+    assert codec.decode(sent).deltas[0].to_delta() == delta

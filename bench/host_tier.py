@@ -1,0 +1,148 @@
+"""Host KV tier on a shared-prefix workload whose prefixes do not all fit the device pool
+(issue 14): the same requests with `kv_offload_gib` off and on, in one process.
+
+Workload: `--num-requests` requests over `--num-prefixes` distinct prefixes of `--prefix-len`
+tokens, interleaved (request i uses prefix i mod P, so a prefix comes back after every other
+prefix ran), each with its own short suffix and a short greedy output. The device pool is capped
+(`num_kv_blocks`) so that only `--fit-prefixes` requests' worth of blocks fit: without the tier
+every prefix is evicted before it comes back and is recomputed; with it, evicted prefixes are
+copied to host memory and copied back. The host tier is sized to hold every prefix (plus the
+requests' own full blocks) unless `--kv-offload-gib` says otherwise.
+Prints wall time, requests/s, prompt+output tokens/s, tokens computed and host hits per run, the
+speed-up (target >= 2x on the GPU), and checks that both runs gave the same tokens.
+
+  python bench/host_tier.py                 # GPU: Qwen3-0.6B shape, dummy weights, bf16
+  python bench/host_tier.py --cpu-small     # CPU: tiny-random, small scale (checks + a ratio)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-0.6b-shape")
+    ap.add_argument("--load-format", default="dummy", choices=["auto", "dummy"])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--num-prefixes", type=int, default=16)
+    ap.add_argument("--prefix-len", type=int, default=4000)
+    ap.add_argument("--suffix-len", type=int, default=10)
+    ap.add_argument("--output-len", type=int, default=8)
+    ap.add_argument("--fit-prefixes", type=int, default=4, help="requests' worth of blocks in the device pool")
+    ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--cpu-small", action="store_true",
+                    help="tiny-random on CPU: 64 requests over 16 prefixes of 256 tokens")
+    ap.add_argument("--out", default="bench/results/host_tier.json")
+    args = ap.parse_args(argv)
+    if args.cpu_small:
+        args.model, args.load_format, args.dtype, args.device = "tiny-random", "auto", "auto", "cpu"
+        args.num_requests, args.prefix_len, args.max_model_len = 64, 256, 512
+        args.max_num_batched_tokens = 2048
+    return args
+
+
+def make_prompts(args, vocab: int) -> list[list[int]]:
+    prefixes = [[2 + (p * 7919 + t * 31) % (vocab - 2) for t in range(args.prefix_len)]
+                for p in range(args.num_prefixes)]
+    return [prefixes[i % args.num_prefixes] + [2 + (i * 131 + t) % (vocab - 2) for t in range(args.suffix_len)]
+            for i in range(args.num_requests)]
+
+
+def run(args, kv_offload_gib: float, num_kv_blocks: int):
+    import torch
+
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
+    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
+              kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, num_kv_blocks=num_kv_blocks,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              kv_offload_gib=kv_offload_gib)
+    try:
+        prompts = make_prompts(args, llm.engine.spec.vocab_size)
+        params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+        before = llm.stats()
+        sync = torch.cuda.synchronize if llm.engine.runner.device.type == "cuda" else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        sync()
+        seconds = time.perf_counter() - t
+        s = llm.stats()
+        tokens = sum(len(p) for p in prompts) + sum(len(o.token_ids) for o in outs)
+        info = {"kv_offload_gib": kv_offload_gib, "seconds": seconds,
+                "requests_per_s": len(prompts) / seconds, "tokens_per_s": tokens / seconds,
+                "num_scheduled_tokens": s["num_scheduled_tokens"] - before["num_scheduled_tokens"],
+                "cached_tokens_device": sum(o.num_cached_tokens for o in outs),
+                "cached_tokens_host": sum(o.num_cached_tokens_host for o in outs),
+                "num_preemptions": s["num_preemptions"] - before["num_preemptions"],
+                "num_kv_blocks": s["num_total_blocks"], "num_host_blocks": s["num_host_blocks"],
+                "host_stored_blocks": s["host_stored_blocks"], "host_hit_blocks": s["host_hit_blocks"],
+                "swap_seconds": s["step_seconds"].get("swap", 0.0),
+                "device": str(llm.engine.runner.device)}
+        return info, [o.token_ids for o in outs]
+    finally:
+        llm.close()
+        del llm
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def bytes_per_block(args) -> int:
+    """Bytes of one KV block of this model (all layers), as the runner sizes it."""
+    import torch
+
+    from infer_cluster.worker.context import DynamicContext
+    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.models.decoder import ModelSpec
+    spec = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(args.model)))
+    dev_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(
+        args.dtype, torch.bfloat16 if dev_cuda else torch.float32)
+    if args.kv_cache_dtype == "int8":
+        dtype = torch.int8
+    return DynamicContext.bytes_per_block(spec.num_layers, args.block_size, spec.num_kv_heads,
+                                          spec.head_dim, dtype)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from bench.report import write_json
+    bs = args.block_size
+    per_request = -(-(args.prefix_len + args.suffix_len + args.output_len) // bs)
+    num_kv_blocks = args.fit_prefixes * per_request
+    gib = args.kv_offload_gib
+    if gib is None:  # every prefix, every request's own full blocks, and a quarter more
+        blocks = args.num_prefixes * (args.prefix_len // bs) + args.num_requests * 2
+        gib = round(1.25 * blocks * bytes_per_block(args) / 2**30, 3)
+    print(f"model={args.model} requests={args.num_requests} prefixes={args.num_prefixes}x{args.prefix_len} "
+          f"device pool={num_kv_blocks} blocks ({args.fit_prefixes} requests' worth) host tier={gib} GiB")
+    results, tokens = {}, {}
+    for name, offload in (("off", 0.0), ("on", gib)):
+        results[name], tokens[name] = run(args, offload, num_kv_blocks)
+        r = results[name]
+        print(f"tier {name:>3}: {r['seconds']:8.2f} s  {r['requests_per_s']:8.2f} req/s  "
+              f"{r['tokens_per_s']:10.0f} tok/s  computed {r['num_scheduled_tokens']} tok  "
+              f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  "
+              f"swap {r['swap_seconds']:.2f} s")
+    same = tokens["on"] == tokens["off"]
+    ratio = results["off"]["seconds"] / results["on"]["seconds"]
+    print(f"speed-up with the host tier: {ratio:.2f}x (target >= 2x); same tokens: {same}")
+    write_json(args.out, {"args": vars(args), "num_kv_blocks": num_kv_blocks, "kv_offload_gib": gib,
+                          "runs": results, "speedup": ratio, "same_tokens": same})
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
