@@ -56,7 +56,7 @@ def world(tmp_path_factory):
                 assert time.monotonic() < deadline, "coordinators did not start"
                 time.sleep(0.1)
         yield {"keys": str(keys), "broken": str(broken), "taken": held.getsockname()[1],
-               "nothing": free_port(), **ports}
+               "nothing": free_port(), "nothing_r": free_port(), **ports}
     finally:
         held.close()
         for p in procs:
@@ -86,9 +86,9 @@ MISTAKES = [
     ("malformed device ids", ["generate", "--device-ids", "0,x", "hi"], "--device-ids"),
     ("malformed device ids (replica)",
      ["replica", "--coordinator", "tcp://127.0.0.1:{plain_r}", "--device-ids", "a"], "--device-ids"),
-    ("malformed device ids (serve)", ["serve", "--port", "{nothing}", "--device-ids", "x,"],
+    ("malformed device ids (serve)", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--device-ids", "x,"],
      "--device-ids"),
-    ("device ids with several replicas", ["serve", "--port", "{nothing}", "-dp", "2",
+    ("device ids with several replicas", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "-dp", "2",
                                           "--device-ids", "0,1"], "device_ids"),
     ("malformed length range", ["bench", "--address", "tcp://127.0.0.1:{plain}",
                                 "--input-len", "5:x"], "--input-len"),
@@ -96,7 +96,7 @@ MISTAKES = [
     ("unknown command", ["stauts"], "No such command"),
     ("missing model dir", ["generate", "--model", "/no/such/model", "hi"], "/no/such/model"),
     ("broken model dir", ["generate", "--model", "{broken}", "hi"], "cannot read config"),
-    ("missing model dir (serve)", ["serve", "--port", "{nothing}", "--model", "/no/such/model"],
+    ("missing model dir (serve)", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--model", "/no/such/model"],
      "/no/such/model"),
     ("model dir without config", ["replica", "--coordinator", "tcp://127.0.0.1:{plain_r}",
                                   "--model", "{keys}"], "no config.json"),
@@ -113,7 +113,7 @@ if not HAS_GPU:
         ("cuda without a GPU", ["generate", "--device", "cuda", "hi"], "--device cuda"),
         ("cuda without a GPU (replica)",
          ["replica", "--coordinator", "tcp://127.0.0.1:{plain_r}", "--device", "cuda"], "GPU"),
-        ("cuda without a GPU (serve)", ["serve", "--port", "{nothing}", "--device", "cuda"], "GPU"),
+        ("cuda without a GPU (serve)", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--device", "cuda"], "GPU"),
     ]
 
 
