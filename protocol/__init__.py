@@ -7,11 +7,12 @@ Owns: `SamplingParams`, request status / finish reasons / deltas / outputs, type
 from .errors import (ConfigError, EngineError, InferClusterError, InvalidRequestError, ModelNotFoundError,
                      NoReplicaError, OutOfMemoryError, OverloadedError, ProtocolError,
                      RequestTimeoutError, UnreachableError, error_from_code)
-from .outputs import FinishReason, RequestDelta, RequestOutput, RequestStatus, REQUEST_TRANSITIONS
+from .outputs import (FinishReason, RequestDelta, RequestMetrics, RequestOutput, RequestStatus,
+                      REQUEST_TRANSITIONS)
 from .sampling_params import SamplingParams
 
 __all__ = [
-    "SamplingParams", "FinishReason", "RequestDelta", "RequestOutput", "RequestStatus",
+    "SamplingParams", "FinishReason", "RequestDelta", "RequestMetrics", "RequestOutput", "RequestStatus",
     "REQUEST_TRANSITIONS", "InferClusterError", "InvalidRequestError", "ModelNotFoundError",
     "OutOfMemoryError", "ProtocolError", "OverloadedError", "NoReplicaError",
     "RequestTimeoutError", "UnreachableError", "EngineError", "ConfigError", "error_from_code",

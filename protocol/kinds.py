@@ -62,12 +62,15 @@ class ControlKind(enum.IntEnum):
     SHUTDOWN = 303       # coordinator -> replica: exit (after draining when graceful)
     STATUS = 304         # client -> coordinator: ask for the cluster status
     CONTROL = 305        # client -> coordinator: pause/resume/drain/shutdown some replicas
+    RESIZE = 306         # client -> coordinator: new KV pool size / dtype for one replica
+    RESIZE_KV = 307      # coordinator -> replica: apply a resize between steps
 
 
 class LifecycleKind(enum.IntEnum):
     """A replica telling the coordinator its state changed."""
 
     REPLICA_STATE = 400  # replica -> coordinator
+    RESIZE_DONE = 401    # replica -> coordinator: a RESIZE_KV's outcome and the new capacity
 
 
 # family -> (first, last) number, inclusive. Ranges must not overlap.

@@ -24,7 +24,7 @@ from .fields import (MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_NAME_CHARS, MAX_TEXT_CHAR
                      struct, token_ids as token_id_list, wire, _type_name, _w)
 from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
                     ReplyKind, RequestKind, kind_from_number)
-from .outputs import FinishReason, RequestDelta
+from .outputs import FinishReason, RequestDelta, RequestMetrics
 
 
 class ReplicaState(str, enum.Enum):
@@ -47,6 +47,8 @@ SECONDS = number(0.0, 7 * 24 * 3600.0)
 FINISH_REASONS = tuple(r.value for r in FinishReason)
 REPLICA_STATES = tuple(s.value for s in ReplicaState)
 CONTROL_ACTIONS = ("pause", "resume", "drain", "shutdown")
+KV_CACHE_DTYPES = ("auto", "int8")  # the engine's `kv_cache_dtype` choices (worker/config.py)
+WALL_TIME = number(0.0)  # seconds since the epoch
 
 
 def _logprob_data(depth: int = 0):
@@ -102,6 +104,7 @@ class ReplicaCapacity(Struct):
     block_size: int = wire(integer(1, 1 << 20), default=16)
     max_num_seqs: int = wire(integer(1, 1 << 30), default=1)
     max_model_len: int = wire(integer(1, 1 << 30), default=1)
+    kv_cache_dtype: str = wire(string(16), default="auto")  # may change with RESIZE_KV
 
 
 @dataclass(kw_only=True)
@@ -122,6 +125,18 @@ class ReplicaLoad(Struct):
     num_host_used_blocks: int = wire(COUNT, default=0)
     prefix_cache_hit_tokens_host: int = wire(COUNT, default=0)
     num_swapped_out: int = wire(COUNT, default=0)
+    num_prefilling: int = wire(COUNT, default=0)  # running, prompt (or recompute) not done
+    num_generating: int = wire(COUNT, default=0)  # running, making new tokens
+
+
+@dataclass(kw_only=True)
+class MetricsInfo(Struct):
+    """Wire form of `RequestMetrics` (replica wall-clock seconds)."""
+
+    arrival_time: float = wire(WALL_TIME)
+    first_scheduled_time: Optional[float] = wire(optional(WALL_TIME), default=None)
+    first_token_time: Optional[float] = wire(optional(WALL_TIME), default=None)
+    finish_time: Optional[float] = wire(optional(WALL_TIME), default=None)
 
 
 @dataclass(kw_only=True)
@@ -139,6 +154,7 @@ class DeltaPayload(Struct):
     num_cached_tokens_host: int = wire(COUNT, default=0)
     # The prompt as the engine tokenized it; sent once, with a request's first delta.
     prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
+    metrics: Optional[MetricsInfo] = wire(optional(struct(MetricsInfo)), default=None)
 
     def to_dict(self) -> dict:
         # Hand-written: one of these crosses two sockets per generated token. Fields at their
@@ -158,6 +174,8 @@ class DeltaPayload(Struct):
             d["num_cached_tokens_host"] = self.num_cached_tokens_host
         if self.prompt_token_ids is not None:
             d["prompt_token_ids"] = self.prompt_token_ids
+        if self.metrics is not None:
+            d["metrics"] = self.metrics.to_dict()
         return d
 
     def validate(self) -> None:
@@ -174,7 +192,8 @@ class DeltaPayload(Struct):
                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, error=error,
                    num_prompt_tokens=delta.num_prompt_tokens,
                    num_cached_tokens=delta.num_cached_tokens,
-                   num_cached_tokens_host=delta.num_cached_tokens_host, prompt_token_ids=prompt_token_ids)
+                   num_cached_tokens_host=delta.num_cached_tokens_host, prompt_token_ids=prompt_token_ids,
+                   metrics=MetricsInfo(**delta.metrics.to_dict()) if delta.metrics is not None else None)
 
     def to_delta(self) -> RequestDelta:
         return RequestDelta(request_id=self.request_id, token_ids=list(self.token_ids),
@@ -183,7 +202,9 @@ class DeltaPayload(Struct):
                             error=self.error.to_dict() if self.error is not None else None,
                             num_prompt_tokens=self.num_prompt_tokens,
                             num_cached_tokens=self.num_cached_tokens,
-                            num_cached_tokens_host=self.num_cached_tokens_host)
+                            num_cached_tokens_host=self.num_cached_tokens_host,
+                            metrics=(RequestMetrics(**self.metrics.to_dict())
+                                     if self.metrics is not None else None))
 
 
 def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> dict:
@@ -205,6 +226,8 @@ def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> 
         d["num_cached_tokens_host"] = delta.num_cached_tokens_host
     if prompt_token_ids is not None:
         d["prompt_token_ids"] = prompt_token_ids
+    if delta.metrics is not None:
+        d["metrics"] = delta.metrics.to_dict()
     return d
 
 
@@ -418,6 +441,8 @@ class ControlReply(Message):
     ok: bool = wire(boolean(), default=True)
     message: str = wire(string(64 * 1024), default="")
     replicas: list = wire(list_of(NAME, 4096), default_factory=list)
+    # RESIZE: the replica's capacity after the change (None for the other actions).
+    capacity: Optional[ReplicaCapacity] = wire(optional(struct(ReplicaCapacity)), default=None)
 
 
 # ---------------------------------------------------------------- control
@@ -461,6 +486,38 @@ class ControlRequest(Message):
     replica: Optional[str] = wire(optional(NAME), default=None)
 
 
+def _check_resize(msg) -> None:
+    if msg.num_kv_blocks is None and msg.kv_cache_dtype is None:
+        raise ProtocolError(f"{msg.KIND.name} needs num_kv_blocks, kv_cache_dtype or both")
+
+
+@dataclass(kw_only=True)
+class ResizeRequest(Message):
+    """Client (operator) -> coordinator: give one replica a new KV pool (block count and/or
+    storage dtype). Answered with a CONTROL_REPLY carrying the new capacity."""
+
+    KIND = ControlKind.RESIZE
+    replica: str = wire(string(MAX_NAME_CHARS, min_len=1))
+    num_kv_blocks: Optional[int] = wire(optional(integer(1, 1 << 40)), default=None)
+    kv_cache_dtype: Optional[str] = wire(optional(one_of(*KV_CACHE_DTYPES)), default=None)
+
+    def validate(self) -> None:
+        _check_resize(self)
+
+
+@dataclass(kw_only=True)
+class ResizeKV(Message):
+    """Coordinator -> replica: apply a resize between steps, answer with RESIZE_DONE `ticket`."""
+
+    KIND = ControlKind.RESIZE_KV
+    ticket: str = wire(string(64, min_len=1))
+    num_kv_blocks: Optional[int] = wire(optional(integer(1, 1 << 40)), default=None)
+    kv_cache_dtype: Optional[str] = wire(optional(one_of(*KV_CACHE_DTYPES)), default=None)
+
+    def validate(self) -> None:
+        _check_resize(self)
+
+
 # ---------------------------------------------------------------- lifecycle
 
 @dataclass(kw_only=True)
@@ -468,6 +525,19 @@ class ReplicaStateChange(Message):
     KIND = LifecycleKind.REPLICA_STATE
     state: str = wire(one_of(*REPLICA_STATES))
     reason: str = wire(string(4096), default="")
+
+
+@dataclass(kw_only=True)
+class ResizeDone(Message):
+    """Replica -> coordinator: the outcome of RESIZE_KV `ticket`; the capacity and load now
+    (unchanged when `ok` is false)."""
+
+    KIND = LifecycleKind.RESIZE_DONE
+    ticket: str = wire(string(64, min_len=1))
+    ok: bool = wire(boolean(), default=True)
+    message: str = wire(string(64 * 1024), default="")
+    capacity: Optional[ReplicaCapacity] = wire(optional(struct(ReplicaCapacity)), default=None)
+    load: Optional[ReplicaLoad] = wire(optional(struct(ReplicaLoad)), default=None)
 
 
 def _build_message_types() -> dict[enum.IntEnum, type[Message]]:

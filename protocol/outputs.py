@@ -1,7 +1,8 @@
 """What a request produces: status, finish reasons, streamed deltas and final outputs.
 
 Owns: `RequestStatus` (the request lifecycle), `FinishReason`, `RequestDelta` (what one engine
-step adds to one request) and `RequestOutput` (the whole result). These are plain data that the
+step adds to one request) and `RequestOutput` (the whole result), and `RequestMetrics` (when the replica saw a request arrive,
+first schedule it, make its first token and end it). These are plain data that the
 offline `LLM`, the replica, the coordinator and the client all share; each has `to_dict` /
 `from_dict` so it can ride inside a wire message. Never imports torch.
 """
@@ -47,6 +48,53 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass
+class RequestMetrics:
+    """A request's timing on the replica that ran it (wall clock, `time.time()` seconds; compare
+    times of one request only: replicas' clocks may differ). Rides on the final delta.
+
+    `first_scheduled_time`: first admitted into a step (its prefill starts); `first_token_time`:
+    the step that sampled its first new token ended; `finish_time`: it ended (for a stop string
+    found by the text stage: when the text stage found it). A field is None when the request
+    never got there (e.g. aborted while waiting)."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+
+    @property
+    def queue_time(self) -> Optional[float]:
+        """Seconds from arrival to first schedule."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def prefill_time(self) -> Optional[float]:
+        """Seconds from first schedule to the first token (the prompt's prefill, chunks included)."""
+        if self.first_token_time is None or self.first_scheduled_time is None:
+            return None
+        return self.first_token_time - self.first_scheduled_time
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    def to_dict(self) -> dict:
+        d = {"arrival_time": self.arrival_time}
+        for name in ("first_scheduled_time", "first_token_time", "finish_time"):
+            value = getattr(self, name)
+            if value is not None:
+                d[name] = value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> Optional["RequestMetrics"]:
+        if d is None:
+            return None
+        return cls(arrival_time=d["arrival_time"], first_scheduled_time=d.get("first_scheduled_time"),
+                   first_token_time=d.get("first_token_time"), finish_time=d.get("finish_time"))
+
+
+@dataclass
 class RequestDelta:
     """What one step added to one request. `finish_reason` set means this is its last delta."""
 
@@ -59,6 +107,7 @@ class RequestDelta:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_cached_tokens_host: int = 0  # prompt tokens copied back from the host KV tier
+    metrics: Optional[RequestMetrics] = None  # on the final delta (see `RequestMetrics`)
 
     @property
     def finished(self) -> bool:
@@ -75,6 +124,8 @@ class RequestDelta:
             d["num_cached_tokens_host"] = self.num_cached_tokens_host
         if self.error is not None:
             d["error"] = self.error
+        if self.metrics is not None:
+            d["metrics"] = self.metrics.to_dict()
         return d
 
     @classmethod
@@ -84,7 +135,8 @@ class RequestDelta:
                    finish_reason=d.get("finish_reason"), error=d.get("error"),
                    num_prompt_tokens=d.get("num_prompt_tokens", 0),
                    num_cached_tokens=d.get("num_cached_tokens", 0),
-                   num_cached_tokens_host=d.get("num_cached_tokens_host", 0))
+                   num_cached_tokens_host=d.get("num_cached_tokens_host", 0),
+                   metrics=RequestMetrics.from_dict(d.get("metrics")))
 
 
 @dataclass
@@ -103,6 +155,7 @@ class RequestOutput:
     # Prompt tokens served per tier (DashInfer's prefix_len_gpu / prefix_len_cpu):
     # `num_cached_tokens` from the device pool, this from the host tier.
     num_cached_tokens_host: int = 0
+    metrics: Optional[RequestMetrics] = None  # from the final delta; None if no replica ended it
 
     @property
     def finished(self) -> bool:
@@ -121,17 +174,21 @@ class RequestOutput:
             self.error = delta.error
             self.num_cached_tokens = delta.num_cached_tokens
             self.num_cached_tokens_host = delta.num_cached_tokens_host
+            self.metrics = delta.metrics
 
     def to_dict(self) -> dict:
         return {"request_id": self.request_id, "prompt_token_ids": list(self.prompt_token_ids),
                 "token_ids": list(self.token_ids), "text": self.text,
                 "finish_reason": self.finish_reason, "logprobs": self.logprobs,
                 "num_cached_tokens": self.num_cached_tokens, "error": self.error,
-                "prompt": self.prompt, "num_cached_tokens_host": self.num_cached_tokens_host}
+                "prompt": self.prompt, "num_cached_tokens_host": self.num_cached_tokens_host,
+                "metrics": self.metrics.to_dict() if self.metrics is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RequestOutput":
-        return cls(**{k: d.get(k) for k in ("request_id", "prompt_token_ids", "token_ids", "text",
-                                              "finish_reason", "logprobs", "num_cached_tokens",
-                                              "error", "prompt")},
-                   num_cached_tokens_host=d.get("num_cached_tokens_host") or 0)
+        out = cls(**{k: d.get(k) for k in ("request_id", "prompt_token_ids", "token_ids", "text",
+                                             "finish_reason", "logprobs", "num_cached_tokens",
+                                             "error", "prompt")},
+                  num_cached_tokens_host=d.get("num_cached_tokens_host") or 0)
+        out.metrics = RequestMetrics.from_dict(d.get("metrics"))
+        return out

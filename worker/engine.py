@@ -23,13 +23,14 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta, RequestStatus,
-                      SamplingParams)
+from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta,
+                                   RequestMetrics, RequestStatus, SamplingParams)
 
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
 from .host_tier import HostTier
+from .kv_resize import adopt_survivors, check_target, plan_resize
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
@@ -238,23 +239,30 @@ class DynamicEngine:
         result = self.sampler(logits, rows, logits_writable=True)
         return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
-    def _emit(self, req: Request, logprob) -> RequestDelta:
+    def _emit(self, req: Request, logprob, now: float) -> RequestDelta:
         """The raw delta of one request that advanced: new token ids, logprobs, finish info.
-        Token counts ride on every delta: text may end the request at any of them."""
+        Token counts ride on every delta: text may end the request at any of them. Metrics ride
+        on the first token's delta (a text stage that ends the request on a stop string later
+        finishes them) and on the final one."""
         self._num_generated += 1
         new_ids = req.output_token_ids[req.num_emitted_tokens:]
         req.num_emitted_tokens = len(req.output_token_ids)
         delta = RequestDelta(req.request_id, new_ids, "", [logprob] if logprob is not None else None,
                              None, None, req.num_prompt_tokens, req.num_cached_tokens,
                              num_cached_tokens_host=req.num_cached_tokens_host)
+        if req.first_token_time is None:
+            req.first_token_time = now
+            delta.metrics = _metrics(req, None)
         if req.is_finished:
             delta.finish_reason = req.finish_reason
+            delta.metrics = _metrics(req, now)
             self._drop_state(req.request_id)
         return delta
 
     def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
+        now = time.time()
         for req in advanced:  # appended one by one: a failure keeps what was already built
-            deltas.append(self._emit(req, logprobs.get(req.request_id)))
+            deltas.append(self._emit(req, logprobs.get(req.request_id), now))
 
     def _fail(self, out: Optional[SchedulerOutput], exc: Exception) -> None:
         """End the step's scheduled requests (all requests if scheduling itself failed) as
@@ -283,7 +291,8 @@ class DynamicEngine:
     def _final_delta(self, req: Request) -> RequestDelta:
         return RequestDelta(req.request_id, [], "", None, req.finish_reason, req.error,
                             req.num_prompt_tokens, req.num_cached_tokens,
-                            num_cached_tokens_host=req.num_cached_tokens_host)
+                            num_cached_tokens_host=req.num_cached_tokens_host,
+                            metrics=_metrics(req, time.time()))
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -295,11 +304,73 @@ class DynamicEngine:
         if close is not None:
             close()
 
+    # -- KV pool --------------------------------------------------------------------------------
+
+    def reset_cache(self, num_kv_blocks: Optional[int] = None,
+                    kv_cache_dtype: Optional[str] = None) -> dict:
+        """Give the engine a new KV pool between steps: `num_kv_blocks` blocks (None: as many as
+        the current pool's bytes hold in the new dtype) of `kv_cache_dtype` storage (None: keep).
+        Running requests whose blocks fit keep their KV (copied; same dtype only); the rest go
+        back to waiting and recompute. The prefix cache is dropped. No request ends. Returns
+        the new `capacity()`. Raises `InvalidRequestError` (bad target, tensor/pipeline
+        parallel) or `OutOfMemoryError` (the pool cannot be allocated), changing nothing."""
+        resize = getattr(self.runner, "resize_kv_pool", None)
+        if resize is None:
+            raise InvalidRequestError(
+                f"resizing the KV cache is not supported with tensor/pipeline parallel "
+                f"({self.config.world_size} ranks); restart the replica with --num-kv-blocks / "
+                f"--kv-cache-dtype instead")
+        num_blocks, dtype = check_target(num_kv_blocks, kv_cache_dtype, self.config.kv_cache_dtype,
+                                         self.max_model_len, self.config.block_size,
+                                         self.runner.same_bytes_blocks)
+        running = list(self.scheduler.running)
+        plan = plan_resize(running, num_blocks, dtype, keep_kv=dtype == self.config.kv_cache_dtype)
+        # With KV to keep, the old pool stays until it is copied (an error changes nothing).
+        if plan.block_map and not resize(num_blocks, dtype, plan.block_map):
+            plan = plan_resize(running, 0, dtype, keep_kv=False)  # no room for both pools
+        self._preempt_all(plan.victims)
+        if not plan.block_map:
+            try:  # the old pool goes first; even a failure leaves it empty, so its cache goes too
+                resize(num_blocks, dtype, {})
+            finally:
+                self._new_allocator(plan)
+        else:
+            self._new_allocator(plan)
+        self.config = self.config.replace(num_kv_blocks=self.runner.num_kv_blocks, kv_cache_dtype=dtype)
+        log.info("KV pool now %d blocks (%s): %d running request(s) kept their KV, %d preempted",
+                 self.allocator.num_blocks, dtype, len(plan.survivors), len(plan.victims))
+        return self.capacity()
+
+    def _new_allocator(self, plan) -> None:
+        self.allocator = BlockAllocator(self.runner.num_kv_blocks, self.config.block_size,
+                                        self.config.enable_prefix_caching)
+        adopt_survivors(plan, self.allocator)
+        self.scheduler.allocator = self.allocator
+
+    def _preempt_all(self, victims: list[Request]) -> None:
+        """Back to waiting (recompute), newest first, as ordinary preemption does."""
+        for req in reversed(victims):
+            if req.status is RequestStatus.RUNNING:
+                self.scheduler._preempt(req, SchedulerOutput())
+
+    def request_phase(self, request_id: str) -> str:
+        """`waiting` (queued or preempted), `prefilling` (its prompt, or a recompute, is being
+        computed), `generating`, or `finished` (ended, or never known here)."""
+        req = self.scheduler.requests.get(request_id)
+        if req is None:
+            return "finished"
+        if req.status is not RequestStatus.RUNNING:
+            return "waiting"
+        return "prefilling" if _is_prefilling(req) else "generating"
+
     # -- introspection --------------------------------------------------------------------------
 
     def stats(self) -> dict:
         elapsed = max(1e-9, time.monotonic() - self._started)
+        num_prefilling = sum(1 for r in self.scheduler.running if _is_prefilling(r))
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "num_prefilling": num_prefilling,
+                "num_generating": len(self.scheduler.running) - num_prefilling,
                 "num_preemptions": self.scheduler.num_preemptions,
                 "num_scheduled_tokens": self.scheduler.num_scheduled_tokens,
                 "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
@@ -323,4 +394,12 @@ class DynamicEngine:
     def capacity(self) -> dict:
         return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,
                 "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len, "kv_cache_dtype": self.config.kv_cache_dtype}
+
+
+def _is_prefilling(req: Request) -> bool:
+    return req.first_token_time is None or req.num_computed_tokens < req.num_tokens - 1
+
+
+def _metrics(req: Request, finish_time: Optional[float]) -> RequestMetrics:
+    return RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, finish_time)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -104,11 +105,89 @@ class ModelRunner:
         self.graphs: Optional[DecodeGraphs] = None
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
-        if (self.device.type == "cuda" and not config.enforce_eager and self.ps.tp_size == 1
-                and self.model.is_last and self.model.is_first):
+        self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
+                             and self.ps.tp_size == 1 and self.model.is_last and self.model.is_first)
+        self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        """(Re-)capture the decode graphs over the current KV tensors: a graph bakes in their
+        addresses, so a new pool needs new graphs."""
+        if self._uses_graphs:
             self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
-                                       min(config.max_num_seqs, 512),
-                                       -(-max_model_len // config.block_size), self.device)
+                                       min(self.config.max_num_seqs, 512),
+                                       -(-self.max_model_len // self.config.block_size), self.device)
+
+    # -- resize (worker/kv_resize.py plans it; DynamicEngine.reset_cache drives it) -------------
+
+    def _kv_layout(self, kv_cache_dtype: str) -> tuple[torch.dtype, int]:
+        """Storage dtype and bytes per block for a `kv_cache_dtype` choice."""
+        kv_dtype = resolve_kv_dtype(self.config.replace(kv_cache_dtype=kv_cache_dtype), self.dtype)
+        return kv_dtype, DynamicContext.bytes_per_block(self.num_layers, self.config.block_size,
+                                                        self.num_kv_heads, self.spec.head_dim, kv_dtype)
+
+    def same_bytes_blocks(self, kv_cache_dtype: str) -> int:
+        """How many blocks of `kv_cache_dtype` storage the current pool's bytes hold."""
+        return max(1, self.num_kv_blocks * self._bytes_per_block() // self._kv_layout(kv_cache_dtype)[1])
+
+    @torch.inference_mode()
+    def resize_kv_pool(self, num_blocks: int, kv_cache_dtype: str, block_map: dict[int, int]) -> bool:
+        """Replace the KV pool with `num_blocks` blocks of `kv_cache_dtype` storage, copying
+        each old block `b` to `block_map[b]` (same dtype only).
+        Returns False, changing nothing, when the new pool does not fit beside the old one
+        (the caller then empties `block_map` and calls again: the old pool goes first). Raises
+        `OutOfMemoryError` when the new pool cannot be allocated at all; the old pool (same
+        count and dtype) is then back in place, empty if it had to go."""
+        kv_dtype, per_block = self._kv_layout(kv_cache_dtype)
+        old_bytes = self.num_kv_blocks * self._bytes_per_block()
+        new_bytes = num_blocks * per_block
+        if self.device.type == "cuda":
+            if self.graphs is not None:  # their pool and their hold on the old KV go first
+                self.graphs.release()
+                self.graphs = None
+            torch.cuda.empty_cache()
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if new_bytes > free + old_bytes:
+            self._capture_graphs()
+            raise OutOfMemoryError(
+                f"a KV pool of {num_blocks} blocks needs {new_bytes / 2**30:.2f} GiB; "
+                f"{(free + old_bytes) / 2**30:.2f} GiB are free on {self.device} counting the "
+                f"current pool")
+        if block_map and new_bytes > free:
+            self._capture_graphs()
+            return False
+        old = self.context
+        self.context = None  # without block_map the old pool is freed before the new one
+        if not block_map:
+            del old
+            old = None
+        try:
+            self.context = DynamicContext(self.num_layers, num_blocks, self.config.block_size,
+                                          self.num_kv_heads, self.spec.head_dim, kv_dtype, self.device)
+        except torch.OutOfMemoryError:
+            self.context = old or DynamicContext(self.num_layers, self.num_kv_blocks,
+                                                 self.config.block_size, self.num_kv_heads,
+                                                 self.spec.head_dim, self.kv_dtype, self.device)
+            self._capture_graphs()
+            raise OutOfMemoryError(f"could not allocate a KV pool of {num_blocks} blocks "
+                                   f"({new_bytes / 2**30:.2f} GiB) on {self.device}") from None
+        if block_map:
+            src = torch.tensor(list(block_map), dtype=torch.int64, device=self.device)
+            dst = torch.tensor(list(block_map.values()), dtype=torch.int64, device=self.device)
+            for old_layer, new_layer in zip(old.kv_caches, self.context.kv_caches):
+                for a, b in zip(old_layer, new_layer):
+                    if a is not None:
+                        b.index_copy_(0, dst, a.index_select(0, src))
+        del old
+        self.num_kv_blocks = num_blocks
+        self.kv_dtype = kv_dtype
+        self.config = self.config.replace(num_kv_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype)
+        self._capture_graphs()
+        log.info("KV pool resized: %d blocks of %d tokens (%.2f GiB, %s), %d block(s) kept",
+                 num_blocks, self.config.block_size, new_bytes / 2**30,
+                 str(kv_dtype).replace("torch.", ""), len(block_map))
+        return True
 
     # -- setup ----------------------------------------------------------------------------------
 

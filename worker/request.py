@@ -4,10 +4,14 @@ Owns: the token lists, the KV block table, how many tokens have KV computed, and
 status (moved only through `transition`, checked against `REQUEST_TRANSITIONS`).
 `output_token_ids` starts with any `resume_token_ids` (tokens a dead replica already delivered):
 they count as generated but `num_emitted_tokens` skips them when building deltas.
+Timing (`RequestMetrics`, wall clock): `arrival_time` at creation, `first_scheduled_time` on the
+first move to RUNNING (set in `transition`, so the scheduler needs nothing extra); the engine
+sets `first_token_time` and `finish_time`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from infer_cluster.protocol import REQUEST_TRANSITIONS, RequestStatus, SamplingParams
@@ -39,6 +43,9 @@ class Request:
         self.num_preemptions = 0
         self.finish_reason: Optional[str] = None
         self.error: Optional[dict] = None
+        self.arrival_time = time.time()
+        self.first_scheduled_time: Optional[float] = None
+        self.first_token_time: Optional[float] = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -65,6 +72,8 @@ class Request:
         if new not in REQUEST_TRANSITIONS[self.status]:
             raise RuntimeError(f"request {self.request_id}: illegal transition {self.status.name} -> {new.name}")
         self.status = new
+        if new is RequestStatus.RUNNING and self.first_scheduled_time is None:
+            self.first_scheduled_time = time.time()
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
