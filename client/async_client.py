@@ -130,6 +130,11 @@ class AsyncInferenceClient:
         return await asyncio.get_running_loop().run_in_executor(
             None, self._client.control, action, replica, timeout)
 
+    async def resize(self, replica: str, num_kv_blocks: Optional[int] = None,
+                     kv_cache_dtype: Optional[str] = None, timeout: float = 130.0) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._client.resize, replica, num_kv_blocks, kv_cache_dtype, timeout)
+
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._client.close)
 

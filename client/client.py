@@ -36,7 +36,7 @@ from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, Protoco
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
 from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, ControlRequest, DeltaPayload,
-                               Message, StatusRequest, SubmitRequest)
+                               Message, ResizeRequest, StatusRequest, SubmitRequest)
 
 from . import auth as _auth
 from .handle import RequestHandle
@@ -282,6 +282,17 @@ class InferenceClient:
         reply = self._call(ControlRequest(action=action, replica=replica),
                            ReplyKind.CONTROL_REPLY, timeout)
         return {"ok": reply.ok, "message": reply.message, "replicas": reply.replicas}
+
+    def resize(self, replica: str, num_kv_blocks: Optional[int] = None,
+               kv_cache_dtype: Optional[str] = None, timeout: float = 130.0) -> dict:
+        """Give replica `replica` a new KV pool (blocks and/or `auto`/`int8` storage) while it
+        serves; its requests that do not fit are recomputed, none fails. Returns {"ok",
+        "message", "replicas", "capacity"} (capacity: the replica's, after the change)."""
+        reply = self._call(ResizeRequest(replica=replica, num_kv_blocks=num_kv_blocks,
+                                         kv_cache_dtype=kv_cache_dtype),
+                           ReplyKind.CONTROL_REPLY, timeout)
+        return {"ok": reply.ok, "message": reply.message, "replicas": reply.replicas,
+                "capacity": reply.capacity.to_dict() if reply.capacity is not None else None}
 
     @property
     def num_in_flight(self) -> int:

@@ -112,6 +112,12 @@ def on_replica_state(coord, identity, msg, now) -> None:
     _apply_state(coord, record, msg.state, msg.reason or "reported", now)
 
 
+def on_resize_done(coord, identity, msg, now) -> None:
+    record = _seen_replica(coord, identity, now)
+    if record is not None:
+        coord.resizes.on_done(coord, record, msg)
+
+
 def on_replica_goodbye(coord, identity, msg, now) -> None:
     record = coord.registry.get(identity)
     if record is not None:
@@ -131,4 +137,5 @@ BACK_HANDLERS = {
     ConnectionKind.GOODBYE: on_replica_goodbye,
     ReplyKind.STEP_OUTPUT: on_step_output,
     LifecycleKind.REPLICA_STATE: on_replica_state,
+    LifecycleKind.RESIZE_DONE: on_resize_done,
 }

@@ -98,6 +98,11 @@ def on_control(coord, identity, msg, now) -> None:
     coord.outbox.to_client(identity, ControlReply(ok=ok, message=message, replicas=names))
 
 
+def on_resize(coord, identity, msg, now) -> None:
+    coord.clients.touch(identity, now)
+    coord.resizes.start(coord, identity, msg, now)
+
+
 def on_replica_message_on_client_port(coord, identity, msg, now) -> None:
     coord.outbox.to_identity(coord.front, identity, ErrorReply(
         code="protocol", message=f"{msg.KIND.name} is a replica message but this is the client "
@@ -112,6 +117,7 @@ FRONT_HANDLERS = {
     ConnectionKind.GOODBYE: on_goodbye,
     ControlKind.STATUS: on_status,
     ControlKind.CONTROL: on_control,
+    ControlKind.RESIZE: on_resize,
     ConnectionKind.HELLO: on_replica_message_on_client_port,
     ConnectionKind.HEARTBEAT: on_replica_message_on_client_port,
 }

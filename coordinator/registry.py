@@ -59,6 +59,11 @@ class ReplicaRecord:
         return len(self.request_ids)
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the replica's KV pool holds (routing weighs load by it)."""
+        return self.capacity.num_total_blocks * self.capacity.block_size
+
+    @property
     def can_accept(self) -> bool:
         return self.state is ReplicaState.ACTIVE
 
@@ -74,6 +79,8 @@ class ReplicaRecord:
             "name": self.name, "host": self.host, "pid": self.pid, "state": self.state.value,
             "model": self.capacity.model, "num_requests": self.num_requests,
             "max_model_len": self.capacity.max_model_len,
+            "block_size": self.capacity.block_size, "kv_cache_dtype": self.capacity.kv_cache_dtype,
+            "num_prefilling": load.num_prefilling, "num_generating": load.num_generating,
             "num_running": load.num_running, "num_waiting": load.num_waiting,
             "num_free_blocks": load.num_free_blocks, "num_total_blocks": load.num_total_blocks,
             "kv_used": (used / load.num_total_blocks) if load.num_total_blocks else 0.0,

@@ -3,7 +3,8 @@
 Owns: the `RoutingPolicy` interface and the built-in policies, registered by name in
 `ROUTING_POLICIES` (`least-load` default, `prefix`, `round-robin`). A policy only chooses; it
 never sends, never mutates replica records, and never sees sockets. It sees each candidate as an
-object with `key` (unique, hashable), `outstanding_tokens` and `num_requests`.
+object with `key` (unique, hashable), `outstanding_tokens` and `num_requests`, and optionally
+`kv_capacity_tokens` (tokens its KV pool holds; it changes when an operator resizes a replica).
 Never imports torch or zmq.
 
 To add a policy: subclass `RoutingPolicy`, set `name`, implement `choose` (and `forget` if it
@@ -44,8 +45,16 @@ class RoutingPolicy:
         """A replica left; drop anything remembered about it."""
 
 
+def relative_load(replica) -> float:
+    """Outstanding tokens per token of KV capacity (plain outstanding tokens when the capacity
+    is unknown), so a replica with twice the KV pool takes twice the work."""
+    capacity = getattr(replica, "kv_capacity_tokens", 0) or 1
+    return replica.outstanding_tokens / capacity
+
+
 class LeastLoadPolicy(RoutingPolicy):
-    """Fewest outstanding tokens (prompt + not-yet-generated output of assigned requests).
+    """Least outstanding work (prompt + not-yet-generated output tokens of assigned requests)
+    relative to KV capacity.
 
     Ties go round-robin so a burst onto an idle cluster spreads evenly."""
 
@@ -59,7 +68,7 @@ class LeastLoadPolicy(RoutingPolicy):
             raise ValueError("no replica to choose from")
         self._turn += 1
         n = len(replicas)
-        best = min(range(n), key=lambda i: (replicas[i].outstanding_tokens,
+        best = min(range(n), key=lambda i: (relative_load(replicas[i]),
                                             replicas[i].num_requests, (i - self._turn) % n))
         return replicas[best]
 

@@ -39,6 +39,7 @@ from .frontend import FRONT_HANDLERS
 from .outbox import Outbox
 from .registry import ReplicaRegistry
 from .requests import RequestState, RequestTable
+from .resize import ResizeTracker
 from .routing import make_policy
 
 log = logging.getLogger("infer_cluster.coordinator")
@@ -48,7 +49,7 @@ MAX_POLL_SECONDS = 0.25    # upper bound on one poll, so stop requests are seen 
 PROBE_DELAYS = (0.05, 0.5)  # after a TCP disconnect, probe replicas at these delays
 # Client-port messages only the admin key may send when auth is on (a new operator action that
 # changes the cluster goes here too).
-ADMIN_KINDS = frozenset({ControlKind.CONTROL})
+ADMIN_KINDS = frozenset({ControlKind.CONTROL, ControlKind.RESIZE})
 
 
 class _RateLimitedLog:
@@ -131,6 +132,7 @@ class Coordinator:
                                      make_policy(config.routing), self.outbox,
                                      config.no_replica_timeout)
         self.reregister_sent: dict[bytes, float] = {}
+        self.resizes = ResizeTracker()
         self.started_at = time.monotonic()
         self.instance = os.urandom(8).hex()
         self.is_draining = False
@@ -312,6 +314,7 @@ class Coordinator:
                 self.dispatcher.client_gone(
                     client.identity, f"silent for {now - client.last_seen:.1f} s", now)
             self.dispatcher.flush_pending(now)
+            self.resizes.expire(self, now)
             for identity, sent in list(self.reregister_sent.items()):
                 if now - sent > 60:
                     del self.reregister_sent[identity]

@@ -76,7 +76,9 @@ def render_status(status: dict) -> str:
               "TOK/S", "GENERATED", "LAST SEEN"]
     rows = [[r.get("name"), r.get("state"), r.get("host"), r.get("pid"), r.get("num_requests"),
              r.get("num_running"), r.get("num_waiting"),
-             f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}", _host_kv(r),
+             f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}"
+             + (f" {r['kv_cache_dtype']}" if r.get("kv_cache_dtype", "auto") != "auto" else ""),
+             _host_kv(r),
              f"{r.get('tokens_per_s', 0):.1f}", r.get("num_generated_tokens"),
              f"{r.get('seconds_since_seen', 0):.1f}s ago"] for r in status["replicas"]]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
@@ -100,20 +102,45 @@ def status(address, as_json, timeout, auth):
 
 
 @click.command()
-@click.argument("action", type=click.Choice(["pause", "resume", "drain", "shutdown"]))
-@click.option("--replica", default=None, help="replica name (default: every replica)")
+@click.argument("action", type=click.Choice(["pause", "resume", "drain", "shutdown", "resize"]))
+@click.option("--replica", default=None, help="replica name (default: every replica; resize: required)")
+@click.option("--blocks", type=int, default=None,
+              help="resize: the new number of KV blocks (at least one max-length request's worth)")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "int8"]), default=None,
+              help="resize: the new KV storage; without --blocks the pool keeps its bytes")
+@click.option("--timeout", default=130.0, show_default=True, type=float,
+              help="resize: seconds to wait for the replica's answer")
 @address_option
 @auth_option
-def control(action, replica, address, auth):
-    """Pause, resume, drain or shut down replicas through the coordinator.
+def control(action, replica, blocks, kv_cache_dtype, timeout, address, auth):
+    """Pause, resume, drain, shut down or resize replicas through the coordinator.
+
+    `resize --replica R --blocks N` (and/or `--kv-cache-dtype int8|auto`) gives one replica a
+    new KV pool between two of its steps: running requests that do not fit go back to waiting
+    and are recomputed, none fails; the new size shows in `status` and weighs in routing.
 
     With auth on, only the admin key may do this (`--auth` with a folder holding
     admin.key_secret: the full folder or `keygen DIR --export admin OUT`)."""
+    if action == "resize":
+        if replica is None:
+            raise CliError("error: resize needs --replica NAME (see `infer-cluster status`)")
+        if blocks is None and kv_cache_dtype is None:
+            raise CliError("error: resize needs --blocks N, --kv-cache-dtype auto|int8, or both")
+        if blocks is not None and blocks <= 0:
+            raise CliError(f"error: --blocks must be a positive integer, got {blocks}")
+    elif blocks is not None or kv_cache_dtype is not None:
+        raise CliError(f"error: --blocks / --kv-cache-dtype apply to resize, not {action}")
     with _client(address, auth, roles=("admin", "client")) as c:
-        reply = _call(c.control, action, replica, timeout=4.0)
+        if action == "resize":
+            reply = _call(c.resize, replica, blocks, kv_cache_dtype, timeout=timeout)
+        else:
+            reply = _call(c.control, action, replica, timeout=4.0)
     if not reply["ok"]:
         raise CliError(f"error: {reply['message']}")
-    click.echo(f"{reply['message']}: {', '.join(reply['replicas'])}")
+    if action == "resize":
+        click.echo(reply["message"])
+    else:
+        click.echo(f"{reply['message']}: {', '.join(reply['replicas'])}")
 
 
 def _sampling(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos) -> SamplingParams:

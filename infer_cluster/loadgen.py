@@ -2,7 +2,8 @@
 
 Owns: the synthetic workload (token-id prompts with lengths uniform in a range, ignore_eos, so
 every run does the same work), driving it through an `InferenceClient` at a fixed concurrency or
-a Poisson request rate, and the latency summary (TTFT, TPOT, end-to-end p50 / p99, throughput).
+a Poisson request rate, and the latency summary (TTFT, TPOT, end-to-end p50 / p99, throughput,
+and from the replicas' `RequestMetrics` on each output: queue time and prefill time).
 Waiting is event-driven (a queue fed by request completions), never a polling loop.
 Never imports torch.
 """
@@ -53,6 +54,8 @@ class RequestTiming:
     e2e: float
     num_output_tokens: int
     finish_reason: Optional[str]
+    queue_time: Optional[float] = None    # replica: arrival -> first scheduled
+    prefill_time: Optional[float] = None  # replica: first scheduled -> first token
 
     @property
     def tpot(self) -> Optional[float]:
@@ -137,9 +140,12 @@ def run_load(client, requests: list, concurrency: Optional[int] = None,
     for h in handles:
         out = h.output
         ttft = (h.first_token_at - h.submitted_at) if h.first_token_at is not None else None
+        m = out.metrics
         result.timings.append(RequestTiming(ttft=ttft, e2e=h.finished_at - h.submitted_at,
                                             num_output_tokens=len(out.token_ids),
-                                            finish_reason=out.finish_reason))
+                                            finish_reason=out.finish_reason,
+                                            queue_time=m.queue_time if m is not None else None,
+                                            prefill_time=m.prefill_time if m is not None else None))
         result.outputs.append(out)
     return result
 
@@ -149,6 +155,8 @@ def summarize(result: LoadResult) -> dict:
     ttft = [x.ttft for x in t if x.ttft is not None]
     tpot = [x.tpot for x in t if x.tpot is not None]
     e2e = [x.e2e for x in t]
+    queue = [x.queue_time for x in t if x.queue_time is not None]
+    prefill = [x.prefill_time for x in t if x.prefill_time is not None]
     num_tokens = sum(x.num_output_tokens for x in t)
     ok = sum(1 for x in t if x.finish_reason in ("stop", "length"))
     wall = max(result.wall_seconds, 1e-9)
@@ -160,6 +168,10 @@ def summarize(result: LoadResult) -> dict:
         "ttft_p50_ms": round(percentile(ttft, 50) * ms, 2), "ttft_p99_ms": round(percentile(ttft, 99) * ms, 2),
         "tpot_p50_ms": round(percentile(tpot, 50) * ms, 2), "tpot_p99_ms": round(percentile(tpot, 99) * ms, 2),
         "e2e_p50_ms": round(percentile(e2e, 50) * ms, 2), "e2e_p99_ms": round(percentile(e2e, 99) * ms, 2),
+        # Replica side (RequestMetrics on each output): time queued, then time in prefill.
+        "queue_p50_ms": round(percentile(queue, 50) * ms, 2), "queue_p99_ms": round(percentile(queue, 99) * ms, 2),
+        "prefill_p50_ms": round(percentile(prefill, 50) * ms, 2),
+        "prefill_p99_ms": round(percentile(prefill, 99) * ms, 2),
     }
 
 

@@ -33,7 +33,8 @@ from infer_cluster.protocol.messages import (Goodbye, Heartbeat, Hello, Message,
 log = logging.getLogger("infer_cluster.replica")
 
 ENGINE_COMMANDS = frozenset({RequestKind.DISPATCH, RequestKind.ABORT, ControlKind.PAUSE,
-                             ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN})
+                             ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN,
+                             ControlKind.RESIZE_KV})
 REREGISTERED = "reregistered"  # pseudo-kind: "drop what you hold, the coordinator forgot it"
 HELLO_RETRY_SECONDS = 1.0
 _STOP = b"stop"
@@ -62,8 +63,7 @@ class ReplicaIO(threading.Thread):
         super().__init__(name=f"replica-io-{config.name}", daemon=True)
         self.config = config
         self._ctx = context or zmq.Context.instance()
-        self._capacity = ReplicaCapacity(**{k: capacity[k] for k in (
-            "model", "num_total_blocks", "block_size", "max_num_seqs", "max_model_len")})
+        self.set_capacity(capacity)
         self._inbox = inbox
         self._load_fn = load_fn
         self._state_fn = state_fn
@@ -102,6 +102,17 @@ class ReplicaIO(threading.Thread):
         self._stopped = False
 
     # -------------------------------------------------------------- engine-thread side
+
+    def set_capacity(self, capacity: dict) -> None:
+        """What HELLO reports from now on (after a resize). One reference swap: safe to call
+        from the engine loop while this thread reads it."""
+        self._capacity = ReplicaCapacity(**{k: capacity[k] for k in (
+            "model", "num_total_blocks", "block_size", "max_num_seqs", "max_model_len",
+            "kv_cache_dtype") if k in capacity})
+
+    @property
+    def capacity(self) -> ReplicaCapacity:
+        return self._capacity
 
     def send(self, msg: Message) -> None:
         payload = codec.encode(msg)

@@ -32,7 +32,7 @@ from typing import Optional
 from infer_cluster.protocol import EngineError, InferClusterError, SamplingParams
 from infer_cluster.protocol.kinds import ControlKind, RequestKind
 from infer_cluster.protocol.messages import (DispatchRequest, ReplicaLoad, ReplicaState,
-                               ReplicaStateChange, StepOutput, delta_wire)
+                               ReplicaStateChange, ResizeDone, ResizeKV, StepOutput, delta_wire)
 
 from .chat import prompt_of
 from .replica_io import REREGISTERED, ReplicaIO
@@ -98,6 +98,7 @@ class EngineServer:
             ControlKind.RESUME: self._on_resume,
             ControlKind.DRAIN: self._on_drain,
             ControlKind.SHUTDOWN: self._on_shutdown,
+            ControlKind.RESIZE_KV: self._on_resize_kv,
             REREGISTERED: self._on_reregistered,
         }
 
@@ -251,7 +252,9 @@ class EngineServer:
                            num_host_blocks=s.get("num_host_blocks", 0),
                            num_host_used_blocks=s.get("num_host_used_blocks", 0),
                            prefix_cache_hit_tokens_host=s.get("prefix_cache_hit_tokens_host", 0),
-                           num_swapped_out=s.get("num_swapped_out", 0))
+                           num_swapped_out=s.get("num_swapped_out", 0),
+                           num_prefilling=s.get("num_prefilling", 0),
+                           num_generating=s.get("num_generating", 0))
 
     def _load_snapshot(self) -> ReplicaLoad:
         return self._load  # replaced (never mutated) by the engine loop, so safe to read
@@ -285,6 +288,29 @@ class EngineServer:
         for rid in msg.request_ids:
             if self.engine.abort(rid):
                 log.debug("aborted request %s", rid)
+
+    def _on_resize_kv(self, msg: ResizeKV) -> None:
+        """Between steps (the engine loop runs handlers only there): a new KV pool. Requests
+        that do not fit go back to waiting; none ends. The answer carries the new capacity."""
+        try:
+            capacity = self.engine.reset_cache(msg.num_kv_blocks, msg.kv_cache_dtype)
+        except InferClusterError as exc:
+            ok, message = False, str(exc)
+        except Exception as exc:  # a device fault while reallocating: report it, keep serving
+            log.exception("replica %s: resize failed", self.config.name)
+            ok, message = False, f"{type(exc).__name__}: {exc}"
+        else:
+            ok = True
+            message = (f"KV pool now {capacity['num_total_blocks']} blocks of "
+                       f"{capacity['block_size']} tokens ({capacity['kv_cache_dtype']})")
+            self.io.set_capacity(capacity)
+        log.info("replica %s: resize to %s blocks / %s: %s", self.config.name,
+                 msg.num_kv_blocks or "same bytes", msg.kv_cache_dtype or "same dtype", message)
+        if self.text is not None:
+            self.text.flush()  # step outputs with the old load go out before the answer
+        self._load = self._read_load()
+        self.io.send(ResizeDone(ticket=msg.ticket, ok=ok, message=message,
+                                capacity=self.io.capacity, load=self._load))
 
     def _set_state(self, state: ReplicaState, reason: str) -> None:
         if state is self.state:

@@ -21,18 +21,25 @@ push at a time so held-back text comes out with the first new token.
 `TextWorker` runs a `TextStage` on its own thread for the replica: the engine loop hands it
 registrations and step outputs in order and goes straight to the next step.
 
+Metrics (`RequestMetrics`): the engine puts them on a request's first-token delta and on its
+final. This stage keeps the first-token copy and strips it from non-final deltas (clients get
+metrics once, on the final); when a stop string ends a request here, the final it makes gets
+that copy with `finish_time` set to now, so both kinds of final carry metrics.
+
 To extend: per-request text features (e.g. `include_stop_str_in_output`) belong in
 `_RequestText`; anything the engine must learn goes back through the stop list.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
-from infer_cluster.protocol import EngineError, FinishReason, RequestDelta
+from infer_cluster.protocol import EngineError, FinishReason, RequestDelta, RequestMetrics
 
 from .detokenizer import IncrementalDetokenizer
 
@@ -47,6 +54,7 @@ class TextStage:
         self.byte_table = byte_table
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._stopped: set[str] = set()  # stopped here; the engine's final is still to come
+        self._metrics: dict[str, RequestMetrics] = {}  # from the first-token delta, until the final
 
     def add(self, request_id: str, prompt_ids: Sequence[int], stop: Sequence[str] = (),
             resume_ids: Sequence[int] = ()) -> None:
@@ -56,6 +64,7 @@ class TextStage:
             detok.push([token])  # held-back text of the lost replica comes out with the next token
         self._detok[request_id] = detok
         self._stopped.discard(request_id)
+        self._metrics.pop(request_id, None)
 
     def process(self, deltas: Sequence[RequestDelta]) -> tuple[list[RequestDelta], list[str]]:
         """Raw engine deltas -> client deltas (with text), and the ids that just hit a stop
@@ -72,6 +81,9 @@ class TextStage:
                 out.append(d)  # never registered (refused before admission): as it is
                 continue
             is_final = d.finish_reason is not None
+            if d.metrics is not None and not is_final:
+                self._metrics[d.request_id] = d.metrics
+                d.metrics = None
             try:
                 text, stopped = detok.push(d.token_ids, final=is_final)
             except Exception as exc:  # a tokenizer bug ends this request, never the stage
@@ -86,11 +98,15 @@ class TextStage:
                 self._stopped.add(d.request_id)
                 stops.append(d.request_id)
                 del self._detok[d.request_id]
+                metrics = self._metrics.pop(d.request_id, None)
+                if metrics is not None:
+                    d.metrics = dataclasses.replace(metrics, finish_time=time.time())
             elif is_final:
                 if d.error is None and stopped and d.finish_reason in _STOP_WINS:
                     d.finish_reason = FinishReason.STOP.value
                 d.text += detok.flush()
                 del self._detok[d.request_id]
+                self._metrics.pop(d.request_id, None)
             else:
                 d.num_prompt_tokens = d.num_cached_tokens = d.num_cached_tokens_host = 0  # final only
             out.append(d)

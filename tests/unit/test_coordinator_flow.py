@@ -69,14 +69,15 @@ def wait_until(cond, timeout=3.0):
 def test_handler_tables_cover_every_kind_a_peer_sends():
     client_kinds = {RequestKind.SUBMIT, RequestKind.CANCEL, ConnectionKind.CLIENT_HELLO,
                     ConnectionKind.PING, ConnectionKind.GOODBYE, ControlKind.STATUS,
-                    ControlKind.CONTROL}
+                    ControlKind.CONTROL, ControlKind.RESIZE}
     replica_kinds = {ConnectionKind.HELLO, ConnectionKind.HEARTBEAT, ConnectionKind.GOODBYE,
-                     ReplyKind.STEP_OUTPUT, LifecycleKind.REPLICA_STATE}
+                     ReplyKind.STEP_OUTPUT, LifecycleKind.REPLICA_STATE, LifecycleKind.RESIZE_DONE}
     assert client_kinds <= set(FRONT_HANDLERS)
     assert replica_kinds <= set(BACK_HANDLERS)
     from infer_cluster.worker.replica_io import ENGINE_COMMANDS
     assert ENGINE_COMMANDS == {RequestKind.DISPATCH, RequestKind.ABORT, ControlKind.PAUSE,
-                               ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN}
+                               ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN,
+                               ControlKind.RESIZE_KV}
 
 
 def test_stream_reaches_the_client_under_its_own_id(cluster):

@@ -7,7 +7,7 @@ import enum
 import msgpack
 import pytest
 
-from infer_cluster.protocol import ProtocolError, RequestDelta
+from infer_cluster.protocol import ProtocolError, RequestDelta, RequestMetrics, RequestOutput
 from infer_cluster.protocol import codec
 from infer_cluster.protocol import kinds
 from infer_cluster.protocol.kinds import (ALL_KINDS, KIND_RANGES, PROTOCOL_VERSION, ConnectionKind, ControlKind,
@@ -17,8 +17,8 @@ from infer_cluster.protocol.messages import (MESSAGE_TYPES, AbortRequest, Cancel
                                DispatchRequest, Drain, ErrorInfo, ErrorReply, Goodbye, Heartbeat,
                                HeartbeatAck, Hello, HelloAck, Message, Pause, Ping, Pong,
                                ReplicaCapacity, ReplicaLoad, ReplicaStateChange, Reregister,
-                               Resume, Shutdown, StatusReply, StatusRequest, StepOutput,
-                               SubmitRequest)
+                               ResizeDone, ResizeKV, ResizeRequest, Resume, Shutdown,
+                               StatusReply, StatusRequest, StepOutput, SubmitRequest)
 
 CAP = ReplicaCapacity(model="tiny-random", num_total_blocks=10, block_size=16, max_num_seqs=4,
                       max_model_len=128)
@@ -57,6 +57,12 @@ EXAMPLES = {
     ControlKind.STATUS: StatusRequest(),
     ControlKind.CONTROL: ControlRequest(action="drain", replica="r0"),
     LifecycleKind.REPLICA_STATE: ReplicaStateChange(state="drained", reason="done"),
+    ControlKind.RESIZE: ResizeRequest(replica="r0", num_kv_blocks=512, kv_cache_dtype="int8"),
+    ControlKind.RESIZE_KV: ResizeKV(ticket="t1", num_kv_blocks=512),
+    LifecycleKind.RESIZE_DONE: ResizeDone(ticket="t1", ok=True, message="now 512",
+                                          capacity=ReplicaCapacity(model="m", num_total_blocks=512,
+                                                                   kv_cache_dtype="int8"),
+                                          load=ReplicaLoad(num_total_blocks=512, num_prefilling=1)),
 }
 
 
@@ -110,6 +116,22 @@ def test_delta_payload_converts_to_and_from_request_delta():
     assert p.prompt_token_ids == [1, 2, 3]
 
 
+def test_metrics_reach_the_request_output_and_derive_queue_and_prefill_time():
+    m = RequestMetrics(arrival_time=10.0, first_scheduled_time=10.25, first_token_time=11.0,
+                       finish_time=12.5)
+    d = RequestDelta(request_id="q", token_ids=[4], finish_reason="stop", metrics=m)
+    back = DeltaPayload.from_dict(DeltaPayload.from_delta(d).to_dict(), "x").to_delta()
+    assert back.metrics == m
+    out = RequestOutput("q", [1])
+    out.apply(RequestDelta(request_id="q", token_ids=[3]))
+    assert out.metrics is None
+    out.apply(back)
+    assert out.metrics == m
+    assert (m.queue_time, m.prefill_time, m.time_to_first_token) == (0.25, 0.75, 1.0)
+    assert RequestOutput.from_dict(out.to_dict()) == out
+    assert RequestMetrics(5.0).queue_time is None and RequestMetrics(5.0).prefill_time is None
+
+
 def _wire(kind, **fields):
     return {"v": PROTOCOL_VERSION, "k": int(kind), **fields}
 
@@ -148,6 +170,14 @@ def _wire(kind, **fields):
     (_wire(ConnectionKind.HEARTBEAT, load={"num_running": -1}), "num_running must be in"),
     (_wire(ControlKind.CONTROL, action="explode"), "must be one of"),
     (_wire(ControlKind.SHUTDOWN, graceful=1), "true or false"),
+    (_wire(ControlKind.RESIZE, replica="r0"), "needs num_kv_blocks, kv_cache_dtype or both"),
+    (_wire(ControlKind.RESIZE, replica="r0", num_kv_blocks=0), "num_kv_blocks must be in"),
+    (_wire(ControlKind.RESIZE, replica="r0", kv_cache_dtype="fp4"), "must be one of"),
+    (_wire(ControlKind.RESIZE_KV, ticket="t", num_kv_blocks=True), "must be an integer"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "metrics": {"first_token_time": 1.0}}]),
+     "missing the required field 'arrival_time'"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "metrics": {"arrival_time": -1.0}}]),
+     "arrival_time must be in"),
 ])
 def test_validation_errors_name_the_problem(data, match):
     with pytest.raises(ProtocolError, match=match):
@@ -213,6 +243,9 @@ def test_peek_request_id():
     (RequestDelta(request_id="d", token_ids=[5], finish_reason="length", num_prompt_tokens=40,
                   num_cached_tokens=16, num_cached_tokens_host=16), None),
     (RequestDelta(request_id="c", finish_reason="error", error={"code": "engine", "message": "x"}), []),
+    (RequestDelta(request_id="d", token_ids=[5], finish_reason="length",
+                  metrics=RequestMetrics(100.0, 100.5, 101.25, 103.0)), None),
+    (RequestDelta(request_id="e", finish_reason="abort", metrics=RequestMetrics(100.0)), None),
 ])
 def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
     from infer_cluster.protocol.messages import delta_wire
