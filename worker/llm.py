@@ -140,6 +140,12 @@ class LLM:
     def stats(self) -> dict:
         return self.engine.stats()
 
+    def reset_cache(self, num_kv_blocks: Optional[int] = None,
+                    kv_cache_dtype: Optional[str] = None) -> dict:
+        """A new KV pool between steps (see `DynamicEngine.reset_cache`): requests in flight
+        keep going (those that no longer fit are recomputed); returns the new capacity."""
+        return self.engine.reset_cache(num_kv_blocks, kv_cache_dtype)
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:

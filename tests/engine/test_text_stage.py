@@ -93,10 +93,36 @@ def test_threaded_text_equals_inline(engines, stop_of):
         assert got[rid].text == want[rid].text, rid
         assert got[rid].finish_reason == want[rid].finish_reason, rid
     assert all(n <= 1 for n in waste.values()), waste
+    for outs in (want, got):  # every final carries metrics, also one a stop string made
+        for rid, o in outs.items():
+            m = o.metrics
+            assert m is not None and m.finish_time is not None, rid
+            assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time, m
     if stop_of != "none":
         assert any(o.finish_reason == "stop" for o in want.values())
     st = raw.stats()
     assert st["num_free_blocks"] == st["num_total_blocks"]
+
+
+def test_metrics_ride_on_the_final_only_and_a_stop_string_final_gets_them(engines):
+    inline, _ = engines
+    from infer_cluster.protocol import RequestDelta, RequestMetrics
+    stage = TextStage(inline.tokenizer, inline.byte_table)
+    ids = inline.tokenizer.encode("abc abc abc")
+    stage.add("s", [1, 2], stop=["abc"])
+    stage.add("t", [1, 2])
+    first = RequestMetrics(1.0, 2.0, 3.0)
+    out, _ = stage.process([RequestDelta("s", ids[:1], metrics=first),
+                            RequestDelta("t", ids[:1], metrics=RequestMetrics(1.5, 2.5, 3.5))])
+    assert [d.metrics for d in out] == [None, None]  # kept back until the final
+    out, stops = stage.process([RequestDelta("s", ids[1:4])])
+    assert stops == ["s"] and out[0].finish_reason == "stop"
+    m = out[0].metrics
+    assert (m.arrival_time, m.first_scheduled_time, m.first_token_time) == (1.0, 2.0, 3.0)
+    assert m.finish_time is not None and m.finish_time >= 3.0
+    engine_final = RequestMetrics(1.5, 2.5, 3.5, 4.5)
+    out, _ = stage.process([RequestDelta("t", [], finish_reason="length", metrics=engine_final)])
+    assert out[0].metrics == engine_final  # the engine's own final keeps its metrics
 
 
 def test_unregistered_final_passes_through_and_stopped_request_is_swallowed(engines):
@@ -110,6 +136,7 @@ def test_unregistered_final_passes_through_and_stopped_request_is_swallowed(engi
     stage.add("s", [1, 2], stop=["abc"])
     out, stops = stage.process([RequestDelta("s", ids[:4], num_prompt_tokens=2)])
     assert stops == ["s"] and out[0].finish_reason == "stop" and "abc" not in out[0].text
+    assert out[0].metrics is None  # the engine sent none for "s" (no first-token delta seen)
     # the engine's next delta and its final for "s" are not the client's business any more
     out, stops = stage.process([RequestDelta("s", ids[4:5]), RequestDelta("s", [], finish_reason="stop")])
     assert out == [] and stops == [] and len(stage) == 0
