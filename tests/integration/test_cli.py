@@ -73,6 +73,11 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
         summary = json.loads(out.read_text())
         assert summary["num_completed"] == 20 and summary["ttft_p50_ms"] > 0
         assert "tpot_p99_ms" in b.stdout
+        # replica-side timing from each output's metrics: within the client-side TTFT
+        assert 0 <= summary["queue_p50_ms"] and 0 < summary["prefill_p50_ms"]
+        # each is a part of that request's TTFT, so its p99 cannot exceed TTFT's (1 ms: clocks)
+        assert max(summary["queue_p99_ms"], summary["prefill_p99_ms"]) <= summary["ttft_p99_ms"] + 1
+        assert "prefill_p99_ms" in b.stdout
 
         # the host KV tier (0.01 GiB of 16 KiB tiny-random blocks) shows in the status
         (row,) = json.loads(cli("status", "--address", address, "--json").stdout)["replicas"]

@@ -41,6 +41,21 @@ def test_least_load_spreads_a_burst_when_charged():
     assert counts == {"a": 10, "b": 10, "c": 10}
 
 
+def test_least_load_weighs_load_by_kv_capacity():
+    """A replica with twice the KV pool (e.g. after `control resize`) takes twice the work."""
+    p = LeastLoadPolicy()
+    big, small = R("big"), R("small")
+    big.kv_capacity_tokens, small.kv_capacity_tokens = 2048, 1024
+    counts = {"big": 0, "small": 0}
+    for _ in range(30):
+        r = p.choose([big, small], RoutingInfo(prompt="x", num_tokens=10))
+        r.outstanding_tokens += 10
+        counts[r.key] += 1
+    assert counts == {"big": 20, "small": 10}
+    small.kv_capacity_tokens = 2048  # resized to match: plain least-load again
+    assert p.choose([big, small], RoutingInfo(prompt="x")).key == "small"
+
+
 def test_least_load_ties_rotate():
     p = LeastLoadPolicy()
     reps = [R("a"), R("b")]
