@@ -379,3 +379,54 @@ def test_heartbeat_from_unknown_replica_gets_reregister(cluster):
     msg = r.recv_one(2.0)
     assert msg.KIND.name == "REREGISTER"
     r.close()
+
+
+def _resize_kv(replica, timeout=2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        replica.pump(0.05)
+        for msg in replica.other:
+            if msg.KIND is ControlKind.RESIZE_KV:
+                replica.other.remove(msg)
+                return msg
+    raise AssertionError("no RESIZE_KV reached the replica")
+
+
+def test_resize_is_forwarded_and_the_new_capacity_reaches_status_and_routing(cluster):
+    from infer_cluster.protocol.messages import ReplicaLoad, ResizeDone, ResizeRequest
+    r = cluster.replica("r")
+    c = cluster.client()
+    c.send(ResizeRequest(replica="r", num_kv_blocks=300, kv_cache_dtype="int8"))
+    fwd = _resize_kv(r)
+    assert (fwd.num_kv_blocks, fwd.kv_cache_dtype) == (300, "int8") and fwd.ticket
+    cap = ReplicaCapacity(model="tiny-random", num_total_blocks=300, block_size=16,
+                          max_num_seqs=8, max_model_len=512, kv_cache_dtype="int8")
+    r.send(ResizeDone(ticket=fwd.ticket, ok=True, message="KV pool now 300 blocks", capacity=cap,
+                      load=ReplicaLoad(num_total_blocks=300, num_free_blocks=300)))
+    reply = c.recv()
+    assert reply.KIND is ReplyKind.CONTROL_REPLY and reply.ok and reply.capacity == cap
+    assert reply.message == "replica r: KV pool now 300 blocks" and reply.replicas == ["r"]
+    (record,) = cluster.coord.registry.live()
+    assert record.capacity == cap and record.kv_capacity_tokens == 300 * 16
+    c.send(StatusRequest())
+    row = c.recv().replicas[0]
+    assert (row["num_total_blocks"], row["kv_cache_dtype"]) == (300, "int8")
+
+
+def test_resize_refusals_and_a_replica_dying_before_it_answers(cluster):
+    from infer_cluster.protocol.messages import ResizeRequest
+    r = cluster.replica("r")
+    c = cluster.client()
+    c.send(ResizeRequest(replica="nobody", num_kv_blocks=64))
+    reply = c.recv()
+    assert not reply.ok and "no live replica named 'nobody' (live: r)" in reply.message
+    c.send(ResizeRequest(replica="r", num_kv_blocks=31))  # max_model_len 512 needs 32 blocks
+    reply = c.recv()
+    assert not reply.ok and "needs 32 blocks of 16 tokens" in reply.message
+    c.send(ResizeRequest(replica="r", num_kv_blocks=64))
+    _resize_kv(r)
+    r.goodbye()  # leaves without answering
+    reply = c.recv(3.0)
+    assert reply is not None and not reply.ok
+    assert reply.message == "replica r went away before answering the resize"
+    assert len(cluster.coord.resizes) == 0
