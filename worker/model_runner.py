@@ -135,8 +135,9 @@ class ModelRunner:
         each old block `b` to `block_map[b]` (same dtype only).
         Returns False, changing nothing, when the new pool does not fit beside the old one
         (the caller then empties `block_map` and calls again: the old pool goes first). Raises
-        `OutOfMemoryError` when the new pool cannot be allocated at all; the old pool (same
-        count and dtype) is then back in place, empty if it had to go."""
+        `OutOfMemoryError` when the new pool cannot be allocated at all (on a GPU it must fit
+        beside what `gpu_memory_utilization` keeps back); the old pool (same count and dtype)
+        is then back in place, empty if it had to go."""
         kv_dtype, per_block = self._kv_layout(kv_cache_dtype)
         old_bytes = self.num_kv_blocks * self._bytes_per_block()
         new_bytes = num_blocks * per_block
@@ -145,7 +146,9 @@ class ModelRunner:
                 self.graphs.release()
                 self.graphs = None
             torch.cuda.empty_cache()
-            free = torch.cuda.mem_get_info(self.device)[0]
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Idle activation memory is free now; keep the share gpu_memory_utilization leaves.
+            free = max(0, free - int(total * (1 - self.config.gpu_memory_utilization)))
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if new_bytes > free + old_bytes:
@@ -180,6 +183,8 @@ class ModelRunner:
                     if a is not None:
                         b.index_copy_(0, dst, a.index_select(0, src))
         del old
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # a smaller pool gives its memory back to the device
         self.num_kv_blocks = num_blocks
         self.kv_dtype = kv_dtype
         self.config = self.config.replace(num_kv_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype)
