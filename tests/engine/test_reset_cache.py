@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from infer_cluster.protocol import InvalidRequestError, SamplingParams
+from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
-from infer_cluster.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -20,9 +19,15 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def reference():
+def shared():
+    """One engine for the tests that leave its pool as they found it."""
     with LLM("tiny-random", **ENGINE) as llm:
-        return [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def reference(shared):
+    return [o.token_ids for o in shared.generate(PROMPTS, PARAMS, use_tqdm=False)]
 
 
 def _run(llm, actions):
@@ -97,51 +102,40 @@ def test_int8_retype_while_serving_finishes_every_request(reference):
     (dict(), "needs num_kv_blocks"),
     (dict(num_kv_blocks=1 << 40), "GiB"),
 ])
-def test_bad_targets_change_nothing(kwargs, match):
-    with LLM("tiny-random", **ENGINE) as llm:
-        rid = llm.add_request(PROMPTS[0], PARAMS)
+def test_bad_targets_change_nothing(shared, kwargs, match):
+    llm = shared
+    rid = llm.add_request(PROMPTS[0], PARAMS)
+    llm.step()
+    before = (llm.engine.capacity(), list(llm.engine.scheduler.running[0].block_ids),
+              llm.stats()["num_free_blocks"])
+    with pytest.raises(Exception, match=match):
+        llm.reset_cache(**kwargs)
+    after = (llm.engine.capacity(), list(llm.engine.scheduler.running[0].block_ids),
+             llm.stats()["num_free_blocks"])
+    assert after == before
+    assert llm.engine.request_phase(rid) in ("prefilling", "generating")
+    while llm.has_unfinished_requests():
         llm.step()
-        before = (llm.engine.capacity(), list(llm.engine.scheduler.running[0].block_ids),
-                  llm.stats()["num_free_blocks"])
-        with pytest.raises(Exception, match=match):
-            llm.reset_cache(**kwargs)
-        after = (llm.engine.capacity(), list(llm.engine.scheduler.running[0].block_ids),
-                 llm.stats()["num_free_blocks"])
-        assert after == before
-        assert llm.engine.request_phase(rid) in ("prefilling", "generating")
 
 
-def test_a_runner_without_resize_is_refused_by_name():
-    class NoResizeRunner(ModelRunner):  # what a tensor/pipeline-parallel runner looks like
-        resize_kv_pool = None
-
-    from infer_cluster.worker.config import EngineConfig
-    from infer_cluster.worker.engine import DynamicEngine
-    engine = DynamicEngine(EngineConfig(model="tiny-random", **ENGINE), runner_factory=NoResizeRunner)
-    with pytest.raises(InvalidRequestError, match="not supported with tensor/pipeline parallel"):
-        engine.reset_cache(num_kv_blocks=32)
-    assert engine.capacity()["num_total_blocks"] == 64
-
-
-def test_request_phase_tells_prefilling_from_generating():
-    with LLM("tiny-random", **dict(ENGINE, max_num_batched_tokens=16)) as llm:
-        rid = llm.add_request(PROMPTS[1], PARAMS)  # 35 tokens: three 16-token chunks
-        assert llm.engine.request_phase(rid) == "waiting"
+def test_request_phase_tells_prefilling_from_generating(shared):
+    llm = shared
+    rid = llm.add_request(list(range(20, 170)), PARAMS)  # 150 tokens: three 64-token chunks
+    assert llm.engine.request_phase(rid) == "waiting"
+    llm.step()
+    assert llm.engine.request_phase(rid) == "prefilling"
+    assert (llm.stats()["num_prefilling"], llm.stats()["num_generating"]) == (1, 0)
+    llm.step()
+    llm.step()  # the last chunk samples the first token
+    assert llm.engine.request_phase(rid) == "generating"
+    assert (llm.stats()["num_prefilling"], llm.stats()["num_generating"]) == (0, 1)
+    while llm.has_unfinished_requests():
         llm.step()
-        assert llm.engine.request_phase(rid) == "prefilling"
-        assert (llm.stats()["num_prefilling"], llm.stats()["num_generating"]) == (1, 0)
-        llm.step()
-        llm.step()  # the last chunk samples the first token
-        assert llm.engine.request_phase(rid) == "generating"
-        assert (llm.stats()["num_prefilling"], llm.stats()["num_generating"]) == (0, 1)
-        while llm.has_unfinished_requests():
-            llm.step()
-        assert llm.engine.request_phase(rid) == "finished"
+    assert llm.engine.request_phase(rid) == "finished"
 
 
-def test_generate_outputs_carry_metrics():
-    with LLM("tiny-random", **ENGINE) as llm:
-        outs = llm.generate(PROMPTS[:3], [PARAMS, PARAMS, SamplingParams(max_tokens=1)], use_tqdm=False)
+def test_generate_outputs_carry_metrics(shared):
+    outs = shared.generate(PROMPTS[:3], [PARAMS, PARAMS, SamplingParams(max_tokens=1)], use_tqdm=False)
     for o in outs:
         m = o.metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
