@@ -124,7 +124,11 @@ def test_client_key_cannot_control_admin_key_can(cluster, keys):
         reply = c.control("shutdown", timeout=10)
         assert not reply["ok"] and "admin key" in reply["message"]
         assert c.control("pause", timeout=10)["ok"] is False
+        total = cluster.status()["replicas"][0]["num_total_blocks"]
+        resize = c.resize("replica-0", num_kv_blocks=total + 64, timeout=10)
+        assert not resize["ok"] and "admin key" in resize["message"]
     st = cluster.status()
+    assert st["replicas"][0]["num_total_blocks"] == total  # the refused resize changed nothing
     assert [r["state"] for r in st["replicas"]] == ["active"]
     assert cluster.replicas[0].poll() is None
     r = cli("control", "shutdown", "--address", cluster.address, "--auth", keys["client"])
@@ -135,6 +139,9 @@ def test_client_key_cannot_control_admin_key_can(cluster, keys):
     with InferenceClient(cluster.address, auth=keys["admin"]) as admin:
         assert admin.control("pause", timeout=10)["ok"]
         assert admin.control("resume", timeout=10)["ok"]
+        grown = admin.resize("replica-0", num_kv_blocks=total + 64, timeout=30)
+        assert grown["ok"] and grown["capacity"]["num_total_blocks"] == total + 64, grown
+        assert admin.resize("replica-0", num_kv_blocks=total, timeout=30)["ok"]
     _serves(cluster, keys["client"])
 
 
