@@ -3,16 +3,16 @@
 Owns: checking a resize target against the engine (`check_target`), choosing which running
 requests keep their KV (`plan_resize`: the head of `Scheduler.running`, in priority / arrival
 order, as long as its blocks fit the new pool; every later one is preempted, newest first, like
-ordinary preemption) and moving the survivors onto the new `BlockAllocator`
+ordinary preemption: to the host tier when it has room, else recomputed) and moving the survivors onto the new `BlockAllocator`
 (`adopt_survivors`: their blocks become ids 0..k-1 in table order, shared blocks stay shared).
 The prefix cache is dropped; survivors' full blocks are offered to it again by the next
 `Scheduler.update`. The tensor half (reallocate, copy surviving blocks, re-capture CUDA graphs)
 is `ModelRunner.resize_kv_pool`; `DynamicEngine.reset_cache` drives both.
 
 Must never import torch, and never fail or drop a request: a request that does not fit goes
-back to waiting (recompute), and a target that could strand a request is refused up front.
-To extend (e.g. swap victims to a host tier instead of recomputing): change `plan_resize`'s
-victim handling; keep `adopt_survivors` assigning ids in order (the runner's copy relies on it).
+back to waiting, and a target that could strand a request is refused up front.
+To extend (e.g. copy the dropped prefix cache to the host tier): the engine's `reset_cache`
+has the old pool until `resize_kv_pool`; keep `adopt_survivors` assigning ids in order (the runner's copy relies on it).
 """
 
 from __future__ import annotations

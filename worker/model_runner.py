@@ -129,18 +129,15 @@ class ModelRunner:
         """How many blocks of `kv_cache_dtype` storage the current pool's bytes hold."""
         return max(1, self.num_kv_blocks * self._bytes_per_block() // self._kv_layout(kv_cache_dtype)[1])
 
-    @torch.inference_mode()
-    def resize_kv_pool(self, num_blocks: int, kv_cache_dtype: str, block_map: dict[int, int]) -> bool:
-        """Replace the KV pool with `num_blocks` blocks of `kv_cache_dtype` storage, copying
-        each old block `b` to `block_map[b]` (same dtype only).
-        Returns False, changing nothing, when the new pool does not fit beside the old one
-        (the caller then empties `block_map` and calls again: the old pool goes first). Raises
-        `OutOfMemoryError` when the new pool cannot be allocated at all (on a GPU it must fit
-        beside what `gpu_memory_utilization` keeps back); the old pool (same count and dtype)
-        is then back in place, empty if it had to go."""
-        kv_dtype, per_block = self._kv_layout(kv_cache_dtype)
+    def prepare_kv_resize(self, num_blocks: int, kv_cache_dtype: str) -> bool:
+        """Check that a pool of `num_blocks` blocks of `kv_cache_dtype` storage fits; returns
+        whether it fits beside the current one (so kept blocks can be copied across). Raises
+        `OutOfMemoryError`, changing nothing, when it cannot fit at all: on a GPU it must fit in
+        free memory plus the current pool, less the share `gpu_memory_utilization` keeps back.
+        On a GPU the decode graphs are released here (their memory counts as free); the
+        following `resize_kv_pool` captures new ones."""
+        new_bytes = num_blocks * self._kv_layout(kv_cache_dtype)[1]
         old_bytes = self.num_kv_blocks * self._bytes_per_block()
-        new_bytes = num_blocks * per_block
         if self.device.type == "cuda":
             if self.graphs is not None:  # their pool and their hold on the old KV go first
                 self.graphs.release()
@@ -157,11 +154,21 @@ class ModelRunner:
                 f"a KV pool of {num_blocks} blocks needs {new_bytes / 2**30:.2f} GiB; "
                 f"{(free + old_bytes) / 2**30:.2f} GiB are free on {self.device} counting the "
                 f"current pool")
-        if block_map and new_bytes > free:
-            self._capture_graphs()
-            return False
+        return new_bytes <= free
+
+    @torch.inference_mode()
+    def resize_kv_pool(self, num_blocks: int, kv_cache_dtype: str, block_map: dict[int, int]) -> None:
+        """Replace the KV pool with `num_blocks` blocks of `kv_cache_dtype` storage (checked by
+        `prepare_kv_resize` first), copying each old block `b` to `block_map[b]` (same dtype
+        only; an empty map frees the old pool first). The host tier's pool follows: pointed at
+        the new tensors, or rebuilt empty in the new layout for a new dtype. Raises
+        `OutOfMemoryError` if the allocation fails anyway; the old pool (same count and dtype)
+        is then back in place, empty if it had to go."""
+        kv_dtype, per_block = self._kv_layout(kv_cache_dtype)
+        if self.host_pool is not None:
+            self.host_pool.wait_loads()  # swap-ins in flight land before blocks are copied
         old = self.context
-        self.context = None  # without block_map the old pool is freed before the new one
+        self.context = None
         if not block_map:
             del old
             old = None
@@ -172,9 +179,11 @@ class ModelRunner:
             self.context = old or DynamicContext(self.num_layers, self.num_kv_blocks,
                                                  self.config.block_size, self.num_kv_heads,
                                                  self.spec.head_dim, self.kv_dtype, self.device)
+            if self.host_pool is not None:
+                self.host_pool.kv_caches = self.context.kv_caches
             self._capture_graphs()
             raise OutOfMemoryError(f"could not allocate a KV pool of {num_blocks} blocks "
-                                   f"({new_bytes / 2**30:.2f} GiB) on {self.device}") from None
+                                   f"({num_blocks * per_block / 2**30:.2f} GiB) on {self.device}") from None
         if block_map:
             src = torch.tensor(list(block_map), dtype=torch.int64, device=self.device)
             dst = torch.tensor(list(block_map.values()), dtype=torch.int64, device=self.device)
@@ -183,6 +192,14 @@ class ModelRunner:
                     if a is not None:
                         b.index_copy_(0, dst, a.index_select(0, src))
         del old
+        if self.host_pool is not None:
+            if kv_dtype == self.kv_dtype:
+                self.host_pool.kv_caches = self.context.kv_caches
+            else:
+                self.host_pool = None  # the old pinned pool goes before the new one is made
+                self.host_pool = build_host_pool(self.context.kv_caches, self.config.kv_offload_gib,
+                                                 per_block)
+                self.num_host_blocks = self.host_pool.num_blocks
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # a smaller pool gives its memory back to the device
         self.num_kv_blocks = num_blocks
@@ -190,9 +207,8 @@ class ModelRunner:
         self.config = self.config.replace(num_kv_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype)
         self._capture_graphs()
         log.info("KV pool resized: %d blocks of %d tokens (%.2f GiB, %s), %d block(s) kept",
-                 num_blocks, self.config.block_size, new_bytes / 2**30,
+                 num_blocks, self.config.block_size, num_blocks * per_block / 2**30,
                  str(kv_dtype).replace("torch.", ""), len(block_map))
-        return True
 
     # -- setup ----------------------------------------------------------------------------------
 

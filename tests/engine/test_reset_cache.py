@@ -140,3 +140,38 @@ def test_generate_outputs_carry_metrics(shared):
         m = o.metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
         assert m.queue_time >= 0 and m.prefill_time >= 0
+
+
+def test_with_a_host_tier_victims_swap_out_and_come_back(reference):
+    """With `kv_offload_gib`, requests a shrink pushes out keep their KV on the host tier
+    (copied from the old pool before it goes) and resume from it; a dtype change empties the
+    tier (rebuilt in the new layout) and those requests recompute. Outputs stay the same."""
+    seen = {}
+
+    def shrink(llm):
+        before = llm.stats()["num_swapped_out"]
+        llm.reset_cache(num_kv_blocks=16)
+        seen["swapped"] = llm.stats()["num_swapped_out"] - before
+        llm.engine.allocator.check_invariants()
+
+    def grow(llm):
+        llm.reset_cache(num_kv_blocks=96)
+        tier = llm.engine.host_tier
+        tier.begin_step()
+        tier.check_invariants()
+
+    with LLM("tiny-random", kv_offload_gib=0.004, **ENGINE) as llm:
+        outputs, finals = _run(llm, {6: shrink, 10: grow})
+        assert outputs == reference
+        assert finals == {f"r{i}": 1 for i in range(len(PROMPTS))}
+        assert seen["swapped"] >= 1, seen
+        host_blocks = llm.engine.host_tier.num_blocks
+
+        def retype(llm):
+            llm.reset_cache(kv_cache_dtype="int8")
+            assert llm.engine.host_tier.num_blocks > host_blocks  # smaller blocks, same GiB
+            assert all(r.host_block_ids is None for r in llm.engine.scheduler.waiting)
+
+        outputs, finals = _run(llm, {3: shrink, 6: retype})
+        assert finals == {f"r{i}": 1 for i in range(len(PROMPTS))}
+        assert [len(o) for o in outputs] == [len(r) for r in reference]

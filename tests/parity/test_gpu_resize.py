@@ -32,10 +32,11 @@ def _run(llm, actions):
     return [tokens[rid] for rid in ids]
 
 
-def test_resize_recaptures_graphs_and_keeps_outputs():
+@pytest.mark.parametrize("kv_offload_gib", [0, 4.0])  # with the host tier: victims swap out
+def test_resize_recaptures_graphs_and_keeps_outputs(kv_offload_gib):
     from infer_cluster.worker import LLM
 
-    llm = LLM("qwen3-0.6b-shape", **ENGINE)
+    llm = LLM("qwen3-0.6b-shape", kv_offload_gib=kv_offload_gib, **ENGINE)
     reference = [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
     runner = llm.engine.runner
     assert runner.graphs is not None
