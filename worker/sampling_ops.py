@@ -36,7 +36,7 @@ import torch
 TOP_K_TIE_MARGIN = 64     # extra candidates past k to see ties with the k-th value (bf16 logits tie often)
 TOP_P_CANDIDATES = 256    # candidates tried first for rows with top_p but no top_k
 BLOCK = 128               # columns per block of the two-level draw
-CPU_CHUNK = 16384         # columns per cache-sized chunk of the full pass on the CPU
+CPU_CHUNK = 32768         # columns per cache-sized chunk of the full pass on the CPU
 _BISECT_STEPS = 32
 
 
@@ -191,7 +191,7 @@ def block_sums(x, m, inv_t, tau=None, min_p=None) -> torch.Tensor:
         width = c1 - c0
         nblk = -(-width // BLOCK)
         if buf is None or buf.shape[1] != nblk * BLOCK:
-            buf = torch.zeros(n, nblk * BLOCK, dtype=torch.float32, device=x.device)
+            buf = torch.empty(n, nblk * BLOCK, dtype=torch.float32, device=x.device)
         w = buf[:, :width]
         torch.sub(x[:, c0:c1], m, out=w)
         w.mul_(inv_t).exp_()
