@@ -13,7 +13,10 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-ENGINE = dict(load_format="dummy", dtype="bfloat16", device="cuda", num_kv_blocks=4096,
+# float32: requests preempted by the shrink recompute their KV in other batch shapes, and in
+# bf16 with random weights that rounding alone flips near-tied greedy tokens (seen on the H100,
+# 2026-11-24); exact equality of outputs is a float32 property.
+ENGINE = dict(load_format="dummy", dtype="float32", device="cuda", num_kv_blocks=4096,
               max_model_len=2048, max_num_seqs=64)
 PROMPTS = [[(i * 13 + j) % 5000 + 10 for j in range(40 + 29 * i)] for i in range(32)]
 PARAMS = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
