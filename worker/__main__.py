@@ -3,7 +3,7 @@
 Owns: the replica's command line (argparse; the flags mirror `EngineConfig` fields one to one,
 `--block-size 16`, `--enable-prefix-caching/--no-enable-prefix-caching`, so `infer-cluster serve`
 can forward its engine flags unchanged) and logging setup. The work is in
-`worker.server.run_replica`. `infer-cluster replica` is the same thing behind the main CLI.
+`worker.replica_main.run_replica`. `infer-cluster replica` is the same thing behind the main CLI.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import socket
 import sys
 
 from .config import EngineConfig
-from .server import ServerConfig, run_replica
+from .replica_main import run_replica
+from .server import ServerConfig
 
 
 def _list_of_ints(text: str) -> list[int]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -375,51 +374,3 @@ class EngineServer:
 def _error_delta(request_id: str, error: InferClusterError):
     from infer_cluster.protocol import RequestDelta
     return RequestDelta(request_id=request_id, finish_reason="error", error=error.to_dict())
-
-
-def install_signal_handlers(server: EngineServer) -> None:
-    """SIGTERM / SIGINT: drain then exit; a second one exits at once."""
-    def handler(signum, _frame):
-        if server._stop_requested:
-            log.warning("second %s: exiting without draining", signal.Signals(signum).name)
-            server.request_stop(graceful=False)
-        else:
-            log.info("%s: draining, then exiting", signal.Signals(signum).name)
-            server.request_stop(graceful=True)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
-def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
-    """Build the engine, serve until told to stop; returns a process exit code.
-    Errors a person can fix (bad option, unknown model) are logged as one line, exit code 2."""
-    from .config import EngineConfig
-    try:
-        config = EngineConfig(**engine_options)
-    except (InferClusterError, TypeError, ValueError) as exc:
-        log.error("bad engine option: %s", exc)
-        return 2
-    started = time.monotonic()
-    try:
-        from .engine import DynamicEngine
-        engine = DynamicEngine(config, detokenize=False)
-    except InferClusterError as exc:
-        log.error("cannot start the engine: %s", exc)
-        return 2
-    log.info("engine ready in %.1f s: %s", time.monotonic() - started, engine.capacity())
-    server = EngineServer(engine, server_config)
-    install_signal_handlers(server)
-    rank_failure: list[str] = []
-    if hasattr(engine.runner, "on_fatal"):
-        # A dead or hung rank: leave at once so the coordinator re-routes this replica's work.
-        def on_rank_failure(reason: str) -> None:
-            log.error("replica stopping: %s", reason)
-            rank_failure.append(reason)
-            server.request_stop(graceful=False)
-        engine.runner.on_fatal = on_rank_failure
-    try:
-        server.serve_forever()
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
-    return 1 if (server.io.fatal_error or rank_failure) else 0

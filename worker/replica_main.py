@@ -1,0 +1,68 @@
+"""`run_replica`: one replica process from options to exit code.
+
+Owns: building the `EngineConfig` and `DynamicEngine` (bad options and unknown models become one
+logged line and exit code 2), SIGTERM / SIGINT handling (drain, then a second signal exits at
+once), wiring a dead tensor-parallel rank to an immediate stop, and the exit code. The serving
+itself is `EngineServer` (worker/server.py). Entry points: `python -m infer_cluster.worker` and
+`infer-cluster replica`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from infer_cluster.protocol import InferClusterError
+
+from .server import EngineServer, ServerConfig
+
+log = logging.getLogger("infer_cluster.replica")
+
+
+def install_signal_handlers(server: EngineServer) -> None:
+    """SIGTERM / SIGINT: drain then exit; a second one exits at once."""
+    def handler(signum, _frame):
+        if server._stop_requested:
+            log.warning("second %s: exiting without draining", signal.Signals(signum).name)
+            server.request_stop(graceful=False)
+        else:
+            log.info("%s: draining, then exiting", signal.Signals(signum).name)
+            server.request_stop(graceful=True)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
+    """Build the engine, serve until told to stop; returns a process exit code.
+    Errors a person can fix (bad option, unknown model) are logged as one line, exit code 2."""
+    from .config import EngineConfig
+    try:
+        config = EngineConfig(**engine_options)
+    except (InferClusterError, TypeError, ValueError) as exc:
+        log.error("bad engine option: %s", exc)
+        return 2
+    started = time.monotonic()
+    try:
+        from .engine import DynamicEngine
+        engine = DynamicEngine(config, detokenize=False)
+    except InferClusterError as exc:
+        log.error("cannot start the engine: %s", exc)
+        return 2
+    log.info("engine ready in %.1f s: %s", time.monotonic() - started, engine.capacity())
+    server = EngineServer(engine, server_config)
+    install_signal_handlers(server)
+    rank_failure: list[str] = []
+    if hasattr(engine.runner, "on_fatal"):
+        # A dead or hung rank: leave at once so the coordinator re-routes this replica's work.
+        def on_rank_failure(reason: str) -> None:
+            log.error("replica stopping: %s", reason)
+            rank_failure.append(reason)
+            server.request_stop(graceful=False)
+        engine.runner.on_fatal = on_rank_failure
+    try:
+        server.serve_forever()
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    return 1 if (server.io.fatal_error or rank_failure) else 0
