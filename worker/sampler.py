@@ -35,7 +35,7 @@ from typing import Hashable, Optional, Sequence
 
 import torch
 
-from infer_cluster.protocol.sampling_params import MAX_LOGPROBS, SamplingParams
+from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .random_stream import step_uniforms
 from .sampling_ops import RandomRows, block_sums, sample_random_rows, to_device, topk
@@ -83,26 +83,6 @@ class Sampler:
         """Forget a request's penalty state (the engine calls this when a request ends)."""
         if self.state is not None:
             self.state.remove(request_id)  # host bookkeeping only: no tensor is touched
-
-    def warm_up(self, num_rows: int, vocab: int, device: torch.device, dtype=torch.float32) -> None:
-        """Run every sampling path once at `num_rows` rows (greedy, top-k, top-p with and
-        without its candidates sufficing, temperature only, min_p, penalties, n-gram bans,
-        min_tokens, logprobs), so that serving later compiles and allocates nothing new.
-        Leaves no request state behind."""
-        kinds = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, top_k=50),
-                 SamplingParams(top_p=0.9), SamplingParams(top_p=0.999, min_p=0.01),
-                 SamplingParams(temperature=0.7, repetition_penalty=1.1, presence_penalty=0.3,
-                                frequency_penalty=0.2, no_repeat_ngram_size=2),
-                 SamplingParams(temperature=0.0, logprobs=MAX_LOGPROBS, min_tokens=2)]
-        gen = torch.Generator(device=device).manual_seed(0)
-        for kind in kinds:
-            logits = torch.randn(num_rows, vocab, generator=gen, device=device).to(dtype)
-            rows = [SamplingRequestState(kind, [1, 2, 1], [2], None, [0]) for _ in range(num_rows)]
-            self(logits, rows)
-            # Mixed batch: every path in one call (the row split and index copies).
-            mixed = [SamplingRequestState(kinds[i % len(kinds)], [1, 2, 1], [2], None, [0])
-                     for i in range(num_rows)]
-            self(logits, mixed)
 
     @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState],
