@@ -37,6 +37,7 @@ _KINDS = (
     SamplingParams(temperature=0.0, logprobs=5, max_tokens=4, ignore_eos=True),
     SamplingParams(temperature=1.0, min_p=0.05, max_tokens=4, ignore_eos=True),
     SamplingParams(temperature=0.9, top_k=20, min_tokens=2, max_tokens=4),
+    SamplingParams(temperature=0.8, top_p=0.95, seed=2, max_tokens=4, ignore_eos=True),  # top-p alone
 )
 
 
