@@ -1,8 +1,10 @@
 """`AsyncInferenceClient`: the `InferenceClient` surface for asyncio code.
 
 Owns: the asyncio adapters. Replies still arrive on the one IO thread of an inner
-`InferenceClient`; each delta is handed to the event loop with `call_soon_threadsafe`, so nothing
-here blocks the loop and nothing polls. Never imports torch.
+`InferenceClient` and are handed to the event loop through one inbox per loop: the first
+delta after a drain wakes the loop with `call_soon_threadsafe`, later ones ride along (one
+wake-up per burst, not per token). Nothing here blocks the loop and nothing polls. Never
+imports torch.
 
 Usage::
 
@@ -16,6 +18,8 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from typing import AsyncIterator, Optional
 
 from infer_cluster.protocol import RequestDelta, RequestOutput, RequestStatus
@@ -24,15 +28,45 @@ from .client import InferenceClient
 from .handle import RequestHandle
 
 
+class _LoopInbox:
+    """Deltas from the IO thread to one event loop. The IO thread appends; only the first
+    append after a drain wakes the loop (`call_soon_threadsafe` writes to the loop's wake-up
+    pipe), so a burst of deltas costs one wake-up and one callback, not one per token.
+    Order is kept: one FIFO for every handle of the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list = []
+        self._scheduled = False
+
+    def put(self, handle: "AsyncRequestHandle", delta: RequestDelta) -> None:  # IO thread
+        with self._lock:
+            self._items.append((handle, delta))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:  # event loop
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for handle, delta in items:
+            handle._put(delta)
+
+
 class AsyncRequestHandle:
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: Optional[asyncio.Queue] = None):
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: Optional[asyncio.Queue] = None,
+                 inbox: Optional[_LoopInbox] = None):
         self._loop = loop
         self._queue: asyncio.Queue = queue if queue is not None else asyncio.Queue()
         self._final: asyncio.Future = loop.create_future()
         self._handle: Optional[RequestHandle] = None
+        self._inbox = inbox if inbox is not None else _LoopInbox(loop)
 
     def _on_delta(self, delta: RequestDelta) -> None:  # IO thread
-        self._loop.call_soon_threadsafe(self._put, delta)
+        self._inbox.put(self, delta)
 
     def _put(self, delta: RequestDelta) -> None:  # event loop
         self._queue.put_nowait(delta)
@@ -88,6 +122,14 @@ class AsyncRequestHandle:
 class AsyncInferenceClient:
     def __init__(self, address: str = "tcp://127.0.0.1:5555", **kwargs):
         self._client = InferenceClient(address, **kwargs)
+        self._inboxes = weakref.WeakKeyDictionary()  # event loop -> its _LoopInbox
+
+    def _new_handle(self, stream_queue: Optional[asyncio.Queue]) -> AsyncRequestHandle:
+        loop = asyncio.get_running_loop()
+        inbox = self._inboxes.get(loop)
+        if inbox is None:
+            inbox = self._inboxes[loop] = _LoopInbox(loop)
+        return AsyncRequestHandle(loop, stream_queue, inbox)
 
     @property
     def address(self) -> str:
@@ -100,7 +142,7 @@ class AsyncInferenceClient:
         `stream_queue`: deliver this request's deltas to a queue shared with other requests
         (tell them apart by `delta.request_id`), to merge several streams without a task per
         request; `stream()` must then not be used on the handle."""
-        handle = AsyncRequestHandle(asyncio.get_running_loop(), stream_queue)
+        handle = self._new_handle(stream_queue)
         handle._handle = self._client._submit(prompt, sampling_params, request_id, priority,
                                               timeout, handle._on_delta)
         return handle
@@ -109,7 +151,7 @@ class AsyncInferenceClient:
              timeout=None, stream_queue: Optional[asyncio.Queue] = None) -> AsyncRequestHandle:
         """`InferenceClient.chat` for asyncio: the replica renders `messages` with its model's
         chat template. `stream_queue` as for `submit`."""
-        handle = AsyncRequestHandle(asyncio.get_running_loop(), stream_queue)
+        handle = self._new_handle(stream_queue)
         handle._handle = self._client._submit(None, sampling_params, request_id, priority,
                                               timeout, handle._on_delta, messages=messages)
         return handle

@@ -19,7 +19,7 @@ from .logprobs import chat_logprobs
 from .params import chat_messages, chat_params, per_choice
 from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
-from .sse import EventStream, event_json, stream_events
+from .sse import ChunkFormat, EventStream, event_json, stream_events
 
 router = APIRouter()
 
@@ -63,19 +63,23 @@ async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, resp
         gen.close()
         raise
     started: set[int] = set()
+    fmt = ChunkFormat(response_id, "chat.completion.chunk", created, model)
 
     def make_chunk(choice, delta, final: bool) -> str:
         role = None
         if choice.index not in started:  # the first chunk of a choice names the role
             started.add(choice.index)
             role = "assistant"
-        logprobs = chat_logprobs(delta.token_ids, delta.logprobs) if body.logprobs else None
-        return event_json(ChatCompletionChunk(
-            id=response_id, created=created, model=model,
-            choices=[ChatChunkChoice(index=choice.index, delta=ChatDelta(role=role, content=delta.text),
-                                     logprobs=logprobs,
-                                     finish_reason=openai_finish_reason(delta.finish_reason)
-                                     if final else None)]))
+        finish_reason = openai_finish_reason(delta.finish_reason) if final else None
+        if body.logprobs:  # rare: the schema models write the logprobs
+            return event_json(ChatCompletionChunk(
+                id=response_id, created=created, model=model,
+                choices=[ChatChunkChoice(index=choice.index,
+                                         delta=ChatDelta(role=role, content=delta.text),
+                                         logprobs=chat_logprobs(delta.token_ids, delta.logprobs),
+                                         finish_reason=finish_reason)]))
+        return fmt.chunk({"index": choice.index, "delta": {"role": role, "content": delta.text},
+                          "logprobs": None, "finish_reason": finish_reason})
 
     def make_usage_chunk(usage) -> str:
         return event_json(ChatCompletionChunk(id=response_id, created=created, model=model,

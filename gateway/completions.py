@@ -18,7 +18,7 @@ from .generation import ClientGone, Generation, openai_finish_reason, wait_for_d
 from .logprobs import completion_logprobs
 from .params import completion_params, completion_prompts, per_choice
 from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from .sse import EventStream, event_json, stream_events
+from .sse import ChunkFormat, EventStream, event_json, stream_events
 
 router = APIRouter()
 
@@ -64,16 +64,20 @@ async def _stream(gen: Generation, body: CompletionRequest, model: str, response
         raise
     want_logprobs = body.logprobs is not None
 
+    fmt = ChunkFormat(response_id, "text_completion", created, model)
+
     def make_chunk(choice, delta, final: bool) -> str:
-        logprobs = None
-        if want_logprobs:
+        finish_reason = openai_finish_reason(delta.finish_reason) if final else None
+        if want_logprobs:  # rare: the schema models write the logprobs
             logprobs = completion_logprobs(delta.token_ids, delta.logprobs, choice.text_len)
+            choice.text_len += len(delta.text)
+            return event_json(CompletionResponse(
+                id=response_id, created=created, model=model,
+                choices=[CompletionChoice(index=choice.index, text=delta.text, logprobs=logprobs,
+                                          finish_reason=finish_reason)]))
         choice.text_len += len(delta.text)
-        return event_json(CompletionResponse(
-            id=response_id, created=created, model=model,
-            choices=[CompletionChoice(index=choice.index, text=delta.text, logprobs=logprobs,
-                                      finish_reason=openai_finish_reason(delta.finish_reason)
-                                      if final else None)]))
+        return fmt.chunk({"index": choice.index, "text": delta.text, "logprobs": None,
+                          "finish_reason": finish_reason})
 
     def make_usage_chunk(usage) -> str:
         return event_json(CompletionResponse(id=response_id, created=created, model=model,

@@ -2,7 +2,8 @@
 
 Owns: submitting every choice (prompts x n) through the backend's `AsyncInferenceClient`,
 waiting for all of them (non-streaming) or merging their deltas into one ordered event stream
-(streaming: one shared asyncio queue, no task per choice), turning a failed or aborted choice
+(streaming: one shared asyncio queue, no task per choice; already-queued deltas are taken
+without waiting so the stream can write them together), turning a failed or aborted choice
 into an `APIError`, exact usage counting, cancelling every unfinished choice when the HTTP
 client goes away or the response ends early, and recording each choice in the metrics.
 It formats nothing: `completions.py` / `chat.py` build the response bodies. Never imports torch.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
+from typing import Optional
 
 from infer_cluster.protocol import InferClusterError, RequestDelta
 
@@ -116,7 +117,18 @@ class Generation:
         return choice, delta
 
     async def next_event(self) -> tuple[Choice, RequestDelta]:
-        delta = await self.queue.get()
+        return self._take(await self.queue.get())
+
+    def next_event_nowait(self) -> Optional[tuple[Choice, RequestDelta]]:
+        """The next delta if one is already queued, else None (never waits): the stream writes
+        every delta that arrived together as one HTTP chunk."""
+        try:
+            delta = self.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        return self._take(delta)
+
+    def _take(self, delta: RequestDelta) -> tuple[Choice, RequestDelta]:
         choice = self._by_rid[delta.request_id]
         if delta.finished:
             self._settle(choice, delta.finish_reason, delta.num_prompt_tokens)
@@ -125,11 +137,6 @@ class Generation:
     @property
     def num_unfinished(self) -> int:
         return sum(1 for c in self.choices if c.finish_reason is None)
-
-    async def events(self, first: tuple[Choice, RequestDelta]) -> AsyncIterator[tuple[Choice, RequestDelta]]:
-        yield first
-        while self.num_unfinished:
-            yield await self.next_event()
 
     # ------------------------------------------------------------------ endings
 

@@ -200,3 +200,35 @@ def test_stream_events_are_one_line_even_when_text_holds_unicode_line_breaks():
     assert frame.isascii()
     import json
     assert json.loads(frame[len("data: "):])["choices"][0]["text"] == text
+
+
+@pytest.mark.parametrize("text", ["", "plain", "a\u2028b\u2029c\x85d\ne\t\"q\"\\", "\x00\x1f\x7f é 漢 😀"])
+@pytest.mark.parametrize("finish_reason", [None, "stop", "length"])
+def test_fast_chunks_are_byte_identical_to_the_schema_models(text, finish_reason):
+    """The streaming hot path builds chunks from dicts; the bytes must be the schema's (DEL
+    aside: json escapes it, pydantic does not; both decode to the same text)."""
+    import json
+
+    def same(fast, slow):
+        assert json.loads(fast) == json.loads(slow)
+        assert fast.isascii()
+        if "\x7f" not in text:
+            assert fast == slow
+
+    from infer_cluster.gateway.schemas import (ChatChunkChoice, ChatCompletionChunk, ChatDelta,
+                                               CompletionChoice, CompletionResponse)
+    from infer_cluster.gateway.sse import ChunkFormat, event_json
+    rid, model, created = "cmpl-\u00e9\"x", "m/\u2028odel", 1700000000
+    fast = ChunkFormat(rid, "text_completion", created, model).chunk(
+        {"index": 3, "text": text, "logprobs": None, "finish_reason": finish_reason})
+    slow = event_json(CompletionResponse(id=rid, created=created, model=model, choices=[
+        CompletionChoice(index=3, text=text, finish_reason=finish_reason)]))
+    same(fast, slow)
+    for role in (None, "assistant"):
+        fast = ChunkFormat(rid, "chat.completion.chunk", created, model).chunk(
+            {"index": 1, "delta": {"role": role, "content": text}, "logprobs": None,
+             "finish_reason": finish_reason})
+        slow = event_json(ChatCompletionChunk(id=rid, created=created, model=model, choices=[
+            ChatChunkChoice(index=1, delta=ChatDelta(role=role, content=text),
+                            finish_reason=finish_reason)]))
+        same(fast, slow)
