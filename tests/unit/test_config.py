@@ -156,3 +156,17 @@ def test_errors_round_trip_by_code():
 def test_config_error_round_trips_by_code():
     assert ERRORS_BY_CODE.get("invalid_config") is ConfigError
     assert type(error_from_code("invalid_config", "x")) is ConfigError
+
+
+def test_cpu_replicas_leave_one_core_for_the_coordinator_and_gateway():
+    import os
+
+    from infer_cluster.cli import _replica_envs, cpu_threads_per_replica
+    assert cpu_threads_per_replica(16, 1) == 15
+    assert cpu_threads_per_replica(16, 3) == 5
+    assert cpu_threads_per_replica(2, 1) == 1
+    assert cpu_threads_per_replica(1, 1) == 1 and cpu_threads_per_replica(2, 4) == 1
+    envs = _replica_envs({}, 2, {"device": "cpu"})
+    assert [e["OMP_NUM_THREADS"] for e in envs] == [str(cpu_threads_per_replica(
+        os.cpu_count() or 1, 2))] * 2
+    assert _replica_envs({"OMP_NUM_THREADS": "7"}, 1, {"device": "cpu"})[0]["OMP_NUM_THREADS"] == "7"
