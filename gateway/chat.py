@@ -7,19 +7,18 @@ the request with `invalid_request`, which reaches the caller as a 400. Never imp
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from .generation import ClientGone, Generation, openai_finish_reason, wait_for_disconnect
+from .generation import Generation, openai_finish_reason
 from .logprobs import chat_logprobs
 from .params import chat_messages, chat_params, per_choice
 from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
-from .sse import ChunkFormat, EventStream, event_json, stream_events
+from .sse import ChunkFormat, event_json, event_stream
 
 router = APIRouter()
 
@@ -36,14 +35,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     created = int(time.time())
     if body.stream:
         return await _stream(gen, body, model, response_id, created)
-    disconnected = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await gen.wait_all(disconnected)
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        disconnected.cancel()
-        gen.close()
+    if not await gen.collect(request):
+        return Response(status_code=499)  # nobody reads it; the requests were cancelled
     choices = []
     for c in gen.choices:
         out = c.handle.output
@@ -57,11 +50,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
 
 async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,
                   created: int):
-    try:
-        first = await gen.first_event()
-    except BaseException:
-        gen.close()
-        raise
+    first = await gen.open_stream()
     started: set[int] = set()
     fmt = ChunkFormat(response_id, "chat.completion.chunk", created, model)
 
@@ -85,6 +74,4 @@ async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, resp
         return event_json(ChatCompletionChunk(id=response_id, created=created, model=model,
                                               choices=[], usage=usage))
 
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
-                       on_close=gen.close)
+    return event_stream(gen, first, make_chunk, make_usage_chunk, body.stream_options)

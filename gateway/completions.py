@@ -7,18 +7,17 @@ Never imports torch.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from .generation import ClientGone, Generation, openai_finish_reason, wait_for_disconnect
+from .generation import Generation, openai_finish_reason
 from .logprobs import completion_logprobs
 from .params import completion_params, completion_prompts, per_choice
 from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from .sse import ChunkFormat, EventStream, event_json, stream_events
+from .sse import ChunkFormat, event_json, event_stream
 
 router = APIRouter()
 
@@ -36,14 +35,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     created = int(time.time())
     if body.stream:
         return await _stream(gen, body, model, response_id, created)
-    disconnected = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await gen.wait_all(disconnected)
-    except ClientGone:
+    if not await gen.collect(request):
         return Response(status_code=499)  # nobody reads it; the requests were cancelled
-    finally:
-        disconnected.cancel()
-        gen.close()
     want_logprobs = body.logprobs is not None
     choices = []
     for c in gen.choices:
@@ -57,11 +50,7 @@ async def create_completion(body: CompletionRequest, request: Request):
 
 async def _stream(gen: Generation, body: CompletionRequest, model: str, response_id: str,
                   created: int):
-    try:
-        first = await gen.first_event()
-    except BaseException:
-        gen.close()
-        raise
+    first = await gen.open_stream()
     want_logprobs = body.logprobs is not None
 
     fmt = ChunkFormat(response_id, "text_completion", created, model)
@@ -83,6 +72,4 @@ async def _stream(gen: Generation, body: CompletionRequest, model: str, response
         return event_json(CompletionResponse(id=response_id, created=created, model=model,
                                              choices=[], usage=usage))
 
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
-                       on_close=gen.close)
+    return event_stream(gen, first, make_chunk, make_usage_chunk, body.stream_options)

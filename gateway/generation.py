@@ -106,7 +106,28 @@ class Generation:
             for task in finals:
                 task.cancel()
 
+    async def collect(self, request) -> bool:
+        """Non-streaming: wait for every choice (`wait_all`) while watching the HTTP client;
+        False when it went away first (its requests are cancelled). Always closes `self`."""
+        disconnected = asyncio.ensure_future(wait_for_disconnect(request))
+        try:
+            await self.wait_all(disconnected)
+            return True
+        except ClientGone:
+            return False
+        finally:
+            disconnected.cancel()
+            self.close()
+
     # ------------------------------------------------------------------ streaming
+
+    async def open_stream(self) -> tuple[Choice, RequestDelta]:
+        """`first_event`, closing the generation if it raises (the reply is then an error)."""
+        try:
+            return await self.first_event()
+        except BaseException:
+            self.close()
+            raise
 
     async def first_event(self) -> tuple[Choice, RequestDelta]:
         """The first delta of any choice; a choice that failed before producing anything is

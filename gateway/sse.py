@@ -69,6 +69,15 @@ class EventStream(StreamingResponse):
             self._on_close()  # also when the generator never started
 
 
+def event_stream(gen: Generation, first, make_chunk: Callable, make_usage_chunk,
+                 stream_options) -> "EventStream":
+    """The streaming response of `gen`: its events as SSE, usage last when the request's
+    `stream_options.include_usage` asks for it; closing the exchange closes `gen`."""
+    include_usage = bool(stream_options and stream_options.include_usage)
+    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
+                       on_close=gen.close)
+
+
 async def stream_events(gen: Generation, first, make_chunk: Callable, make_usage_chunk,
                         include_usage: bool) -> AsyncIterator[bytes]:
     """Yield SSE frames for every delta of `gen`; `make_chunk(choice, delta)` returns the
