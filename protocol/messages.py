@@ -5,6 +5,9 @@ Owns: the structs that cross a socket (client <-> coordinator <-> replica), thei
 `ProtocolError` saying which field of which message is wrong). `MESSAGE_TYPES` maps each kind to
 its struct; the import-time check at the bottom fails if a kind has no struct or two.
 Never imports torch, never pickles, never trusts a field it has not checked.
+The structs embedded in messages (capacity, load, deltas, errors) and the shared field checkers
+live in `payloads.py`; the ones callers use are re-exported here, so every wire type still
+imports from this module.
 
 To add a message: add its kind in `protocol/kinds.py`, then a `@dataclass(kw_only=True)` class
 here deriving from `Message` with `KIND = ...` and each field declared with `wire(checker)`.
@@ -19,216 +22,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from .errors import ProtocolError
-from .fields import (MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct,
-                     boolean, integer, list_of, number, one_of, optional, plain_map, string,
-                     struct, token_ids as token_id_list, wire, _type_name, _w)
+from .fields import (MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct, boolean, integer, list_of, number,
+                     one_of, optional, plain_map, string, struct, token_ids as token_id_list, wire,
+                     _type_name)
 from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
                     ReplyKind, RequestKind, kind_from_number)
-from .outputs import FinishReason, RequestDelta, RequestMetrics
-
-
-class ReplicaState(str, enum.Enum):
-    """A replica's lifecycle as the replica reports it and the coordinator tracks it."""
-
-    STARTING = "starting"    # connected, HELLO not yet acknowledged
-    ACTIVE = "active"        # takes new requests
-    PAUSED = "paused"        # keeps its requests but does not step or take new ones
-    DRAINING = "draining"    # finishes in-flight requests, takes no new ones
-    DRAINED = "drained"      # draining finished; idle until RESUME or SHUTDOWN
-    STOPPING = "stopping"    # exiting
-    DEAD = "dead"            # coordinator only: heartbeat timeout, socket gone or GOODBYE
-
-
-REQUEST_ID = string(MAX_ID_CHARS, min_len=1)
-NAME = string(MAX_NAME_CHARS)
-COUNT = integer(0, 1 << 62)
-PRIORITY = integer(-(1 << 31), (1 << 31) - 1)
-SECONDS = number(0.0, 7 * 24 * 3600.0)
-FINISH_REASONS = tuple(r.value for r in FinishReason)
-REPLICA_STATES = tuple(s.value for s in ReplicaState)
-CONTROL_ACTIONS = ("pause", "resume", "drain", "shutdown")
-KV_CACHE_DTYPES = ("auto", "int8")  # the engine's `kv_cache_dtype` choices (worker/config.py)
-WALL_TIME = number(0.0)  # seconds since the epoch
-
-
-def _logprob_data(depth: int = 0):
-    """Logprob entries are nested lists / maps of numbers keyed by token id (int) or string."""
-    inner = _logprob_data(depth + 1) if depth < 4 else None
-
-    def check(value, where):
-        if value is None or isinstance(value, (int, float, str, bool)):
-            return value
-        if inner is None:
-            raise ProtocolError(f"{_w(where)} is nested too deeply")
-        if isinstance(value, list):
-            if len(value) > MAX_LIST_ITEMS:
-                raise ProtocolError(f"{_w(where)} has {len(value)} items; at most {MAX_LIST_ITEMS}")
-            return [inner(v, where) for v in value]
-        if isinstance(value, dict):
-            if len(value) > MAX_LIST_ITEMS:
-                raise ProtocolError(f"{_w(where)} has {len(value)} keys; at most {MAX_LIST_ITEMS}")
-            for k in value:
-                if isinstance(k, bool) or not isinstance(k, (int, str)):
-                    raise ProtocolError(f"{_w(where)} keys must be token ids, got {_type_name(k)}")
-            return {k: inner(v, where) for k, v in value.items()}
-        raise ProtocolError(f"{_w(where)} holds an unsupported value of type {_type_name(value)}")
-    return check
-
-
-# ---------------------------------------------------------------- nested structs (no kind)
-
-@dataclass(kw_only=True)
-class ErrorInfo(Struct):
-    code: str = wire(string(64, min_len=1))
-    message: str = wire(string(64 * 1024), default="")
-
-
-@dataclass(kw_only=True)
-class ChatMessage(Struct):
-    """One turn of a chat request; the replica renders the list with its tokenizer's chat
-    template (only the replica has the tokenizer)."""
-
-    role: str = wire(string(64, min_len=1))
-    content: str = wire(string(MAX_TEXT_CHARS), default="")
-
-
-MAX_CHAT_MESSAGES = 4096
-
-
-@dataclass(kw_only=True)
-class ReplicaCapacity(Struct):
-    """What a replica can hold; sent once in HELLO."""
-
-    model: str = wire(NAME)
-    num_total_blocks: int = wire(COUNT, default=0)
-    block_size: int = wire(integer(1, 1 << 20), default=16)
-    max_num_seqs: int = wire(integer(1, 1 << 30), default=1)
-    max_model_len: int = wire(integer(1, 1 << 30), default=1)
-    kv_cache_dtype: str = wire(string(16), default="auto")  # may change with RESIZE_KV
-
-
-@dataclass(kw_only=True)
-class ReplicaLoad(Struct):
-    """How busy a replica is; sent with every heartbeat."""
-
-    num_running: int = wire(COUNT, default=0)
-    num_waiting: int = wire(COUNT, default=0)
-    num_requests: int = wire(COUNT, default=0)
-    num_free_blocks: int = wire(COUNT, default=0)
-    num_total_blocks: int = wire(COUNT, default=0)
-    num_preemptions: int = wire(COUNT, default=0)
-    prefix_cache_hit_tokens: int = wire(COUNT, default=0)
-    num_generated_tokens: int = wire(COUNT, default=0)
-    tokens_per_s: float = wire(number(0.0), default=0.0)
-    # host KV tier (kv_offload_gib); all 0 when it is off
-    num_host_blocks: int = wire(COUNT, default=0)
-    num_host_used_blocks: int = wire(COUNT, default=0)
-    prefix_cache_hit_tokens_host: int = wire(COUNT, default=0)
-    num_swapped_out: int = wire(COUNT, default=0)
-    num_prefilling: int = wire(COUNT, default=0)  # running, prompt (or recompute) not done
-    num_generating: int = wire(COUNT, default=0)  # running, making new tokens
-
-
-@dataclass(kw_only=True)
-class MetricsInfo(Struct):
-    """Wire form of `RequestMetrics` (replica wall-clock seconds)."""
-
-    arrival_time: float = wire(WALL_TIME)
-    first_scheduled_time: Optional[float] = wire(optional(WALL_TIME), default=None)
-    first_token_time: Optional[float] = wire(optional(WALL_TIME), default=None)
-    finish_time: Optional[float] = wire(optional(WALL_TIME), default=None)
-
-
-@dataclass(kw_only=True)
-class DeltaPayload(Struct):
-    """One request's progress in one engine step (the wire form of `RequestDelta`)."""
-
-    request_id: str = wire(REQUEST_ID)
-    token_ids: list = wire(token_id_list(), default_factory=list)
-    text: str = wire(string(MAX_TEXT_CHARS), default="")
-    logprobs: Optional[list] = wire(optional(list_of(_logprob_data(), 1 << 20)), default=None)
-    finish_reason: Optional[str] = wire(optional(one_of(*FINISH_REASONS)), default=None)
-    error: Optional[ErrorInfo] = wire(optional(struct(ErrorInfo)), default=None)
-    num_prompt_tokens: int = wire(COUNT, default=0)
-    num_cached_tokens: int = wire(COUNT, default=0)
-    num_cached_tokens_host: int = wire(COUNT, default=0)
-    # The prompt as the engine tokenized it; sent once, with a request's first delta.
-    prompt_token_ids: Optional[list] = wire(optional(token_id_list()), default=None)
-    metrics: Optional[MetricsInfo] = wire(optional(struct(MetricsInfo)), default=None)
-
-    def to_dict(self) -> dict:
-        # Hand-written: one of these crosses two sockets per generated token. Fields at their
-        # default are left out (the decoder restores them).
-        d = {"request_id": self.request_id, "token_ids": self.token_ids, "text": self.text}
-        if self.logprobs is not None:
-            d["logprobs"] = self.logprobs
-        if self.finish_reason is not None:
-            d["finish_reason"] = self.finish_reason
-        if self.error is not None:
-            d["error"] = self.error.to_dict()
-        if self.num_prompt_tokens:
-            d["num_prompt_tokens"] = self.num_prompt_tokens
-        if self.num_cached_tokens:
-            d["num_cached_tokens"] = self.num_cached_tokens
-        if self.num_cached_tokens_host:
-            d["num_cached_tokens_host"] = self.num_cached_tokens_host
-        if self.prompt_token_ids is not None:
-            d["prompt_token_ids"] = self.prompt_token_ids
-        if self.metrics is not None:
-            d["metrics"] = self.metrics.to_dict()
-        return d
-
-    def validate(self) -> None:
-        if self.error is not None and self.finish_reason is None:
-            raise ProtocolError(f"delta for {self.request_id!r} has an error but no finish_reason")
-
-    @classmethod
-    def from_delta(cls, delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> "DeltaPayload":
-        error = None
-        if delta.error is not None:
-            error = ErrorInfo(code=str(delta.error.get("code", "engine")),
-                              message=str(delta.error.get("message", "")))
-        return cls(request_id=delta.request_id, token_ids=list(delta.token_ids), text=delta.text,
-                   logprobs=delta.logprobs, finish_reason=delta.finish_reason, error=error,
-                   num_prompt_tokens=delta.num_prompt_tokens,
-                   num_cached_tokens=delta.num_cached_tokens,
-                   num_cached_tokens_host=delta.num_cached_tokens_host, prompt_token_ids=prompt_token_ids,
-                   metrics=MetricsInfo(**delta.metrics.to_dict()) if delta.metrics is not None else None)
-
-    def to_delta(self) -> RequestDelta:
-        return RequestDelta(request_id=self.request_id, token_ids=list(self.token_ids),
-                            text=self.text, logprobs=self.logprobs,
-                            finish_reason=self.finish_reason,
-                            error=self.error.to_dict() if self.error is not None else None,
-                            num_prompt_tokens=self.num_prompt_tokens,
-                            num_cached_tokens=self.num_cached_tokens,
-                            num_cached_tokens_host=self.num_cached_tokens_host,
-                            metrics=(RequestMetrics(**self.metrics.to_dict())
-                                     if self.metrics is not None else None))
-
-
-def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> dict:
-    """`DeltaPayload.from_delta(delta, prompt_token_ids).to_dict()` without building the struct:
-    the replica sends one per running request per step. A unit test keeps the two identical."""
-    d = {"request_id": delta.request_id, "token_ids": delta.token_ids, "text": delta.text}
-    if delta.logprobs is not None:
-        d["logprobs"] = delta.logprobs
-    if delta.finish_reason is not None:
-        d["finish_reason"] = delta.finish_reason
-    if delta.error is not None:
-        d["error"] = {"code": str(delta.error.get("code", "engine")),
-                      "message": str(delta.error.get("message", ""))}
-    if delta.num_prompt_tokens:
-        d["num_prompt_tokens"] = delta.num_prompt_tokens
-    if delta.num_cached_tokens:
-        d["num_cached_tokens"] = delta.num_cached_tokens
-    if delta.num_cached_tokens_host:
-        d["num_cached_tokens_host"] = delta.num_cached_tokens_host
-    if prompt_token_ids is not None:
-        d["prompt_token_ids"] = prompt_token_ids
-    if delta.metrics is not None:
-        d["metrics"] = delta.metrics.to_dict()
-    return d
+from .payloads import (CONTROL_ACTIONS, COUNT, KV_CACHE_DTYPES, MAX_CHAT_MESSAGES, NAME, PRIORITY,
+                       REPLICA_STATES, REQUEST_ID, ChatMessage, ReplicaCapacity, ReplicaLoad,
+                       ReplicaState)
+# Re-exported: callers import every wire type from this module.
+from .payloads import DeltaPayload, ErrorInfo, delta_wire  # noqa: F401
 
 
 # ---------------------------------------------------------------- message base
