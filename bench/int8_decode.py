@@ -35,6 +35,8 @@ def _int8_batches(case):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time block_n x num_warps x num_stages variants of the int8 kernel")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--reps", type=int, default=20, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_decode.json")
@@ -53,7 +55,7 @@ def main(argv=None):
     iters = 2 if args.smoke else args.iters
     scale = tc.D ** -0.5
     rows = []
-    print(f"{'case':<22}{'variant':<22}{'ms':>9}{'GB/s':>9}{'vs bf16':>9}{'max err':>10}")
+    print(f"{'case':<22}{'variant':<30}{'ms':>9}{'GB/s':>9}{'vs bf16':>9}{'max err':>10}")
     for case in tc.make_cases(device, torch.bfloat16, graph_width=True, b1_copies=4):
         outs = [torch.empty_like(b[0]) for b in case["batches"]]
         base = tc.time_graph(lambda b, o: decode_attention(*b, scale, o), case, outs,
@@ -64,20 +66,24 @@ def main(argv=None):
         int8 = _int8_batches(case)
         q, kc, vc, bt, qsl, lens, ks, vs = int8[0]
         ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
-        for block_n in args.block_n:
-            def fn(b, o, block_n=block_n):
-                decode_attention(*b[:6], scale, o, config=dict(block_n=block_n), k_scale=b[6],
-                                 v_scale=b[7])
+        configs = [dict(block_n=bn) for bn in args.block_n]
+        if args.sweep:
+            configs += [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (64, 128, 256)
+                        for w in (4, 8) for st in (2, 3, 4)]
+        for cfg in configs:
+            def fn(b, o, cfg=cfg):
+                decode_attention(*b[:6], scale, o, config=cfg, k_scale=b[6], v_scale=b[7])
             int8_case = dict(case, batches=int8)
             ms = tc.time_graph(fn, int8_case, outs, args.reps, iters)[0]
             err = tc.check(fn, int8_case, ref)[0]
-            variants.append((f"int8 block_n {block_n}", ms, n_tok * tc.HK * (tc.D + 4) * 2 + q_bytes,
+            label = "int8 " + " ".join(f"{k.split('_')[-1]}={v}" for k, v in cfg.items())
+            variants.append((label, ms, n_tok * tc.HK * (tc.D + 4) * 2 + q_bytes,
                              err))
         for name, ms, work, err in variants:
             row = dict(case=case["name"], variant=name, ms=ms, gbs=work / (ms * 1e-3) / 1e9,
                        speedup=base / ms, max_err=err)
             rows.append(row)
-            print(f"{row['case']:<22}{name:<22}{ms:>9.4f}{row['gbs']:>9.0f}{row['speedup']:>9.2f}"
+            print(f"{row['case']:<22}{name:<30}{ms:>9.4f}{row['gbs']:>9.0f}{row['speedup']:>9.2f}"
                   f"{'' if err is None else format(err, '10.1e'):>10}")
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
                 torch=torch.__version__, reps=args.reps, iters=iters)
