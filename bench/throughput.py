@@ -29,6 +29,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -99,6 +100,7 @@ def run_ours(args, prompts, out_lens, kinds):
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len)
     runs = {}
+    gc_timer = GcTimer()
     for kind in kinds:  # warm-up (lazy init, kernels) of every kind before any timing
         llm.generate(prompts[:2], sampling_params(kind, out_lens[:2], args.seed), use_tqdm=False)
     vocab = llm.engine.spec.vocab_size
@@ -110,7 +112,7 @@ def run_ours(args, prompts, out_lens, kinds):
             shift = 7919 * (1 + r * len(kinds) + ki)
             run_prompts = [[2 + (t + shift) % (vocab - 2) for t in p] for p in prompts]
             _sync()
-            phases0 = dict(llm.stats()["step_seconds"])
+            phases0, gc0 = dict(llm.stats()["step_seconds"]), gc_timer.snapshot()
             t, c = time.perf_counter(), time.process_time()
             outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
             _sync()
@@ -119,6 +121,7 @@ def run_ours(args, prompts, out_lens, kinds):
             # This run's engine time by phase; "outside the step" is the generate loop's own work.
             phases = {k: round(v - phases0.get(k, 0.0), 3) for k, v in llm.stats()["step_seconds"].items()}
             phases["outside the step"] = round(elapsed - sum(phases.values()), 3)
+            phases["gc (within the above)"] = [round(b - a, 3) for a, b in zip(gc0, gc_timer.snapshot())]
             run = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
                    "cpu_seconds": cpu, "tokens_per_cpu_s": n_tokens / cpu, "phases": phases}
             best = runs.setdefault(kind, run)
@@ -134,6 +137,24 @@ def run_ours(args, prompts, out_lens, kinds):
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()
     return info, path, dtype, device
+
+
+class GcTimer:
+    """Seconds the garbage collector ran (any thread), by generation, through `gc.callbacks`."""
+
+    def __init__(self):
+        self.seconds = [0.0, 0.0, 0.0]
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._start
+
+    def snapshot(self) -> list:
+        return list(self.seconds)
 
 
 def _sync():

@@ -35,10 +35,13 @@ from typing import Hashable, Optional, Sequence
 
 import torch
 
+from infer_cluster.kernels.dispatch import use_triton
+from infer_cluster.kernels.row_stats import row_stats
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .random_stream import step_uniforms
-from .sampling_ops import RandomRows, block_sums, sample_random_rows, to_device, topk
+from .sampling_ops import (TOPK_BLOCK, RandomRows, block_sums, sample_random_rows, to_device, topk,
+                           topk_by_blocks)
 from .sampling_state import SamplingState
 
 _NEG_INF = float("-inf")
@@ -106,7 +109,10 @@ class Sampler:
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
         needs_edit = bool(penalty_rows or min_tokens_rows)
-        x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
+        if needs_edit or random_rows:
+            x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
+        else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype
+            x = logits
         device, n = x.device, len(rows)
         scratch: list = []
         try:
@@ -114,11 +120,11 @@ class Sampler:
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
 
-            x_lp = lse = None
+            x_lp = lse = maxima = None
             if logprob_rows:
                 # Taken here, before temperature and the filters: the model's distribution.
                 x_lp = _rows_of(x, logprob_rows, n)
-                lse = _logsumexp(x_lp)
+                lse, maxima = _lse_and_block_maxima(x_lp)
 
             greedy_rows = [i for i in range(n) if rows[i].params.is_greedy]
             if len(greedy_rows) == n:
@@ -139,7 +145,7 @@ class Sampler:
                 # Everything the host needs comes back in one transfer: ids, then logprobs.
                 chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
                 lp_k = min(max(lp_nums), x.shape[1])
-                values, alt_ids = _logprob_pack(x_lp, lse, chosen, lp_k)
+                values, alt_ids = _logprob_pack(x_lp, lse, chosen, lp_k, maxima)
                 host_ids = torch.cat([token_ids, alt_ids.flatten()]).tolist()  # the one sync
                 flat = values.flatten().tolist()
                 alt_flat, host_ids = host_ids[n:], host_ids[:n]
@@ -256,15 +262,29 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     return m.squeeze(1).double() + sums.log()
 
 
-def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor,
-                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _lse_and_block_maxima(x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """[n] float64 log-sum-exp of each row, and on the kernel path the rows' block maxima (for
+    the top-k): one read of `x` in its own dtype (`kernels.row_stats`) instead of a float32
+    copy, a logsumexp and the top-k's own pass."""
+    if use_triton(x) and x.stride(1) == 1:
+        lse, maxima = row_stats(x, TOPK_BLOCK)
+        return lse.double(), maxima
+    return _logsumexp(x), None
+
+
+def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, k: int,
+                  maxima: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: float64 [rows, 1 + k] (the sampled token's logprob, then the top-k
     logprobs) and int64 [rows, k] (their ids). logprob = logit - logsumexp; the alternatives by
-    one topk over the logits (the same order as over the logprobs)."""
+    one topk over the logits (the same order as over the logprobs), through the block maxima
+    when the caller has them."""
     sampled = x.gather(1, chosen.unsqueeze(1)).double() - lse.unsqueeze(1)
     if not k:
         return sampled, torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
-    vals, ids = topk(x, k)
+    if maxima is not None and k <= maxima.shape[1]:
+        vals, ids = topk_by_blocks(x, k, maxima)
+    else:
+        vals, ids = topk(x, k)
     return torch.cat([sampled, vals.double() - lse.unsqueeze(1)], dim=1), ids
 
 

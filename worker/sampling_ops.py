@@ -30,6 +30,7 @@ in the same way, so both paths keep the same set.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -278,7 +279,7 @@ def _index(values: list[int], device: torch.device) -> torch.Tensor:
     return to_device(values, torch.long, device)
 
 
-_TOPK_BLOCK = 128
+TOPK_BLOCK = 128
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,20 +290,24 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     two small topks replace a full-width selection, about a third of its time at workload A's
     batch."""
     n, vocab = x.shape
-    b = _TOPK_BLOCK
+    b = TOPK_BLOCK
     if x.device.type != "cuda" or vocab < 64 * b or k > 512 or not x.is_contiguous():
         return x.topk(k, dim=-1)
     return topk_by_blocks(x, k)
 
 
-def topk_by_blocks(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-maxima top-k on any device (`topk` picks it on CUDA; tests run it anywhere)."""
+def topk_by_blocks(x: torch.Tensor, k: int,
+                   maxima: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-maxima top-k on any device (`topk` picks it on CUDA; tests run it anywhere).
+    `maxima`: the maxima of x's runs of `TOPK_BLOCK` columns when the caller has them already
+    (`kernels.row_stats`)."""
     n, vocab = x.shape
-    b = _TOPK_BLOCK
-    nfull = vocab // b
-    maxima = x[:, :nfull * b].view(n, nfull, b).amax(dim=-1)
-    if nfull * b < vocab:
-        maxima = torch.cat([maxima, x[:, nfull * b:].amax(dim=-1, keepdim=True)], dim=1)
+    b = TOPK_BLOCK
+    if maxima is None:
+        nfull = vocab // b
+        maxima = x[:, :nfull * b].reshape(n, nfull, b).amax(dim=-1)
+        if nfull * b < vocab:
+            maxima = torch.cat([maxima, x[:, nfull * b:].amax(dim=-1, keepdim=True)], dim=1)
     blocks = maxima.topk(min(k, maxima.shape[1]), dim=-1).indices
     cols = (blocks.unsqueeze(-1) * b + torch.arange(b, device=x.device)).view(n, -1)
     cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))

@@ -1,0 +1,40 @@
+"""Per-row statistics of a logits matrix in one read: log-sum-exp and block maxima.
+
+`row_stats(x, block=128)` returns `(lse, block_max)` for `x` [rows, vocab] in any float dtype:
+`lse` [rows] float32 = log(sum(exp(x))) computed in float32, and `block_max` [rows,
+ceil(vocab / block)] (x's dtype) = the maximum of each run of `block` columns (the last run may
+be short). The sampler's logprobs need both: `lse` turns logits into logprobs, and the block
+maxima let `topk_by_blocks` skip its own pass over the vocabulary. The reference reads `x` a few
+times through torch; the Triton kernel (CUDA, or the interpreter in tests) reads it once, in its
+own dtype, with no float32 copy. Rows that are all -inf get lse = -inf, as torch.logsumexp.
+
+To extend (e.g. an argmax beside the maxima): add an output to both the kernel and
+`row_stats_ref`, and a case to tests/kernels/test_row_stats.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import use_triton
+
+BLOCK = 128
+
+
+def row_stats_ref(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    n, vocab = x.shape
+    lse = torch.logsumexp(x.float(), dim=-1)
+    nfull = vocab // block
+    maxima = x[:, :nfull * block].reshape(n, nfull, block).amax(dim=-1)
+    if nfull * block < vocab:
+        maxima = torch.cat([maxima, x[:, nfull * block:].amax(dim=-1, keepdim=True)], dim=1)
+    return lse, maxima
+
+
+def row_stats(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"row_stats needs a non-empty [rows, vocab] matrix, got {tuple(x.shape)}")
+    if use_triton(x) and x.stride(1) == 1 and block == BLOCK:
+        from .row_stats_triton import row_stats_triton
+        return row_stats_triton(x, block)
+    return row_stats_ref(x, block)

@@ -1,0 +1,68 @@
+"""Triton twin of `row_stats_ref`: log-sum-exp and block maxima of each logits row, one read.
+
+Grid (rows, splits): each program walks one part of a row in tiles of NB x BLOCK columns,
+keeping a running maximum and a running sum of exp(x - max) in float32 (rescaled when the
+maximum grows), and writes the tile's block maxima as it goes. The parts' (max, sum) pairs are
+merged by a few tiny torch ops. Splits give enough programs to fill the GPU at small batch
+(a decode step at batch 8 is 8 rows). Never writes anything [rows, vocab]-sized.
+
+To extend: a new per-row output is one more running value in `_row_stats_kernel` and one more
+merge line in `row_stats_triton`; keep `row_stats_ref` in step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_NB = 16            # blocks per tile: 16 x 128 = 2,048 columns per iteration
+_TARGET_PROGRAMS = 1024
+
+
+@triton.jit
+def _row_stats_kernel(x_ptr, sx, vocab, part_len, m_ptr, s_ptr, bmax_ptr, sbm, n_blocks,
+                      BLOCK: tl.constexpr, NB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nsplit = tl.num_programs(1)
+    start = split * part_len
+    end = tl.minimum(start + part_len, vocab)
+    offs_b = tl.arange(0, NB)
+    offs_c = tl.arange(0, BLOCK)
+    m = tl.full([1], float("-inf"), tl.float32)
+    s = tl.zeros([1], tl.float32)
+    for off in range(start, end, NB * BLOCK):
+        cols = off + offs_b[:, None] * BLOCK + offs_c[None, :]
+        x = tl.load(x_ptr + row * sx + cols, mask=cols < end, other=float("-inf"))
+        bm = tl.max(x, axis=1)
+        blk = off // BLOCK + offs_b
+        tl.store(bmax_ptr + row * sbm + blk, bm, mask=blk < n_blocks)
+        xf = x.to(tl.float32)
+        m_new = tl.maximum(m, tl.max(bm.to(tl.float32), axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(xf - m_safe[:, None]), axis=1), axis=0)
+        m = m_new
+    one = tl.arange(0, 1)
+    tl.store(m_ptr + row * nsplit + split + one, m)
+    tl.store(s_ptr + row * nsplit + split + one, s)
+
+
+def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    n, vocab = x.shape
+    tile = _NB * block
+    n_tiles = triton.cdiv(vocab, tile)
+    splits = max(1, min(n_tiles, triton.cdiv(_TARGET_PROGRAMS, max(n, 1))))
+    part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
+    splits = triton.cdiv(vocab, part_len)
+    n_blocks = triton.cdiv(vocab, block)
+    stats = torch.empty(2, n, splits, dtype=torch.float32, device=x.device)
+    bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
+    if n:
+        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len, stats[0], stats[1], bmax,
+                                       bmax.stride(0), n_blocks, BLOCK=block, NB=_NB, num_warps=4)
+    m, s = stats[0], stats[1]
+    big = m.amax(dim=1, keepdim=True)
+    big = torch.where(big == float("-inf"), torch.zeros_like(big), big)
+    lse = big.squeeze(1) + (s * torch.exp(m - big)).sum(dim=1).log()
+    return lse, bmax
