@@ -2,8 +2,8 @@
 
 Grid (rows, splits): each program walks one part of a row in tiles of NB x BLOCK columns,
 keeping a running maximum and a running sum of exp(x - max) in float32 (rescaled when the
-maximum grows), and writes the tile's block maxima as it goes. The parts' (max, sum) pairs are
-merged by a few tiny torch ops. Splits give enough programs to fill the GPU at small batch
+maximum grows), and writes the tile's block maxima as it goes. `_merge_kernel` (one program per
+row) turns the parts' (max, sum) pairs into the row's log-sum-exp. Splits give enough programs to fill the GPU at small batch
 (a decode step at batch 8 is 8 rows). Never writes anything [rows, vocab]-sized.
 
 To extend: a new per-row output is one more running value in `_row_stats_kernel` and one more
@@ -48,6 +48,19 @@ def _row_stats_kernel(x_ptr, sx, vocab, part_len, m_ptr, s_ptr, bmax_ptr, sbm, n
     tl.store(s_ptr + row * nsplit + split + one, s)
 
 
+@triton.jit
+def _merge_kernel(m_ptr, s_ptr, lse_ptr, nsplit, BLOCK_S: tl.constexpr):
+    """lse of one row from its parts' (max, sum of exp(x - max)): one program per row."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_S)
+    mask = offs < nsplit
+    m = tl.load(m_ptr + row * nsplit + offs, mask=mask, other=float("-inf"))
+    s = tl.load(s_ptr + row * nsplit + offs, mask=mask, other=0.0)
+    big = tl.max(m, axis=0)
+    big = tl.where(big == float("-inf"), 0.0, big)
+    tl.store(lse_ptr + row, big + tl.log(tl.sum(s * tl.exp(m - big), axis=0)))
+
+
 def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     n, vocab = x.shape
     tile = _NB * block
@@ -56,13 +69,12 @@ def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, t
     part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
     splits = triton.cdiv(vocab, part_len)
     n_blocks = triton.cdiv(vocab, block)
-    stats = torch.empty(2, n, splits, dtype=torch.float32, device=x.device)
+    stats = torch.empty(2 * n * splits + n, dtype=torch.float32, device=x.device)
+    m, s, lse = stats[:n * splits], stats[n * splits:2 * n * splits], stats[2 * n * splits:]
     bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
     if n:
-        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len, stats[0], stats[1], bmax,
+        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len, m, s, bmax,
                                        bmax.stride(0), n_blocks, BLOCK=block, NB=_NB, num_warps=4)
-    m, s = stats[0], stats[1]
-    big = m.amax(dim=1, keepdim=True)
-    big = torch.where(big == float("-inf"), torch.zeros_like(big), big)
-    lse = big.squeeze(1) + (s * torch.exp(m - big)).sum(dim=1).log()
+        _merge_kernel[(n,)](m, s, lse, splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+                            num_warps=1)
     return lse, bmax
