@@ -7,7 +7,8 @@ row) turns the parts' (max, sum) pairs into the row's log-sum-exp. Splits give e
 (a decode step at batch 8 is 8 rows). Never writes anything [rows, vocab]-sized.
 
 To extend: a new per-row output is one more running value in `_row_stats_kernel` and one more
-merge line in `row_stats_triton`; keep `row_stats_ref` in step.
+merge line in `row_stats_triton`; keep `row_stats_ref` in step. Launch arguments must not
+depend on the row count (see `_SPLITS`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import triton
 import triton.language as tl
 
 _NB = 16            # blocks per tile: 16 x 128 = 2,048 columns per iteration
-_TARGET_PROGRAMS = 1024
+_SPLITS = 16       # parts per row: 16 programs per row at batch 1, 4,096 at batch 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_len"])
 def _row_stats_kernel(x_ptr, sx, vocab, part_len, m_ptr, s_ptr, bmax_ptr, sbm, n_blocks,
                       BLOCK: tl.constexpr, NB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -65,7 +66,9 @@ def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, t
     n, vocab = x.shape
     tile = _NB * block
     n_tiles = triton.cdiv(vocab, tile)
-    splits = max(1, min(n_tiles, triton.cdiv(_TARGET_PROGRAMS, max(n, 1))))
+    # The split count depends on the vocabulary only, never on the row count, so one compiled
+    # variant serves every batch size (warm-up compiles it; nothing compiles while serving).
+    splits = min(n_tiles, _SPLITS)
     part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
     splits = triton.cdiv(vocab, part_len)
     n_blocks = triton.cdiv(vocab, block)

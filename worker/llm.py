@@ -7,11 +7,13 @@ drive the engine themselves. Holds no scheduling logic of its own.
 `generate()` runs text (detokenization, stop strings) on a `TextWorker` thread one step behind
 the engine, as a replica does, so its throughput does not depend on the tokenizer; `step()`
 returns text with each delta (the engine's inline `TextStage`). Outputs are the same either way.
+`generate()` pauses Python's cyclic garbage collector while it runs (restored on return).
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 from typing import Optional, Sequence, Union
 
 from infer_cluster.protocol import RequestDelta, RequestOutput, SamplingParams
@@ -59,12 +61,21 @@ class LLM:
             raise
         pending = set(ids)
         bar = None
+        gc_was_enabled = gc.isenabled()
         if use_tqdm:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(ids), desc="Generating", unit="req", dynamic_ncols=True)
+        # The outputs grow by a few container objects per token (logprob entries above all) and
+        # live until we return: the cyclic collector would walk them again and again (1 s of a
+        # 16 s logprobs run on the H100). The engine makes no reference cycles per step
+        # (tests/engine/test_llm_gc.py), so reference counting frees everything else meanwhile;
+        # the collector is back on, as it was, when generate returns.
+        gc.disable()
         try:
             self._run_with_text_thread(pending, bar)
         finally:
+            if gc_was_enabled:
+                gc.enable()
             if bar is not None:
                 bar.close()
         return [self._outputs.pop(rid) for rid in ids]

@@ -9,6 +9,7 @@ itself is `EngineServer` (worker/server.py). Entry points: `python -m infer_clus
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import time
@@ -60,6 +61,10 @@ def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
             rank_failure.append(reason)
             server.request_stop(graceful=False)
         engine.runner.on_fatal = on_rank_failure
+    # Everything built so far (torch, the model, compiled kernels, warm-up) lives as long as the
+    # process: out of the collector's sight, a full collection no longer walks it while serving.
+    gc.collect()
+    gc.freeze()
     try:
         server.serve_forever()
     finally:
