@@ -59,8 +59,6 @@ def staging_blocks(num_host_blocks: int, bytes_per_block: int) -> int:
 class HostKVPool:
     def __init__(self, kv_caches: Sequence[LayerKV], num_blocks: int, num_staging_blocks: int,
                  copy_mode: str = "kernel"):
-        if copy_mode not in COPY_MODES:
-            raise ValueError(f"copy_mode must be one of {', '.join(COPY_MODES)}, got {copy_mode!r}")
         first = kv_caches[0]
         self.device = first.k.device
         self.fields = [i for i, t in enumerate(first) if t is not None]
@@ -70,18 +68,29 @@ class HostKVPool:
         shapes = [((num_blocks, len(kv_caches)) + tuple(first[f].shape[1:]), first[f].dtype) for f in self.fields]
         self._buffer = HostBuffer(shapes, pin)
         self.host = self._buffer.tensors
-        if copy_mode == "kernel" and pin and not self._buffer.is_mapped:
-            log.warning("host KV tier: the pool is not mapped for the device; copying through "
-                        "a staging buffer instead (copy_mode='runs')")
-            copy_mode = "runs"
-        self.copy_mode = copy_mode
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
-        self._staged = (StagedCopier(self.layout, num_staging_blocks, gather=copy_mode == "gather")
-                        if copy_mode != "kernel" else None)
         self.copy_stream = torch.cuda.Stream(self.device) if pin else None
         self._loaded: Optional[torch.cuda.Event] = None  # the latest swap-ins' completion
         self._loaded_step: object = None  # the step (SchedulerOutput) that issued them
+        self._staged: Optional[StagedCopier] = None
+        self.chunk_bytes: Optional[int] = None  # kernel path: bytes per program (None: its default)
+        self.set_copy_mode(copy_mode)
+
+    def set_copy_mode(self, copy_mode: str) -> None:
+        """Choose how blocks move (see the module docstring); the pool's content stays.
+        "kernel" on a pool the device cannot map falls back to "runs", with a warning."""
+        if copy_mode not in COPY_MODES:
+            raise ValueError(f"copy_mode must be one of {', '.join(COPY_MODES)}, got {copy_mode!r}")
+        if copy_mode == "kernel" and self.device.type == "cuda" and not self._buffer.is_mapped:
+            log.warning("host KV tier: the pool is not mapped for the device; copying through "
+                        "a staging buffer instead (copy_mode='runs')")
+            copy_mode = "runs"
+        self.wait_loads()
+        self._staged = None  # its device staging goes before a new one is made
+        if copy_mode != "kernel":
+            self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
+        self.copy_mode = copy_mode
 
     # -- the device pool it copies to ----------------------------------------------------------
 
@@ -154,7 +163,7 @@ class HostKVPool:
                 self._staged.swap_in(host_blocks, device_blocks)
             return
         ids = block_ids_on(self.device, [host_blocks, device_blocks])  # one copy for both lists
-        kv_swap(self.layout, ids[0], ids[1], to_host)
+        kv_swap(self.layout, ids[0], ids[1], to_host, self.chunk_bytes)
 
 
 def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_per_block: int,
