@@ -51,9 +51,10 @@ class HostTier:
         return self.num_blocks - len(self._free)
 
     def num_available(self) -> int:
-        """Blocks that `take` could hand out now: free ones plus unpinned cached ones."""
-        evictable = sum(1 for b in self._lru.values() if b not in self.pinned)
-        return len(self._free) + evictable
+        """Blocks that `take` could hand out now: free ones plus unpinned cached ones (every
+        pinned block is cached: `store` and `pin_hits` pin only cached blocks, and nothing
+        uncaches a pinned one), in O(1): it runs at every preemption."""
+        return len(self._free) + len(self._lru) - len(self.pinned)
 
     def begin_step(self) -> None:
         """The previous step's copies have run: drop its pins, free its resumed requests' blocks."""
@@ -168,6 +169,8 @@ class HostTier:
         for h, b in self._lru.items():
             if self.hash_of[b] != h:
                 raise AssertionError(f"host block {b}: hash map out of sync")
+        if not self.pinned <= cached:
+            raise AssertionError(f"pinned host blocks {sorted(self.pinned - cached)} are not cached")
         for b in range(self.num_blocks):
             if self.hash_of[b] is not None and b not in cached:
                 raise AssertionError(f"host block {b} keeps a hash but is not cached")

@@ -2,33 +2,50 @@
 the device pool.
 
 Owns: one host tensor per `LayerKV` field (K, V and, for an int8 cache, their scales), shaped
-`[num_host_blocks, num_layers, *per-block shape]`: a block's data for every layer is one
-contiguous run, so a run of consecutive host blocks is one contiguous region. Pinned on CUDA
-(plain CPU tensors on CPU), plus a device and a host staging buffer of `staging_blocks` blocks.
-`swap(swap_out, swap_in)` performs a step's copies in that order (swap-outs on the compute
-stream, blocking; swap-ins on CUDA on a side copy stream, so they overlap the step's forward,
-which never reads the blocks they fill: the scheduler lets those requests compute from the next
-step on; `wait_loads()` makes the compute stream wait for them before the next forward or copy):
-  * out: per layer a gather of the listed device blocks into the device staging buffer, then ONE
-    device-to-host copy per field (straight into the pool when the host blocks are consecutive,
-    else into the pinned staging buffer and scattered there with one `index_copy_`);
-  * in: the reverse (one host gather when not consecutive, ONE host-to-device copy per field,
-    then per layer one `index_copy_` into the device blocks).
-Lists longer than the staging buffer go in chunks of `staging_blocks`.
+`[num_host_blocks, num_layers, *per-block shape]` (a block's data for every layer is one
+contiguous run), all views of one `HostBuffer` (worker/host_memory.py): page-locked AND mapped
+into the device's address space on CUDA, plain CPU memory on CPU.
+`swap(swap_out, swap_in, step)` performs a step's copies, swap-outs first. How (`copy_mode`):
+  * "kernel" (default): ONE `kv_swap` launch per direction (kernels/kv_swap_triton.py on CUDA:
+    the SMs read/write the mapped host pool directly; torch index ops on CPU). No staging
+    buffer, no CPU gather, no host synchronization;
+  * "runs" / "gather": DMA through a device staging buffer (worker/kv_copy_dma.py), kept to
+    compare with (bench/kv_swap.py) and as the fallback when the pool cannot be mapped.
+Ordering (CUDA), which is what makes the copies correct without blocking the host:
+  * swap-outs run on the compute stream, so they read their device blocks before any later
+    work on that stream (this step's swap-in kernel is queued after them, see below; the
+    forward that writes reused blocks comes later still): an evicted block is never
+    overwritten before its copy has read it;
+  * swap-ins run on a side copy stream that first waits for the compute stream (so they read
+    host blocks only after the swap-outs that wrote them, and write device blocks only after
+    everything before them read those blocks); their completion event is kept;
+  * `before_forward(step)` makes the compute stream wait for every swap-in issued by an EARLIER
+    step. Those of the same step are left in flight: the scheduler never lets that step's
+    forward read or write the blocks they fill (such requests compute from the next step), so
+    the copies overlap the forward. `swap` and `wait_loads` wait for all of them first (the
+    next step's swap-outs may reuse their host blocks; a resize moves the blocks).
 Which block goes where is decided elsewhere (`HostTier`, `Scheduler`); this module never
 chooses blocks. Must never be used with tensor/pipeline parallel ranks (config refuses it).
+To extend (e.g. a disk tier): add a copier beside `StagedCopier` and a `copy_mode` for it.
 """
 
 from __future__ import annotations
 
-import weakref
+import logging
 from typing import Optional, Sequence
 
 import torch
 
+from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
+
+from .host_memory import HostBuffer
+from .kv_copy_dma import StagedCopier, block_ids_on
 from .models.decoder import LayerKV
 
-STAGING_BYTES = 256 << 20  # device + pinned host staging, each (capped by the pool size)
+log = logging.getLogger(__name__)
+
+STAGING_BYTES = 256 << 20  # device (+ "gather": host) staging of the DMA modes, each
+COPY_MODES = ("kernel", "runs", "gather")
 
 
 def host_pool_blocks(kv_offload_gib: float, bytes_per_block: int) -> int:
@@ -40,136 +57,130 @@ def staging_blocks(num_host_blocks: int, bytes_per_block: int) -> int:
 
 
 class HostKVPool:
-    def __init__(self, kv_caches: Sequence[LayerKV], num_blocks: int, num_staging_blocks: int):
+    def __init__(self, kv_caches: Sequence[LayerKV], num_blocks: int, num_staging_blocks: int,
+                 copy_mode: str = "kernel"):
         first = kv_caches[0]
-        self.kv_caches = kv_caches
         self.device = first.k.device
         self.fields = [i for i, t in enumerate(first) if t is not None]
         pin = self.device.type == "cuda"
         self.num_blocks = num_blocks
         self.num_staging = num_staging_blocks
-        self.host, self.host_stage, self.dev_stage = [], [], []
-        for f in self.fields:
-            shape = (len(kv_caches),) + tuple(first[f].shape[1:])
-            dtype = first[f].dtype
-            self.host.append(_host_empty((num_blocks,) + shape, dtype, pin))
-            self.host_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, pin_memory=pin))
-            self.dev_stage.append(torch.empty((num_staging_blocks,) + shape, dtype=dtype, device=self.device))
-        self._h2d_done: Optional[torch.cuda.Event] = None  # host staging buffer free again
-        self._loaded: Optional[torch.cuda.Event] = None    # the last swap-ins landed
+        shapes = [((num_blocks, len(kv_caches)) + tuple(first[f].shape[1:]), first[f].dtype) for f in self.fields]
+        self._buffer = HostBuffer(shapes, pin)
+        self.host = self._buffer.tensors
+        self._kv_caches = kv_caches
+        self.layout = self._layout(kv_caches)
         self.copy_stream = torch.cuda.Stream(self.device) if pin else None
+        self._loaded: Optional[torch.cuda.Event] = None  # the latest swap-ins' completion
+        self._loaded_step: object = None  # the step (SchedulerOutput) that issued them
+        self._staged: Optional[StagedCopier] = None
+        self.chunk_bytes: Optional[int] = None  # kernel path: bytes per program (None: its default)
+        self.set_copy_mode(copy_mode)
+
+    def set_copy_mode(self, copy_mode: str) -> None:
+        """Choose how blocks move (see the module docstring); the pool's content stays.
+        "kernel" on a pool the device cannot map falls back to "runs", with a warning."""
+        if copy_mode not in COPY_MODES:
+            raise ValueError(f"copy_mode must be one of {', '.join(COPY_MODES)}, got {copy_mode!r}")
+        if copy_mode == "kernel" and self.device.type == "cuda" and not self._buffer.is_mapped:
+            log.warning("host KV tier: the pool is not mapped for the device; copying through "
+                        "a staging buffer instead (copy_mode='runs')")
+            copy_mode = "runs"
+        self.wait_loads()
+        self._staged = None  # its device staging goes before a new one is made
+        if copy_mode != "kernel":
+            self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
+        self.copy_mode = copy_mode
+
+    # -- the device pool it copies to ----------------------------------------------------------
+
+    @property
+    def kv_caches(self) -> Sequence[LayerKV]:
+        return self._kv_caches
+
+    @kv_caches.setter
+    def kv_caches(self, kv_caches: Sequence[LayerKV]) -> None:
+        """Point at a new device pool of the same layout (after a resize)."""
+        self.wait_loads()
+        self._kv_caches = kv_caches
+        self.layout = self._layout(kv_caches)
+        if self._staged is not None:
+            self._staged.rebind(self.layout)
+
+    def _layout(self, kv_caches: Sequence[LayerKV]) -> SwapLayout:
+        return SwapLayout([[kv[f] for f in self.fields] for kv in kv_caches], self.host)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host)
 
-    def swap(self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]]) -> None:
-        """Run a step's copies: every (device, host) swap-out, then every (host, device) swap-in."""
-        self.wait_loads()  # the previous step's swap-ins share the staging buffer
-        out = sorted(swap_out, key=lambda p: p[1])  # by host block: consecutive runs copy direct
-        for i in range(0, len(out), self.num_staging):
-            chunk = out[i:i + self.num_staging]
-            self._out([d for d, _ in chunk], [h for _, h in chunk])
+    @property
+    def device_pointer_equal(self) -> Optional[bool]:
+        """Whether the mapped device address of the pool equals its host address (CUDA)."""
+        return self._buffer.device_pointer_equal
+
+    # -- copies ---------------------------------------------------------------------------------
+
+    def swap(self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]],
+             step: object = None) -> None:
+        """Run a step's copies: every (device, host) swap-out, then every (host, device) swap-in.
+        `step` names the step (its `SchedulerOutput`) for `before_forward`."""
+        self.wait_loads()
+        if swap_out:
+            out = sorted(swap_out, key=lambda p: p[1])  # by host block: runs for the DMA modes
+            self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
         if not swap_in:
             return
         into = sorted(swap_in, key=lambda p: p[0])
         if self.copy_stream is None:
-            self._in_chunks(into)
+            self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
             return
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
         with torch.cuda.stream(self.copy_stream):
-            self._in_chunks(into)
+            self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
             self._loaded = torch.cuda.Event()
             self._loaded.record(self.copy_stream)
+        self._loaded_step = step
+
+    def before_forward(self, step: object = None) -> None:
+        """Before the forward of `step`: wait (on the compute stream) for the swap-ins of earlier
+        steps; those `step` itself issued stay in flight (nothing in its forward touches them)."""
+        if self._loaded is not None and (step is None or step is not self._loaded_step):
+            self.wait_loads()
 
     def wait_loads(self) -> None:
-        """Make the compute stream wait for the swap-ins issued so far (before a forward)."""
+        """Make the compute stream wait for every swap-in issued so far."""
         if self._loaded is not None:
             torch.cuda.current_stream(self.device).wait_event(self._loaded)
             self._loaded = None
+            self._loaded_step = None
 
-    def _in_chunks(self, into: list[tuple[int, int]]) -> None:
-        for i in range(0, len(into), self.num_staging):
-            chunk = into[i:i + self.num_staging]
-            self._in([h for h, _ in chunk], [d for _, d in chunk])
-
-    def _out(self, device_blocks: list[int], host_blocks: list[int]) -> None:
-        n = len(device_blocks)
-        dev_idx = torch.tensor(device_blocks, dtype=torch.int64).to(self.device, non_blocking=True)
-        first = _first_if_consecutive(host_blocks)
-        for j, f in enumerate(self.fields):
-            stage = self.dev_stage[j][:n]
-            for layer, kv in enumerate(self.kv_caches):
-                stage[:, layer] = kv[f].index_select(0, dev_idx)
-            if first is not None:
-                self.host[j][first:first + n].copy_(stage)  # blocking: done before the CPU goes on
+    def _copy(self, host_blocks: list[int], device_blocks: list[int], to_host: bool) -> None:
+        if self._staged is not None:
+            if to_host:
+                self._staged.swap_out(device_blocks, host_blocks)
             else:
-                host_stage = self.host_stage[j][:n]
-                self._wait_h2d()
-                host_stage.copy_(stage)
-                self.host[j].index_copy_(0, torch.tensor(host_blocks, dtype=torch.int64), host_stage)
-
-    def _in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
-        n = len(device_blocks)
-        dev_idx = torch.tensor(device_blocks, dtype=torch.int64).to(self.device, non_blocking=True)
-        first = _first_if_consecutive(host_blocks)
-        for j, f in enumerate(self.fields):
-            if first is not None:
-                src = self.host[j][first:first + n]
-            else:
-                src = self.host_stage[j][:n]
-                self._wait_h2d()  # the staging buffer may still feed the previous copy
-                torch.index_select(self.host[j], 0, torch.tensor(host_blocks, dtype=torch.int64), out=src)
-            stage = self.dev_stage[j][:n]
-            stage.copy_(src, non_blocking=True)
-            if self.device.type == "cuda":
-                self._h2d_done = torch.cuda.Event()
-                self._h2d_done.record(torch.cuda.current_stream(self.device))
-            for layer, kv in enumerate(self.kv_caches):
-                kv[f].index_copy_(0, dev_idx, stage[:, layer])
-
-    def _wait_h2d(self) -> None:
-        if self._h2d_done is not None:
-            self._h2d_done.synchronize()
-            self._h2d_done = None
+                self._staged.swap_in(host_blocks, device_blocks)
+            return
+        ids = block_ids_on(self.device, [host_blocks, device_blocks])  # one copy for both lists
+        kv_swap(self.layout, ids[0], ids[1], to_host, self.chunk_bytes)
 
 
-def _host_empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """A host tensor, page-locked on CUDA. Registered with `cudaHostRegister` rather than taken
-    from torch's pinned allocator, which rounds every block up to a power of two (a 9 GiB pool
-    would pin 16 GiB); unregistered when the tensor dies."""
-    t = torch.empty(shape, dtype=dtype)
-    if not pin:
-        return t
-    ptr, size = t.data_ptr(), t.numel() * t.element_size()
-    err = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 1))  # 1: cudaHostRegisterPortable
-    if err != 0:
-        raise RuntimeError(f"could not page-lock {size / 2**30:.2f} GiB of host memory for the KV tier "
-                           f"(cudaError {err}); lower kv_offload_gib")
-    weakref.finalize(t, _host_unregister, ptr)
-    return t
-
-
-def _host_unregister(ptr: int) -> None:
-    torch.cuda.cudart().cudaHostUnregister(ptr)
-
-
-def _first_if_consecutive(blocks: list[int]) -> Optional[int]:
-    """The first block if `blocks` (sorted) are consecutive, else None."""
-    return blocks[0] if blocks[-1] - blocks[0] == len(blocks) - 1 else None
-
-
-def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_per_block: int) -> HostKVPool:
+def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_per_block: int,
+                    copy_mode: str = "kernel") -> HostKVPool:
     """The host tier for `kv_offload_gib` GiB of blocks of `bytes_per_block` bytes."""
     from infer_cluster.protocol.errors import ConfigError
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
     if num_blocks <= 0:
         raise ConfigError(f"kv_offload_gib={kv_offload_gib} holds no KV block of {bytes_per_block} bytes; "
                           f"raise it or set 0 to turn the host tier off")
-    return HostKVPool(kv_caches, num_blocks, staging_blocks(num_blocks, bytes_per_block))
+    return HostKVPool(kv_caches, num_blocks, staging_blocks(num_blocks, bytes_per_block), copy_mode)
 
 
-def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int) -> int:
-    """Device memory the tier's staging buffer takes (0 when the tier is off)."""
+def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int, copy_mode: str = "kernel") -> int:
+    """Device memory the tier's staging buffer takes (0 when the tier is off, and for the
+    staging-free "kernel" copies)."""
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
-    return staging_blocks(num_blocks, bytes_per_block) * bytes_per_block if num_blocks > 0 else 0
+    if num_blocks <= 0 or copy_mode == "kernel":
+        return 0
+    return staging_blocks(num_blocks, bytes_per_block) * bytes_per_block

@@ -298,8 +298,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def swap_blocks(self, out: SchedulerOutput) -> None:
-        """Run the step's host-tier copies (all swap-outs, then all swap-ins) before its forward."""
-        self.host_pool.swap(out.swap_out, out.swap_in)
+        """Run the step's host-tier copies (all swap-outs, then all swap-ins) before its forward;
+        the swap-ins stay in flight during this step's forward (see `HostKVPool.before_forward`)."""
+        self.host_pool.swap(out.swap_out, out.swap_in, step=out)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
@@ -307,7 +308,7 @@ class ModelRunner:
         in float32) and the request id of each row."""
         inputs = self.context.prepare(out)
         if self.host_pool is not None:
-            self.host_pool.wait_loads()  # KV swapped in by earlier steps lands before it is read
+            self.host_pool.before_forward(out)  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

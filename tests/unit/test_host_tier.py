@@ -39,6 +39,29 @@ def test_lru_eviction_skips_blocks_pinned_for_the_step():
     t.check_invariants()
 
 
+def test_num_available_counts_free_and_unpinned_cached_blocks():
+    """The O(1) count equals a scan, through stores, hits, takes, releases and step ends."""
+    import random
+    rng = random.Random(0)
+    t = HostTier(8)
+    owned = []
+    for _ in range(400):
+        op = rng.randrange(5)
+        if op == 0:
+            t.store(rng.randrange(20))
+        elif op == 1:
+            t.pin_hits(t.lookup([rng.randrange(20)]))
+        elif op == 2 and (blocks := t.take(rng.randrange(1, 3))) is not None:
+            owned.append(blocks)
+        elif op == 3 and owned:
+            t.release(owned.pop(rng.randrange(len(owned))), in_flight=rng.random() < 0.5)
+        elif op == 4:
+            t.begin_step()
+        scan = len(t._free) + sum(1 for b in t._lru.values() if b not in t.pinned)
+        assert t.num_available() == scan
+        t.check_invariants()
+
+
 def test_take_evicts_cached_blocks_and_release_frees_them():
     t = HostTier(4)
     t.store(10)
