@@ -108,7 +108,7 @@ for _ in range(600):
       python3 -m pytest -q -m gpu tests/kernels/test_kv_swap.py tests/engine/test_kv_copy.py tests/engine/test_host_tier.py \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_kv_swap_tests.log" | tail -5
       python3 bench/kv_swap.py --out "$OUT/kv_swap.json" 2>&1 | tee "$OUT/kv_swap.log" | tail -32
-      python3 bench/host_tier.py --copy-modes "${KVSWAP_MODES:-kernel}" --out "$OUT/host_tier_kvswap.json" 2>&1 \
+      python3 bench/host_tier.py --copy-modes "${KVSWAP_MODES:-runs}" --out "$OUT/host_tier_kvswap.json" 2>&1 \
         | tee "$OUT/host_tier_kvswap.log" | grep -v "it/s\]" | tail -8 ;;
     resize)  # issue 14 part 3: KV resize between steps with CUDA graphs (re-capture, outputs, memory back)
       python3 -m pytest -q -s -m gpu tests/parity/test_gpu_resize.py -p no:cacheprovider 2>&1 \

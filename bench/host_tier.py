@@ -41,7 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--output-len", type=int, default=8)
     ap.add_argument("--fit-prefixes", type=int, default=4, help="requests' worth of blocks in the device pool")
     ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
-    ap.add_argument("--copy-modes", default="kernel",
+    ap.add_argument("--copy-modes", default="runs",
                     help="tier-on runs, one per host<->device copy path (kernel, runs, gather; see worker/kv_copy.py)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)

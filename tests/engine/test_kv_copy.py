@@ -94,9 +94,10 @@ def test_modes_and_staging_budget():
     kv = _device_pool("cpu", int8=False)
     with pytest.raises(ValueError, match="copy_mode"):
         HostKVPool(kv, 4, 2, copy_mode="memcpy")
-    assert HostKVPool(kv, 4, 2)._staged is None  # the kernel path keeps no staging buffer
-    assert staging_device_bytes(1.0, 1 << 20) == 0
-    assert staging_device_bytes(1.0, 1 << 20, "runs") == 256 << 20
+    assert HostKVPool(kv, 4, 2, copy_mode="kernel")._staged is None  # no staging buffer
+    assert HostKVPool(kv, 4, 2).copy_mode == "runs"  # the default (see worker/kv_copy.py)
+    assert staging_device_bytes(1.0, 1 << 20, "kernel") == 0
+    assert staging_device_bytes(1.0, 1 << 20) == 256 << 20
     assert staging_device_bytes(0.0, 1 << 20, "runs") == 0
 
 
