@@ -32,6 +32,7 @@ from .detokenizer import piece_table
 from .host_tier import HostTier
 from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from .logprob_rows import resolve_logprobs
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
@@ -71,6 +72,8 @@ class DynamicEngine:
         self.byte_table = piece_table(self.tokenizer)  # None: the window path
         # detokenize=False: the caller runs its own TextStage (see `text_stage.TextWorker`).
         self.text: Optional[TextStage] = TextStage(self.tokenizer, self.byte_table) if detokenize else None
+        # True when a TextStage downstream builds the logprob entries (worker/logprob_rows.py).
+        self.defer_logprobs = False
         if runner_factory is None and config.world_size > 1:
             from .distributed import DistributedRunner
             runner_factory = DistributedRunner
@@ -215,6 +218,8 @@ class DynamicEngine:
                     deltas.append(self._final_delta(req))
         if self.text is not None:
             deltas = self._timed("detokenize", self._detokenize, deltas)
+        elif not self.defer_logprobs:
+            resolve_logprobs(deltas)
         return deltas
 
     def _detokenize(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
@@ -236,7 +241,7 @@ class DynamicEngine:
             rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
                                              None, self.eos_token_ids, rid))
         # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        result = self.sampler(logits, rows, logits_writable=True)
+        result = self.sampler(logits, rows, logits_writable=True, defer_logprobs=True)
         return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
     def _emit(self, req: Request, logprob, now: float) -> RequestDelta:

@@ -95,7 +95,7 @@ class LLM:
                     finished.append(d.request_id)
 
         worker = TextWorker(stage, emit, name="llm-text")
-        engine.text = None
+        engine.text, engine.defer_logprobs = None, True  # the text thread builds logprob entries
         worker.start()
         try:
             while pending:
@@ -118,7 +118,7 @@ class LLM:
         finally:
             worker.flush()
             worker.close()
-            engine.text = stage
+            engine.text, engine.defer_logprobs = stage, False
 
     def _drain_aborted(self, ids):
         pending = set(ids)

@@ -39,6 +39,7 @@ from infer_cluster.kernels.dispatch import use_triton
 from infer_cluster.kernels.row_stats import row_stats
 from infer_cluster.protocol.sampling_params import SamplingParams
 
+from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
 from .sampling_ops import (TOPK_BLOCK, RandomRows, block_sums, sample_random_rows, to_device, topk,
                            topk_by_blocks)
@@ -64,8 +65,9 @@ class SamplingRequestState:
 class SamplerOutput:
     token_ids: list[int]  # one per row
     # Per row: None when params.logprobs is None, else
-    # [sampled_logprob, {alt_token_id: logprob}] with the top-`params.logprobs` alternatives.
-    logprobs: list[Optional[list]]
+    # [sampled_logprob, {alt_token_id: logprob}] with the top-`params.logprobs` alternatives
+    # (a `DeferredLogprob` of it when the call asked for `defer_logprobs`).
+    logprobs: list
 
 
 class _Scratch:
@@ -89,7 +91,9 @@ class Sampler:
 
     @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState],
-                 logits_writable: bool = False) -> SamplerOutput:
+                 logits_writable: bool = False, defer_logprobs: bool = False) -> SamplerOutput:
+        """Token ids (and logprobs) for one step's rows. `defer_logprobs`: logprob entries come
+        as `DeferredLogprob`s, built later by whoever needs them (worker/logprob_rows.py)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [num_rows={len(rows)}, vocab], got {tuple(logits.shape)}")
         if not rows:
@@ -158,13 +162,11 @@ class Sampler:
             for key in scratch:
                 self.state.remove(key)
 
-        out_logprobs: list[Optional[list]] = [None] * n
+        out_logprobs: list = [None] * n
         if logprob_rows:
-            width = 1 + lp_k
+            lp = LogprobRows(flat, alt_flat, lp_k)
             for j, (i, num) in enumerate(zip(logprob_rows, lp_nums)):
-                v0 = j * width
-                out_logprobs[i] = [flat[v0], dict(zip(alt_flat[j * lp_k:j * lp_k + num],
-                                                      flat[v0 + 1:v0 + 1 + num]))]
+                out_logprobs[i] = DeferredLogprob(lp, j, num) if defer_logprobs else lp.entry(j, num)
         return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
 
     def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:

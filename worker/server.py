@@ -81,6 +81,7 @@ class EngineServer:
         if getattr(engine, "text", None) is None:
             self.text = TextWorker(TextStage(engine.tokenizer, engine.byte_table), self._send_deltas,
                                    name=f"text-{config.name}")
+            engine.defer_logprobs = True  # built on the text thread (worker/logprob_rows.py)
         self._stop_requested = False
         self._stop_graceful = True
         self._stop_deadline: Optional[float] = None

@@ -42,6 +42,7 @@ from typing import Callable, Optional, Sequence
 from infer_cluster.protocol import EngineError, FinishReason, RequestDelta, RequestMetrics
 
 from .detokenizer import IncrementalDetokenizer
+from .logprob_rows import resolve_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class TextStage:
         string while the engine still runs them."""
         out: list[RequestDelta] = []
         stops: list[str] = []
+        resolve_logprobs(deltas)  # the engine leaves logprob entries for this thread to build
         for d in deltas:
             detok = self._detok.get(d.request_id)
             if detok is None:

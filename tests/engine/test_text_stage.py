@@ -104,6 +104,35 @@ def test_threaded_text_equals_inline(engines, stop_of):
     assert st["num_free_blocks"] == st["num_total_blocks"]
 
 
+def test_deferred_logprobs_are_built_by_the_text_stage(engines):
+    """With `defer_logprobs` the engine's raw deltas carry unbuilt entries; the text thread
+    builds them, and the client gets the same logprobs as from the inline engine."""
+    from infer_cluster.worker.logprob_rows import DeferredLogprob
+    inline, raw = engines
+    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=n)
+              for n in (0, 1, 3, 5, None)]
+    want, _ = _inline_outputs(inline, params)
+    raw.defer_logprobs = True
+    try:
+        rid = raw.add_request(PROMPTS[0], params[3], request_id="peek")
+        first = [d for d in raw.step() if d.request_id == rid]
+        assert first and type(first[0].logprobs[0]) is DeferredLogprob
+        raw.abort(rid)
+        while raw.has_unfinished_requests():
+            raw.step()
+        got, _, _ = _threaded_outputs(raw, params)
+    finally:
+        raw.defer_logprobs = False
+    for i, n in enumerate((0, 1, 3, 5, None)):
+        w, g = want[f"r{i}"].logprobs, got[f"r{i}"].logprobs
+        if n is None:
+            assert w is None and g is None
+            continue
+        assert len(g) == len(w) == 6
+        for (w_lp, w_alts), (g_lp, g_alts) in zip(w, g):
+            assert g_lp == w_lp and g_alts == w_alts and len(g_alts) == n
+
+
 def test_metrics_ride_on_the_final_only_and_a_stop_string_final_gets_them(engines):
     inline, _ = engines
     from infer_cluster.protocol import RequestDelta, RequestMetrics
