@@ -27,7 +27,7 @@ for stage in "$@"; do
       python3 -m pytest -q -m gpu tests/unit/test_sampler.py tests/unit/test_sampling_ops.py tests/kernels/test_random_stream.py tests/kernels/test_row_stats.py -p no:cacheprovider 2>&1 | tail -3
       python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-        --sampling all --out "$OUT/sampling_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -13 ;;
+        --sampling all --repeats 2 --out "$OUT/sampling_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -13 ;;
     dist_tests) python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tee "$OUT/gpu_dist_tests.log" | tail -15 ;;
     tp)  # workload A at T=1 and T=2 for both shapes (issue 5); needs 2 GPUs
       for model in qwen3-0.6b-shape llama-3-8b-shape; do for tp in 1 2; do

@@ -80,6 +80,8 @@ def parse_args(argv=None):
     ap.add_argument("--hf-max-seqs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sampling", default="greedy", choices=[*SAMPLING_KINDS, "all"])
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for the run (Python's default 0.005 s)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads before start")
     ap.add_argument("--out", default="bench/results/throughput.json")
@@ -101,6 +103,8 @@ def run_ours(args, prompts, out_lens, kinds):
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len)
     runs = {}
     gc_timer = GcTimer()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)  # the GIL hand-over between engine and text threads
     for kind in kinds:  # warm-up (lazy init, kernels) of every kind before any timing
         llm.generate(prompts[:2], sampling_params(kind, out_lens[:2], args.seed), use_tqdm=False)
     vocab = llm.engine.spec.vocab_size
