@@ -18,7 +18,7 @@ from .logprobs import chat_logprobs
 from .params import chat_messages, chat_params, per_choice
 from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
-from .sse import ChunkFormat, event_json, event_stream
+from .sse import ChunkFormat, EventStream, event_json
 
 router = APIRouter()
 
@@ -29,12 +29,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     backend, metrics, config = state.backend, state.metrics, state.config
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
-    gen = Generation.submit(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
-                            body.n, stream=body.stream, chat=True)
+    gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
+                             body.n, stream=body.stream, chat=True)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    if body.stream:
-        return await _stream(gen, body, model, response_id, created)
+    if body.stream:  # submitted by the response itself (`EventStream`)
+        return _stream(gen, body, model, response_id, created)
+    gen.start()
     if not await gen.collect(request):
         return Response(status_code=499)  # nobody reads it; the requests were cancelled
     choices = []
@@ -48,9 +49,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                                   usage=gen.usage())
 
 
-async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,
-                  created: int):
-    first = await gen.open_stream()
+def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,
+            created: int):
     started: set[int] = set()
     fmt = ChunkFormat(response_id, "chat.completion.chunk", created, model)
 
@@ -74,4 +74,5 @@ async def _stream(gen: Generation, body: ChatCompletionRequest, model: str, resp
         return event_json(ChatCompletionChunk(id=response_id, created=created, model=model,
                                               choices=[], usage=usage))
 
-    return event_stream(gen, first, make_chunk, make_usage_chunk, body.stream_options)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStream(gen, make_chunk, make_usage_chunk, include_usage)

@@ -17,7 +17,7 @@ from .generation import Generation, openai_finish_reason
 from .logprobs import completion_logprobs
 from .params import completion_params, completion_prompts, per_choice
 from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from .sse import ChunkFormat, event_json, event_stream
+from .sse import ChunkFormat, EventStream, event_json
 
 router = APIRouter()
 
@@ -29,12 +29,13 @@ async def create_completion(body: CompletionRequest, request: Request):
     model = backend.check_can_serve(body.model)
     params = completion_params(body, config.max_n)
     prompts = completion_prompts(body, config.max_batch)
-    gen = Generation.submit(backend, metrics, prompts, per_choice(params, body.n), body.n,
-                            stream=body.stream, chat=False)
+    gen = Generation.prepare(backend, metrics, prompts, per_choice(params, body.n), body.n,
+                             stream=body.stream, chat=False)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    if body.stream:
-        return await _stream(gen, body, model, response_id, created)
+    if body.stream:  # submitted by the response itself (`EventStream`)
+        return _stream(gen, body, model, response_id, created)
+    gen.start()
     if not await gen.collect(request):
         return Response(status_code=499)  # nobody reads it; the requests were cancelled
     want_logprobs = body.logprobs is not None
@@ -48,9 +49,8 @@ async def create_completion(body: CompletionRequest, request: Request):
                               usage=gen.usage())
 
 
-async def _stream(gen: Generation, body: CompletionRequest, model: str, response_id: str,
-                  created: int):
-    first = await gen.open_stream()
+def _stream(gen: Generation, body: CompletionRequest, model: str, response_id: str,
+            created: int):
     want_logprobs = body.logprobs is not None
 
     fmt = ChunkFormat(response_id, "text_completion", created, model)
@@ -72,4 +72,5 @@ async def _stream(gen: Generation, body: CompletionRequest, model: str, response
         return event_json(CompletionResponse(id=response_id, created=created, model=model,
                                              choices=[], usage=usage))
 
-    return event_stream(gen, first, make_chunk, make_usage_chunk, body.stream_options)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStream(gen, make_chunk, make_usage_chunk, include_usage)

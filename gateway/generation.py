@@ -1,12 +1,13 @@
 """One HTTP generation request as a set of cluster requests ("choices"), and their results.
 
-Owns: submitting every choice (prompts x n) through the backend's `AsyncInferenceClient`,
+Owns: submitting every choice (prompts x n, `prepare` then `start`) through the backend's `AsyncInferenceClient`,
 waiting for all of them (non-streaming) or merging their deltas into one ordered event stream
 (streaming: one shared asyncio queue, no task per choice; already-queued deltas are taken
-without waiting so the stream can write them together), turning a failed or aborted choice
-into an `APIError`, exact usage counting, cancelling every unfinished choice when the HTTP
-client goes away or the response ends early, and recording each choice in the metrics.
-It formats nothing: `completions.py` / `chat.py` build the response bodies. Never imports torch.
+without waiting so the stream can write them together; `interrupt` wakes a waiting stream with
+`ClientGone`), turning a failed or aborted choice into an `APIError`, exact usage counting,
+cancelling every unfinished choice when the HTTP client goes away or the response ends early,
+and recording each choice in the metrics. It formats nothing: `completions.py` / `chat.py`
+build the response bodies, `sse.py` writes the stream. Never imports torch.
 """
 
 from __future__ import annotations
@@ -52,31 +53,44 @@ class Generation:
     queue: Optional[asyncio.Queue] = None
     _by_rid: dict = field(default_factory=dict)
     _closed: bool = False
+    _interrupted: bool = False
+
+    _plan: Optional[tuple] = None  # (prompts, params per choice, n, chat) until `start`
+    _started: bool = False
 
     @classmethod
-    def submit(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
-               stream: bool, chat: bool) -> "Generation":
-        gen = cls(backend, metrics, queue=asyncio.Queue() if stream else None)
-        client, timeout = backend.client, backend.config.request_timeout
+    def prepare(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
+                stream: bool, chat: bool) -> "Generation":
+        """The choices of one HTTP request, not yet on the cluster: `start` submits them. A
+        stream starts them last, right before it waits (`sse.EventStream`), so no set-up work
+        runs between the submit and the event loop going idle: the client's IO thread needs
+        the GIL to forward the submit, and gets it only then."""
+        return cls(backend, metrics, queue=asyncio.Queue() if stream else None,
+                   _plan=(prompts, params_per_choice, n, chat))
+
+    def start(self) -> None:
+        """Submit every choice; raises `APIError` (nothing then stays on the cluster)."""
+        prompts, params_per_choice, n, chat = self._plan
+        client, timeout = self.backend.client, self.backend.config.request_timeout
         try:
             for p_index, prompt in enumerate(prompts):
                 for k in range(n):
                     params = params_per_choice[k]
                     if chat:
-                        handle = client.chat(prompt, params, timeout=timeout, stream_queue=gen.queue)
+                        handle = client.chat(prompt, params, timeout=timeout, stream_queue=self.queue)
                     else:
-                        handle = client.submit(prompt, params, timeout=timeout, stream_queue=gen.queue)
-                    choice = Choice(len(gen.choices), p_index, handle)
-                    gen.choices.append(choice)
-                    gen._by_rid[handle.request_id] = choice
+                        handle = client.submit(prompt, params, timeout=timeout, stream_queue=self.queue)
+                    choice = Choice(len(self.choices), p_index, handle)
+                    self.choices.append(choice)
+                    self._by_rid[handle.request_id] = choice
         except InferClusterError as exc:
-            gen.cancel_unfinished()
+            self.cancel_unfinished()
             raise APIError.from_cluster(exc) from None
         except RuntimeError as exc:  # the client is closed: the gateway is shutting down
-            gen.cancel_unfinished()
+            self.cancel_unfinished()
             raise APIError(f"the gateway is shutting down: {exc}", "no_replica") from None
-        metrics.in_flight.inc()
-        return gen
+        self._started = True
+        self.metrics.in_flight.inc()
 
     # ------------------------------------------------------------------ non-streaming
 
@@ -109,7 +123,7 @@ class Generation:
     async def collect(self, request) -> bool:
         """Non-streaming: wait for every choice (`wait_all`) while watching the HTTP client;
         False when it went away first (its requests are cancelled). Always closes `self`."""
-        disconnected = asyncio.ensure_future(wait_for_disconnect(request))
+        disconnected = asyncio.ensure_future(wait_for_disconnect(request.receive))
         try:
             await self.wait_all(disconnected)
             return True
@@ -121,14 +135,6 @@ class Generation:
 
     # ------------------------------------------------------------------ streaming
 
-    async def open_stream(self) -> tuple[Choice, RequestDelta]:
-        """`first_event`, closing the generation if it raises (the reply is then an error)."""
-        try:
-            return await self.first_event()
-        except BaseException:
-            self.close()
-            raise
-
     async def first_event(self) -> tuple[Choice, RequestDelta]:
         """The first delta of any choice; a choice that failed before producing anything is
         raised as `APIError` so the reply can still carry the right HTTP status."""
@@ -138,6 +144,7 @@ class Generation:
         return choice, delta
 
     async def next_event(self) -> tuple[Choice, RequestDelta]:
+        """The next delta of any choice; raises `ClientGone` once `interrupt` was called."""
         return self._take(await self.queue.get())
 
     def next_event_nowait(self) -> Optional[tuple[Choice, RequestDelta]]:
@@ -149,7 +156,24 @@ class Generation:
             return None
         return self._take(delta)
 
-    def _take(self, delta: RequestDelta) -> tuple[Choice, RequestDelta]:
+    def interrupt(self) -> None:
+        """The HTTP client went away: a stream waiting in `next_event` (or `first_event`) gets
+        `ClientGone` now instead of the next delta. Idempotent; a no-op once closed."""
+        if self.queue is not None and not self._closed and not self._interrupted:
+            self._interrupted = True
+            self.queue.put_nowait(_CLIENT_GONE)
+
+    def interrupt_when_done(self, watcher: "asyncio.Future") -> None:
+        """Done-callback of a `wait_for_disconnect` task: interrupt unless it was cancelled."""
+        if not watcher.cancelled():
+            if watcher.exception() is not None:
+                log.warning("lost track of an HTTP client (%s); ending its stream",
+                            watcher.exception())
+            self.interrupt()
+
+    def _take(self, delta) -> tuple[Choice, RequestDelta]:
+        if delta is _CLIENT_GONE:
+            raise ClientGone()
         choice = self._by_rid[delta.request_id]
         if delta.finished:
             self._settle(choice, delta.finish_reason, delta.num_prompt_tokens)
@@ -193,6 +217,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        if not self._started:  # never submitted, or `start` failed (and cancelled its part)
+            return
         num = self.cancel_unfinished()
         if num:
             log.info("cancelled %d unfinished request(s) of a closed HTTP exchange", num)
@@ -207,13 +233,17 @@ class Generation:
 
 
 class ClientGone(Exception):
-    """The HTTP client disconnected before its (non-streaming) reply was ready."""
+    """The HTTP client disconnected before its reply was complete."""
 
 
-async def wait_for_disconnect(request) -> None:
-    """Resolves when the HTTP client goes away (the ASGI server sends `http.disconnect` once the
-    body has been read and the connection closes); event-driven, no polling."""
+_CLIENT_GONE = object()  # queued by `Generation.interrupt`
+
+
+async def wait_for_disconnect(receive) -> None:
+    """Resolves when the HTTP client goes away: `receive` is the ASGI receive callable, and the
+    server sends `http.disconnect` once the body has been read and the connection closes (or the
+    response is complete); event-driven, no polling."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message.get("type") == "http.disconnect":
             return

@@ -1,23 +1,31 @@
 """Server-sent events for streamed completions.
 
-Owns: the SSE framing (`data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`), the response
-class that always runs the stream's cleanup when the exchange ends (Starlette stops iterating
-a stream when the client disconnects but does not close the generator; ours is closed at once,
-and its `finally` cancels the unfinished requests on the cluster), the per-delta chunk JSON
-(plain dicts and one `json.dumps`, no pydantic model per event), and the common streaming
-loop shared by completions and chat: chunk per delta (deltas queued together share one
-write), an error event when a choice fails after the stream began, the usage chunk, then `[DONE]`. Never imports torch.
+Owns: the SSE framing (`data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`), the per-delta
+chunk JSON (plain dicts and one `json.dumps`, no pydantic model per event), and `EventStream`,
+the ASGI response of a streamed generation shared by completions and chat: it submits the
+generation and waits for the first delta itself (a choice that fails before producing anything raises `APIError`, which the
+app's handler turns into a reply with the right HTTP status, since nothing was sent yet), then
+sends the headers and the first chunk at once and streams the rest: deltas queued together go
+out in one write, an error event when a choice fails after the stream began, the usage chunk,
+then `[DONE]`. A client that goes away ends the stream and cancels its requests on the cluster
+(`Generation.interrupt` / `close`), also while the first token is still being computed.
+
+Why not Starlette's `StreamingResponse`: it starts the response in a new task of an anyio task
+group (plus a task that watches for the disconnect), which put task-group set-up and an extra
+loop turn between the first token and its write; here the only work between the first token and
+the socket is formatting that token. Never imports torch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import AsyncIterator, Callable
+from typing import Callable
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 from .errors import APIError
-from .generation import Generation
+from .generation import ClientGone, Generation, wait_for_disconnect
 
 DONE = b"data: [DONE]\n\n"
 
@@ -54,38 +62,52 @@ def sse(payload_json: str) -> bytes:
     return b"data: " + payload_json.encode() + b"\n\n"
 
 
-class EventStream(StreamingResponse):
+class EventStream(Response):
+    """The reply of a streamed `Generation` (an ASGI app). `make_chunk(choice, delta, final)`
+    returns one chunk's JSON text (or None to skip it), `make_usage_chunk(usage)` the final
+    usage chunk's; `include_usage` asks for that chunk. Always closes `gen` when done."""
+
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]):
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
+    def __init__(self, gen: Generation, make_chunk: Callable, make_usage_chunk: Callable,
+                 include_usage: bool):
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.gen = gen
+        self.make_chunk = make_chunk
+        self.make_usage_chunk = make_usage_chunk
+        self.include_usage = include_usage
 
     async def __call__(self, scope, receive, send) -> None:
+        gen = self.gen
+        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        watcher.add_done_callback(gen.interrupt_when_done)
         try:
-            await super().__call__(scope, receive, send)
+            # Submit last, then wait at once: see `Generation.prepare`. An `APIError` from here
+            # on to the first event reaches the app's handler (nothing was sent yet).
+            gen.start()
+            first = await gen.first_event()
+            started = False
+            async for body in self._bodies(first):
+                if not started:
+                    started = True
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except ClientGone:
+            pass  # nobody reads the rest; `close` cancels what still runs
         finally:
-            await self.body_iterator.aclose()  # runs the generator's finally (cancel) now
-            self._on_close()  # also when the generator never started
+            watcher.cancel()
+            gen.close()
 
-
-def event_stream(gen: Generation, first, make_chunk: Callable, make_usage_chunk,
-                 stream_options) -> "EventStream":
-    """The streaming response of `gen`: its events as SSE, usage last when the request's
-    `stream_options.include_usage` asks for it; closing the exchange closes `gen`."""
-    include_usage = bool(stream_options and stream_options.include_usage)
-    return EventStream(stream_events(gen, first, make_chunk, make_usage_chunk, include_usage),
-                       on_close=gen.close)
-
-
-async def stream_events(gen: Generation, first, make_chunk: Callable, make_usage_chunk,
-                        include_usage: bool) -> AsyncIterator[bytes]:
-    """Yield SSE frames for every delta of `gen`; `make_chunk(choice, delta)` returns the
-    chunk's JSON text (or None to skip), `make_usage_chunk(usage)` the final usage chunk's.
-    Deltas already queued when one is handled go out in the same HTTP write (one send per
-    wake-up, not per token); the frames and their order are the same as one write each."""
-    frames: list[bytes] = []
-    try:
+    async def _bodies(self, first):
+        """The stream's HTTP writes: SSE frames of every delta of the generation, those that
+        were queued together joined into one write; the frames and their order are the same as
+        one write each."""
+        gen, make_chunk = self.gen, self.make_chunk
+        frames: list[bytes] = []
         event, failed = first, False
         while True:
             choice, delta = event
@@ -109,9 +131,7 @@ async def stream_events(gen: Generation, first, make_chunk: Callable, make_usage
                     yield b"".join(frames)
                     frames.clear()
                 event = await gen.next_event()
-        if not failed and include_usage:
-            frames.append(sse(make_usage_chunk(gen.usage())))
+        if not failed and self.include_usage:
+            frames.append(sse(self.make_usage_chunk(gen.usage())))
         frames.append(DONE)
         yield b"".join(frames)
-    finally:
-        gen.close()

@@ -5,6 +5,9 @@ every run does the same work), driving it through an `InferenceClient` at a fixe
 a Poisson request rate, and the latency summary (TTFT, TPOT, end-to-end p50 / p99, throughput,
 and from the replicas' `RequestMetrics` on each output: queue time and prefill time).
 Waiting is event-driven (a queue fed by request completions), never a polling loop.
+TTFT and end-to-end time run from just before the submit call (so the client's own prompt
+checks and encoding count, as the HTTP client's request building does in `loadgen_http`) to the
+first token / the final delta as the client's IO thread reads them off the socket.
 Never imports torch.
 """
 
@@ -89,6 +92,7 @@ def run_load(client, requests: list, concurrency: Optional[int] = None,
     Poisson process (None: all at once)."""
     finished: "queue.SimpleQueue[int]" = queue.SimpleQueue()
     handles: list = [None] * len(requests)
+    called_at: list = [0.0] * len(requests)  # just before each submit call: the clock's start
     rng = random.Random(seed)
     bar = None
     if progress:
@@ -128,6 +132,7 @@ def run_load(client, requests: list, concurrency: Optional[int] = None,
         def on_delta(delta, _i=i):
             if delta.finished:
                 finished.put(_i)
+        called_at[i] = time.monotonic()
         handles[i] = client._submit(prompt, params, None, 0, None, on_delta)
         in_flight += 1
         collect(None)
@@ -137,11 +142,11 @@ def run_load(client, requests: list, concurrency: Optional[int] = None,
     if bar is not None:
         bar.close()
     result = LoadResult(wall_seconds=wall)
-    for h in handles:
+    for h, t0 in zip(handles, called_at):
         out = h.output
-        ttft = (h.first_token_at - h.submitted_at) if h.first_token_at is not None else None
+        ttft = (h.first_token_at - t0) if h.first_token_at is not None else None
         m = out.metrics
-        result.timings.append(RequestTiming(ttft=ttft, e2e=h.finished_at - h.submitted_at,
+        result.timings.append(RequestTiming(ttft=ttft, e2e=h.finished_at - t0,
                                             num_output_tokens=len(out.token_ids),
                                             finish_reason=out.finish_reason,
                                             queue_time=m.queue_time if m is not None else None,

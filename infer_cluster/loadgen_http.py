@@ -2,10 +2,23 @@
 
 Owns: driving a workload (`loadgen.Workload.build()` pairs) through `POST /v1/completions` with
 SSE streaming (token-id prompts, greedy, `ignore_eos`, `stream_options.include_usage` for the
-exact token count) at a fixed concurrency or Poisson rate, with per-request TTFT (first chunk
-that carries a choice) and end-to-end time measured by the HTTP client, and the comparison
-table of HTTP against ZMQ. It returns `loadgen.LoadResult`, so `loadgen.summarize` applies
-unchanged. Never imports torch.
+exact token count) at a fixed concurrency or Poisson rate, with per-request TTFT and end-to-end
+time measured by the HTTP client, and the comparison table of HTTP against ZMQ. It returns
+`loadgen.LoadResult`, so `loadgen.summarize` applies unchanged. Never imports torch.
+
+The measurement is meant to show what the *gateway* adds, so the client must not add much of
+its own and must be timed like the ZMQ side (`loadgen.run_load`):
+- aiohttp (C HTTP parser; what the vLLM and SGLang serving benchmarks use). httpx, used before,
+  spent about 1.5 ms of its own per streamed request on a 2-core machine (h11 and anyio in pure
+  Python), which the bench then reported as gateway cost (docs/gateway.md).
+- one `HttpLoad` (one event loop, one connection pool) for all rounds of a run, so connections
+  stay open between rounds as the ZMQ client's socket does: no TCP set-up in a measured request
+  after the warm-up.
+- TTFT runs from just before the request call to the first network read that holds an event
+  with a choice (the first token), the same points as the ZMQ side's clock (before `submit`,
+  to the first token read off the socket).
+
+To extend: new request fields go into `_body`; anything parsed from the stream goes into `_one`.
 """
 
 from __future__ import annotations
@@ -19,22 +32,27 @@ from typing import Optional
 from .loadgen import LoadResult, RequestTiming
 
 
-async def _one(http, url: str, model: Optional[str], prompt, params) -> RequestTiming:
+def _body(model: Optional[str], prompt, params) -> dict:
     body = {"prompt": prompt, "max_tokens": params.max_tokens, "temperature": params.temperature,
             "ignore_eos": params.ignore_eos, "stream": True,
             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
+    return body
+
+
+async def _one(session, url: str, body: dict) -> RequestTiming:
     started = time.monotonic()
     first = None
     num_tokens = 0
     finish_reason = None
-    async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            await resp.read()
             return RequestTiming(None, time.monotonic() - started, 0, "error")
         buffer = b""
-        async for data in resp.aiter_bytes():  # events end with a blank line (SSE)
+        async for data in resp.content.iter_any():  # events end with a blank line (SSE)
+            now = time.monotonic()
             buffer += data
             *events, buffer = buffer.split(b"\n\n")
             for event in events:
@@ -49,7 +67,7 @@ async def _one(http, url: str, model: Optional[str], prompt, params) -> RequestT
                     continue
                 if chunk.get("choices"):
                     if first is None:
-                        first = time.monotonic()
+                        first = now
                     finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
                 if chunk.get("usage"):
                     num_tokens = chunk["usage"]["completion_tokens"]
@@ -58,42 +76,77 @@ async def _one(http, url: str, model: Optional[str], prompt, params) -> RequestT
                          num_tokens, finish_reason)
 
 
-async def _run(url: str, requests: list, concurrency: Optional[int],
-               request_rate: Optional[float], seed: int, model: Optional[str]) -> LoadResult:
-    import httpx
+class HttpLoad:
+    """One HTTP client (event loop + aiohttp session) for every round against one gateway.
+    Use as a context manager; `run(...)` drives one round and returns its `LoadResult`."""
 
-    rng = random.Random(seed)
-    gate = asyncio.Semaphore(concurrency) if concurrency else None
-    limits = httpx.Limits(max_connections=concurrency or len(requests),
-                          max_keepalive_connections=concurrency or len(requests))
+    def __init__(self, url: str, model: Optional[str] = None):
+        self.url = url.rstrip("/")
+        self.model = model
+        self._loop = asyncio.new_event_loop()
+        self._session = None
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
-        async def guarded(prompt, params):
+    def __enter__(self) -> "HttpLoad":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        if self._session is not None:
+            self._loop.run_until_complete(self._session.close())
+        self._loop.close()
+
+    async def _open(self):
+        import aiohttp
+
+        if self._session is None:
+            # No limit on connections (the concurrency gate bounds them); a read timeout only.
+            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
+        return self._session
+
+    def run(self, requests: list, concurrency: Optional[int] = None,
+            request_rate: Optional[float] = None, seed: int = 0) -> LoadResult:
+        """Send `requests` ((prompt, SamplingParams) pairs) at `concurrency` in flight (None: no
+        cap), spaced as Poisson arrivals at `request_rate` per second (None: all at once)."""
+        return self._loop.run_until_complete(self._run(requests, concurrency, request_rate, seed))
+
+    async def _run(self, requests, concurrency, request_rate, seed) -> LoadResult:
+        session = await self._open()
+        rng = random.Random(seed)
+        gate = asyncio.Semaphore(concurrency) if concurrency else None
+        bodies = [_body(self.model, prompt, params) for prompt, params in requests]
+
+        async def guarded(body):
             if gate is None:
-                return await _one(http, url, model, prompt, params)
+                return await _one(session, self.url, body)
             async with gate:
-                return await _one(http, url, model, prompt, params)
+                return await _one(session, self.url, body)
 
         started = time.monotonic()
         tasks = []
         next_arrival = started
-        for prompt, params in requests:
+        for body in bodies:
             if request_rate is not None:
                 delay = next_arrival - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 next_arrival += rng.expovariate(request_rate)
-            tasks.append(asyncio.ensure_future(guarded(prompt, params)))
+            tasks.append(asyncio.ensure_future(guarded(body)))
         timings = await asyncio.gather(*tasks)
-        wall = time.monotonic() - started
-    return LoadResult(timings=list(timings), wall_seconds=wall)
+        return LoadResult(timings=list(timings), wall_seconds=time.monotonic() - started)
 
 
 def run_http_load(url: str, requests: list, concurrency: Optional[int] = None,
                   request_rate: Optional[float] = None, seed: int = 0,
                   model: Optional[str] = None) -> LoadResult:
-    """Send `requests` ((prompt, SamplingParams) pairs) to the gateway at `url`."""
-    return asyncio.run(_run(url.rstrip("/"), requests, concurrency, request_rate, seed, model))
+    """One round with a client of its own (see `HttpLoad` to keep connections across rounds)."""
+    with HttpLoad(url, model) as load:
+        return load.run(requests, concurrency, request_rate, seed)
 
 
 _COMPARED = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
@@ -181,17 +234,17 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
     requests = work.build()
     warmup = requests[: min(8, len(requests))]
     pooled = {"zmq": LoadResult(), "http": LoadResult()}
-    with InferenceClient(address, name="bench", auth=auth) as client:
+    with InferenceClient(address, name="bench", auth=auth) as client, HttpLoad(http_url) as http_load:
         try:
             client.status(timeout=5.0)
         except TimeoutError as exc:
             raise CliError(f"error: {exc}") from None
         try:
-            run_http_load(http_url, warmup[:1], seed=seed)
+            http_load.run(warmup[:1], seed=seed)
         except Exception as exc:
             raise CliError(f"error: the gateway at {http_url} does not answer: {exc}") from None
         run_load(client, warmup, concurrency=concurrency, seed=seed)
-        run_http_load(http_url, warmup, concurrency=concurrency, seed=seed)
+        http_load.run(warmup, concurrency=concurrency, seed=seed)
         sums = {"before": {}, "after": {}}
         for round_ in range(repeat):
             for name in ("zmq", "http"):
@@ -200,7 +253,7 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
                                       request_rate=request_rate, seed=seed)
                 else:
                     before = _gateway_latency_sums(http_url)
-                    result = run_http_load(http_url, requests, concurrency=concurrency,
+                    result = http_load.run(requests, concurrency=concurrency,
                                            request_rate=request_rate, seed=seed)
                     after = _gateway_latency_sums(http_url)
                     for key in after:  # accumulate this round's histogram deltas
