@@ -1,9 +1,12 @@
 """`AsyncInferenceClient`: the `InferenceClient` surface for asyncio code.
 
-Owns: the asyncio adapters. Replies still arrive on the one IO thread of an inner
+Owns: the asyncio adapters. By default replies arrive on the one IO thread of an inner
 `InferenceClient` and are handed to the event loop through one inbox per loop: the first
 delta after a drain wakes the loop with `call_soon_threadsafe`, later ones ride along (one
-wake-up per burst, not per token). Nothing here blocks the loop and nothing polls. Never
+wake-up per burst, not per token). With `on_loop=True` (the HTTP gateway) there is no IO
+thread: the socket work runs on the loop that created the client (`client/loop_io.py`), a
+submit goes straight to the socket and a reply is handed over in place, with no thread
+wake-up or GIL hand-off either way. Nothing here blocks the loop and nothing polls. Never
 imports torch.
 
 Usage::
@@ -36,6 +39,7 @@ class _LoopInbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
+        self._loop_thread = threading.get_ident()  # made on the loop (`_new_handle`)
         self._lock = threading.Lock()
         self._items: list = []
         self._scheduled = False
@@ -45,8 +49,14 @@ class _LoopInbox:
             self._items.append((handle, delta))
             if self._scheduled:
                 return
-            self._scheduled = True
-        self._loop.call_soon_threadsafe(self._drain)
+            if threading.get_ident() == self._loop_thread:  # the loop's own socket work
+                on_loop = True
+            else:
+                on_loop, self._scheduled = False, True
+        if on_loop:
+            self._drain()
+        else:
+            self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:  # event loop
         with self._lock:
@@ -120,7 +130,16 @@ class AsyncRequestHandle:
 
 
 class AsyncInferenceClient:
-    def __init__(self, address: str = "tcp://127.0.0.1:5555", **kwargs):
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, on_loop: bool = False, **kwargs):
+        """`kwargs` as for `InferenceClient`. `on_loop=True`: no IO thread, the socket work runs
+        on the running loop this is created on; use the client from that loop (other threads
+        may still call it) and close it before the loop ends."""
+        if on_loop:
+            try:
+                kwargs["io_loop"] = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError("AsyncInferenceClient(on_loop=True) must be created on the "
+                                   "event loop that will use it, while it runs") from None
         self._client = InferenceClient(address, **kwargs)
         self._inboxes = weakref.WeakKeyDictionary()  # event loop -> its _LoopInbox
 

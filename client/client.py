@@ -41,6 +41,7 @@ from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, Control
 from . import auth as _auth
 from .handle import RequestHandle
 from .io_thread import ClientIO, check_address
+from .loop_io import LoopIO
 
 log = logging.getLogger("infer_cluster.client")
 
@@ -102,10 +103,12 @@ class InferenceClient:
                  heartbeat_interval: float = 1.0, coordinator_timeout: float = 30.0,
                  max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES, socket_hwm: int = 100_000,
                  auth: _auth.AuthArg = None, auth_role: Optional[str] = None,
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0, io_loop=None):
         """`auth`: a key folder (or `AuthKeys`); None = no auth. `auth_role`: "client" or
-        "admin" (default: client if the folder has its secret key, else admin).
-        Raises ValueError (bad address, bad timing) or `AuthError` (unusable key folder)."""
+        "admin" (default: client if the folder has its secret key, else admin). `io_loop`: do
+        the socket work on this running asyncio loop instead of an IO thread (`client/loop_io.py`;
+        create the client on that loop). Raises ValueError (bad address, bad timing) or
+        `AuthError` (unusable key folder)."""
         if heartbeat_interval <= 0 or coordinator_timeout <= heartbeat_interval:
             raise ValueError("need 0 < heartbeat_interval < coordinator_timeout")
         if not connect_timeout > 0:
@@ -134,11 +137,13 @@ class InferenceClient:
         self.last_error: Optional[Exception] = None
         self._instance = ""
         self._closed = False
+        io_args = (self._ctx, address, name or "client", self._on_message, self._on_silence,
+                   heartbeat_interval, coordinator_timeout, socket_hwm, max_frame_bytes)
         try:
-            self._io = ClientIO(self._ctx, address, name or "client", self._on_message,
-                                self._on_silence, heartbeat_interval, coordinator_timeout,
-                                socket_hwm, max_frame_bytes, keys=keys, role=role or "client",
-                                on_connect_tick=self._on_connect_tick)
+            self._io = (ClientIO(*io_args, keys=keys, role=role or "client",
+                                 on_connect_tick=self._on_connect_tick) if io_loop is None else
+                        LoopIO(io_loop, *io_args, keys=keys, role=role or "client",
+                               on_connect_tick=self._on_connect_tick))
         except Exception:
             self._closed = True
             self._ctx.term()

@@ -160,11 +160,12 @@ def test_status_and_control(served):
     assert reply["ok"] and reply["replicas"] == ["a"]
 
 
-def test_async_client(served):
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_async_client(served, on_loop):
     ct, _ = served
 
     async def main():
-        async with AsyncInferenceClient(ct.front) as ac:
+        async with AsyncInferenceClient(ct.front, on_loop=on_loop) as ac:
             h = ac.submit("async", SamplingParams(max_tokens=4))
             toks = [t async for d in h.stream() for t in d.token_ids]
             out = await h.result(timeout=5)
@@ -178,6 +179,36 @@ def test_async_client(served):
             assert (await h2.result(5)).finish_reason == "abort"
             assert (await ac.status())["coordinator"]["num_replicas"] == 2
     asyncio.run(main())
+
+
+def test_async_client_on_loop_has_no_io_thread_and_fails_fast_when_unreachable(served):
+    """`on_loop=True` (the gateway's client): the socket work runs on the loop, no IO thread;
+    heartbeats, connect checks and close (from the loop or another thread) work there too."""
+    from infer_cluster.protocol import UnreachableError
+    ct, _ = served
+    before = {t.name for t in threading.enumerate()}
+
+    async def main():
+        ac = AsyncInferenceClient(ct.front, on_loop=True, heartbeat_interval=0.05,
+                                  coordinator_timeout=2.0)
+        assert not any(t.name.startswith("infer-cluster-client-io") and t.name not in before
+                       for t in threading.enumerate())
+        await asyncio.sleep(0.3)  # several heartbeats on the loop; the connection stays up
+        outs = await ac.generate(["x", "y"], SamplingParams(max_tokens=3))
+        assert [o.token_ids for o in outs] == [fake_tokens("x", 3), fake_tokens("y", 3)]
+        await ac.aclose()  # from an executor thread: the loop closes the sockets
+        ac.close()  # idempotent
+
+        gone = AsyncInferenceClient(f"tcp://127.0.0.1:{_port_outside_ephemeral_range()}",
+                                    on_loop=True, connect_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(UnreachableError, match="no answer"):
+            await gone.submit("x", SamplingParams(max_tokens=2)).result(timeout=5)
+        assert time.monotonic() - started < 2.0
+        gone.close()  # on the loop's own thread
+    asyncio.run(main())
+    with pytest.raises(RuntimeError, match="must be created on the event loop"):
+        AsyncInferenceClient(ct.front, on_loop=True)
 
 
 def test_client_coordinator_and_protocol_never_import_torch():
