@@ -6,7 +6,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PINS = torch==2.13.0 triton==3.7.1 numpy
-DEPS_CHECK = import torch, triton, zmq, msgpack, xxhash, click, transformers, pytest, pytest_timeout, hypothesis, tqdm, fastapi, uvicorn, prometheus_client, httpx, aiohttp, openai
+DEPS_CHECK = import torch, triton, zmq, msgpack, xxhash, click, transformers, pytest, pytest_timeout, hypothesis, tqdm, fastapi, uvicorn, prometheus_client, httpx, openai
 
 ACTIVE_OK := $(if $(VIRTUAL_ENV),$(shell "$(VIRTUAL_ENV)/bin/python" -c "$(DEPS_CHECK)" 2>/dev/null && echo yes),)
 ifeq ($(ACTIVE_OK),yes)

@@ -6,31 +6,39 @@ exact token count) at a fixed concurrency or Poisson rate, with per-request TTFT
 time measured by the HTTP client, and the comparison table of HTTP against ZMQ. It returns
 `loadgen.LoadResult`, so `loadgen.summarize` applies unchanged. Never imports torch.
 
-The measurement is meant to show what the *gateway* adds, so the client must not add much of
-its own and must be timed like the ZMQ side (`loadgen.run_load`):
-- aiohttp (C HTTP parser; what the vLLM and SGLang serving benchmarks use) on uvloop, without
-  cookies or decompression. httpx, used before, spent about 1.5 ms more per streamed request on
-  a 2-core machine (h11 and anyio in pure Python), which the bench reported as gateway cost
-  (docs/gateway.md "What the gateway costs").
-- one `HttpLoad` (one event loop, one connection pool) for all rounds of a run, so connections
-  stay open between rounds as the ZMQ client's socket does: no TCP set-up in a measured request
-  after the warm-up.
-- TTFT runs from just before the request call to the first network read that holds an event
-  with a choice (the first token), the same points as the ZMQ side's clock (before `submit`,
-  to the first token read off the socket).
+The measurement is meant to show what the *gateway* adds, so the client must add as little of
+its own as it can and be timed like the ZMQ side (`loadgen.run_load`):
+- the standard library's `http.client`, one blocking worker thread per request in flight (as
+  the ZMQ client's replies arrive on a thread). httpx, used before, spent about 1.5 ms more per
+  streamed request on a 2-core machine (h11 and anyio in pure Python) and aiohttp about 0.3 ms
+  more than `http.client`, all of which the bench reported as gateway cost (docs/gateway.md,
+  "What the gateway costs").
+- persistent connections (HTTP/1.1 keep-alive) shared by all rounds of one `HttpLoad`, as the
+  ZMQ client keeps its socket: a connection is opened, or reopened when the server closed it
+  while idle, before a request's clock starts.
+- TTFT runs from just before the request is written to the first read that holds an event with
+  a choice (the first token): the same points as the ZMQ side's clock (before `submit`, to the
+  first token read off the socket).
 
-To extend: new request fields go into `_body`; anything parsed from the stream goes into `_one`.
+To extend: new request fields go into `_body`; anything parsed from the stream goes into
+`HttpLoad._one`.
 """
 
 from __future__ import annotations
 
-import asyncio
+import http.client
 import json
 import random
+import select
+import threading
 import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from .loadgen import LoadResult, RequestTiming
+
+_JSON = {"Content-Type": "application/json"}
 
 
 def _body(model: Optional[str], prompt, params) -> dict:
@@ -42,21 +50,60 @@ def _body(model: Optional[str], prompt, params) -> dict:
     return body
 
 
-_JSON = {"Content-Type": "application/json"}
+class HttpLoad:
+    """The HTTP client for every round against one gateway: a pool of keep-alive connections.
+    Use as a context manager; `run(...)` drives one round and returns its `LoadResult`."""
 
+    def __init__(self, url: str, model: Optional[str] = None):
+        parts = urllib.parse.urlsplit(url.rstrip("/"))
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"expected an http://HOST:PORT URL for the gateway, got {url!r}")
+        self._host, self._port = parts.hostname, parts.port or 80
+        self.path = f"{parts.path}/v1/completions"
+        self.model = model
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
 
-async def _one(session, url, body: dict) -> RequestTiming:
-    started = time.monotonic()
-    first = None
-    num_tokens = 0
-    finish_reason = None
-    async with session.post(url, data=json.dumps(body).encode(), headers=_JSON) as resp:
+    def __enter__(self) -> "HttpLoad":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _take(self) -> http.client.HTTPConnection:
+        """An open connection: an idle one (reopened if the server closed it meanwhile: an idle
+        keep-alive socket that reads as ready holds EOF), or a new one."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=600)
+        elif conn.sock is not None and select.select([conn.sock], [], [], 0)[0]:
+            conn.close()
+        if conn.sock is None:
+            conn.connect()
+        return conn
+
+    def _one(self, body: dict) -> RequestTiming:
+        conn = self._take()
+        started = time.monotonic()
+        first = None
+        num_tokens = 0
+        finish_reason = None
+        conn.request("POST", self.path, body=json.dumps(body).encode(), headers=_JSON)
+        resp = conn.getresponse()
         if resp.status != 200:
-            await resp.read()
+            resp.read()
+            self._give(conn, resp)
             return RequestTiming(None, time.monotonic() - started, 0, "error")
         buffer = b""
         while True:  # events end with a blank line (SSE)
-            data = await resp.content.readany()
+            data = resp.read1(65536)
             if not data:
                 break
             now = time.monotonic()
@@ -78,78 +125,39 @@ async def _one(session, url, body: dict) -> RequestTiming:
                     finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
                 if chunk.get("usage"):
                     num_tokens = chunk["usage"]["completion_tokens"]
-    end = time.monotonic()
-    return RequestTiming(first - started if first is not None else None, end - started,
-                         num_tokens, finish_reason)
+        end = time.monotonic()
+        self._give(conn, resp)
+        return RequestTiming(first - started if first is not None else None, end - started,
+                             num_tokens, finish_reason)
 
-
-class HttpLoad:
-    """One HTTP client (event loop + aiohttp session) for every round against one gateway.
-    Use as a context manager; `run(...)` drives one round and returns its `LoadResult`."""
-
-    def __init__(self, url: str, model: Optional[str] = None):
-        import uvloop
-        import yarl
-
-        self.url = yarl.URL(f"{url.rstrip('/')}/v1/completions")
-        self.model = model
-        self._loop = uvloop.new_event_loop()
-        self._session = None
-
-    def __enter__(self) -> "HttpLoad":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._loop.is_closed():
+    def _give(self, conn: http.client.HTTPConnection, resp) -> None:
+        if resp.will_close:
+            conn.close()
             return
-        if self._session is not None:
-            self._loop.run_until_complete(self._session.close())
-        self._loop.close()
-
-    async def _open(self):
-        import aiohttp
-
-        if self._session is None:
-            # No limit on connections (the concurrency gate bounds them), a read timeout only,
-            # and none of the per-request work this load does not need (cookies, decompression).
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
-        return self._session
+        with self._lock:
+            self._idle.append(conn)
 
     def run(self, requests: list, concurrency: Optional[int] = None,
             request_rate: Optional[float] = None, seed: int = 0) -> LoadResult:
         """Send `requests` ((prompt, SamplingParams) pairs) at `concurrency` in flight (None: no
         cap), spaced as Poisson arrivals at `request_rate` per second (None: all at once)."""
-        return self._loop.run_until_complete(self._run(requests, concurrency, request_rate, seed))
-
-    async def _run(self, requests, concurrency, request_rate, seed) -> LoadResult:
-        session = await self._open()
         rng = random.Random(seed)
-        gate = asyncio.Semaphore(concurrency) if concurrency else None
         bodies = [_body(self.model, prompt, params) for prompt, params in requests]
-
-        async def guarded(body):
-            if gate is None:
-                return await _one(session, self.url, body)
-            async with gate:
-                return await _one(session, self.url, body)
-
-        started = time.monotonic()
-        tasks = []
-        next_arrival = started
-        for body in bodies:
-            if request_rate is not None:
-                delay = next_arrival - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                next_arrival += rng.expovariate(request_rate)
-            tasks.append(asyncio.ensure_future(guarded(body)))
-        timings = await asyncio.gather(*tasks)
-        return LoadResult(timings=list(timings), wall_seconds=time.monotonic() - started)
+        workers = min(concurrency or len(bodies), len(bodies)) or 1
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-http") as pool:
+            started = time.monotonic()
+            next_arrival = started
+            futures = []
+            for body in bodies:
+                if request_rate is not None:
+                    delay = next_arrival - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    next_arrival += rng.expovariate(request_rate)
+                futures.append(pool.submit(self._one, body))
+            timings = [f.result() for f in futures]
+            wall = time.monotonic() - started
+        return LoadResult(timings=timings, wall_seconds=wall)
 
 
 def run_http_load(url: str, requests: list, concurrency: Optional[int] = None,
@@ -245,7 +253,11 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
     requests = work.build()
     warmup = requests[: min(8, len(requests))]
     pooled = {"zmq": LoadResult(), "http": LoadResult()}
-    with InferenceClient(address, name="bench", auth=auth) as client, HttpLoad(http_url) as http_load:
+    try:
+        http_load = HttpLoad(http_url)
+    except ValueError as exc:
+        raise CliError(f"error: --http: {exc}") from None
+    with InferenceClient(address, name="bench", auth=auth) as client, http_load:
         try:
             client.status(timeout=5.0)
         except TimeoutError as exc:

@@ -1,5 +1,5 @@
 """`infer-cluster bench --http` against a real `serve --http-port`: the same workload through ZMQ
-and through the gateway (aiohttp, one connection pool for all rounds), every request counted on
+and through the gateway (keep-alive connections shared by all rounds), every request counted on
 both sides, and the comparison the docs quote (HTTP minus ZMQ, the paired HTTP-layer figure)."""
 
 from __future__ import annotations
