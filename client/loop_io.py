@@ -17,7 +17,8 @@ thread (e.g. `status()` run in an executor) still travel through the inproc pair
 Must never block the loop: every socket call is non-blocking. ZMQ file descriptors are
 edge-triggered ("something may have changed"), so a wake-up drains until EAGAIN, and a send
 from the loop re-checks ZMQ_EVENTS (a send can consume the edge of a reply that arrived
-meanwhile). Never imports torch.
+meanwhile); each heartbeat tick drains too, so a missed edge could delay a reply by one tick
+at most, never stall it. Never imports torch.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class LoopIO(ClientIO):
         self._send_msg(ClientHello(client_name=self._name))
         self._next_ping = time.monotonic() + self.heartbeat_interval
         self._schedule_tick()
-        self._loop.call_soon(self._guarded, self._on_dealer)  # whatever came before add_reader
+        for on_ready in (self._on_dealer, self._on_commands, self._read_monitor):
+            self._loop.call_soon(self._guarded, on_ready)  # whatever came before add_reader
 
     def send(self, payload: bytes) -> None:
         if threading.get_ident() != self._loop_thread:
@@ -135,6 +137,7 @@ class LoopIO(ClientIO):
                                             self._guarded, self._tick)
 
     def _tick(self) -> None:
+        self._on_dealer()  # a safety net: no reply waits longer than one tick for an edge
         now = time.monotonic()
         if not self.is_connected and self._on_connect_tick is not None:
             self._on_connect_tick(now, self.refusal)
