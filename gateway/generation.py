@@ -1,13 +1,14 @@
 """One HTTP generation request as a set of cluster requests ("choices"), and their results.
 
-Owns: submitting every choice (prompts x n, `prepare` then `start`) through the backend's `AsyncInferenceClient`,
-waiting for all of them (non-streaming) or merging their deltas into one ordered event stream
-(streaming: one shared asyncio queue, no task per choice; already-queued deltas are taken
-without waiting so the stream can write them together; `interrupt` wakes a waiting stream with
-`ClientGone`), turning a failed or aborted choice into an `APIError`, exact usage counting,
-cancelling every unfinished choice when the HTTP client goes away or the response ends early,
-and recording each choice in the metrics. It formats nothing: `completions.py` / `chat.py`
-build the response bodies, `sse.py` writes the stream. Never imports torch.
+Owns: submitting every choice (prompts x n; `prepare`, then `start`) through the backend's
+`AsyncInferenceClient`, waiting for all of them (non-streaming) or merging their deltas into
+one ordered event stream (streaming: one shared asyncio queue, no task per choice;
+already-queued deltas are taken without waiting so the stream can write them together;
+`interrupt` wakes a waiting stream with `ClientGone`), turning a failed or aborted choice into
+an `APIError`, exact usage counting, cancelling every unfinished choice when the HTTP client
+goes away or the response ends early, and recording each choice in the metrics. It formats
+nothing: `completions.py` / `chat.py` build the response bodies, `sse.py` writes the stream.
+Never imports torch.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Owns: the SSE framing (`data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`), the per-delta
 chunk JSON (plain dicts and one `json.dumps`, no pydantic model per event), and `EventStream`,
-the ASGI response of a streamed generation shared by completions and chat: it submits the
-generation and waits for the first delta itself (a choice that fails before producing anything raises `APIError`, which the
-app's handler turns into a reply with the right HTTP status, since nothing was sent yet), then
-sends the headers and the first chunk at once and streams the rest: deltas queued together go
-out in one write, an error event when a choice fails after the stream began, the usage chunk,
-then `[DONE]`. A client that goes away ends the stream and cancels its requests on the cluster
-(`Generation.interrupt` / `close`), also while the first token is still being computed.
+the ASGI response of a streamed generation shared by completions and chat. It submits the
+generation and waits for the first delta itself: a choice that fails before producing anything
+raises `APIError`, which the app's handler turns into a reply with the right HTTP status since
+nothing was sent yet. Then it sends the headers and the first chunk and streams the rest:
+deltas queued together go out in one write, an error event when a choice fails after the stream
+began, the usage chunk, then `[DONE]`. A client that goes away ends the stream and cancels its
+requests on the cluster (`Generation.interrupt` / `close`), also before its first token.
 
 Why not Starlette's `StreamingResponse`: it starts the response in a new task of an anyio task
 group (plus a task that watches for the disconnect), which put task-group set-up and an extra
