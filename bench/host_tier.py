@@ -103,6 +103,7 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
                 "host_stored_blocks": s["host_stored_blocks"], "host_hit_blocks": s["host_hit_blocks"],
                 "swap_seconds": s["step_seconds"].get("swap", 0.0),
                 "host_load_waits": s["host_load_waits"],  # steps that blocked on a swap-in
+                "host_load_wait_seconds": s["host_load_wait_seconds"],
                 "step_seconds": s["step_seconds"], "copy_mode": pool.copy_mode if pool is not None else None,
                 "device": str(llm.engine.runner.device)}
         return info, [o.token_ids for o in outs]
@@ -186,7 +187,7 @@ def main(argv=None):
         print(f"tier {name:>9}: {r['seconds']:8.2f} s  {r['requests_per_s']:8.2f} req/s  "
               f"{r['tokens_per_s']:10.0f} tok/s  computed {r['num_scheduled_tokens']} tok  "
               f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  "
-              f"load waits {r['host_load_waits']}  [s: {phases}]")
+              f"load waits {r['host_load_waits']} ({r['host_load_wait_seconds']:.2f} s)  [s: {phases}]")
     same = all(tokens[name] == tokens["off"] for name, _, _ in runs)
     ratios = {name: results["off"]["seconds"] / results[name]["seconds"] for name, _, _ in runs[1:]}
     for name, ratio in ratios.items():

@@ -411,6 +411,7 @@ class DynamicEngine:
         stats["prefix_cache_hit_tokens_host"] = self.scheduler.prefix_cache_hit_tokens_host
         stats["num_swapped_out"] = self.scheduler.num_swapped_out
         stats["host_load_waits"] = self.scheduler.loads.num_waits  # host blocked on a swap-in
+        stats["host_load_wait_seconds"] = self.scheduler.loads.wait_seconds  # (inside "schedule")
         return stats
 
     def capacity(self) -> dict:

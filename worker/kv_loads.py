@@ -21,6 +21,7 @@ To extend (e.g. loads from a disk tier): give them an id from `begin` and the sa
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -54,7 +55,8 @@ class LoadTracker:
         self._loads: dict[int, _Load] = {}          # in flight, oldest first
         self.block_load: dict[int, int] = {}        # device block -> the load writing it
         self._waiting: dict[str, set[int]] = {}     # request id -> loads it needs
-        self.num_waits = 0                          # times `wait_load` blocked the host
+        self.num_waits = 0                          # times `wait_oldest` blocked the host
+        self.wait_seconds = 0.0                     # ... and for how long
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -111,7 +113,9 @@ class LoadTracker:
     def wait_oldest(self, allocator: BlockAllocator, host: Optional[HostTier]) -> None:
         """Block until the oldest load has landed, then retire what has."""
         oldest = next(iter(self._loads))
+        t = time.perf_counter()
         self.wait_load(oldest)
+        self.wait_seconds += time.perf_counter() - t
         self.num_waits += 1
         self._retire({oldest} | set(self.loads_done(list(self._loads))), allocator, host)
 
