@@ -224,14 +224,14 @@ def test_random_traffic_never_touches_blocks_in_flight(seed):
     random: no scheduled request, swap-out or new allocation uses a device block a load in
     flight writes, no swap-out writes a host block a load reads, and all ends freed."""
     rng = random.Random(seed)
-    h = delayed_harness(num_blocks=14, host_blocks=10, max_num_seqs=4, max_num_batched_tokens=24)
+    h = delayed_harness(num_blocks=12, host_blocks=12, max_num_seqs=4, max_num_batched_tokens=24)
     tracker = h.sched.loads
     prefixes = [[10 * p + t for t in range(1, 9)] for p in range(1, 6)]
     n = 0
     for _ in range(300):
         if rng.random() < 0.4 and n < 60:
             prompt = rng.choice(prefixes) + [rng.randrange(100, 200) for _ in range(rng.randrange(1, 6))]
-            h.add(f"q{n}", prompt, max_tokens=rng.randrange(1, 6), ignore_eos=True)
+            h.add(f"q{n}", prompt, max_tokens=rng.randrange(1, 14), ignore_eos=True)
             n += 1
         if rng.random() < 0.05 and h.sched.requests:
             h.sched.abort(rng.choice(sorted(h.sched.requests)))
@@ -260,3 +260,6 @@ def test_random_traffic_never_touches_blocks_in_flight(seed):
     h.tier.check_invariants()
     assert not h.tier.pinned and not h.tier.releasing
     h.assert_all_free()
+    # the traffic did what it is for: prefix hits, swap-outs and their resumes, preemptions
+    assert h.tier.num_hit_blocks and h.sched.num_swapped_out and h.tier.num_swapped_in_blocks
+    assert h.sched.num_preemptions > h.sched.num_swapped_out  # and some victims recomputed
