@@ -108,7 +108,7 @@ for _ in range(600):
       # kernel's persistent grid: KVSWAP_CTAS programs, default kernels/kv_swap_triton.py's)
       python3 -m pytest -q -m gpu tests/kernels/test_kv_swap.py tests/engine/test_kv_copy.py tests/engine/test_host_tier.py \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_kv_swap_tests.log" | tail -5
-      python3 bench/kv_swap.py --out "$OUT/kv_swap.json" 2>&1 | tee "$OUT/kv_swap.log" | tail -44
+      python3 bench/kv_swap.py --out "$OUT/kv_swap.json" 2>&1 | tee "$OUT/kv_swap.log" | tail -46
       python3 bench/host_tier.py --copy-modes "${KVSWAP_MODES:-runs,kernel}" ${KVSWAP_CTAS:+--max-ctas $KVSWAP_CTAS} \
         --out "$OUT/host_tier_kvswap.json" 2>&1 | tee "$OUT/host_tier_kvswap.log" | grep -v "it/s\]" | tail -8 ;;
     resize)  # issue 14 part 3: KV resize between steps with CUDA graphs (re-capture, outputs, memory back)
