@@ -132,3 +132,46 @@ def test_loads_that_land_late_give_the_same_tokens(polls):
     assert stats["host_swapped_in_blocks"] > 0 and stats["host_hit_blocks"] > 0 and len(late.asked) > 2
     assert min(late.asked.values()) > polls
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_a_resize_waits_for_loads_in_flight_and_aborts_keep_their_blocks():
+    """Loads that never land by themselves (readiness injected): an abort of a loading request
+    holds its blocks until the load is waited for; `reset_cache` waits for every load before it
+    moves blocks; every other output equals the run without the tier."""
+    prompts = _prefixed(0) + _prefixed(1)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM("tiny-random", num_kv_blocks=256, **_options("cpu")) as llm:
+        ref = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM("tiny-random", num_kv_blocks=12, max_num_batched_tokens=128, kv_offload_gib=TIER_GIB,
+             max_model_len=128, **_options("cpu")) as llm:
+        late = LateLoads(10**9)  # lands only when waited for
+        llm.engine.scheduler.loads.loads_done = late.done
+        llm.engine.scheduler.loads.wait_load = late.wait
+        llm.generate(prompts[:4], params, use_tqdm=False)  # every prefix is on the host now
+        sched = llm.engine.scheduler
+        for i, p in enumerate(prompts[4:]):
+            llm.engine.add_request(p, params, request_id=f"r{i}")
+        tokens = {f"r{i}": [] for i in range(4)}
+        resized = aborted = False
+        while llm.engine.has_unfinished_requests():
+            for d in llm.engine.step():
+                tokens[d.request_id] += d.token_ids
+            loading = [rid for rid in sched.requests if sched.loads.is_waiting(rid)]
+            if loading and not aborted:
+                req = sched.requests[loading[-1]]
+                held = [b for b in req.block_ids if b in sched.loads.block_load]
+                llm.engine.abort(req.request_id)
+                assert held and all(llm.engine.allocator.ref_count[b] == 1 for b in held)
+                aborted = req.request_id
+            elif loading and not resized:
+                waits = late.waited
+                llm.engine.reset_cache(num_kv_blocks=16)
+                assert sched.loads.in_flight == [] and late.waited > waits
+                sched = llm.engine.scheduler
+                resized = True
+        assert aborted and resized
+        llm.engine.allocator.check_invariants()
+        llm.engine.host_tier.check_invariants()
+    for i, want in enumerate(ref[4:]):
+        if f"r{i}" != aborted:
+            assert tokens[f"r{i}"] == want
