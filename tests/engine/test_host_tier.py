@@ -86,3 +86,92 @@ def test_kv_offload_gib_is_validated():
         LLM("tiny-random", kv_offload_gib=-1)
     with pytest.raises(ConfigError, match="holds no KV block"):
         LLM("tiny-random", num_kv_blocks=8, kv_offload_gib=1e-9)
+
+
+class LateLoads:
+    """A readiness source whose loads land only after `polls` questions each (as CUDA events
+    of copies still running would); a blocking wait lands one at once. On CPU the data itself
+    is already copied, so what this exercises is the scheduler's waiting."""
+
+    def __init__(self, polls):
+        self.polls, self.asked, self.waited = polls, {}, 0
+
+    def done(self, ids):
+        for i in ids:
+            self.asked[i] = self.asked.get(i, 0) + 1
+        return [i for i in ids if self.asked[i] > self.polls]
+
+    def wait(self, load_id):
+        self.waited += 1
+        self.asked[load_id] = self.polls + 1
+
+
+@pytest.mark.parametrize("polls", [1, 3])
+def test_loads_that_land_late_give_the_same_tokens(polls):
+    """Prefix hits and swapped-out requests whose copies land several steps late (readiness
+    injected into the real engine): the others keep running, and every output matches the run
+    without the tier."""
+    shared = list(range(3, 67))
+    prompts = [shared + [100 + i] * (5 + 7 * i) for i in range(6)] + _prefixed(0) + _prefixed(1)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM("tiny-random", num_kv_blocks=256, **_options("cpu")) as llm:
+        ref = llm.generate(prompts, params, use_tqdm=False)
+    with LLM("tiny-random", num_kv_blocks=12, max_num_batched_tokens=128, kv_offload_gib=TIER_GIB,
+             **_options("cpu")) as llm:
+        late = LateLoads(polls)
+        llm.engine.scheduler.loads.loads_done = late.done
+        llm.engine.scheduler.loads.wait_load = late.wait
+        got = llm.generate(prompts[:6], params, use_tqdm=False)
+        got += llm.generate(prompts[6:], params, use_tqdm=False)
+        stats = llm.stats()
+        assert llm.engine.scheduler.loads.in_flight == []
+        llm.engine.allocator.check_invariants()
+        llm.engine.host_tier.check_invariants()
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    # both kinds of load happened, several of them, each reported late
+    assert stats["host_swapped_in_blocks"] > 0 and stats["host_hit_blocks"] > 0 and len(late.asked) > 2
+    assert min(late.asked.values()) > polls
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_a_resize_waits_for_loads_in_flight_and_aborts_keep_their_blocks():
+    """Loads that never land by themselves (readiness injected): an abort of a loading request
+    holds its blocks until the load is waited for; `reset_cache` waits for every load before it
+    moves blocks; every other output equals the run without the tier."""
+    prompts = _prefixed(0) + _prefixed(1)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with LLM("tiny-random", num_kv_blocks=256, **_options("cpu")) as llm:
+        ref = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM("tiny-random", num_kv_blocks=12, max_num_batched_tokens=128, kv_offload_gib=TIER_GIB,
+             max_model_len=128, **_options("cpu")) as llm:
+        late = LateLoads(10**9)  # lands only when waited for
+        llm.engine.scheduler.loads.loads_done = late.done
+        llm.engine.scheduler.loads.wait_load = late.wait
+        llm.generate(prompts[:4], params, use_tqdm=False)  # every prefix is on the host now
+        sched = llm.engine.scheduler
+        for i, p in enumerate(prompts[4:]):
+            llm.engine.add_request(p, params, request_id=f"r{i}")
+        tokens = {f"r{i}": [] for i in range(4)}
+        resized = aborted = False
+        while llm.engine.has_unfinished_requests():
+            for d in llm.engine.step():
+                tokens[d.request_id] += d.token_ids
+            loading = [rid for rid in sched.requests if sched.loads.is_waiting(rid)]
+            if loading and not aborted:
+                req = sched.requests[loading[-1]]
+                held = [b for b in req.block_ids if b in sched.loads.block_load]
+                llm.engine.abort(req.request_id)
+                assert held and all(llm.engine.allocator.ref_count[b] == 1 for b in held)
+                aborted = req.request_id
+            elif loading and not resized:
+                waits = late.waited
+                llm.engine.reset_cache(num_kv_blocks=16)
+                assert sched.loads.in_flight == [] and late.waited > waits
+                sched = llm.engine.scheduler
+                resized = True
+        assert aborted and resized
+        llm.engine.allocator.check_invariants()
+        llm.engine.host_tier.check_invariants()
+    for i, want in enumerate(ref[4:]):
+        if f"r{i}" != aborted:
+            assert tokens[f"r{i}"] == want
