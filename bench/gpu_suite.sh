@@ -102,15 +102,14 @@ for _ in range(600):
       python3 -m pytest -q -m gpu tests/engine/test_host_tier.py -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_host_tier_tests.log" | tail -5
       python3 bench/host_tier.py --out "$OUT/host_tier.json" 2>&1 | tee "$OUT/host_tier.log" | grep -v "it/s\]" | tail -6 ;;
-    kvswap)  # issue 14 part 2, copy paths: GPU swap-kernel, pool and load-readiness tests, swap GB/s per path
-      # (zero-copy kernel per chunk and max_ctas / DMA runs / old CPU gather vs memcpy; bench/kv_swap.py), then the
-      # host-tier workload off vs on, one tier-on run per copy path (KVSWAP_MODES, default runs,kernel; the
-      # kernel's persistent grid: KVSWAP_CTAS programs, default kernels/kv_swap_triton.py's)
+    kvswap)  # issue 14 part 2, copy paths: GPU swap-kernel and pool tests, swap GB/s per path (zero-copy
+      # kernel / DMA runs / old CPU gather vs memcpy; bench/kv_swap.py), then the host-tier workload off vs on
+      # (KVSWAP_MODES=kernel,runs adds a tier-on run per extra copy path)
       python3 -m pytest -q -m gpu tests/kernels/test_kv_swap.py tests/engine/test_kv_copy.py tests/engine/test_host_tier.py \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu_kv_swap_tests.log" | tail -5
-      python3 bench/kv_swap.py --out "$OUT/kv_swap.json" 2>&1 | tee "$OUT/kv_swap.log" | tail -46
-      python3 bench/host_tier.py --copy-modes "${KVSWAP_MODES:-runs,kernel}" ${KVSWAP_CTAS:+--max-ctas $KVSWAP_CTAS} \
-        --out "$OUT/host_tier_kvswap.json" 2>&1 | tee "$OUT/host_tier_kvswap.log" | grep -v "it/s\]" | tail -8 ;;
+      python3 bench/kv_swap.py --out "$OUT/kv_swap.json" 2>&1 | tee "$OUT/kv_swap.log" | tail -32
+      python3 bench/host_tier.py --copy-modes "${KVSWAP_MODES:-runs}" --out "$OUT/host_tier_kvswap.json" 2>&1 \
+        | tee "$OUT/host_tier_kvswap.log" | grep -v "it/s\]" | tail -8 ;;
     resize)  # issue 14 part 3: KV resize between steps with CUDA graphs (re-capture, outputs, memory back)
       python3 -m pytest -q -s -m gpu tests/parity/test_gpu_resize.py -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_resize.log" | grep -E "resize on GPU|passed|failed|Error" | tail -6 ;;

@@ -13,7 +13,7 @@ speed-up (target >= 2x on the GPU), and checks that both runs gave the same toke
 
   python bench/host_tier.py                 # GPU: Qwen3-0.6B shape, dummy weights, bf16
   python bench/host_tier.py --cpu-small     # CPU: tiny-random, small scale (checks + a ratio)
-  python bench/host_tier.py --copy-modes runs,kernel --max-ctas 32   # one tier-on run per copy path
+  python bench/host_tier.py --copy-modes kernel,runs   # one tier-on run per copy path
   python bench/host_tier.py --scheduler-only --device cpu   # host-side bookkeeping alone, full scale
 """
 
@@ -43,8 +43,6 @@ def parse_args(argv=None):
     ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
     ap.add_argument("--copy-modes", default="runs",
                     help="tier-on runs, one per host<->device copy path (kernel, runs, gather; see worker/kv_copy.py)")
-    ap.add_argument("--max-ctas", type=int, default=None,
-                    help="kernel copy path: programs of its persistent grid (default: kernels/kv_swap_triton.py)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -81,7 +79,6 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
         pool = getattr(llm.engine.runner, "host_pool", None)
         if pool is not None:
             pool.set_copy_mode(copy_mode)
-            pool.max_ctas = args.max_ctas
         prompts = make_prompts(args, llm.engine.spec.vocab_size)
         params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
         before = llm.stats()
@@ -102,8 +99,6 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
                 "num_kv_blocks": s["num_total_blocks"], "num_host_blocks": s["num_host_blocks"],
                 "host_stored_blocks": s["host_stored_blocks"], "host_hit_blocks": s["host_hit_blocks"],
                 "swap_seconds": s["step_seconds"].get("swap", 0.0),
-                "host_load_waits": s["host_load_waits"],  # steps that blocked on a swap-in
-                "host_load_wait_seconds": s["host_load_wait_seconds"],
                 "step_seconds": s["step_seconds"], "copy_mode": pool.copy_mode if pool is not None else None,
                 "device": str(llm.engine.runner.device)}
         return info, [o.token_ids for o in outs]
@@ -186,8 +181,7 @@ def main(argv=None):
         phases = " ".join(f"{k} {v:.2f}" for k, v in sorted(r["step_seconds"].items()))
         print(f"tier {name:>9}: {r['seconds']:8.2f} s  {r['requests_per_s']:8.2f} req/s  "
               f"{r['tokens_per_s']:10.0f} tok/s  computed {r['num_scheduled_tokens']} tok  "
-              f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  "
-              f"load waits {r['host_load_waits']} ({r['host_load_wait_seconds']:.2f} s)  [s: {phases}]")
+              f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  [s: {phases}]")
     same = all(tokens[name] == tokens["off"] for name, _, _ in runs)
     ratios = {name: results["off"]["seconds"] / results[name]["seconds"] for name, _, _ in runs[1:]}
     for name, ratio in ratios.items():

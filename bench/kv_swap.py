@@ -6,7 +6,6 @@ scales, 0.9 MiB per block); host pool of `--host-gib` GiB. Cases: `--num-blocks`
 non-consecutive host blocks into random device blocks, and one consecutive run of as many, each
 `--repeats` times with fresh blocks every repeat. Paths (`HostKVPool.copy_mode`):
   kernel  the zero-copy Triton kernel (one launch per direction), at several `--chunk-bytes`
-          and `--max-ctas` (programs of its persistent grid)
   runs    DMA per run of consecutive host blocks via a device staging buffer (no CPU gather)
   gather  the first implementation: CPU gather into pinned staging, one DMA, per-layer scatter
 plus `memcpy`, one contiguous pinned->device (and back) copy of the same bytes: the link's rate.
@@ -40,9 +39,7 @@ def parse_args(argv=None):
     ap.add_argument("--num-blocks", type=int, default=250, help="blocks per swap")
     ap.add_argument("--repeats", type=int, default=16)
     ap.add_argument("--modes", default="kernel,runs,gather")
-    ap.add_argument("--chunk-bytes", default="8192,16384", help="kernel path: bytes per item")
-    ap.add_argument("--max-ctas", default="16,32,64,max",
-                    help="kernel path: programs of its persistent grid (max: one per item, the old grid)")
+    ap.add_argument("--chunk-bytes", default="4096,8192,16384", help="kernel path: bytes per program")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny pools, no meaningful rates)")
     ap.add_argument("--out", default="bench/results/kv_swap.json")
     return ap.parse_args(argv)
@@ -98,15 +95,6 @@ def check(pool, kv, rng):
                 raise SystemExit(f"copy path {mode}: swapped-out block data differ from the device pool")
 
 
-MAX = 1 << 30  # "max" CTAs: one program per item
-
-
-def _ctas(value):
-    if value is None:
-        return None
-    return MAX if value == "max" else int(value)
-
-
 def _sync():
     import torch
     if torch.cuda.is_initialized():
@@ -135,7 +123,7 @@ def main(argv=None):
         raise SystemExit("bench/kv_swap.py measures GPU copies; no CUDA device here (--device cpu: a dry run)")
     rng = random.Random(0)
     results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "rows": []}
-    print(f"{'dtype':>5} {'path':>18} {'case':>15} {'in GB/s':>8} {'out GB/s':>9}")
+    print(f"{'dtype':>5} {'path':>14} {'case':>15} {'in GB/s':>8} {'out GB/s':>9}")
     for dtype_name in args.dtypes.split(","):
         kv, pool, per_block, setup_s = build(args, dtype_name)
         results[f"{dtype_name}_pool"] = {"bytes_per_block": per_block, "num_host_blocks": pool.num_blocks,
@@ -156,21 +144,17 @@ def main(argv=None):
         paths = []
         for mode in args.modes.split(","):
             chunks = args.chunk_bytes.split(",") if mode == "kernel" else [None]
-            ctas = args.max_ctas.split(",") if mode == "kernel" else [None]
-            paths += [(mode, int(c) if c else None, _ctas(k)) for c in chunks for k in ctas]
-        for mode, chunk, ctas in paths:
+            paths += [(mode, int(c) if c else None) for c in chunks]
+        for mode, chunk in paths:
             pool.set_copy_mode(mode)
             pool.chunk_bytes = chunk
-            pool.max_ctas = ctas
             for case, pairs in cases.items():
                 timed(pool, pairs[:1], False), timed(pool, pairs[:1], True)  # warm-up (compiles)
                 rate_in = nbytes / timed(pool, pairs[1:], False) / 1e9
                 rate_out = nbytes / timed(pool, pairs[1:], True) / 1e9
-                name = mode + (f"/{chunk // 1024}KiB" if chunk else "") + (f"/{ctas}" if ctas and ctas < MAX else
-                                                                         "/max" if ctas else "")
-                print(f"{dtype_name:>5} {name:>18} {case:>15} {rate_in:8.1f} {rate_out:9.1f}")
+                name = mode + (f"/{chunk // 1024}KiB" if chunk else "")
+                print(f"{dtype_name:>5} {name:>14} {case:>15} {rate_in:8.1f} {rate_out:9.1f}")
                 results["rows"].append({"dtype": dtype_name, "path": mode, "chunk_bytes": chunk, "case": case,
-                                        "max_ctas": ctas if ctas is None or ctas < MAX else "max",
                                         "blocks_per_swap": n, "in_GBps": rate_in, "out_GBps": rate_out})
         # the link itself: one contiguous pinned <-> device copy of the same bytes
         src = pool.host[0].view(-1)[: n * per_block // pool.host[0].element_size()]
@@ -187,7 +171,7 @@ def main(argv=None):
             src.copy_(dst, non_blocking=True)
         _sync()
         d2h = nbytes / (time.perf_counter() - t) / 1e9
-        print(f"{dtype_name:>5} {'memcpy':>18} {'contiguous':>15} {h2d:8.1f} {d2h:9.1f}")
+        print(f"{dtype_name:>5} {'memcpy':>14} {'contiguous':>15} {h2d:8.1f} {d2h:9.1f}")
         results["rows"].append({"dtype": dtype_name, "path": "memcpy", "case": "contiguous",
                                 "in_GBps": h2d, "out_GBps": d2h})
         del dst, src, pool, kv

@@ -99,9 +99,8 @@ def kv_swap_ref(layout: SwapLayout, host_blocks: torch.Tensor, device_blocks: to
 
 
 def kv_swap(layout: SwapLayout, host_blocks: torch.Tensor, device_blocks: torch.Tensor, to_host: bool,
-            chunk_bytes: Optional[int] = None, max_ctas: Optional[int] = None) -> None:
-    """`chunk_bytes` and `max_ctas` tune the Triton kernel (see kv_swap_triton.py)."""
+            chunk_bytes: Optional[int] = None) -> None:
     if use_triton(layout.device[0][0]):
         from .kv_swap_triton import kv_swap_triton
-        return kv_swap_triton(layout, host_blocks, device_blocks, to_host, chunk_bytes, max_ctas)
+        return kv_swap_triton(layout, host_blocks, device_blocks, to_host, chunk_bytes)
     return kv_swap_ref(layout, host_blocks, device_blocks, to_host)

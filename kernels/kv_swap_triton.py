@@ -14,12 +14,7 @@ host fields as `host_base + host_off[field] + (block * num_layers + layer) * ROW
 first `NUM_A` fields are `ROW_A` words (K, V), the rest `ROW_B` (scales); both are compile-time
 constants so masks and 16-byte vector accesses are resolved when compiling, and the loaded
 offsets carry an alignment hint (`ALIGN` words, checked on the host).
-Grid: persistent. The work is `pairs * fields * layers * row chunks` items (item = chunk +
-chunks * (field_layer + fields * layers * pair)); at most `max_ctas` programs (default
-`DEFAULT_MAX_CTAS`) each loop over items pid, pid + grid, ... A handful of programs keeps
-enough bytes in flight to fill PCIe, while the other SMs stay free for the forward that runs
-beside the swap-ins (a one-program-per-item grid held every SM while it waited on the link,
-and slowed that forward). An item whose chunk lies past its row does nothing.
+Grid: (pairs, fields * layers, row chunks). A program whose chunk lies past its row does nothing.
 Must never be called on a host pool that is not mapped for the device (on CUDA Triton's launcher
 turns the host base pointer into its device address with cuPointerGetAttribute and fails
 loudly otherwise), and never synchronize.
@@ -36,8 +31,7 @@ import triton.language as tl
 
 from .kv_swap import SwapLayout
 
-DEFAULT_CHUNK_BYTES = 8192  # per item; the GPU micro-benchmark (bench/kv_swap.py) sweeps it
-DEFAULT_MAX_CTAS = 32       # programs of the persistent grid; bench/kv_swap.py --max-ctas sweeps it
+DEFAULT_CHUNK_BYTES = 8192  # per program; the GPU micro-benchmark (bench/kv_swap.py) sweeps it
 _WORDS = {4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
@@ -61,27 +55,24 @@ def _copy_row(dev_row, host_row, chunk, TO_HOST: tl.constexpr, ROW: tl.constexpr
 
 @triton.jit
 def _kv_swap_kernel(dev_base, host_base, dev_off_ptr, host_off_ptr, host_idx_ptr, dev_idx_ptr, num_layers,
-                    num_field_layers, num_chunks, num_items,
                     TO_HOST: tl.constexpr, NUM_A: tl.constexpr, ROW_A: tl.constexpr, ROW_B: tl.constexpr,
                     CHUNK_A: tl.constexpr, CHUNK_B: tl.constexpr, ALIGN: tl.constexpr):
-    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
-        chunk = item % num_chunks
-        rest = item // num_chunks
-        field_layer = rest % num_field_layers  # field * num_layers + layer
-        pair = rest // num_field_layers
-        field = field_layer // num_layers
-        layer = field_layer % num_layers
-        h = tl.load(host_idx_ptr + pair).to(tl.int64)
-        d = tl.load(dev_idx_ptr + pair).to(tl.int64)
-        dev_off = tl.multiple_of(tl.load(dev_off_ptr + field_layer), ALIGN)
-        host_off = tl.multiple_of(tl.load(host_off_ptr + field), ALIGN)
-        host_row = h * num_layers + layer
-        if field < NUM_A:
-            _copy_row(dev_base + dev_off + d * ROW_A, host_base + host_off + host_row * ROW_A, chunk,
-                      TO_HOST, ROW_A, CHUNK_A)
-        else:
-            _copy_row(dev_base + dev_off + d * ROW_B, host_base + host_off + host_row * ROW_B, chunk,
-                      TO_HOST, ROW_B, CHUNK_B)
+    pair = tl.program_id(0)
+    field_layer = tl.program_id(1)  # field * num_layers + layer
+    chunk = tl.program_id(2)
+    field = field_layer // num_layers
+    layer = field_layer % num_layers
+    h = tl.load(host_idx_ptr + pair).to(tl.int64)
+    d = tl.load(dev_idx_ptr + pair).to(tl.int64)
+    dev_off = tl.multiple_of(tl.load(dev_off_ptr + field_layer), ALIGN)
+    host_off = tl.multiple_of(tl.load(host_off_ptr + field), ALIGN)
+    host_row = h * num_layers + layer
+    if field < NUM_A:
+        _copy_row(dev_base + dev_off + d * ROW_A, host_base + host_off + host_row * ROW_A, chunk,
+                  TO_HOST, ROW_A, CHUNK_A)
+    else:
+        _copy_row(dev_base + dev_off + d * ROW_B, host_base + host_off + host_row * ROW_B, chunk,
+                  TO_HOST, ROW_B, CHUNK_B)
 
 
 class _Plan:
@@ -116,13 +107,8 @@ def _chunk(row_words: int, chunk_words: int) -> int:
 
 
 def kv_swap_triton(layout: SwapLayout, host_blocks: torch.Tensor, device_blocks: torch.Tensor,
-                   to_host: bool, chunk_bytes: Optional[int] = None, max_ctas: Optional[int] = None,
-                   num_warps: int = 4) -> None:
-    """`kv_swap_ref`'s effect; `chunk_bytes` per item, `max_ctas` programs at most."""
+                   to_host: bool, chunk_bytes: Optional[int] = None, num_warps: int = 4) -> None:
     layout.check_indices(host_blocks, device_blocks)
-    max_ctas = DEFAULT_MAX_CTAS if max_ctas is None else max_ctas
-    if max_ctas < 1:
-        raise ValueError(f"max_ctas must be at least 1, got {max_ctas}")
     n = host_blocks.numel()
     if n == 0:
         return
@@ -131,10 +117,9 @@ def kv_swap_triton(layout: SwapLayout, host_blocks: torch.Tensor, device_blocks:
         plan = layout._triton_plan = _Plan(layout)
     chunk_words = triton.next_power_of_2(max(1, (chunk_bytes or DEFAULT_CHUNK_BYTES) // plan.word))
     chunk_a, chunk_b = _chunk(plan.row_a, chunk_words), _chunk(plan.row_b, chunk_words)
-    num_field_layers = layout.num_fields * layout.num_layers
-    num_chunks = max(triton.cdiv(plan.row_a, chunk_a), triton.cdiv(plan.row_b, chunk_b))
-    num_items = n * num_field_layers * num_chunks
-    _kv_swap_kernel[(min(max_ctas, num_items),)](
+    grid = (n, layout.num_fields * layout.num_layers,
+            max(triton.cdiv(plan.row_a, chunk_a), triton.cdiv(plan.row_b, chunk_b)))
+    _kv_swap_kernel[grid](
         plan.dev_base, plan.host_base, plan.dev_off, plan.host_off, host_blocks, device_blocks,
-        layout.num_layers, num_field_layers, num_chunks, num_items, TO_HOST=to_host, NUM_A=plan.num_a, ROW_A=plan.row_a, ROW_B=plan.row_b,
+        layout.num_layers, TO_HOST=to_host, NUM_A=plan.num_a, ROW_A=plan.row_a, ROW_B=plan.row_b,
         CHUNK_A=chunk_a, CHUNK_B=chunk_b, ALIGN=plan.align, num_warps=num_warps)

@@ -30,7 +30,6 @@ from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
 from .host_tier import HostTier
-from .kv_loads import LoadTracker
 from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .logprob_rows import resolve_logprobs
@@ -93,13 +92,10 @@ class DynamicEngine:
         config = self.config
         self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
                                         config.enable_prefix_caching)
-        if getattr(self, "scheduler", None) is not None:
-            self.scheduler.wait_all_loads()  # no copy may still write blocks the new one hands out
         num_host_blocks = getattr(self.runner, "num_host_blocks", 0)
         self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
-        loads = LoadTracker(getattr(self.runner, "loads_done", None), getattr(self.runner, "wait_load", None))
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, self.host_tier, loads)
+                                   self.max_model_len, self.host_tier)
         # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
         # (a few per row); this CPU generator only draws the keys of unseeded rows.
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
@@ -333,7 +329,6 @@ class DynamicEngine:
                                          self.max_model_len, self.config.block_size,
                                          self.runner.same_bytes_blocks)
         beside = self.runner.prepare_kv_resize(num_blocks, dtype)  # OutOfMemoryError: no change
-        self.scheduler.wait_all_loads()  # swap-ins in flight land before blocks move
         same_dtype = dtype == self.config.kv_cache_dtype
         plan = plan_resize(list(self.scheduler.running), num_blocks, dtype, keep_kv=same_dtype and beside)
         swaps = SchedulerOutput()
@@ -410,8 +405,6 @@ class DynamicEngine:
         stats = tier.stats() if tier is not None else HostTier.empty_stats()
         stats["prefix_cache_hit_tokens_host"] = self.scheduler.prefix_cache_hit_tokens_host
         stats["num_swapped_out"] = self.scheduler.num_swapped_out
-        stats["host_load_waits"] = self.scheduler.loads.num_waits  # host blocked on a swap-in
-        stats["host_load_wait_seconds"] = self.scheduler.loads.wait_seconds  # (inside "schedule")
         return stats
 
     def capacity(self) -> dict:

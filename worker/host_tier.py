@@ -2,14 +2,12 @@
 
 Owns: which host block holds which prefix (by the same chained hash as `BlockAllocator`), the
 LRU order of those cached blocks, the free host blocks, blocks *owned* by a swapped-out
-request (not in the cache, never evicted), and *pinned* blocks that nothing may evict or
-overwrite (counted: a block may be pinned more than once):
-  * read by a swap-in (`pin_hits`): pinned until that load has landed (`unpin`, called by the
-    scheduler's `LoadTracker` when the load's completion is seen), however many steps that takes;
-  * written by a swap-out this step (`store`): pinned until `begin_step`, so no later store of
-    the same step takes it back (swap-outs of later steps are ordered after it on the stream).
-The owned blocks of a resumed request are *releasing* while its swap-in reads them, and free
-once it landed (`release(..., in_flight=True)`, then `free_released`).
+request (not in the cache, never evicted), and blocks *pinned* for the step in flight (read by
+a swap-in this step, or written by a swap-out this step, so no other copy of the step may
+reuse them). Pins and the
+owned blocks of a resumed request are released at the start of the next step (`begin_step`):
+the runner performs a step's copies in order (all swap-outs, then all swap-ins) before its
+forward, so by the next schedule nothing reads them any more.
 
 Must never import torch: the tensors live in `worker/kv_copy.py` (`HostKVPool`); the scheduler
 lists the copies in its `SchedulerOutput` and the runner performs them.
@@ -19,7 +17,7 @@ the least recently used unpinned cached block; keep `check_invariants` true.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from typing import Optional, Sequence
 
 
@@ -33,9 +31,8 @@ class HostTier:
         self.hash_of: list[Optional[int]] = [None] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2...
         self.owned: set[int] = set()       # held by a swapped-out request
-        self.pinned: Counter[int] = Counter()  # block -> pins (in-flight loads + this step's store)
-        self._step_pins: list[int] = []    # written by this step's swap-outs
-        self.releasing: set[int] = set()   # owned blocks a swap-in in flight still reads
+        self.pinned: set[int] = set()      # read by a swap-in of the step in flight
+        self._release_next: list[int] = []  # owned blocks whose swap-in is in flight
         # counters for stats()
         self.num_stored_blocks = 0     # evicted device blocks copied here
         self.num_hit_blocks = 0        # cached blocks copied back on a prefix hit
@@ -60,20 +57,11 @@ class HostTier:
         return len(self._free) + len(self._lru) - len(self.pinned)
 
     def begin_step(self) -> None:
-        """A new step: drop the previous step's store pins (loads keep theirs until `unpin`)."""
-        self.unpin(self._step_pins)
-        self._step_pins.clear()
-
-    def unpin(self, blocks: Sequence[int]) -> None:
-        """Drop one pin from each block (a load that read them has landed)."""
-        for b in blocks:
-            n = self.pinned[b] - 1
-            if n < 0:
-                raise RuntimeError(f"host block {b} unpinned more often than pinned")
-            if n:
-                self.pinned[b] = n
-            else:
-                del self.pinned[b]
+        """The previous step's copies have run: drop its pins, free its resumed requests' blocks."""
+        self.pinned.clear()
+        for b in self._release_next:
+            self._free.append(b)
+        self._release_next.clear()
 
     # -- prefix cache ---------------------------------------------------------------------------
 
@@ -88,11 +76,11 @@ class HostTier:
         return found
 
     def pin_hits(self, blocks: Sequence[int]) -> None:
-        """`blocks` (from `lookup`) are copied back by a load: mark them most recently used and
-        keep them until `unpin` says that load landed."""
+        """`blocks` (from `lookup`) are copied back this step: mark them most recently used and
+        keep them until the copies ran."""
         for b in blocks:
             self._lru.move_to_end(self.hash_of[b])
-            self.pinned[b] += 1
+            self.pinned.add(b)
         self.num_hit_blocks += len(blocks)
 
     def store(self, block_hash: int) -> Optional[int]:
@@ -107,8 +95,7 @@ class HostTier:
             return None
         self.hash_of[block] = block_hash
         self._lru[block_hash] = block
-        self.pinned[block] += 1  # written this step: no later store of the step may take it back
-        self._step_pins.append(block)
+        self.pinned.add(block)  # written this step: no later store of the step may take it back
         self.num_stored_blocks += 1
         return block
 
@@ -132,21 +119,15 @@ class HostTier:
         return blocks
 
     def release(self, blocks: Sequence[int], in_flight: bool) -> None:
-        """A swapped-out request's blocks are no longer needed: at once (it ended), or once its
-        swap-in has landed (`in_flight`; then `free_released` frees them)."""
+        """A swapped-out request's blocks are no longer needed: at once (it ended), or after
+        this step (`in_flight`: its swap-in copies are listed in the step's output)."""
         for b in blocks:
             self.owned.remove(b)
         if in_flight:
-            self.releasing.update(blocks)
+            self._release_next.extend(blocks)
             self.num_swapped_in_blocks += len(blocks)
         else:
             self._free.extend(blocks)
-
-    def free_released(self, blocks: Sequence[int]) -> None:
-        """The swap-in that read these released blocks has landed: they are free."""
-        for b in blocks:
-            self.releasing.remove(b)
-        self._free.extend(blocks)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -182,14 +163,14 @@ class HostTier:
     def check_invariants(self) -> None:
         free = set(self._free)
         cached = set(self._lru.values())
-        parts = [free, cached, self.owned, self.releasing]
+        parts = [free, cached, self.owned, set(self._release_next)]
         if sum(len(p) for p in parts) != self.num_blocks or len(set().union(*parts)) != self.num_blocks:
             raise AssertionError("host blocks: free / cached / owned / releasing do not partition the pool")
         for h, b in self._lru.items():
             if self.hash_of[b] != h:
                 raise AssertionError(f"host block {b}: hash map out of sync")
-        if not set(self.pinned) <= cached or any(n <= 0 for n in self.pinned.values()):
-            raise AssertionError(f"pinned host blocks {sorted(set(self.pinned) - cached)} are not cached")
+        if not self.pinned <= cached:
+            raise AssertionError(f"pinned host blocks {sorted(self.pinned - cached)} are not cached")
         for b in range(self.num_blocks):
             if self.hash_of[b] is not None and b not in cached:
                 raise AssertionError(f"host block {b} keeps a hash but is not cached")

@@ -5,31 +5,28 @@ Owns: one host tensor per `LayerKV` field (K, V and, for an int8 cache, their sc
 `[num_host_blocks, num_layers, *per-block shape]` (a block's data for every layer is one
 contiguous run), all views of one `HostBuffer` (worker/host_memory.py): page-locked AND mapped
 into the device's address space on CUDA, plain CPU memory on CPU.
-`swap(swap_out, swap_in, load_id)` performs a step's copies, swap-outs first. How (`copy_mode`):
+`swap(swap_out, swap_in, step)` performs a step's copies, swap-outs first. How (`copy_mode`):
   * "kernel": ONE `kv_swap` launch per direction (kernels/kv_swap_triton.py on CUDA:
-    the SMs read/write the mapped host pool directly, from a persistent grid of at most
-    `max_ctas` programs so most SMs stay free for the forward; torch index ops on CPU). No
-    staging buffer, no CPU gather, no host synchronization;
+    the SMs read/write the mapped host pool directly; torch index ops on CPU). No staging
+    buffer, no CPU gather, no host synchronization;
   * "runs" (default) / "gather": DMA through a device staging buffer (worker/kv_copy_dma.py).
     "runs" is the default: on the H100 (2026-11-24, bench/gpu_suite.sh kvswap) the host-tier
     workload ran 1.59x with it vs 1.18x with "kernel" — the copy engines leave the SMs to the
     forward, while the kernel (48.7 GB/s alone vs 44.0 for runs) holds SMs for the whole copy.
     "gather" (the old CPU gather) is kept to compare with (bench/kv_swap.py).
-    Swap-outs and swap-ins each have their own staging buffer (half of `STAGING_BYTES`), as
-    they run on different streams at the same time.
 Ordering (CUDA), which is what makes the copies correct without blocking the host:
   * swap-outs run on the compute stream, so they read their device blocks before any later
-    work on that stream (the forward that writes reused blocks comes later): an evicted block
-    is never overwritten before its copy has read it;
+    work on that stream (this step's swap-in kernel is queued after them, see below; the
+    forward that writes reused blocks comes later still): an evicted block is never
+    overwritten before its copy has read it;
   * swap-ins run on a side copy stream that first waits for the compute stream (so they read
     host blocks only after the swap-outs that wrote them, and write device blocks only after
-    everything before them read those blocks); each step's swap-ins record one event, kept
-    under the step's `load_id`;
-  * nothing on the compute stream waits for a swap-in: the scheduler computes a request only
-    once `loads_done` (`Event.query()`, never blocking) reports every load it needs, and while
-    a load is in flight its device blocks cannot be reused and its host blocks cannot be
-    evicted (worker/kv_loads.py). `wait_load` blocks the host on one load (when nothing else
-    can run); `wait_loads` makes the compute stream wait for all (a resize moves the blocks).
+    everything before them read those blocks); their completion event is kept;
+  * `before_forward(step)` makes the compute stream wait for every swap-in issued by an EARLIER
+    step. Those of the same step are left in flight: the scheduler never lets that step's
+    forward read or write the blocks they fill (such requests compute from the next step), so
+    the copies overlap the forward. `swap` and `wait_loads` wait for all of them first (the
+    next step's swap-outs may reuse their host blocks; a resize moves the blocks).
 Which block goes where is decided elsewhere (`HostTier`, `Scheduler`); this module never
 chooses blocks. Must never be used with tensor/pipeline parallel ranks (config refuses it).
 To extend (e.g. a disk tier): add a copier beside `StagedCopier` and a `copy_mode` for it.
@@ -50,7 +47,7 @@ from .models.decoder import LayerKV
 
 log = logging.getLogger(__name__)
 
-STAGING_BYTES = 256 << 20  # device (+ "gather": host) staging of the DMA modes: half per direction
+STAGING_BYTES = 256 << 20  # device (+ "gather": host) staging of the DMA modes, each
 COPY_MODES = ("kernel", "runs", "gather")
 
 
@@ -59,13 +56,12 @@ def host_pool_blocks(kv_offload_gib: float, bytes_per_block: int) -> int:
 
 
 def staging_blocks(num_host_blocks: int, bytes_per_block: int) -> int:
-    """Blocks of each direction's staging buffer."""
-    return max(1, min(num_host_blocks, STAGING_BYTES // 2 // bytes_per_block))
+    return max(1, min(num_host_blocks, STAGING_BYTES // bytes_per_block))
 
 
 class HostKVPool:
     def __init__(self, kv_caches: Sequence[LayerKV], num_blocks: int, num_staging_blocks: int,
-                 copy_mode: str = "runs", max_ctas: Optional[int] = None):
+                 copy_mode: str = "runs"):
         first = kv_caches[0]
         self.device = first.k.device
         self.fields = [i for i, t in enumerate(first) if t is not None]
@@ -78,11 +74,10 @@ class HostKVPool:
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
         self.copy_stream = torch.cuda.Stream(self.device) if pin else None
-        self._loads: dict[int, torch.cuda.Event] = {}  # load id -> its swap-ins' completion
-        self._anonymous = -1  # ids for swaps issued without one (benchmarks, resize)
-        self._staged: Optional[tuple[StagedCopier, StagedCopier]] = None  # (out, in)
-        self.chunk_bytes: Optional[int] = None  # kernel path: bytes per item (None: its default)
-        self.max_ctas = max_ctas  # kernel path: programs of its persistent grid (None: default)
+        self._loaded: Optional[torch.cuda.Event] = None  # the latest swap-ins' completion
+        self._loaded_step: object = None  # the step (SchedulerOutput) that issued them
+        self._staged: Optional[StagedCopier] = None
+        self.chunk_bytes: Optional[int] = None  # kernel path: bytes per program (None: its default)
         self.set_copy_mode(copy_mode)
 
     def set_copy_mode(self, copy_mode: str) -> None:
@@ -97,9 +92,7 @@ class HostKVPool:
         self.wait_loads()
         self._staged = None  # its device staging goes before a new one is made
         if copy_mode != "kernel":
-            gather = copy_mode == "gather"
-            self._staged = (StagedCopier(self.layout, self.num_staging, gather),
-                            StagedCopier(self.layout, self.num_staging, gather))
+            self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
         self.copy_mode = copy_mode
 
     # -- the device pool it copies to ----------------------------------------------------------
@@ -115,8 +108,7 @@ class HostKVPool:
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
         if self._staged is not None:
-            for copier in self._staged:
-                copier.rebind(self.layout)
+            self._staged.rebind(self.layout)
 
     def _layout(self, kv_caches: Sequence[LayerKV]) -> SwapLayout:
         return SwapLayout([[kv[f] for f in self.fields] for kv in kv_caches], self.host)
@@ -133,10 +125,10 @@ class HostKVPool:
     # -- copies ---------------------------------------------------------------------------------
 
     def swap(self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]],
-             load_id: Optional[int] = None) -> None:
-        """Run a step's copies: every (device, host) swap-out (on the compute stream), then issue
-        every (host, device) swap-in on the copy stream without waiting for them; on CUDA their
-        completion is kept under `load_id` (`loads_done`, `wait_load`). On CPU all is done here."""
+             step: object = None) -> None:
+        """Run a step's copies: every (device, host) swap-out, then every (host, device) swap-in.
+        `step` names the step (its `SchedulerOutput`) for `before_forward`."""
+        self.wait_loads()
         if swap_out:
             out = sorted(swap_out, key=lambda p: p[1])  # by host block: runs for the DMA modes
             self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
@@ -146,72 +138,52 @@ class HostKVPool:
         if self.copy_stream is None:
             self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
             return
-        if load_id is None:
-            load_id, self._anonymous = self._anonymous, self._anonymous - 1
-        if load_id in self._loads:
-            raise ValueError(f"load {load_id} is already in flight")
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
         with torch.cuda.stream(self.copy_stream):
             self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        self._loads[load_id] = event
+            self._loaded = torch.cuda.Event()
+            self._loaded.record(self.copy_stream)
+        self._loaded_step = step
 
-    def loads_done(self, load_ids: Sequence[int]) -> list[int]:
-        """Which of `load_ids` have landed, without blocking (an id never issued, or already
-        seen done, counts as landed)."""
-        done = []
-        for load_id in load_ids:
-            event = self._loads.get(load_id)
-            if event is None or event.query():
-                self._loads.pop(load_id, None)
-                done.append(load_id)
-        return done
-
-    def wait_load(self, load_id: int) -> None:
-        """Block the host until load `load_id` has landed."""
-        event = self._loads.pop(load_id, None)
-        if event is not None:
-            event.synchronize()
-
-    @property
-    def num_loads_in_flight(self) -> int:
-        return len(self._loads)
+    def before_forward(self, step: object = None) -> None:
+        """Before the forward of `step`: wait (on the compute stream) for the swap-ins of earlier
+        steps; those `step` itself issued stay in flight (nothing in its forward touches them)."""
+        if self._loaded is not None and (step is None or step is not self._loaded_step):
+            self.wait_loads()
 
     def wait_loads(self) -> None:
-        """Make the compute stream wait for every swap-in issued so far (work queued after this
-        may move or overwrite any block)."""
-        stream = torch.cuda.current_stream(self.device) if self._loads else None
-        for event in self._loads.values():
-            stream.wait_event(event)
-        self._loads.clear()
+        """Make the compute stream wait for every swap-in issued so far."""
+        if self._loaded is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._loaded)
+            self._loaded = None
+            self._loaded_step = None
 
     def _copy(self, host_blocks: list[int], device_blocks: list[int], to_host: bool) -> None:
         if self._staged is not None:
             if to_host:
-                self._staged[0].swap_out(device_blocks, host_blocks)
+                self._staged.swap_out(device_blocks, host_blocks)
             else:
-                self._staged[1].swap_in(host_blocks, device_blocks)
+                self._staged.swap_in(host_blocks, device_blocks)
             return
         ids = block_ids_on(self.device, [host_blocks, device_blocks])  # one copy for both lists
-        kv_swap(self.layout, ids[0], ids[1], to_host, self.chunk_bytes, self.max_ctas)
+        kv_swap(self.layout, ids[0], ids[1], to_host, self.chunk_bytes)
 
 
 def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_per_block: int,
-                    copy_mode: str = "runs", max_ctas: Optional[int] = None) -> HostKVPool:
+                    copy_mode: str = "runs") -> HostKVPool:
     """The host tier for `kv_offload_gib` GiB of blocks of `bytes_per_block` bytes."""
     from infer_cluster.protocol.errors import ConfigError
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
     if num_blocks <= 0:
         raise ConfigError(f"kv_offload_gib={kv_offload_gib} holds no KV block of {bytes_per_block} bytes; "
                           f"raise it or set 0 to turn the host tier off")
-    return HostKVPool(kv_caches, num_blocks, staging_blocks(num_blocks, bytes_per_block), copy_mode, max_ctas)
+    return HostKVPool(kv_caches, num_blocks, staging_blocks(num_blocks, bytes_per_block), copy_mode)
 
 
 def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int, copy_mode: str = "runs") -> int:
-    """Device memory the tier's two staging buffers take (0 when the tier is off, and for the
+    """Device memory the tier's staging buffer takes (0 when the tier is off, and for the
     staging-free "kernel" copies)."""
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
     if num_blocks <= 0 or copy_mode == "kernel":
         return 0
-    return 2 * staging_blocks(num_blocks, bytes_per_block) * bytes_per_block
+    return staging_blocks(num_blocks, bytes_per_block) * bytes_per_block

@@ -1,13 +1,12 @@
-"""Staging-buffer copies of the host KV tier: the DMA paths of `HostKVPool` (`copy_mode="runs"`,
-the default, and `"gather"`, the first implementation kept to compare with).
+"""Staging-buffer copies of the host KV tier: the DMA fallbacks of `HostKVPool`
+(`copy_mode="runs"` and `"gather"`), kept to compare with the zero-copy kernel and for hosts
+where the pool cannot be mapped for the device.
 
 Owns: a device staging buffer laid out like the host pool (`[num_staging, num_layers, *block]`
 per field, so staging row k mirrors host block h), and for "gather" a page-locked host staging
-buffer. `HostKVPool` keeps one copier per direction, each with its own buffers, as swap-outs
-and swap-ins run on different streams at once. Lists longer than the staging buffer go in
-chunks. Both modes move a chunk in three parts: device blocks <-> device staging (ONE `kv_swap`
-launch per chunk for "runs", on a full grid; per-layer `index_select`/`index_copy_` for
-"gather"), staging <-> host pool by DMA, in stream order:
+buffer. Lists longer than the staging buffer go in chunks. Both modes move a chunk in three
+parts: device blocks <-> device staging (ONE `kv_swap` launch per chunk for "runs", per-layer
+`index_select`/`index_copy_` for "gather"), staging <-> host pool by DMA, in stream order:
   * "runs": one async copy per run of consecutive host blocks per field, straight between the
     host pool and the device staging buffer: no CPU work on the data, no host synchronization;
   * "gather" (the tier's first implementation): one DMA per field per chunk, with the host
@@ -26,10 +25,6 @@ import torch
 from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
 
 from .host_memory import HostBuffer
-
-# The device <-> staging scatter/gather moves device memory only: a program per item, so it is
-# over in a fraction of the DMA's time (the persistent grid's few programs suit PCIe, not HBM).
-FULL_GRID = 1 << 30
 
 
 def consecutive_runs(blocks: list[int]) -> list[tuple[int, int, int]]:
@@ -82,8 +77,7 @@ class StagedCopier:
         n = len(device_blocks)
         dev_idx = block_ids_on(self.device, device_blocks, torch.int32 if not self.gather else torch.int64)
         if not self.gather:
-            kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=True,
-                    max_ctas=FULL_GRID)
+            kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=True)
             for pos, first, length in consecutive_runs(host_blocks):
                 for host, stage in zip(self.layout.host, self.dev_stage):
                     host[first:first + length].copy_(stage[pos:pos + length], non_blocking=True)
@@ -108,8 +102,7 @@ class StagedCopier:
             for pos, first, length in consecutive_runs(host_blocks):
                 for host, stage in zip(self.layout.host, self.dev_stage):
                     stage[pos:pos + length].copy_(host[first:first + length], non_blocking=True)
-            kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=False,
-                    max_ctas=FULL_GRID)
+            kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=False)
             return
         consecutive = len(consecutive_runs(host_blocks)) == 1
         for j, host in enumerate(self.layout.host):

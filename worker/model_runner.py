@@ -298,24 +298,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def swap_blocks(self, out: SchedulerOutput) -> None:
-        """Run the step's host-tier copies (all swap-outs, then issue all swap-ins) before its
-        forward; the swap-ins stay in flight (the scheduler waits for them, see `loads_done`)."""
-        self.host_pool.swap(out.swap_out, out.swap_in, out.load_id)
-
-    def loads_done(self, load_ids):
-        """Which host-tier loads (swap-ins of a step) have landed; never blocks."""
-        return self.host_pool.loads_done(load_ids) if self.host_pool is not None else load_ids
-
-    def wait_load(self, load_id: int) -> None:
-        """Block until one host-tier load has landed."""
-        if self.host_pool is not None:
-            self.host_pool.wait_load(load_id)
+        """Run the step's host-tier copies (all swap-outs, then all swap-ins) before its forward;
+        the swap-ins stay in flight during this step's forward (see `HostKVPool.before_forward`)."""
+        self.host_pool.swap(out.swap_out, out.swap_in, step=out)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row."""
-        inputs = self.context.prepare(out)  # no request here reads KV still being swapped in
+        inputs = self.context.prepare(out)
+        if self.host_pool is not None:
+            self.host_pool.before_forward(out)  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

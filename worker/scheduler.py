@@ -7,14 +7,11 @@ blocks run out (the newest / lowest-priority running request goes first), and to
 checks after sampling. With a host tier (`HostTier`, `kv_offload_gib`) it also lists the step's
 KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host prefix hits and
 swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
-tier has room (else recomputed). The runner performs every swap-out, then issues every swap-in
-(one "load" per step, `SchedulerOutput.load_id`) without waiting for them. A request whose KV
-is being copied in (or that shares blocks being copied in) is admitted but not scheduled for
-compute until every load it needs has landed, as the `LoadTracker` (worker/kv_loads.py) sees
-through its non-blocking readiness callable; meanwhile the other requests run, and no forward
-waits on a copy. Only when nothing else can run does `schedule` block on the oldest load.
-Its only product is a `SchedulerOutput`; the model runner sees nothing else of it. Must never
-import torch.
+tier has room (else recomputed). The runner performs every swap-out, then issues every swap-in,
+before the step's forward; a request whose KV is being copied in (or that shares blocks being
+copied in) is admitted but computes from the next step, so the copies overlap this step's
+forward, which never reads those blocks. Its only product is a `SchedulerOutput`; the model runner sees nothing
+else of it. Must never import torch.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
 `Request.sort_key` so the preemption victim is always its tail.
@@ -30,7 +27,6 @@ from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
 from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 from .host_tier import HostTier
-from .kv_loads import LoadTracker
 from .request import Request
 
 
@@ -55,7 +51,6 @@ class SchedulerOutput:
     # (host block, device block).
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
-    load_id: Optional[int] = None  # names the swap-ins (the LoadTracker's load), when any
 
     @property
     def has_swaps(self) -> bool:
@@ -72,11 +67,9 @@ def _cdiv(a: int, b: int) -> int:
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, host: Optional[HostTier] = None,
-                 loads: Optional[LoadTracker] = None):
+                 max_model_len: int, host: Optional[HostTier] = None):
         self.allocator = allocator
         self.host = host
-        self.loads = loads or LoadTracker()  # swap-ins in flight (readiness: see kv_loads.py)
         if host is not None:
             allocator.evicted = []
         self.block_size = allocator.block_size
@@ -89,6 +82,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
@@ -123,9 +117,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.allocator.free(req.block_ids)  # blocks still being loaded stay held by their load
+        self.allocator.free(req.block_ids)
         req.block_ids = []
-        self.loads.forget(req.request_id)
         if req.host_block_ids is not None:  # ended while swapped out
             self.host.release(req.host_block_ids, in_flight=False)
             req.host_block_ids = None
@@ -143,32 +136,14 @@ class Scheduler:
     # -- scheduling -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = self._schedule_once()
-        # Nothing to compute or copy, yet loads in flight (requests wait on them, or their
-        # blocks are what admission lacks): block on the oldest one, never spin.
-        while (out.is_empty and not out.has_swaps and not out.preempted_ids
-               and self.loads.in_flight and self.has_unfinished()):
-            self.loads.wait_oldest(self.allocator, self.host)
-            out = self._schedule_once()
-        return out
-
-    def wait_all_loads(self) -> None:
-        """Block until every swap-in in flight has landed (before the pool is resized or this
-        scheduler is dropped)."""
-        self.loads.wait_all(self.allocator, self.host)
-
-    def _schedule_once(self) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
-        self.loads.poll(self.allocator, self.host)
+        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if self.loads.is_waiting(req.request_id):  # its KV has not landed yet
-                i += 1
-                continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._reserve_blocks(req, num_new, out):
                 break  # req itself was preempted (it was the tail): nothing after it remains
@@ -208,12 +183,7 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
         num_kv_blocks = _cdiv(req.num_computed_tokens, self.block_size)
-        # A request whose KV is still being loaded cannot be copied out (the copy would read
-        # blocks still being written): it recomputes; its load keeps those blocks until it lands.
-        loading = self.loads.is_waiting(req.request_id)
-        self.loads.forget(req.request_id)
-        host_blocks = (self.host.take(num_kv_blocks)
-                       if self.host is not None and num_kv_blocks and not loading else None)
+        host_blocks = self.host.take(num_kv_blocks) if self.host is not None and num_kv_blocks else None
         if host_blocks is not None:  # swap out: computed KV kept, resumed by a swap-in
             out.swap_out.extend(zip(req.block_ids, host_blocks))
             req.host_block_ids = host_blocks
@@ -245,9 +215,9 @@ class Scheduler:
                 num_cached_tokens = (len(cached) + len(host_hit)) * self.block_size
             num_new = min(req.num_tokens - num_cached_tokens, budget)
             need = _cdiv(num_cached_tokens + num_new, self.block_size) - len(cached)
-            revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)  # loading: held
+            revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)
             if not self.allocator.can_allocate(need + revived):
-                if not self.running and not self.loads.in_flight:  # alone, no room: it never runs
+                if not self.running:  # alone and still no room: it can never run
                     self.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, OutOfMemoryError(
                         f"request {req.request_id} does not fit in the free KV blocks").to_dict())
                     self.failed_at_admission.append(req)
@@ -258,21 +228,15 @@ class Scheduler:
                 self.host.pin_hits(host_hit)  # before allocating: its evictions must not take them
             new = self._allocate(need, out)
             req.block_ids = cached + new
-            pending = self.loads.loads_of(cached)  # device prefix hits still being loaded
+            loading = swapped or bool(host_hit) or not self._loading.isdisjoint(cached)
             if swapped:
-                host_blocks = req.host_block_ids
-                out.swap_in.extend(zip(host_blocks, new))
-                pending.add(self._load_id(out))
-                self.loads.add(out.load_id, self.allocator, new[:len(host_blocks)], host_release=host_blocks)
-                self.host.release(host_blocks, in_flight=True)
+                out.swap_in.extend(zip(req.host_block_ids, new))
+                self.host.release(req.host_block_ids, in_flight=True)
                 req.host_block_ids = None
                 req.num_registered_blocks = 0  # its full blocks are offered again after the step
             else:
-                if host_hit:
-                    pending.add(self._load_id(out))
-                    self._swap_in_hits(req, host_hit, new, len(cached), out)
+                self._swap_in_hits(req, host_hit, new, len(cached), out)
                 req.num_computed_tokens = num_cached_tokens
-            self.loads.wait_for(req.request_id, pending)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(cached) * self.block_size
                 req.num_cached_tokens_host = len(host_hit) * self.block_size
@@ -281,7 +245,7 @@ class Scheduler:
             self.waiting.pop(0)
             req.transition(RequestStatus.RUNNING)
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
-            if pending:  # its KV is on the way: it computes once every load it needs landed
+            if loading:  # its KV lands during this step: it computes from the next one
                 continue
             self._emit(req, num_new, out)
             budget -= num_new
@@ -289,19 +253,14 @@ class Scheduler:
 
     def _swap_in_hits(self, req: Request, host_hit: list[int], new: list[int], num_device_hit: int,
                       out: SchedulerOutput) -> None:
-        """Copy host prefix hits into the first new device blocks and register them at once, so
-        a later admission may share them (waiting, as this one does, for the load)."""
+        """Copy host prefix hits into the first new device blocks and register them at once:
+        the copies run before this step's forward, so a later admission of the same step may
+        share them."""
         out.swap_in.extend(zip(host_hit, new))
-        self.loads.add(out.load_id, self.allocator, new[:len(host_hit)], host_pins=host_hit)
+        self._loading.update(new[:len(host_hit)])
         for idx, block in enumerate(new[:len(host_hit)], start=num_device_hit):
             self.allocator.register(block, req.block_hashes[idx])
         req.num_registered_blocks = num_device_hit + len(host_hit)
-
-    def _load_id(self, out: SchedulerOutput) -> int:
-        """The id of this step's load (its swap-ins), made on first use."""
-        if out.load_id is None:
-            out.load_id = self.loads.begin()
-        return out.load_id
 
     def _emit(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         start = req.num_computed_tokens

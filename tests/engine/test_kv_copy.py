@@ -2,7 +2,7 @@
 kernel under the interpreter; runs and gather: the staging-buffer DMA paths), with chunking
 (lists longer than the staging buffer), consecutive and scattered host blocks, float and int8
 (+ scales) pools. On CUDA (`-m gpu`) the same tests run on the mapped pinned pool, the side
-copy stream and the per-load events the scheduler polls."""
+copy stream and the stream ordering `before_forward` relies on."""
 
 import os
 
@@ -60,15 +60,15 @@ def test_swap_out_then_in_round_trips(device, int8, mode, monkeypatch):
     saved = _snapshot(kv, src)
     # host blocks: a consecutive run, then scattered ones (sorted by host block inside the pool)
     host = [4, 5, 6, 7, 0, 9, 2]
-    pool.swap(list(zip(src, host)), [], load_id=1)
+    pool.swap(list(zip(src, host)), [], step="s1")
     for layer in kv:  # the device blocks are reused: overwrite them
         for t in layer:
             if t is not None:
                 t[src] = 0
     dst = [1, 4, 6, 8, 10, 0, 3]
-    pool.swap([], list(zip(host, dst)), load_id=2)
-    pool.wait_load(2)
-    assert pool.loads_done([2]) == [2] and pool.num_loads_in_flight == 0
+    pool.swap([], list(zip(host, dst)), step="s2")
+    pool.before_forward("s3")
+    _sync(kv)
     for la, lb in zip(_snapshot(kv, dst), saved):
         for a, b in zip(la, lb):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
@@ -79,10 +79,10 @@ def test_swap_out_then_in_round_trips(device, int8, mode, monkeypatch):
 def test_swap_in_leaves_other_blocks_alone(device, mode, monkeypatch):
     kv = _device_pool(device, int8=False)
     pool = _pool(kv, mode, monkeypatch)
-    pool.swap([(b, b) for b in range(NUM_HOST)], [], load_id=1)
+    pool.swap([(b, b) for b in range(NUM_HOST)], [], step=1)
     others = [b for b in range(NUM_DEVICE) if b not in (2, 7)]
     before = _snapshot(kv, others)
-    pool.swap([], [(8, 2), (1, 7)], load_id=2)
+    pool.swap([], [(8, 2), (1, 7)], step=2)
     pool.wait_loads()
     _sync(kv)
     assert all(torch.equal(a, b) for la, lb in zip(_snapshot(kv, others), before) for a, b in zip(la, lb))
@@ -110,27 +110,18 @@ def test_consecutive_runs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["kernel", "runs", "gather"])
-def test_loads_are_tracked_by_id_and_swap_outs_do_not_wait_for_them(mode):
-    """Swap-ins are left in flight under their load id (`loads_done` asks without blocking,
-    `wait_load` blocks); a swap-out issued meanwhile (compute stream, its own staging buffer)
-    neither waits for nor corrupts them."""
+def test_same_step_loads_stay_in_flight_until_the_next_forward(mode):
+    """`before_forward(step)` lets the issuing step's forward run beside its swap-ins, and makes
+    the next step's forward wait for them (checked through the compute stream's order)."""
     kv = _device_pool("cuda", int8=False)
     pool = HostKVPool(kv, NUM_HOST, 3, copy_mode=mode)
-    pool.swap([(b, b) for b in range(NUM_HOST)], [])
+    pool.swap([(b, b) for b in range(NUM_HOST)], [], step="a")
+    pool.swap([], [(3, 11)], step="b")
+    assert pool._loaded is not None
+    pool.before_forward("b")
+    assert pool._loaded is not None  # still in flight: the same step
+    pool.before_forward("c")
+    assert pool._loaded is None
+    probe = kv[0].k[11].clone()  # queued on the compute stream after the wait
     torch.cuda.synchronize()
-    expect_in = [kv[0].k[h].clone() for h in (3, 4, 5, 6)]
-    expect_out = kv[0].k[0].clone()
-    pool.swap([], [(3, 8), (4, 9), (5, 10), (6, 11)], load_id=7)
-    assert pool.num_loads_in_flight == 1
-    pool.swap([(0, 9)], [])  # host block 9 is not read by load 7
-    pool.wait_load(7)
-    assert pool.loads_done([7]) == [7] and pool.num_loads_in_flight == 0
-    torch.cuda.synchronize()
-    for d, want in zip((8, 9, 10, 11), expect_in):
-        assert torch.equal(kv[0].k[d], want)
-    assert torch.equal(pool.host[0][9, 0].to("cuda"), expect_out)
-    with pytest.raises(ValueError, match="already in flight"):
-        pool.swap([], [(1, 2)], load_id=8)
-        pool.swap([], [(1, 3)], load_id=8)
-    pool.wait_loads()  # the compute stream waits for all; nothing is tracked any more
-    assert pool.num_loads_in_flight == 0
+    assert torch.equal(probe, kv[0].k[3])
