@@ -118,9 +118,6 @@ class TextStage:
         return len(self._detok)
 
 
-YIELD_EVERY = 32  # deltas the text thread processes between GIL hand-overs (see `_process`)
-
-
 class TextWorker(threading.Thread):
     """A `TextStage` on its own thread. `emit(deltas, extra)` is called on this thread with
     every processed batch (the replica encodes and sends it); stops are collected for the
@@ -174,23 +171,6 @@ class TextWorker(threading.Thread):
         if self.is_alive():
             self.join(timeout)
 
-    def _process(self, deltas: list) -> tuple[list, list]:
-        """`stage.process` in chunks of `YIELD_EVERY` deltas, handing the GIL over between
-        chunks: the engine loop's host work between two GPU steps (sampling read-back,
-        scheduling, input preparation) is on the GPU's critical path, and a waiting thread
-        would otherwise get the GIL only after Python's 5 ms switch interval or when this
-        thread blocks. Same result as one call: each delta is processed on its own."""
-        if len(deltas) <= YIELD_EVERY:
-            return self.stage.process(deltas)
-        out, stops = [], []
-        for i in range(0, len(deltas), YIELD_EVERY):
-            if i:
-                time.sleep(0)  # releases the GIL; the engine thread takes it if it is waiting
-            o, s = self.stage.process(deltas[i:i + YIELD_EVERY])
-            out.extend(o)
-            stops.extend(s)
-        return out, stops
-
     def run(self) -> None:
         while True:
             kind, item = self._inbox.get()
@@ -204,7 +184,7 @@ class TextWorker(threading.Thread):
                     self.stage.add(*item)
                 else:
                     deltas, extra = item
-                    out, stops = self._process(deltas)
+                    out, stops = self.stage.process(deltas)
                     if stops:
                         with self._stops_lock:
                             self._stops.extend(stops)

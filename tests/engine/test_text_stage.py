@@ -104,24 +104,6 @@ def test_threaded_text_equals_inline(engines, stop_of):
     assert st["num_free_blocks"] == st["num_total_blocks"]
 
 
-def test_text_thread_in_chunks_equals_inline(engines, monkeypatch):
-    """The text thread hands the GIL over every YIELD_EVERY deltas; chunked processing gives
-    the same outputs (stop strings included) as the inline engine."""
-    from infer_cluster.worker import text_stage
-    monkeypatch.setattr(text_stage, "YIELD_EVERY", 2)
-    inline, raw = engines
-    base, _ = _inline_outputs(inline, _params([[]] * 5))
-    texts = [base[f"r{i}"].text for i in range(5)]
-    params = _params([[texts[0][-2:]], [], [texts[2][1:3]], [], [texts[4][5:7]]])
-    want, want_finals = _inline_outputs(inline, params)
-    got, got_finals, waste = _threaded_outputs(raw, params)
-    assert got_finals == want_finals == {f"r{i}": 1 for i in range(5)}
-    for rid in want:
-        assert (got[rid].token_ids, got[rid].text, got[rid].finish_reason) == \
-            (want[rid].token_ids, want[rid].text, want[rid].finish_reason), rid
-    assert all(n <= 1 for n in waste.values()), waste
-
-
 def test_deferred_logprobs_are_built_by_the_text_stage(engines):
     """With `defer_logprobs` the engine's raw deltas carry unbuilt entries; the text thread
     builds them, and the client gets the same logprobs as from the inline engine."""
