@@ -13,11 +13,14 @@ depend on the row count (see `_SPLITS`).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 _NB = 16            # blocks per tile: 16 x 128 = 2,048 columns per iteration
+_WARPS = 4
 _SPLITS = 16       # parts per row: 16 programs per row at batch 1, 4,096 at batch 256
 
 
@@ -66,13 +69,18 @@ def _merge_kernel(m_ptr, s_ptr, lse_ptr, nsplit, BLOCK_S: tl.constexpr):
     tl.store(lse_ptr + row, big + tl.log(tl.sum(s * tl.exp(m - big), axis=0)))
 
 
-def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def row_stats_triton(x: torch.Tensor, block: int = 128,
+                     config: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`config` overrides the launch (`nb` blocks per tile, `splits`, `num_warps`); for
+    bench/row_stats.py."""
+    cfg = dict(nb=_NB, splits=_SPLITS, num_warps=_WARPS, **(config or {}))
     n, vocab = x.shape
-    tile = _NB * block
+    nb = cfg["nb"]
+    tile = nb * block
     n_tiles = triton.cdiv(vocab, tile)
     # The split count depends on the vocabulary only, never on the row count, so one compiled
     # variant serves every batch size (warm-up compiles it; nothing compiles while serving).
-    splits = min(n_tiles, _SPLITS)
+    splits = min(n_tiles, cfg["splits"])
     part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
     splits = triton.cdiv(vocab, part_len)
     n_blocks = triton.cdiv(vocab, block)
@@ -81,7 +89,8 @@ def row_stats_triton(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, t
     bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
     if n:
         _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len // tile, m, s, bmax,
-                                       bmax.stride(0), n_blocks, BLOCK=block, NB=_NB, num_warps=4)
+                                       bmax.stride(0), n_blocks, BLOCK=block, NB=nb,
+                                       num_warps=cfg["num_warps"])
         _merge_kernel[(n,)](m, s, lse, splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
                             num_warps=1)
     return lse, bmax
