@@ -73,7 +73,7 @@ def row_stats_triton(x: torch.Tensor, block: int = 128,
                      config: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`config` overrides the launch (`nb` blocks per tile, `splits`, `num_warps`); for
     bench/row_stats.py."""
-    cfg = dict(nb=_NB, splits=_SPLITS, num_warps=_WARPS, **(config or {}))
+    cfg = {"nb": _NB, "splits": _SPLITS, "num_warps": _WARPS, **(config or {})}
     n, vocab = x.shape
     nb = cfg["nb"]
     tile = nb * block
