@@ -54,7 +54,7 @@ def main(argv=None):
             ms = timed(lambda: row_stats_triton(x, config=cfg))
             results.append(dict(rows=rows, **cfg, ms=ms, gbs=nbytes / ms / 1e6, ok=ok))
         best = sorted((r for r in results if r["rows"] == rows and r["ok"]), key=lambda r: r["ms"])[:5]
-        default = [r for r in results if r["rows"] == rows and (r["nb"], r["splits"], r["num_warps"]) == (16, 16, 4)]
+        default = [r for r in results if r["rows"] == rows and (r["nb"], r["splits"], r["num_warps"]) == (32, 8, 4)]
         for r in default + best:
             print(f"  nb {r['nb']:>2} splits {r['splits']:>2} warps {r['num_warps']}: {r['ms']:.4f} ms "
                   f"{r['gbs']:.0f} GB/s ok={r['ok']}")
