@@ -13,6 +13,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from .errors import json_reply
 from .generation import Generation, openai_finish_reason
 from .logprobs import chat_logprobs
 from .params import chat_messages, chat_params, per_choice
@@ -25,7 +26,13 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-    state = request.app.state
+    return await reply(body, request.app.state, request.receive)
+
+
+async def reply(body: ChatCompletionRequest, state, receive):
+    """The reply (an ASGI response) to a validated request; raises `APIError`. Shared by the
+    FastAPI route and the lean ASGI path (`fastpath.py`); `state` is the app's state, `receive`
+    the ASGI receive callable (to notice a client that goes away)."""
     backend, metrics, config = state.backend, state.metrics, state.config
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
@@ -36,7 +43,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)
     gen.start()
-    if not await gen.collect(request):
+    if not await gen.collect(receive):
         return Response(status_code=499)  # nobody reads it; the requests were cancelled
     choices = []
     for c in gen.choices:
@@ -45,8 +52,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             index=c.index, message=ChatMessageOut(content=out.text),
             finish_reason=openai_finish_reason(out.finish_reason),
             logprobs=chat_logprobs(out.token_ids, out.logprobs) if body.logprobs else None))
-    return ChatCompletionResponse(id=response_id, created=created, model=model, choices=choices,
-                                  usage=gen.usage())
+    return json_reply(ChatCompletionResponse(id=response_id, created=created, model=model,
+                                             choices=choices, usage=gen.usage()))
 
 
 def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,

@@ -3,7 +3,8 @@
 Owns: `APIError` (what route code raises), the mapping from infer-cluster error codes (the
 `code` of `protocol.errors` classes, as they arrive in a failed request's final delta) to HTTP
 status and OpenAI error type, and the FastAPI exception handlers (pydantic validation errors
-become 400 naming the field, not FastAPI's default 422). Never imports torch.
+become 400 naming the field, not FastAPI's default 422), and `json_reply` (a response model as
+a 200 JSON reply). Never imports torch.
 
 To map a new cluster error: add its code to `_BY_CODE`.
 """
@@ -70,6 +71,13 @@ class APIError(Exception):
 def error_response(err: APIError, retry_after: int) -> JSONResponse:
     headers = {"Retry-After": str(retry_after)} if err.status == 503 else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def json_reply(model) -> JSONResponse:
+    """A 200 reply with a response model as its JSON: the same bytes FastAPI writes for a route
+    that returns the model (no aliases, None kept), built here so the lean path
+    (`fastpath.py`) and the FastAPI routes answer alike."""
+    return JSONResponse(model.model_dump(mode="json"))
 
 
 def _param_of(loc) -> Optional[str]:

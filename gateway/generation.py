@@ -121,10 +121,11 @@ class Generation:
             for task in finals:
                 task.cancel()
 
-    async def collect(self, request) -> bool:
-        """Non-streaming: wait for every choice (`wait_all`) while watching the HTTP client;
-        False when it went away first (its requests are cancelled). Always closes `self`."""
-        disconnected = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    async def collect(self, receive) -> bool:
+        """Non-streaming: wait for every choice (`wait_all`) while watching the HTTP client
+        (`receive`: the ASGI receive callable, the body already read); False when it went away
+        first (its requests are cancelled). Always closes `self`."""
+        disconnected = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await self.wait_all(disconnected)
             return True
