@@ -109,3 +109,48 @@ def test_json_content_types_as_fastapi_reads_them():
     assert is_json_content_type([(b"content-type", b"application/vnd.api+json")])
     assert not is_json_content_type([(b"content-type", b"text/plain")])
     assert not is_json_content_type([(b"content-type", b"application/x-www-form-urlencoded")])
+
+
+def test_cork_holds_the_first_segments_and_releases_them():
+    import socket
+    import sys
+
+    from infer_cluster.gateway.sse import cork
+
+    async def plain_send(message):  # a server that exposes no transport: nothing to do
+        pass
+
+    cork(plain_send)()
+    if not sys.platform.startswith("linux"):
+        return
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+
+    class Transport:  # what uvicorn's HTTP cycle holds: the asyncio transport
+        def get_extra_info(self, name):
+            return peer if name == "socket" else None
+
+    class Cycle:
+        transport = Transport()
+
+        async def send(self, message):
+            pass
+
+    try:
+        uncork = cork(Cycle().send)
+        assert peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 1
+        peer.sendall(b"head")
+        peer.sendall(b"body")
+        uncork()
+        assert peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+        client.settimeout(5)
+        got = b""
+        while len(got) < 8:
+            got += client.recv(64)
+        assert got == b"headbody"
+        peer.close()
+        uncork()  # a closed connection: no error
+    finally:
+        for s in (client, peer, server):
+            s.close()
