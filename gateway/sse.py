@@ -92,20 +92,19 @@ class EventStream(Response):
             gen.start()
             first = await gen.first_event()
             started = False
-            async for body in self._bodies(first):
+            async for body, last in self._bodies(first):
+                message = {"type": "http.response.body", "body": body, "more_body": not last}
                 if not started:
                     started = True
                     uncork = cork(send)
                     try:
                         await send({"type": "http.response.start", "status": self.status_code,
                                     "headers": self.raw_headers})
-                        await send({"type": "http.response.body", "body": body,
-                                    "more_body": True})
+                        await send(message)
                     finally:
                         uncork()
-                    continue
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                else:
+                    await send(message)  # the last one also ends the response: one write
         except ClientGone:
             pass  # nobody reads the rest; `close` cancels what still runs
         finally:
@@ -113,9 +112,9 @@ class EventStream(Response):
             gen.close()
 
     async def _bodies(self, first):
-        """The stream's HTTP writes: SSE frames of every delta of the generation, those that
-        were queued together joined into one write; the frames and their order are the same as
-        one write each."""
+        """The stream's HTTP writes as (body, last): SSE frames of every delta of the
+        generation, those that were queued together joined into one write (the frames and their
+        order are the same as one write each); the last one ends with `[DONE]`."""
         gen, make_chunk = self.gen, self.make_chunk
         frames: list[bytes] = []
         event, failed = first, False
@@ -138,13 +137,13 @@ class EventStream(Response):
             event = gen.next_event_nowait()
             if event is None:
                 if frames:
-                    yield b"".join(frames)
+                    yield b"".join(frames), False
                     frames.clear()
                 event = await gen.next_event()
         if not failed and self.include_usage:
             frames.append(sse(self.make_usage_chunk(gen.usage())))
         frames.append(DONE)
-        yield b"".join(frames)
+        yield b"".join(frames), True
 
 
 def _no_op() -> None:
