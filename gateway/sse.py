@@ -13,16 +13,13 @@ requests on the cluster (`Generation.interrupt` / `close`), also before its firs
 Why not Starlette's `StreamingResponse`: it starts the response in a new task of an anyio task
 group (plus a task that watches for the disconnect), which put task-group set-up and an extra
 loop turn between the first token and its write; here the only work between the first token and
-the socket is formatting that token. The status line, headers and first chunk leave in one TCP
-segment (`cork`), so the client wakes once for its first token, not first for the headers.
-Never imports torch.
+the socket is formatting that token. Never imports torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from typing import Callable
 
 from starlette.responses import Response
@@ -96,15 +93,9 @@ class EventStream(Response):
                 message = {"type": "http.response.body", "body": body, "more_body": not last}
                 if not started:
                     started = True
-                    uncork = cork(send)
-                    try:
-                        await send({"type": "http.response.start", "status": self.status_code,
-                                    "headers": self.raw_headers})
-                        await send(message)
-                    finally:
-                        uncork()
-                else:
-                    await send(message)  # the last one also ends the response: one write
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                await send(message)  # the last one also ends the response: one write
         except ClientGone:
             pass  # nobody reads the rest; `close` cancels what still runs
         finally:
@@ -144,31 +135,3 @@ class EventStream(Response):
             frames.append(sse(self.make_usage_chunk(gen.usage())))
         frames.append(DONE)
         yield b"".join(frames), True
-
-
-def _no_op() -> None:
-    pass
-
-
-def cork(send) -> Callable[[], None]:
-    """Hold back the connection's TCP segments (Linux `TCP_CORK`) until the returned function
-    is called, so the response start and the first chunk, which uvicorn writes to the socket as
-    two writes, go out together. Finds the socket through uvicorn's HTTP cycle (`send` is its
-    bound method, holding the asyncio transport); with any other server, a platform without
-    `TCP_CORK`, or a closed socket it does nothing, and the two writes go out as before."""
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or not hasattr(socket, "TCP_CORK"):
-        return _no_op
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-    except OSError:
-        return _no_op
-
-    def uncork() -> None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)  # sends what was held
-        except OSError:
-            pass  # the connection closed meanwhile
-
-    return uncork
