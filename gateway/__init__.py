@@ -14,8 +14,10 @@ Layout: `config.py` (GatewayConfig), `schemas.py` (pydantic request/response mod
 `backend.py` (the coordinator connection and a cached status), `generation.py` (submitting
 choices and folding their deltas), `completions.py` / `chat.py` (the two generation routes),
 `sse.py` (streaming responses that cancel on disconnect), `metrics.py` / `cluster_metrics.py`
-(Prometheus), `app.py` (the app factory), `server.py` (uvicorn entry point).
-To add an endpoint: a router module like `completions.py`, included in `app.create_app`.
+(Prometheus), `app.py` (the app factory), `fastpath.py` (the lean path of the two generation
+routes, in front of the FastAPI app), `server.py` (uvicorn entry point).
+To add an endpoint: a router module like `completions.py`, included in `app.create_app`; a
+latency-critical one can also get the lean path (`fastpath._ROUTES`).
 
 Exports are lazy so that `import infer_cluster.gateway.cluster_metrics` (used by the
 coordinator's `--metrics-port`) does not load FastAPI.
