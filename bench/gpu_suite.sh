@@ -78,8 +78,11 @@ for stage in "$@"; do
     gateway)  # issue 12: what the HTTP gateway adds over ZMQ on a quiet many-core host: the embedded
       # model on the CPU (the issue's setting), then qwen3-0.6b-shape on the GPU. Needs the gateway
       # dependencies (fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx) in the env.
+      # GATEWAY_DEVICES picks the runs (default: both); throughput uses 8 rounds per path
+      # (3 rounds swung ±13% between runs on 16 cores).
       for spec in "cpu tiny-random" "cuda qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096"; do
         set -- $spec; dev=$1; model=$2; shift 2
+        case " ${GATEWAY_DEVICES:-cpu cuda} " in *" $dev "*) ;; *) continue ;; esac
         python3 -m infer_cluster serve --port 5655 --http-port 8100 --device $dev --model $model "$@" \
           > "$OUT/gateway_serve_$model.log" 2>&1 &
         serve_pid=$!
@@ -93,7 +96,7 @@ for _ in range(600):
           --http http://127.0.0.1:8100 -n 5 --concurrency 1 --input-len 32 --output-len 16 --repeat 20 \
           --json "$OUT/gateway_latency_$model.json" 2>&1 | grep -v "^round" | tail -16
         timeout 300 python3 -m infer_cluster --log-level WARNING bench --address tcp://127.0.0.1:5655 \
-          --http http://127.0.0.1:8100 -n 128 --concurrency 32 --input-len 32 --output-len 64 --repeat 3 \
+          --http http://127.0.0.1:8100 -n 128 --concurrency 32 --input-len 32 --output-len 64 --repeat 8 \
           --json "$OUT/gateway_throughput_$model.json" 2>&1 | grep -v "^round" | tail -16
         kill -TERM $serve_pid; wait $serve_pid
       done ;;
