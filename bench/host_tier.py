@@ -41,8 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--output-len", type=int, default=8)
     ap.add_argument("--fit-prefixes", type=int, default=4, help="requests' worth of blocks in the device pool")
     ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
-    ap.add_argument("--copy-modes", default="runs",
-                    help="tier-on runs, one per host<->device copy path (kernel, runs, gather; see worker/kv_copy.py)")
+    ap.add_argument("--copy-modes", default=None,
+                    help="tier-on runs, one per host<->device copy path (kernel, runs, gather; default: the engine's, see worker/kv_copy.py)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -172,7 +172,8 @@ def main(argv=None):
         res = scheduler_only(args, num_kv_blocks, host_pool_blocks(gib, bytes_per_block(args)))
         write_json(args.out, {"args": vars(args), "scheduler_only": res})
         return 0
-    modes = args.copy_modes.split(",")
+    from infer_cluster.worker.kv_copy import DEFAULT_COPY_MODE
+    modes = (args.copy_modes or DEFAULT_COPY_MODE).split(",")
     runs = [("off", 0.0, "kernel")] + [("on" if i == 0 else f"on:{m}", gib, m) for i, m in enumerate(modes)]
     results, tokens = {}, {}
     for name, offload, mode in runs:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 STAGING_BYTES = 256 << 20  # device (+ "gather": host) staging of the DMA modes, each
 COPY_MODES = ("kernel", "runs", "gather")
+DEFAULT_COPY_MODE = "runs"  # why: the module docstring
 
 
 def host_pool_blocks(kv_offload_gib: float, bytes_per_block: int) -> int:
@@ -61,7 +62,7 @@ def staging_blocks(num_host_blocks: int, bytes_per_block: int) -> int:
 
 class HostKVPool:
     def __init__(self, kv_caches: Sequence[LayerKV], num_blocks: int, num_staging_blocks: int,
-                 copy_mode: str = "runs"):
+                 copy_mode: str = DEFAULT_COPY_MODE):
         first = kv_caches[0]
         self.device = first.k.device
         self.fields = [i for i, t in enumerate(first) if t is not None]
@@ -170,7 +171,7 @@ class HostKVPool:
 
 
 def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_per_block: int,
-                    copy_mode: str = "runs") -> HostKVPool:
+                    copy_mode: str = DEFAULT_COPY_MODE) -> HostKVPool:
     """The host tier for `kv_offload_gib` GiB of blocks of `bytes_per_block` bytes."""
     from infer_cluster.protocol.errors import ConfigError
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
@@ -180,7 +181,7 @@ def build_host_pool(kv_caches: Sequence[LayerKV], kv_offload_gib: float, bytes_p
     return HostKVPool(kv_caches, num_blocks, staging_blocks(num_blocks, bytes_per_block), copy_mode)
 
 
-def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int, copy_mode: str = "runs") -> int:
+def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int, copy_mode: str = DEFAULT_COPY_MODE) -> int:
     """Device memory the tier's staging buffer takes (0 when the tier is off, and for the
     staging-free "kernel" copies)."""
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)

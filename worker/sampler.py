@@ -268,7 +268,7 @@ def _lse_and_block_maxima(x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch
     """[n] float64 log-sum-exp of each row, and on the kernel path the rows' block maxima (for
     the top-k): one read of `x` in its own dtype (`kernels.row_stats`) instead of a float32
     copy, a logsumexp and the top-k's own pass."""
-    if use_triton(x) and x.stride(1) == 1:
+    if use_triton(x):  # the kernel; row_stats itself falls back for strided rows
         lse, maxima = row_stats(x, TOPK_BLOCK)
         return lse.double(), maxima
     return _logsumexp(x), None

@@ -34,6 +34,9 @@ from typing import Optional
 
 import torch
 
+from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
+from infer_cluster.kernels.row_stats import block_maxima
+
 TOP_K_TIE_MARGIN = 64     # extra candidates past k to see ties with the k-th value (bf16 logits tie often)
 TOP_P_CANDIDATES = 256    # candidates tried first for rows with top_p but no top_k
 BLOCK = 128               # columns per block of the two-level draw
@@ -279,11 +282,11 @@ def _index(values: list[int], device: torch.device) -> torch.Tensor:
     return to_device(values, torch.long, device)
 
 
-TOPK_BLOCK = 128
+TOPK_BLOCK = ROW_STATS_BLOCK  # the sampler's logprobs take these block maxima from `row_stats`
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x.topk(k, dim=-1)` for a wide float32 `x` [n, vocab]: the same values (sorted, highest
+    """`x.topk(k, dim=-1)` for a wide float `x` [n, vocab]: the same values (sorted, highest
     first; which id of a tie comes first may differ). On CUDA it goes through block maxima:
     every value of the top k lies in one of the k blocks with the largest maxima (k blocks with
     a larger maximum would each hold a larger value), so one reduction over the vocabulary and
@@ -304,10 +307,7 @@ def topk_by_blocks(x: torch.Tensor, k: int,
     n, vocab = x.shape
     b = TOPK_BLOCK
     if maxima is None:
-        nfull = vocab // b
-        maxima = x[:, :nfull * b].reshape(n, nfull, b).amax(dim=-1)
-        if nfull * b < vocab:
-            maxima = torch.cat([maxima, x[:, nfull * b:].amax(dim=-1, keepdim=True)], dim=1)
+        maxima = block_maxima(x, b)
     blocks = maxima.topk(min(k, maxima.shape[1]), dim=-1).indices
     cols = (blocks.unsqueeze(-1) * b + torch.arange(b, device=x.device)).view(n, -1)
     cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))

@@ -1,8 +1,6 @@
 """On a CUDA device: a tiny float32 model is token-identical to HF, and a bf16 Qwen3-0.6B-shape
 model's first-step logprobs through the Triton kernels agree with the torch-reference path."""
 
-import os
-
 import pytest
 import torch
 
@@ -33,27 +31,31 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager):
         assert out.token_ids == g[0, len(p):].tolist(), f"prompt {i}"
 
 
-def test_bf16_triton_matches_torch_reference():
-    from infer_cluster.worker import LLM
-
-    llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
-              num_kv_blocks=2048, enforce_eager=True, max_model_len=4096)
+def assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens: int) -> None:
+    """The same prompts through the Triton kernels and through the torch references
+    (`INFER_CLUSTER_KERNELS`): the first step's top-5 logprobs agree (bf16 tolerance)."""
     prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(n)] for i, n in enumerate([7, 100, 513, 1500])]
-    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=5, ignore_eos=True)
     results = {}
     for impl in ("triton", "torch"):
-        os.environ["INFER_CLUSTER_KERNELS"] = impl
-        try:
-            llm.engine.allocator.reset_prefix_cache()
-            results[impl] = llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            os.environ.pop("INFER_CLUSTER_KERNELS", None)
+        monkeypatch.setenv("INFER_CLUSTER_KERNELS", impl)
+        llm.engine.allocator.reset_prefix_cache()
+        results[impl] = llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.delenv("INFER_CLUSTER_KERNELS")
     for a, b in zip(results["triton"], results["torch"]):
         top_a, top_b = a.logprobs[0][1], b.logprobs[0][1]
         shared = set(top_a) & set(top_b)
         assert len(shared) >= 3
         for t in shared:
             assert abs(top_a[t] - top_b[t]) <= 0.05 * max(1.0, abs(top_b[t]))
+
+
+def test_bf16_triton_matches_torch_reference(monkeypatch):
+    from infer_cluster.worker import LLM
+
+    llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
+              num_kv_blocks=2048, enforce_eager=True, max_model_len=4096)
+    assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens=1)
 
 
 def test_no_allocation_growth_after_start():

@@ -2,7 +2,6 @@
 graphs (and eagerly) against the float KV cache on the tiny families, and against the int8
 torch-reference path at the Qwen3-0.6B shape in bf16."""
 
-import os
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 from infer_cluster.protocol import SamplingParams
 
 from .conftest import FAMILIES
+from .test_gpu import assert_triton_matches_torch_reference
 from .test_hf_parity import make_prompts
 from .test_int8_kv import (MAX_MEAN_LOGPROB_DIFF, MIN_STEP_AGREEMENT, PARAMS, TIE_NATS,
                            compare)
@@ -42,28 +42,12 @@ def test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, enforce_eager):
     assert r["mean_logprob_diff"] < MAX_MEAN_LOGPROB_DIFF
 
 
-def test_int8_bf16_triton_matches_torch_reference():
+def test_int8_bf16_triton_matches_torch_reference(monkeypatch):
     from infer_cluster.worker import LLM
 
     llm = LLM("qwen3-0.6b-shape", load_format="dummy", dtype="bfloat16", device="cuda",
               kv_cache_dtype="int8", num_kv_blocks=2048, enforce_eager=True, max_model_len=4096)
-    prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(n)]
-               for i, n in enumerate([7, 100, 513, 1500])]
-    params = SamplingParams(temperature=0, max_tokens=4, logprobs=5, ignore_eos=True)
-    results = {}
-    for impl in ("triton", "torch"):
-        os.environ["INFER_CLUSTER_KERNELS"] = impl
-        try:
-            llm.engine.allocator.reset_prefix_cache()
-            results[impl] = llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            os.environ.pop("INFER_CLUSTER_KERNELS", None)
-    for a, b in zip(results["triton"], results["torch"]):
-        top_a, top_b = a.logprobs[0][1], b.logprobs[0][1]
-        shared = set(top_a) & set(top_b)
-        assert len(shared) >= 3
-        for t in shared:
-            assert abs(top_a[t] - top_b[t]) <= 0.05 * max(1.0, abs(top_b[t]))
+    assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens=4)
     llm.close()
 
 
