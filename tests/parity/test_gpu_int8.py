@@ -2,7 +2,6 @@
 graphs (and eagerly) against the float KV cache on the tiny families, and against the int8
 torch-reference path at the Qwen3-0.6B shape in bf16."""
 
-
 import pytest
 import torch
 
