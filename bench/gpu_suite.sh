@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -116,6 +116,13 @@ for _ in range(600):
     resize)  # issue 14 part 3: KV resize between steps with CUDA graphs (re-capture, outputs, memory back)
       python3 -m pytest -q -s -m gpu tests/parity/test_gpu_resize.py -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_resize.log" | grep -E "resize on GPU|passed|failed|Error" | tail -6 ;;
+    tiertrace)  # issue 14: the host-tier workload (64 requests) profiled tier off and on: GPU timeline per run
+      python3 bench/host_tier.py --num-requests 64 --trace /tmp/tiertrace --out "$OUT/host_tier_trace.json" 2>&1 \
+        | grep -v "it/s\]" | tail -40
+      cp /tmp/tiertrace/*.summary.json "$OUT/" ;;
+    stepkernels)  # issue 14: a workload-A decode step's GPU time by kernel family, KV auto then int8
+      for kv in auto int8; do python3 bench/step_kernels.py --kv-cache-dtype $kv 2>&1 | grep -v "it/s\]" | tail -18; done ;;
+    decodekernels) python3 bench/decode_kernels.py --steps 10 2>&1 | head -40 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -50,6 +50,11 @@ def parse_args(argv=None):
                     help="tiny-random on CPU: 64 requests over 16 prefixes of 256 tokens")
     ap.add_argument("--scheduler-only", action="store_true",
                     help="no model: time the scheduler + host-tier bookkeeping alone (host seconds per step)")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="profile each run (torch.profiler), write its Chrome trace to DIR and print "
+                         "its GPU timeline (bench/gpu_timeline.py); use a smaller --num-requests")
+    ap.add_argument("--time-copies", action="store_true",
+                    help="time (host wall) each part of the host-tier copy path and print the totals")
     ap.add_argument("--out", default="bench/results/host_tier.json")
     args = ap.parse_args(argv)
     if args.cpu_small:
@@ -85,8 +90,13 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
         sync = torch.cuda.synchronize if llm.engine.runner.device.type == "cuda" else (lambda: None)
         sync()
         t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        sync()
+        with _maybe_profile(args.trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
+                _CopyTimers(args.time_copies) as timers:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            sync()
+        if timers.totals:
+            print("host time in the copy path: " + ", ".join(
+                f"{k} {v[0]:.3f} s/{v[1]}" for k, v in sorted(timers.totals.items())))
         seconds = time.perf_counter() - t
         s = llm.stats()
         tokens = sum(len(p) for p in prompts) + sum(len(o.token_ids) for o in outs)
@@ -107,6 +117,79 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
         del llm
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+class _CopyTimers:
+    """With `on`, wrap the host-tier copy path's functions (HostKVPool.swap, the staged copier's
+    chunk copies, kv_swap launches, block-id uploads) with wall-clock timers for the block;
+    `totals[name] = [seconds, calls]`. Restores them on exit."""
+
+    def __init__(self, on: bool):
+        self.on, self.totals, self._saved = on, {}, []
+
+    def __enter__(self):
+        if not self.on:
+            return self
+        from infer_cluster.worker import kv_copy, kv_copy_dma
+        targets = [(kv_copy.HostKVPool, "swap"), (kv_copy.HostKVPool, "wait_loads"),
+                   (kv_copy_dma.StagedCopier, "_in"), (kv_copy_dma.StagedCopier, "_out"),
+                   (kv_copy_dma, "kv_swap"), (kv_copy_dma, "block_ids_on"), (kv_copy, "block_ids_on")]
+        for owner, name in targets:
+            fn = getattr(owner, name)
+            self._saved.append((owner, name, fn))
+            setattr(owner, name, self._wrap(f"{getattr(owner, '__name__', owner)}.{name}", fn))
+        return self
+
+    def _wrap(self, label, fn):
+        totals = self.totals
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                entry = totals.setdefault(label, [0.0, 0])
+                entry[0] += time.perf_counter() - t
+                entry[1] += 1
+        return timed
+
+    def __exit__(self, *exc):
+        for owner, name, fn in reversed(self._saved):
+            setattr(owner, name, fn)
+        return False
+
+
+class _maybe_profile:
+    """Profile the block with torch.profiler when `trace_dir` is set; on exit write the Chrome
+    trace and print its GPU timeline summary."""
+
+    def __init__(self, trace_dir, name: str):
+        self.trace_dir, self.name, self.prof = trace_dir, name, None
+
+    def __enter__(self):
+        if self.trace_dir:
+            from torch.profiler import ProfilerActivity, profile
+            self.prof = profile(activities=[ProfilerActivity.CUDA])  # CPU ops would slow the host 2x
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.prof is None:
+            return False
+        self.prof.__exit__(*exc)
+        import json
+
+        from bench.gpu_timeline import print_summary, summarise
+        os.makedirs(self.trace_dir, exist_ok=True)
+        path = os.path.join(self.trace_dir, f"{self.name}.json")
+        self.prof.export_chrome_trace(path)
+        with open(path) as f:
+            summary = summarise(json.load(f))
+        print(f"--- GPU timeline, {self.name}")
+        print_summary(summary)
+        with open(path.replace(".json", ".summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        return False
 
 
 def scheduler_only(args, num_kv_blocks: int, num_host_blocks: int) -> dict:

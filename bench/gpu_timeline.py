@@ -1,0 +1,137 @@
+"""What the GPU did over a profiled window: busy time per stream, copies, overlap and gaps.
+
+Reads a Chrome trace written by `torch.profiler` (`prof.export_chrome_trace`) and sums, per
+CUDA stream, the union of its kernel and memcpy intervals; the bytes and time of host<->device
+copies; how long the busiest (compute) stream sat idle in gaps of at least `--gap-ms`; how much
+of the copy time overlapped compute; and the host time spent inside CUDA runtime calls that can
+block (synchronize, event waits, memcpy). Used by bench/host_tier.py `--trace` to see whether
+host-tier copies overlap the forward or stall it.
+
+  python bench/gpu_timeline.py trace.json [--gap-ms 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+_BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                   "cudaMemcpyAsync", "cudaMemcpy", "cudaStreamWaitEvent", "cudaGraphLaunch",
+                   "cudaLaunchKernel", "cuLaunchKernel", "cudaHostRegister")
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def _length(intervals) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _intersection(a, b) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarise(trace: dict, gap_ms: float = 0.5) -> dict:
+    """Times in ms. `trace` is the parsed Chrome trace (timestamps in us)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    per_stream: dict[str, list] = defaultdict(list)
+    kinds: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    copies: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "bytes": 0.0, "count": 0})
+    for e in gpu:
+        stream = str(e.get("args", {}).get("stream", e.get("tid")))
+        s, d = float(e["ts"]), float(e["dur"])
+        per_stream[stream].append((s, s + d))
+        kinds[stream][e["cat"]] += d / 1e3
+        if e["cat"] == "gpu_memcpy":
+            name = e.get("name", "memcpy")
+            c = copies[name]
+            c["ms"] += d / 1e3
+            c["bytes"] += float(e.get("args", {}).get("bytes", 0) or 0)
+            c["count"] += 1
+    if not gpu:
+        return {"error": "no GPU events in the trace"}
+    start = min(s for iv in per_stream.values() for s, _ in iv)
+    end = max(e for iv in per_stream.values() for _, e in iv)
+    unions = {k: _union(v) for k, v in per_stream.items()}
+    compute = max(unions, key=lambda k: kinds[k].get("kernel", 0.0))
+    cu = unions[compute]
+    gaps = [(b[0] - a[1]) / 1e3 for a, b in zip(cu, cu[1:]) if (b[0] - a[1]) / 1e3 >= gap_ms]
+    copy_iv = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu if e["cat"] == "gpu_memcpy"])
+    host = defaultdict(lambda: {"ms": 0.0, "count": 0, "max_ms": 0.0})
+    for e in events:
+        if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+            name = e.get("name", "")
+            if name in _BLOCKING_CALLS:
+                h = host[name]
+                h["ms"] += float(e["dur"]) / 1e3
+                h["count"] += 1
+                h["max_ms"] = max(h["max_ms"], float(e["dur"]) / 1e3)
+    return {
+        "window_ms": (end - start) / 1e3,
+        "compute_stream": compute,
+        "streams": {k: {"busy_ms": _length(v) / 1e3, **{c: round(ms, 3) for c, ms in kinds[k].items()}}
+                    for k, v in unions.items()},
+        "compute_idle_ms": ((end - start) - _length(cu)) / 1e3,
+        "compute_gaps": {"min_gap_ms": gap_ms, "count": len(gaps), "total_ms": sum(gaps),
+                         "largest_ms": sorted(gaps, reverse=True)[:10]},
+        "copies": {k: {**v, "GB_per_s": (v["bytes"] / 1e9) / (v["ms"] / 1e3) if v["ms"] else None}
+                   for k, v in copies.items()},
+        "copy_busy_ms": _length(copy_iv) / 1e3,
+        "copy_overlapping_compute_ms": _intersection(copy_iv, cu) / 1e3,
+        "host_runtime_calls": {k: dict(v) for k, v in host.items()},
+    }
+
+
+def print_summary(s: dict) -> None:
+    if "error" in s:
+        print(s["error"])
+        return
+    print(f"window {s['window_ms']:.1f} ms; compute stream {s['compute_stream']} idle "
+          f"{s['compute_idle_ms']:.1f} ms; gaps >= {s['compute_gaps']['min_gap_ms']} ms: "
+          f"{s['compute_gaps']['count']} totalling {s['compute_gaps']['total_ms']:.1f} ms "
+          f"(largest {', '.join(f'{g:.2f}' for g in s['compute_gaps']['largest_ms'][:5])})")
+    for k, v in s["streams"].items():
+        print(f"  stream {k}: " + ", ".join(f"{a} {b:.1f}" if isinstance(b, float) else f"{a} {b}"
+                                          for a, b in v.items()))
+    for k, v in s["copies"].items():
+        rate = f"{v['GB_per_s']:.1f} GB/s" if v["GB_per_s"] else "-"
+        print(f"  {k}: {v['count']} copies, {v['bytes'] / 1e9:.2f} GB, {v['ms']:.1f} ms ({rate})")
+    print(f"  copies busy {s['copy_busy_ms']:.1f} ms, of which overlapping compute "
+          f"{s['copy_overlapping_compute_ms']:.1f} ms")
+    for k, v in sorted(s["host_runtime_calls"].items(), key=lambda kv: -kv[1]["ms"]):
+        print(f"  host in {k}: {v['ms']:.1f} ms over {v['count']} calls (max {v['max_ms']:.2f})")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--gap-ms", type=float, default=0.5)
+    args = ap.parse_args(argv)
+    with open(args.trace) as f:
+        s = summarise(json.load(f), args.gap_ms)
+    print_summary(s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

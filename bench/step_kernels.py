@@ -1,0 +1,90 @@
+"""Where a workload-A decode step spends its GPU time, by kernel family.
+
+Starts workload A (256 requests, prompt and output lengths uniform in [100, 1024], greedy,
+ignore_eos) in the offline engine with CUDA graphs, steps until every prompt has been prefilled,
+then profiles `--steps` decode steps and prints GPU time per step by kernel family (attention,
+GEMM, norm, ...) with each family's share. Run it with `--kv-cache-dtype auto` and `int8` to see
+how much of a step the KV bytes can win back (issue 14's int8 target).
+
+  python bench/step_kernels.py --kv-cache-dtype int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FAMILIES = (("attention", ("attn", "attention", "decode", "prefill")),
+            ("gemm", ("gemm", "gemv", "sm90", "cutlass", "cublas", "nvjet", "linear")),
+            ("norm", ("norm",)), ("rotary/append", ("rotary", "rope", "append", "qkv_prep")),
+            ("activation", ("silu", "act")), ("sampling", ("argmax", "reduce", "topk", "sort")))
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-0.6b-shape")
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    args = ap.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.workload import random_workload
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
+
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
+              kv_cache_dtype=args.kv_cache_dtype)
+    prompts, outputs = random_workload(args.num_seqs, (100, 1024), (100, 1024), llm.engine.spec.vocab_size)
+    for p, n in zip(prompts, outputs):
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sched = llm.engine.scheduler
+    steps = 0
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or sched.waiting:
+        llm.step()
+        steps += 1
+    for _ in range(3):
+        llm.step()
+    sync()
+    batch = len(sched.running)
+    ctx = sum(r.num_tokens for r in sched.running) / max(1, batch)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            llm.step()
+        sync()
+    per_fam: dict[str, float] = defaultdict(float)
+    per_name: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_fam[family(e.name)] += e.device_time_total / 1e3 / args.steps
+            per_name[e.name] += e.device_time_total / 1e3 / args.steps
+    total = sum(per_fam.values())
+    print(f"kv_cache_dtype={args.kv_cache_dtype}: {steps} steps to prefill everything; then {args.steps} "
+          f"decode steps at batch {batch}, mean context {ctx:.0f} tokens: {total:.2f} ms GPU per step")
+    for fam, ms in sorted(per_fam.items(), key=lambda kv: -kv[1]):
+        print(f"  {fam:<14} {ms:7.3f} ms  {100 * ms / total:5.1f}%")
+    print("  top kernels:")
+    for name, ms in sorted(per_name.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"    {ms:7.3f} ms  {name[:90]}")
+    llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
