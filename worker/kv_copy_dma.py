@@ -63,6 +63,13 @@ class StagedCopier:
         self.layout = layout
         self.stage_layout = SwapLayout(layout.device, self.dev_stage)
 
+    def compile_copies(self) -> None:
+        """Run the staging kernel both ways on device block 0 and staging row 0 (block 0 ends as
+        it was), so that it is compiled before the first real swap."""
+        zero = block_ids_on(self.device, [0])
+        kv_swap(self.stage_layout, zero, zero, to_host=True)
+        kv_swap(self.stage_layout, zero, zero, to_host=False)
+
     def swap_out(self, device_blocks: list[int], host_blocks: list[int]) -> None:
         for i in range(0, len(device_blocks), self.num_staging):
             self._out(device_blocks[i:i + self.num_staging], host_blocks[i:i + self.num_staging])
