@@ -1,0 +1,101 @@
+"""Small-batch linear layers (decode GEMVs): dispatch, references and launch-config choice.
+
+Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 16, K]`) and
+`silu_mul_linear_small(gate_up, weight)` (= `F.linear(silu_and_mul_ref(gate_up), weight)`),
+`pick_config` (which `GemvConfig` a shape gets: the H100-tuned table in `gemv_tuned.py`, else a
+heuristic), and `use_small_path`, the one rule the model layers use to take this path.
+Never autotunes at call time and keeps no state: the `INFER_CLUSTER_GEMV=0` switch is read by
+`gemv_enabled()`, which layers call once when they are built.
+
+To tune: run `bench/gemv.py --sweep` on the GPU and paste its table into `gemv_tuned.py`. An entry
+of None means cuBLAS won for that shape, and `linear_small` then calls `F.linear`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .activation import silu_and_mul_ref
+from .dispatch import use_triton
+from .gemv_tuned import TUNED
+
+GEMV_MAX_M = 16  # batch rows up to which the model layers take the small path
+_TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
+_MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuBLAS
+
+
+def gemv_enabled() -> bool:
+    """False when `INFER_CLUSTER_GEMV=0` (A/B against cuBLAS on the GPU)."""
+    return os.environ.get("INFER_CLUSTER_GEMV", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def use_small_path(enabled: bool, x: torch.Tensor) -> bool:
+    """The layers' rule: switch on, a 2-D input of at most GEMV_MAX_M rows, and Triton dispatch."""
+    return enabled and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and use_triton(x)
+
+
+def m_bucket(m: int) -> int:
+    """Rows are tuned per power of two (1, 2, 4, 8, 16); 3 uses the 4-row config."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def default_config(m: int, n: int, k: int):
+    """Heuristic for shapes the table lacks: enough programs to cover the GPU twice, split-K
+    when N alone cannot, CUDA-core products up to 4 rows and tensor-core dots above."""
+    from .gemv_triton import GemvConfig
+    if m > GEMV_MAX_M or n > _MAX_DEFAULT_N:
+        return None
+    mb = m_bucket(m)
+    if mb <= 4:
+        block_n = 32
+        while block_n > 2 and -(-n // block_n) < _TARGET_PROGRAMS:
+            block_n //= 2
+        block_k = max(64, min(512, 8192 // (mb * block_n)))  # product tile <= 8192 elements
+        programs, dot = -(-n // block_n), False
+    else:
+        block_n, block_k, programs, dot = 16, 128, -(-n // 16), True
+    split_k = 1
+    while programs * split_k < _TARGET_PROGRAMS // 2 and k // (split_k * 2) >= 4 * block_k:
+        split_k *= 2
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=3 if dot else 2,
+                      split_k=split_k, use_dot=dot)
+
+
+def pick_config(m: int, n: int, k: int):
+    """The tuned entry for (N, K, M bucket) if the sweep recorded one, else `default_config`.
+    None means: use cuBLAS."""
+    key = (n, k, m_bucket(m))
+    if key in TUNED:
+        return TUNED[key]
+    return default_config(m, n, k)
+
+
+def linear_small_ref(x, weight, bias: Optional[torch.Tensor] = None):
+    return F.linear(x, weight, bias)
+
+
+def silu_mul_linear_small_ref(gate_up, weight):
+    return F.linear(silu_and_mul_ref(gate_up), weight)
+
+
+def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
+    if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
+        cfg = pick_config(x.shape[0], weight.shape[0], weight.shape[1])
+        if cfg is not None:
+            from .gemv_triton import linear_small_triton
+            return linear_small_triton(x, weight, bias, cfg)
+    return linear_small_ref(x, weight, bias)
+
+
+def silu_mul_linear_small(gate_up, weight):
+    if use_triton(gate_up) and gate_up.dim() == 2 and gate_up.shape[0] <= GEMV_MAX_M:
+        cfg = pick_config(gate_up.shape[0], weight.shape[0], weight.shape[1])
+        if cfg is not None:
+            from .gemv_triton import silu_mul_linear_small_triton
+            return silu_mul_linear_small_triton(gate_up, weight, cfg)
+    from .activation import silu_and_mul
+    return F.linear(silu_and_mul(gate_up), weight)

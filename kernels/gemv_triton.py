@@ -1,0 +1,192 @@
+"""Triton small-batch linear (GEMV-like): `y[M, N] = x[M, K] @ W[N, K]^T (+ bias)` for M <= 16.
+
+Owns: `linear_small_triton`, `silu_mul_linear_small_triton` (the down projection with
+`silu(gate) * up` computed in the prologue) and `GemvConfig`, the launch parameters. Which config
+a shape gets is `kernels/gemv.py`'s business (a tuned table); this module never picks one and
+never autotunes (the kernels are captured in CUDA graphs, so every choice is made up front).
+
+Why not cuBLAS: at decode batch sizes the product is memory bound; each program here reads one
+`[BLOCK_N, K]` slab of W exactly once, `BLOCK_K` columns at a time, and reuses every chunk for all
+M rows of x. Two inner products: `use_dot=False` multiplies and sums on the CUDA cores (best for
+M = 1, 2), `use_dot=True` pads M to 16 and uses `tl.dot` (tensor cores). Narrow outputs (N = 1024)
+give too few programs to fill the GPU, so `split_k > 1` cuts K into slices whose float32 partial
+sums a second small kernel adds up (and adds the bias, and casts).
+
+Numerics: float32 accumulation; the fused SiLU rounds `silu(gate)` and the product to the
+activation dtype exactly as `silu_and_mul_ref` materialises them. float32 dots run in IEEE
+precision (no TF32). Under `TRITON_INTERPRET=1` operands are widened to float32 before `tl.dot`
+(the interpreter has no bf16 matmul); products of bf16 values are exact in float32, so results
+agree with the GPU's bf16 tensor-core dot up to summation order.
+
+To extend (another fused prologue, e.g. an input scale): add a constexpr branch where x is loaded
+in `_gemv_kernel` and a `*_ref` twin in `kernels/gemv.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 16  # rows one launch handles; the dot path pads M to this
+_DOT_M = 16  # tl.dot needs M >= 16
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 8
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 2
+    split_k: int = 1
+    use_dot: bool = False
+
+    def __post_init__(self):
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig.{name} must be a power of two, got {v}")
+        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
+            raise ValueError(f"use_dot needs block_n and block_k >= 16, got {self.block_n}, {self.block_k}")
+        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"split_k, num_warps and num_stages must be >= 1: {self}")
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, som, sos,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
+                 USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    # Out-of-range rows of W read row 0 (always valid) instead of masking: unmasked, vectorised loads.
+    rows_n = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    rows_m = tl.where(mask_m, offs_m, 0).to(tl.int64)
+    w_rows = w_ptr + rows_n[:, None] * swn
+    x_rows = x_ptr + rows_m[:, None] * sxm
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    act_dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :])
+            x = tl.load(x_rows + offs_k[None, :])
+        else:
+            mask_k = offs_k < k_end
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+        if SILU_MUL:  # x holds the gate; up sits K columns further on
+            if EVEN_K:
+                up = tl.load(x_rows + (offs_k[None, :] + K))
+            else:
+                up = tl.load(x_rows + (offs_k[None, :] + K), mask=mask_k[None, :], other=0.0)
+            gate = x.to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
+            x = (act * up.to(tl.float32)).to(act_dtype)
+        if USE_DOT:
+            if DOT_F32:
+                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    out_offs = offs_m[:, None] * som + offs_n[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * sos + out_offs, acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows_n).to(tl.float32)[None, :]
+        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, b_ptr, out_ptr, M, N, SPLIT, sps, spm, som,
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, SPLIT):
+        acc += tl.load(part_ptr + s * sps + m * spm + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * som + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool):
+    m, n = x.shape[0], weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+    block_m = _DOT_M if cfg.use_dot else triton.next_power_of_2(m)
+    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
+    splits = triton.cdiv(k, k_per_split)
+    partial = splits > 1
+    grid = (triton.cdiv(n, cfg.block_n), splits)
+    target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if partial else out
+    b = bias if bias is not None else weight  # never read without HAS_BIAS
+    _gemv_kernel[grid](x, weight, b, target, m, n, k, k_per_split, x.stride(0), weight.stride(0),
+                       target.stride(-2), target.stride(0) if partial else 0,
+                       HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PARTIAL=partial,
+                       USE_DOT=cfg.use_dot,
+                       DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
+                       BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if partial:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_sum_kernel[(triton.cdiv(n, block), m)](target, b, out, m, n, splits, target.stride(0),
+                                                      target.stride(1), out.stride(0),
+                                                      HAS_BIAS=bias is not None, BLOCK=block)
+    return out
+
+
+def _check(x, weight, bias, k):
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.shape[0] > MAX_M:
+        raise ValueError(f"linear_small handles at most {MAX_M} rows, got {x.shape[0]}")
+    if weight.shape[1] != k:
+        raise ValueError(f"weight {tuple(weight.shape)} does not take inputs of width {k}")
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share a float dtype, got {x.dtype} and {weight.dtype}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+
+
+def _unit_stride(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def linear_small_triton(x, weight, bias: Optional[torch.Tensor] = None, cfg: GemvConfig = GemvConfig()):
+    _check(x, weight, bias, x.shape[1] if x.dim() == 2 else -1)
+    bias = bias.contiguous() if bias is not None else None
+    return _launch(_unit_stride(x), _unit_stride(weight), bias, x.shape[1], cfg, silu_mul=False)
+
+
+def silu_mul_linear_small_triton(gate_up, weight, cfg: GemvConfig = GemvConfig()):
+    """`F.linear(silu(gate) * up, weight)` for `gate_up = [gate | up]` of shape `[M, 2 * I]`."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [M, 2 * I], got {tuple(gate_up.shape)}")
+    inter = gate_up.shape[1] // 2
+    _check(gate_up, weight, None, inter)
+    return _launch(_unit_stride(gate_up), _unit_stride(weight), None, inter, cfg, silu_mul=True)
