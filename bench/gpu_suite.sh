@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -123,6 +123,19 @@ for _ in range(600):
     stepkernels)  # issue 14: a workload-A decode step's GPU time by kernel family, KV auto then int8
       for kv in auto int8; do python3 bench/step_kernels.py --kv-cache-dtype $kv 2>&1 | grep -v "it/s\]" | tail -18; done ;;
     decodekernels) python3 bench/decode_kernels.py --steps 10 2>&1 | head -40 ;;
+    gemv)  # small-batch GEMV (batch-1 TPOT): GPU tests, the launch-config sweep (its table goes into
+      # kernels/gemv_tuned.py; log and JSON under $OUT), then cuBLAS vs the small path with the sweep's picks
+      python3 -m pytest -q -m gpu tests/kernels/test_gemv.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_gemv_tests.log" | tail -4
+      timeout 240 python3 bench/gemv.py --sweep --budget-s ${GEMV_SWEEP_S:-120} --out "$OUT/gemv_sweep.json" 2>&1 \
+        > "$OUT/gemv_sweep.log"; grep -E "^precompiled|not swept|Error| s on " "$OUT/gemv_sweep.log" | tail -6
+      tuned=(); [ -s "$OUT/gemv_sweep.json" ] && tuned=(--tuned "$OUT/gemv_sweep.json")
+      timeout 150 python3 bench/gemv.py "${tuned[@]}" --out "$OUT/gemv.json" 2>&1 \
+        | tee "$OUT/gemv.log" | tail -16 ;;
+    gemv_tpot)  # batch-1 TPOT with the small path off, then on (A/B through INFER_CLUSTER_GEMV)
+      for g in 0 1; do echo "--- INFER_CLUSTER_GEMV=$g"
+        INFER_CLUSTER_GEMV=$g python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
+          --out "$OUT/tpot_qwen3_gemv$g.json" 2>&1 | tail -8
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

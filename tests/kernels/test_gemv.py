@@ -174,3 +174,42 @@ def test_graph_replay_on_gpu(gpu_device):
     gate_up.copy_(torch.randn_like(gate_up))
     graph.replay()
     torch.testing.assert_close(out, _ref(silu_and_mul_ref(gate_up), w), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="forcing Triton on CPU tensors needs the interpreter")
+def test_model_layers_take_the_small_path(monkeypatch):
+    # The real layers (column/row parallel with bias, fused MLP, LM head) forced onto Triton agree
+    # with the same layers built under INFER_CLUSTER_GEMV=0, and the small kernels really ran.
+    from types import SimpleNamespace
+
+    import infer_cluster.kernels.gemv_triton as gt
+    from infer_cluster.worker.models.decoder import MLP
+    from infer_cluster.worker.models.parallel import (ColumnParallelLinear, ParallelLMHead,
+                                                      ParallelState, RowParallelLinear)
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    calls = []
+    for name in ("linear_small_triton", "silu_mul_linear_small_triton"):
+        real = getattr(gt, name)
+        monkeypatch.setattr(gt, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    spec = SimpleNamespace(hidden_size=48, intermediate_size=40)
+
+    def build(gemv_on):
+        monkeypatch.setenv("INFER_CLUSTER_GEMV", "1" if gemv_on else "0")
+        torch.manual_seed(1)
+        ps = ParallelState()
+        layers = [ColumnParallelLinear(48, [24, 8, 8], True, ps), RowParallelLinear(40, 48, True, ps),
+                  MLP(spec, ps), ParallelLMHead(100, 48, ps)]
+        for p in (p for layer in layers for p in layer.parameters()):
+            p.data.normal_()
+        return layers
+
+    x, h = torch.randn(3, 48), torch.randn(3, 40)
+    outs = {}
+    for gemv_on in (False, True):
+        col, row, mlp, head = build(gemv_on)
+        outs[gemv_on] = [col(x), row(h), mlp(x), head.logits(x)]
+        assert calls == ([] if not gemv_on else ["linear_small_triton", "linear_small_triton",
+                                                 "linear_small_triton", "silu_mul_linear_small_triton",
+                                                 "linear_small_triton"])
+    for got, ref in zip(outs[True], outs[False]):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)

@@ -6,6 +6,11 @@ collective each layer needs (all-reduce after a row-parallel linear or the embed
 of logits). `ParallelState` carries the rank, size and process group explicitly: there is no
 module-level state. To add a sharded layer: give every parameter a `weight_loader(param,
 loaded, shard_id)` that copies this rank's slice.
+
+At decode batch sizes (<= `kernels.gemv.GEMV_MAX_M` rows, on the Triton dispatch) the linears and
+the LM head run `kernels.gemv.linear_small` (the MLP down projection its fused SiLU twin) instead
+of cuBLAS; `INFER_CLUSTER_GEMV=0`, read when a layer is built, keeps them on `F.linear`. The
+collectives and the row-parallel bias (added once, after the all-reduce) are the same either way.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from infer_cluster.kernels import silu_and_mul
+from infer_cluster.kernels.gemv import gemv_enabled, linear_small, silu_mul_linear_small, use_small_path
 
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single.
@@ -66,6 +74,7 @@ class ColumnParallelLinear(nn.Module):
         self.shard_sizes = [_divide(size * r, ps.tp_size, "output size")
                             for size, r in zip(self.output_sizes, self.num_replicas)]
         out = sum(self.shard_sizes)
+        self.use_gemv = gemv_enabled()
         self.weight = nn.Parameter(torch.empty(out, input_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         if bias:
@@ -82,6 +91,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, offset, size).copy_(piece)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_small_path(self.use_gemv, x):
+            return linear_small(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -92,6 +103,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.ps = ps
         self.shard_size = _divide(input_size, ps.tp_size, "input size")
+        self.use_gemv = gemv_enabled()
         self.weight = nn.Parameter(torch.empty(output_size, self.shard_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         if bias:  # added once, after the reduction
@@ -104,7 +116,17 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.ps.tp_rank * self.shard_size, self.shard_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ps.all_reduce(F.linear(x, self.weight))
+        y = linear_small(x, self.weight) if use_small_path(self.use_gemv, x) else F.linear(x, self.weight)
+        return self._reduce(y)
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`forward(silu_and_mul(gate_up))`; on the small path the SiLU runs inside the GEMV."""
+        if use_small_path(self.use_gemv, gate_up):
+            return self._reduce(silu_mul_linear_small(gate_up, self.weight))
+        return self.forward(silu_and_mul(gate_up))
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        y = self.ps.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
 
@@ -120,6 +142,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start = ps.tp_rank * self.shard_size
         self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
+        self.use_gemv = gemv_enabled()
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         rows = loaded[self.start:self.start + self.shard_size]
@@ -140,5 +163,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocab shard, gathered to full width (padding rows dropped)."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)
+        # linear_small keeps cuBLAS for vocab-wide shapes unless the tuned table says otherwise.
+        small = use_small_path(self.use_gemv, hidden)
+        local = linear_small(hidden, self.weight) if small else F.linear(hidden, self.weight)
         return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
