@@ -44,10 +44,11 @@ def candidates(m: int, n: int, k: int):
     mb = 1 << max(0, m - 1).bit_length()
     splits = [s for s in (1, 2, 4, 8) if k // s >= 256]
     if mb <= 4:
-        for bn, bk, warps in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (4, 8)):
-            if mb * bn * bk > 32 * warps * 64 or bn * bk < 32 * warps * 4:  # registers / idle lanes
+        for bn, bk, warps, stages in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048),
+                                                       (4, 8), (1, 3)):
+            if mb * bn * bk > 32 * warps * 64 or bn * bk < 32 * warps * 4 or bk > k:  # registers / idle lanes
                 continue
-            out += [GemvConfig(bn, bk, warps, 2, s, False) for s in splits
+            out += [GemvConfig(bn, bk, warps, stages, s, False) for s in splits
                     if s == 1 or -(-n // bn) < 264]
     if mb >= 2:
         for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)):

@@ -129,7 +129,7 @@ for _ in range(600):
       timeout 240 python3 bench/gemv.py --sweep --budget-s ${GEMV_SWEEP_S:-120} --out "$OUT/gemv_sweep.json" 2>&1 \
         > "$OUT/gemv_sweep.log"; grep -E "^precompiled|not swept|Error| s on " "$OUT/gemv_sweep.log" | tail -6
       tuned=(); [ -s "$OUT/gemv_sweep.json" ] && tuned=(--tuned "$OUT/gemv_sweep.json")
-      timeout 150 python3 bench/gemv.py "${tuned[@]}" --out "$OUT/gemv.json" 2>&1 \
+      timeout 150 python3 bench/gemv.py ${tuned[@]+"${tuned[@]}"} --out "$OUT/gemv.json" 2>&1 \
         | tee "$OUT/gemv.log" | tail -16 ;;
     gemv_tpot)  # batch-1 TPOT with the small path off, then on (A/B through INFER_CLUSTER_GEMV)
       for g in 0 1; do echo "--- INFER_CLUSTER_GEMV=$g"

@@ -1,8 +1,10 @@
-"""Register and spill check of the paged attention and int8 append kernels for sm_90, without a GPU.
+"""Register and spill check of the paged attention, int8 append and small-batch linear kernels for
+sm_90, without a GPU.
 
 Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target) of
 `_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
-(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256) with the launch tiles the
+(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), and of `_gemv_kernel` at
+the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
@@ -83,6 +85,38 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
+    return rows + gemv_variants()
+
+
+def gemv_variants():
+    """The small-batch linear at the configs `pick_config` gives the Qwen3-0.6B shapes (bf16;
+    the down projection with its fused SiLU), one row per distinct compiled variant."""
+    from infer_cluster.kernels.gemv import pick_config
+    from infer_cluster.kernels.gemv_triton import _DOT_M, _gemv_kernel
+    rows, seen = [], set()
+    for name, (n, k) in (("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate_up", (6144, 1024)),
+                         ("down", (1024, 3072)), ("lm_head", (151936, 1024))):
+        for m in (1, 2, 4, 8, 16):
+            cfg = pick_config(m, n, k)
+            if cfg is None:
+                continue
+            silu, partial = name == "down", cfg.split_k > 1
+            bm = _DOT_M if cfg.use_dot else 1 << (m - 1).bit_length()
+            key = (bm, cfg, silu, partial)
+            if key in seen:
+                continue
+            seen.add(key)
+            per_split = -(-k // cfg.split_k)
+            ints = dict(M=m, N=n, K=k, k_per_split=-(-per_split // cfg.block_k) * cfg.block_k,
+                        sxm=2 * k if silu else k, swn=k, som=n, sos=m * n if partial else 0)
+            consts = dict(HAS_BIAS=False, SILU_MUL=silu, PARTIAL=partial, USE_DOT=cfg.use_dot,
+                          DOT_F32=False, EVEN_K=k % cfg.block_k == 0, STAGES=cfg.num_stages,
+                          BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+            ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
+                        out_ptr="*fp32" if partial else "*bf16")
+            tag = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+            rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts,
+                         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()))
     return rows
 
 
@@ -126,12 +160,12 @@ def ptxas_info(ptx: str) -> tuple[int, int]:
 
 def main() -> int:
     bad = 0
-    print(f"{'variant':<36}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}")
+    print(f"{'variant':<40}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}")
     for name, kernel, ptrs, ints, consts, opts, dns in variants():
         c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
         regs, spills = ptxas_info(c.asm["ptx"])
         bad += spills > 0
-        print(f"{name:<36}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
+        print(f"{name:<40}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
               f"{c.asm['ptx'].count('cp.async.'):>10}")
     return 1 if bad else 0
 

@@ -61,7 +61,7 @@ def default_config(m: int, n: int, k: int):
     split_k = 1
     while programs * split_k < _TARGET_PROGRAMS // 2 and k // (split_k * 2) >= 4 * block_k:
         split_k *= 2
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=3 if dot else 2,
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=3,
                       split_k=split_k, use_dot=dot)
 
 

@@ -10,7 +10,9 @@ Why not cuBLAS: at decode batch sizes the product is memory bound; each program 
 M rows of x. Two inner products: `use_dot=False` multiplies and sums on the CUDA cores (best for
 M = 1, 2), `use_dot=True` pads M to 16 and uses `tl.dot` (tensor cores). Narrow outputs (N = 1024)
 give too few programs to fill the GPU, so `split_k > 1` cuts K into slices whose float32 partial
-sums a second small kernel adds up (and adds the bias, and casts).
+sums a second small kernel adds up (and adds the bias, and casts). `num_stages` > 1 software-
+pipelines the K loop (cp.async into shared memory), keeping several chunks of W in flight per
+program: the small matrices are latency bound, a program has only a few chunks to read.
 
 Numerics: float32 accumulation; the fused SiLU rounds `silu(gate)` and the product to the
 activation dtype exactly as `silu_and_mul_ref` materialises them. float32 dots run in IEEE
@@ -61,7 +63,8 @@ class GemvConfig:
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, som, sos,
                  HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -77,7 +80,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
     k_end = tl.minimum(k_begin + k_per_split, K)
     act_dtype = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    # CUDA-core path: per-lane partial products, reduced across lanes once after the loop (a
+    # reduction per chunk would shuffle, and sync warps, on every iteration).
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K] if not USE_DOT else [1, 1, 1], dtype=tl.float32)
+    # The loop's own num_stages pipelines the W loads (cp.async) on the CUDA-core path too; the
+    # launch option alone pipelines only loads that feed tl.dot. STAGES=1: plain vector loads.
+    for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :])
@@ -100,8 +108,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
         else:
-            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-            acc += tl.sum(prod, axis=2)
+            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
     out_mask = mask_m[:, None] & mask_n[None, :]
     out_offs = offs_m[:, None] * som + offs_n[None, :]
     if PARTIAL:
@@ -150,7 +159,7 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool):
                        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PARTIAL=partial,
                        USE_DOT=cfg.use_dot,
                        DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
-                       BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+                       STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if partial:
         block = min(1024, triton.next_power_of_2(n))

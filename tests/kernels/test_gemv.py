@@ -213,3 +213,35 @@ def test_model_layers_take_the_small_path(monkeypatch):
                                                  "linear_small_triton"])
     for got, ref in zip(outs[True], outs[False]):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+SM90_GEMV_CHECK = """
+from bench.ptxas_check import gemv_variants, compile_sm90, ptxas_info
+for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
+    ptx = compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"]
+    regs, spills = ptxas_info(ptx)
+    print(name, spills, ptx.count("cp.async."), ptx.count("mma.sync"))
+"""
+
+
+def test_sm90_build_of_the_picked_configs():
+    """Every config `pick_config` gives the Qwen3-0.6B shapes compiles for an H100 ahead of time
+    (no GPU needed; in a child process, as the interpreter cannot compile) without spills, with
+    the K loop pipelined (cp.async) and the dot configs on tensor cores (mma)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", SM90_GEMV_CHECK], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert rows
+    for *name, spills, cp_async, mma in rows:
+        assert int(spills) == 0, name
+        assert int(cp_async) > 0 or "s1" in name, name
+        assert int(mma) > 0 or "dot" not in name, name
