@@ -127,6 +127,15 @@ def _warm_one(job):
     return 1
 
 
+def _variant(m, k, cfg, silu):
+    """What tells compiled kernels apart: the constexprs, the launch options, and how Triton
+    specialises M (== 1, multiple of 16); N, K and the strides are multiples of 16 here."""
+    rows = ("dot", m == 1, m % 16 == 0) if cfg.use_dot else m
+    k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
+    return (rows, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.use_dot,
+            k_per_split < k, silu, k % cfg.block_k == 0)
+
+
 def precompile(jobs, workers):
     """Fill Triton's on-disk cache in parallel processes (compiling dominates the sweep)."""
     import multiprocessing as mp
@@ -139,13 +148,14 @@ def precompile(jobs, workers):
 def sweep(models, ms, dtype, workers, budget_s):
     import torch
     deadline = time.time() + budget_s
-    jobs = set()
+    jobs = {}
     for model, m in itertools.product(models, ms):
         for shape in ("qkv", "o", "gate_up", "down", "lm_head"):
             n, k = SHAPES[model][shape]
-            jobs.update((m, k, c, shape == "down") for c in candidates(m, n, k))
+            for c in candidates(m, n, k):
+                jobs.setdefault(_variant(m, k, c, shape == "down"), (m, k, c, shape == "down"))
     if workers > 1:
-        precompile(sorted(jobs, key=str), workers)
+        precompile(list(jobs.values()), workers)
     results, lines = [], []
     for model in models:
         for shape in ("qkv", "o", "gate_up", "down", "lm_head"):
