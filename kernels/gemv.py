@@ -21,9 +21,10 @@ import torch.nn.functional as F
 
 from .activation import silu_and_mul_ref
 from .dispatch import use_triton
+from .gemv_config import MAX_M, GemvConfig
 from .gemv_tuned import TUNED
 
-GEMV_MAX_M = 16  # batch rows up to which the model layers take the small path
+GEMV_MAX_M = MAX_M  # batch rows up to which the model layers take the small path
 _TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
 _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuBLAS
 
@@ -46,7 +47,6 @@ def m_bucket(m: int) -> int:
 def default_config(m: int, n: int, k: int):
     """Heuristic for shapes the table lacks: enough programs to cover the GPU twice, split-K
     when N alone cannot, CUDA-core products up to 4 rows and tensor-core dots above."""
-    from .gemv_triton import GemvConfig
     if m > GEMV_MAX_M or n > _MAX_DEFAULT_N:
         return None
     mb = m_bucket(m)

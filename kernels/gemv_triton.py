@@ -1,7 +1,7 @@
 """Triton small-batch linear (GEMV-like): `y[M, N] = x[M, K] @ W[N, K]^T (+ bias)` for M <= 16.
 
-Owns: `linear_small_triton`, `silu_mul_linear_small_triton` (the down projection with
-`silu(gate) * up` computed in the prologue) and `GemvConfig`, the launch parameters. Which config
+Owns: `linear_small_triton` and `silu_mul_linear_small_triton` (the down projection with
+`silu(gate) * up` computed in the prologue), launched with a `GemvConfig` (`gemv_config.py`). Which config
 a shape gets is `kernels/gemv.py`'s business (a tuned table); this module never picks one and
 never autotunes (the kernels are captured in CUDA graphs, so every choice is made up front).
 
@@ -27,36 +27,16 @@ in `_gemv_kernel` and a `*_ref` twin in `kernels/gemv.py`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-MAX_M = 16  # rows one launch handles; the dot path pads M to this
+from .gemv_config import MAX_M, GemvConfig
+
 _DOT_M = 16  # tl.dot needs M >= 16
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    block_n: int = 8
-    block_k: int = 256
-    num_warps: int = 4
-    num_stages: int = 2
-    split_k: int = 1
-    use_dot: bool = False
-
-    def __post_init__(self):
-        for name in ("block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"GemvConfig.{name} must be a power of two, got {v}")
-        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
-            raise ValueError(f"use_dot needs block_n and block_k >= 16, got {self.block_n}, {self.block_k}")
-        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"split_k, num_warps and num_stages must be >= 1: {self}")
 
 
 @triton.jit

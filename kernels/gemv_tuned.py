@@ -5,7 +5,7 @@ paste the sweep's output here; shapes not listed fall back to `gemv.default_conf
 logic here.
 """
 
-from .gemv_triton import GemvConfig  # noqa: F401  (entries are GemvConfig(...) literals)
+from .gemv_config import GemvConfig  # noqa: F401  (entries are GemvConfig(...) literals)
 
 TUNED: dict = {
 }
