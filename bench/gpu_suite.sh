@@ -125,8 +125,9 @@ for _ in range(600):
     decodekernels) python3 bench/decode_kernels.py --steps 10 2>&1 | head -40 ;;
     gemv)  # small-batch GEMV (batch-1 TPOT): GPU tests, the launch-config sweep (its table goes into
       # kernels/gemv_tuned.py; log and JSON under $OUT), then cuBLAS vs the small path with the sweep's picks
+      # (GEMV_SWEEP_ARGS, e.g. "--models qwen3-0.6b", narrows the sweep; GEMV_SWEEP_S is its time budget)
       python3 -m pytest -q -m gpu tests/kernels/test_gemv.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_gemv_tests.log" | tail -4
-      timeout 240 python3 bench/gemv.py --sweep --budget-s ${GEMV_SWEEP_S:-120} --out "$OUT/gemv_sweep.json" 2>&1 \
+      timeout 240 python3 bench/gemv.py --sweep --budget-s ${GEMV_SWEEP_S:-120} ${GEMV_SWEEP_ARGS:-} --out "$OUT/gemv_sweep.json" 2>&1 \
         > "$OUT/gemv_sweep.log"; grep -E "^precompiled|not swept|Error| s on " "$OUT/gemv_sweep.log" | tail -6
       tuned=(); [ -s "$OUT/gemv_sweep.json" ] && tuned=(--tuned "$OUT/gemv_sweep.json")
       timeout 150 python3 bench/gemv.py ${tuned[@]+"${tuned[@]}"} --out "$OUT/gemv.json" 2>&1 \
