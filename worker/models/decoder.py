@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from infer_cluster.kernels import apply_rotary, build_rope_cache, kv_append, paged_attention, rms_norm, silu_and_mul
+from infer_cluster.kernels import apply_rotary, build_rope_cache, kv_append, paged_attention, rms_norm
 
 from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
