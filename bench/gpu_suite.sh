@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -137,6 +137,14 @@ for _ in range(600):
         INFER_CLUSTER_GEMV=$g python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
           --out "$OUT/tpot_qwen3_gemv$g.json" 2>&1 | tail -8
       done ;;
+    int8variants)  # issue 14: int8 decode kernel variants (operand conversion, tiles, split-K): GPU int8
+      # attention tests (every cvt mode), then each variant vs the bf16 kernel in CUDA graphs on the
+      # tuner's b256/b32/b1 cases; prints the fastest correct variant per case and overall and the
+      # DECODE_INT8 line that makes it the default
+      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_attention_int8.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_int8_attention_tests.log" | tail -6
+      timeout 330 python3 bench/int8_decode.py --variants --iters 30 --out "$OUT/int8_variants.json" 2>&1 \
+        | tee "$OUT/int8_variants.log" | tail -80 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

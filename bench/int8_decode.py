@@ -3,17 +3,22 @@
 
 Owns: one table (case, variant, ms, GB/s of bytes actually read, speedup over bf16 defaults, max
 error vs `paged_attention_ref` on the same int8 cache) and a JSON file. Variants: the bf16
-cache with the tuned defaults, and the int8 cache with the same defaults and with other tile
-sizes (`--block-n`), so the int8 default can be revisited from data. Batches, timers and the
-correctness check come from `bench/tune_decode_cases.py`. `--smoke` runs tiny batches on the CPU
-interpreter (checks the script only; times meaningless).
+cache with the tuned defaults, and the int8 cache with `DECODE_INT8` and with other tile sizes
+(`--block-n`); `--sweep` adds tile x warps x stages; `--variants` times the kernel variants
+(`variant_configs`: every `CVT_MODES` entry, tiles / warps for the promising ones, split-K at
+batch 256), then picks the fastest correct one per case and overall (geometric mean of the
+speedup over bf16 across the cases) and prints the `DECODE_INT8` line that makes it the
+default. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
+`--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
-  python bench/int8_decode.py [--block-n 64 128] [--out bench/results/int8_decode.json]
+  python bench/int8_decode.py [--block-n 64 128] [--variants] [--out bench/results/int8_decode.json]
+To add a variant: a config dict (keys of `decode_config`) in `variant_configs`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -32,11 +37,68 @@ def _int8_batches(case):
     return [(q, kc, vc, bt, qsl, lens, ks, vs) for q, _, _, bt, qsl, lens in case["batches"]]
 
 
+def variant_configs():
+    """Overrides of `DECODE_INT8` for `--variants`: each operand conversion (`CVT_MODES`) at the
+    default tile; tiles x warps for the conversions that keep the tile out of the MMA layout
+    (fewest SASS instructions, bench/ptxas_check.py --int8-variants) and for the current
+    default; more programs per SM (split-K even at batch 256)."""
+    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    configs = [dict(cvt=c) for c in CVT_MODES]
+    for cvt in ("prmt_load", "prmt_v", "words_v"):
+        for bn, w, st in ((64, 4, 2), (128, 8, 2), (128, 4, 3)):
+            configs.append(dict(cvt=cvt, block_n=bn, num_warps=w, num_stages=st))
+    # 128 registers: 4 programs of 4 warps per SM instead of 3 (no spills at 64-token tiles)
+    configs += [dict(cvt=c, block_n=64, maxnreg=128) for c in ("prmt_load", "prmt_v")]
+    configs += [dict(cvt=DECODE_INT8["cvt"], block_n=64), dict(cvt=DECODE_INT8["cvt"], num_warps=8)]
+    configs += [dict(cvt="prmt_load", programs_per_sm=pps) for pps in (16, 32)]
+    configs.append(dict(cvt=DECODE_INT8["cvt"], programs_per_sm=16))
+    unique = []
+    for c in configs:  # drop repeats (the default cvt is listed twice)
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+_SHORT = dict(block_n="n", num_warps="warps", num_stages="stages", programs_per_sm="per_sm",
+              min_partition="min_part", reduce_warps="reduce_warps", cvt="cvt", maxnreg="regs")
+
+
+def _label(cfg):
+    return "int8 " + " ".join(f"{_SHORT.get(k, k)}={v}" for k, v in cfg.items())
+
+
+def pick_winners(rows):
+    """(best per case, overall best) among the int8 rows whose output matched the reference:
+    per case the lowest ms; overall the config with the highest geometric mean speedup over
+    the bf16 defaults across all cases (configs that failed or missed a case are out)."""
+    ok = [r for r in rows if r["config"] is not None and r["ok"]]
+    per_case = {}
+    for r in ok:
+        if r["case"] not in per_case or r["ms"] < per_case[r["case"]]["ms"]:
+            per_case[r["case"]] = r
+    cases = {r["case"] for r in rows}
+    by_cfg = {}
+    for r in ok:
+        by_cfg.setdefault(r["variant"], []).append(r)
+    full = {v: rs for v, rs in by_cfg.items() if {r["case"] for r in rs} == cases}
+    overall = None
+    if full:
+        name = max(full, key=lambda v: sum(math.log(r["speedup"]) for r in full[v]))
+        rs = full[name]
+        overall = dict(variant=name, config=rs[0]["config"],
+                       geomean=math.exp(sum(math.log(r["speedup"]) for r in rs) / len(rs)),
+                       speedups={r["case"]: r["speedup"] for r in rs})
+    return per_case, overall
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--sweep", action="store_true",
                     help="also time block_n x num_warps x num_stages variants of the int8 kernel")
+    ap.add_argument("--variants", action="store_true",
+                    help="time the kernel variants (variant_configs) instead of --block-n, and "
+                         "print the fastest correct one per case and overall")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--reps", type=int, default=20, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_decode.json")
@@ -50,44 +112,70 @@ def main(argv=None):
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
     from infer_cluster.kernels.attention_triton import decode_attention
+    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters
     scale = tc.D ** -0.5
+    if args.variants:
+        configs = [dict()] + variant_configs()
+    else:
+        configs = [dict(block_n=bn) for bn in args.block_n]
+    if args.sweep:
+        configs += [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (64, 128, 256)
+                    for w in (4, 8) for st in (2, 3, 4)]
     rows = []
-    print(f"{'case':<22}{'variant':<30}{'ms':>9}{'GB/s':>9}{'vs bf16':>9}{'max err':>10}")
+    print(f"int8 defaults: DECODE_INT8 = {DECODE_INT8}")
+    print(f"{'case':<22}{'variant':<52}{'ms':>9}{'GB/s':>7}{'vs bf16':>8}{'max err':>9}")
     for case in tc.make_cases(device, torch.bfloat16, graph_width=True, b1_copies=4):
         outs = [torch.empty_like(b[0]) for b in case["batches"]]
         base = tc.time_graph(lambda b, o: decode_attention(*b, scale, o), case, outs,
                              args.reps, iters)[0]
         n_tok, n = case["ctx_total"], case["num_seqs"]
         q_bytes = 2 * 2 * n * tc.H * tc.D
-        variants = [("bf16 defaults", base, case["work"], None)]
+        variants = [("bf16 defaults", None, base, case["work"], None, True)]
         int8 = _int8_batches(case)
+        int8_case = dict(case, batches=int8)
         q, kc, vc, bt, qsl, lens, ks, vs = int8[0]
         ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
-        configs = [dict(block_n=bn) for bn in args.block_n]
-        if args.sweep:
-            configs += [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (64, 128, 256)
-                        for w in (4, 8) for st in (2, 3, 4)]
         for cfg in configs:
             def fn(b, o, cfg=cfg):
                 decode_attention(*b[:6], scale, o, config=cfg, k_scale=b[6], v_scale=b[7])
-            int8_case = dict(case, batches=int8)
-            ms = tc.time_graph(fn, int8_case, outs, args.reps, iters)[0]
-            err = tc.check(fn, int8_case, ref)[0]
-            label = "int8 " + " ".join(f"{k.split('_')[-1]}={v}" for k, v in cfg.items())
-            variants.append((label, ms, n_tok * tc.HK * (tc.D + 4) * 2 + q_bytes,
-                             err))
-        for name, ms, work, err in variants:
-            row = dict(case=case["name"], variant=name, ms=ms, gbs=work / (ms * 1e-3) / 1e9,
-                       speedup=base / ms, max_err=err)
+            label = _label(cfg) if cfg else "int8 defaults"
+            try:
+                err, ok = tc.check(fn, int8_case, ref)
+                ms = tc.time_graph(fn, int8_case, outs, args.reps, iters)[0] if ok else math.inf
+            except Exception as exc:  # a variant that does not compile or launch: report, go on
+                print(f"{case['name']:<22}{label:<52} failed: {type(exc).__name__}: {exc}"[:200])
+                err, ok, ms = math.nan, False, math.inf
+            variants.append((label, cfg, ms, n_tok * tc.HK * (tc.D + 4) * 2 + q_bytes, err, ok))
+        for name, cfg, ms, work, err, ok in variants:
+            row = dict(case=case["key"], variant=name, config=cfg, ms=ms,
+                       gbs=work / (ms * 1e-3) / 1e9, speedup=base / ms, max_err=err, ok=ok)
             rows.append(row)
-            print(f"{row['case']:<22}{name:<30}{ms:>9.4f}{row['gbs']:>9.0f}{row['speedup']:>9.2f}"
-                  f"{'' if err is None else format(err, '10.1e'):>10}")
+            flag = "" if ok else "  WRONG (vs reference)"
+            print(f"{case['name']:<22}{name:<52}{ms:>9.4f}{row['gbs']:>7.0f}{row['speedup']:>8.2f}"
+                  f"{'' if err is None else format(err, '9.1e'):>9}{flag}", flush=True)
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
-                torch=torch.__version__, reps=args.reps, iters=iters)
-    write_json(args.out, dict(meta=meta, results=rows))
+                torch=torch.__version__, reps=args.reps, iters=iters, defaults=DECODE_INT8)
+    result = dict(meta=meta, results=rows)
+    if args.variants:
+        per_case, overall = pick_winners(rows)
+        print("\nfastest correct int8 variant per case (vs bf16 defaults in the same run):")
+        for key, r in per_case.items():
+            print(f"  {key:<6}{r['variant']:<52}{r['ms']:.4f} ms  {r['gbs']:.0f} GB/s  "
+                  f"{r['speedup']:.2f}x")
+        if overall:
+            new = dict(DECODE_INT8, **overall["config"])
+            print(f"overall (geometric mean over cases): {overall['variant']}  "
+                  f"{overall['geomean']:.2f}x  "
+                  + " ".join(f"{k}={v:.2f}x" for k, v in overall["speedups"].items()))
+            print(f"to make it the default (kernels/attention_decode_triton.py):\n"
+                  f"  DECODE_INT8 = {new}")
+            result.update(winners=per_case, overall=dict(overall, decode_int8=new))
+        else:
+            print("no int8 variant was correct on every case")
+    write_json(args.out, result)
     return rows
 
 

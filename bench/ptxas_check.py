@@ -11,6 +11,8 @@ bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies
 loads). Prints one row per variant; exits 1 if any variant spills. Never runs a kernel.
 
   python bench/ptxas_check.py            # bf16 and int8 caches
+  python bench/ptxas_check.py --int8-variants   # int8 decode per `CVT_MODES` x tile/warps, with
+                                                # SASS counts of the loop-heavy instructions
 To add a variant: a row in `variants()` (kernel, pointer dtypes, integer arguments, constexprs,
 launch options).
 """
@@ -43,30 +45,75 @@ def _strides(d, int8):
     return s
 
 
+def _decode_ptrs(kv):
+    int8 = kv == "*i8"
+    return dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ks_ptr="*fp32" if int8 else kv,
+                vs_ptr="*fp32" if int8 else kv, bt_ptr="*i32", qsl_ptr="*i32",
+                lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
+
+
+def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
+    import triton.language as tl
+
+    from infer_cluster.kernels.attention_decode_triton import _decode_kernel
+    kv = "*i8" if int8 else "*bf16"
+    ints = dict(_strides(128, int8), spo_s=0, spo_h=0, spo_p=128 if split else 0,
+                spl_s=0, spl_h=0)
+    consts = dict(GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE, BLOCK_G=16, BLOCK_D=128,
+                  BLOCK_N=block_n, SPLIT=split, LOWP=True,
+                  DOT_DTYPE=tl.float16 if int8 else tl.bfloat16, KV_INT8=int8, OP_K=0, OP_V=0,
+                  ASM=True)
+    consts.update(extra)
+    return (name, _decode_kernel, _decode_ptrs(kv), ints, consts,
+            dict(num_warps=warps, num_stages=stages), DECODE_DNS)
+
+
+def _cvt_consts(cfg):
+    from infer_cluster.kernels.attention_decode_triton import CVT_MODES
+    op_k, op_v = CVT_MODES[cfg["cvt"]]
+    return dict(OP_K=op_k, OP_V=op_v)
+
+
+def int8_decode_variants():
+    """The int8 decode kernel for each `CVT_MODES` entry at the int8 default tile, then the
+    default cvt at other tiles / warps."""
+    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    d = DECODE_INT8
+    rows = []
+    for cvt in CVT_MODES:
+        for split in (False, True):
+            rows.append(_decode_row(f"i8 {cvt} n{d['block_n']} w{d['num_warps']} split={split}",
+                                    True, split, d["block_n"], d["num_warps"], d["num_stages"],
+                                    _cvt_consts(dict(cvt=cvt))))
+    for cvt in ("add", "prmt_load", "words_v"):
+        for bn, w in ((64, 4), (128, 8), (256, 8)):
+            rows.append(_decode_row(f"i8 {cvt} n{bn} w{w} split=False", True, False, bn, w,
+                                    d["num_stages"], _cvt_consts(dict(cvt=cvt))))
+    for cvt in ("prmt_load", "prmt_v"):  # capped at 128 registers ("maxnreg")
+        name, *rest, opts, dns = _decode_row(f"i8 {cvt} n64 w4 regs128 split=False", True,
+                                             False, 64, 4, d["num_stages"],
+                                             _cvt_consts(dict(cvt=cvt)))
+        rows.append((name, *rest, dict(opts, maxnreg=128), dns))
+    return rows
+
+
 def variants():
     import torch
     import triton.language as tl
 
-    from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED, _decode_kernel
+    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8, DECODE_TUNED
     from infer_cluster.kernels.attention_prefill_triton import _prefill_kernel, _tiles
     from infer_cluster.kernels.kv_append_triton import _kv_append_int8_kernel
     rows = []
     for int8 in (False, True):
         kv = "*i8" if int8 else "*bf16"
-        ptrs = dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ks_ptr="*fp32" if int8 else kv,
-                    vs_ptr="*fp32" if int8 else kv, bt_ptr="*i32", qsl_ptr="*i32",
-                    lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
+        ptrs = _decode_ptrs(kv)
         dot = tl.float16 if int8 else tl.bfloat16
+        cfg = DECODE_INT8 if int8 else DECODE_TUNED
         for split in (False, True):
-            ints = dict(_strides(128, int8), spo_s=0, spo_h=0, spo_p=128 if split else 0,
-                        spl_s=0, spl_h=0)
-            consts = dict(GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE, BLOCK_G=16, BLOCK_D=128,
-                          BLOCK_N=DECODE_TUNED["block_n"], SPLIT=split, LOWP=True, DOT_DTYPE=dot,
-                          KV_INT8=int8)
-            opts = dict(num_warps=DECODE_TUNED["num_warps"],
-                        num_stages=DECODE_TUNED["num_stages"])
-            rows.append((f"decode {kv[1:]} split={split} d128", _decode_kernel, ptrs, ints,
-                         consts, opts, DECODE_DNS))
+            rows.append(_decode_row(f"decode {kv[1:]} split={split} d128 n{cfg['block_n']}",
+                                    int8, split, cfg["block_n"], cfg["num_warps"],
+                                    cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
         ptrs = {k: v for k, v in ptrs.items() if k not in ("po_ptr", "plse_ptr")}
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
@@ -158,15 +205,54 @@ def ptxas_info(ptx: str) -> tuple[int, int]:
     return regs, spills
 
 
-def main() -> int:
+SASS_KINDS = ("total", "LDS", "LDS.U8", "LDSM", "STS", "PRMT", "HADD2", "IMAD.MOV", "I2F", "HMMA")
+
+
+def sass_counts(cubin: bytes) -> dict:
+    """Static SASS instruction counts of a cubin (Triton's bundled nvdisasm) by opcode without
+    modifiers (LDS counts every LDS.*), plus "total", "LDS.U8" (byte loads from shared memory,
+    signed or not) and "IMAD.MOV" (register moves)."""
+    import collections
+
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([tool, "-c", path], capture_output=True, text=True,
+                              check=True).stdout
+    line = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+    ops = [m.group(1) for m in line.finditer(text)]
+    counts = collections.Counter(op.split(".")[0] for op in ops)
+    counts["total"] = len(ops)
+    counts["LDS.U8"] = sum(op in ("LDS.U8", "LDS.S8") for op in ops)
+    counts["IMAD.MOV"] = sum(op.startswith("IMAD.MOV") for op in ops)
+    return counts
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--int8-variants", action="store_true",
+                    help="int8 decode variants (cvt modes, tiles, warps) with SASS counts")
+    args = ap.parse_args(argv)
+    rows = int8_decode_variants() if args.int8_variants else variants()
     bad = 0
-    print(f"{'variant':<40}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}")
-    for name, kernel, ptrs, ints, consts, opts, dns in variants():
+    head = f"{'variant':<42}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}"
+    if args.int8_variants:
+        head += "".join(f"{k:>9}" for k in SASS_KINDS)
+    print(head)
+    for name, kernel, ptrs, ints, consts, opts, dns in rows:
         c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
         regs, spills = ptxas_info(c.asm["ptx"])
         bad += spills > 0
-        print(f"{name:<40}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
-              f"{c.asm['ptx'].count('cp.async.'):>10}")
+        line = (f"{name:<42}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
+                f"{c.asm['ptx'].count('cp.async.'):>10}")
+        if args.int8_variants:
+            counts = sass_counts(c.asm["cubin"])
+            line += "".join(f"{counts[k]:>9}" for k in SASS_KINDS)
+        print(line, flush=True)
     return 1 if bad else 0
 
 

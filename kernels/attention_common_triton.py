@@ -37,14 +37,51 @@ def _dot(a, b, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr):
     return res
 
 
+# How `_int8_operand` turns int8 codes into fp16 operands on CUDA (the decode kernel takes one
+# per operand, K and V, from `decode_config`'s "cvt"; prefill uses OP_ADD):
+OP_ADD = 0        # int32 add of 0x6480, truncate, bitcast, fp16 subtract, per element
+OP_PRMT = 1       # inline PTX on 4 packed codes (`_codes_prmt`); the compiler moves it into the
+#                   dot-operand layout, like OP_ADD
+OP_CAST = 2       # plain int8 -> fp16 conversion (I2F)
+OP_PRMT_LOAD = 3  # OP_PRMT kept in the tile's load layout (asm marked impure so the compiler
+#                   cannot move it): a transposed operand then goes to the MMA as fp16 through
+#                   shared memory (ldmatrix.trans) instead of being gathered byte by byte
+OP_WORDS = 4      # decode only: the tile read as int32 words (attention_decode_triton._load_words)
+
+
 @triton.jit
-def _int8_operand(codes, LOWP: tl.constexpr):
-    """int8 codes as exact dot operands. LOWP: fp16 by bit arithmetic: code + 1152 as an fp16
-    bit pattern is 0x6480 + code (fp16 spacing is 1 in [1024, 2048)); one integer add and one
-    fp16 subtract per element. Otherwise float32."""
+def _codes_prmt(codes, PURE: tl.constexpr):
+    """fp16 values of int8 codes, 4 per asm instance: code ^ 0x80 is the byte code + 128; two
+    PRMTs put each byte under a 0x64 high byte (the fp16 1024 + code + 128, exact: spacing 1 in
+    [1024, 2048)) and one packed subtract per pair removes 1152. PURE False pins the conversion
+    to the layout the codes arrive in (see OP_PRMT_LOAD). CUDA only (no interpreter)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 u, c;
+        xor.b32 u, $2, 0x80808080;
+        mov.b32 c, 0x64806480;
+        prmt.b32 $0, u, 0x64646464, 0x5140;
+        prmt.b32 $1, u, 0x64646464, 0x7362;
+        sub.f16x2 $0, $0, c;
+        sub.f16x2 $1, $1, c;
+        }""",
+        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+
+
+@triton.jit
+def _int8_operand(codes, LOWP: tl.constexpr, OP: tl.constexpr = 0, ASM: tl.constexpr = False):
+    """int8 codes as exact dot operands. LOWP: fp16, made as OP says (OP_*); the asm methods
+    need ASM (real CUDA, not the interpreter) and are OP_ADD otherwise. OP_ADD: code + 1152 as
+    an fp16 bit pattern is 0x6480 + code (fp16 spacing is 1 in [1024, 2048)), so one integer
+    add and one fp16 subtract per element. Not LOWP: float32."""
     if LOWP:
-        bits = (codes.to(tl.int32) + 0x6480).to(tl.int16)
-        res = bits.to(tl.float16, bitcast=True) - 1152.0
+        if (OP == 1 or OP == 3) and ASM:
+            res = _codes_prmt(codes, OP == 1)
+        elif OP == 2:
+            res = codes.to(tl.float16)
+        else:
+            bits = (codes.to(tl.int32) + 0x6480).to(tl.int16)
+            res = bits.to(tl.float16, bitcast=True) - 1152.0
     else:
         res = codes.to(tl.float32)
     return res

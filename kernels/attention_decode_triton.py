@@ -1,7 +1,8 @@
 """Triton paged decode attention: the split-K (flash-decoding) kernel, its reduce and its planning.
 
 Owns: `decode_attention` (every sequence has at most one query row), the launch config
-(`decode_config`, tuned defaults `DECODE_TUNED`) and the split count (`plan_decode_splits`).
+(`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`, the int8 operand
+conversions `CVT_MODES`) and the split count (`plan_decode_splits`).
 `kernels.attention_triton` re-exports these names; callers import them from there.
 
 `_decode_kernel`: grid (num_seqs, num_kv_heads, num_splits). One program owns all query heads of
@@ -16,7 +17,10 @@ captured in a CUDA graph; this module must never sync with the host or read KV p
 
 int8 caches (KV_INT8 constexpr; float caches compile without that code): `_decode_tile` loads
 the codes and the tile's per-token scales, folds the K scales into the score columns and the V
-scales into the probability columns before P@V (see `attention_common_triton`).
+scales into the probability columns before P@V (see `attention_common_triton`). How codes
+become fp16 operands is chosen per operand (OP_K, OP_V from the config's "cvt"): V is the
+transposed operand of P@V, and where it is converted decides whether the MMA gets it from
+shared memory byte by byte or as fp16 through ldmatrix.trans (docs/kernels.md).
 
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_decode_tile`, loop bounds into `_decode_kernel`; keep `_attend_tile` (prefill) and the
@@ -30,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import _LOG2E, _dot, _dot_mode, _int8_operand, _load_scales
+from .attention_common_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD, OP_WORDS, _LOG2E,
+                                      _dot, _dot_mode, _int8_operand, _load_scales)
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
@@ -55,13 +60,76 @@ def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def _byte_fp16(words, SHIFT: tl.constexpr):
+    """fp16 value of the signed byte at bit SHIFT of each int32 word (0x6400 | (byte ^ 0x80) is
+    the fp16 bit pattern of 1024 + code + 128)."""
+    byte = ((words >> SHIFT) & 0xFF) ^ 0x80
+    return (byte | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
+def _load_words(rows, n_mask, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, ASM: tl.constexpr):
+    """OP_WORDS: an int8 [BLOCK_N, BLOCK_D] tile (row pointers `rows`, unit d stride) read as
+    [BLOCK_N, BLOCK_D // 4] int32 words and returned as fp16 codes (masked rows: code 0). ASM
+    (CUDA): the `_codes_prmt` arithmetic on whole words; otherwise the same bits by shifts and
+    masks (interpreter). The join/reshape puts the codes back in order; that shape change also
+    keeps the conversion in the load layout (see OP_PRMT_LOAD)."""
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    ptrs = rows.to(tl.pointer_type(tl.int32))[:, None] + offs_w[None, :]
+    if MASKED:
+        words = tl.load(ptrs, mask=n_mask[:, None], other=0)
+    else:
+        words = tl.load(ptrs)
+    if ASM:
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 u, c, a, b;
+            xor.b32 u, $4, 0x80808080;
+            mov.b32 c, 0x64806480;
+            prmt.b32 a, u, 0x64646464, 0x5140;
+            prmt.b32 b, u, 0x64646464, 0x7362;
+            sub.f16x2 a, a, c;
+            sub.f16x2 b, b, c;
+            mov.b32 {$0, $1}, a;
+            mov.b32 {$2, $3}, b;
+            }""",
+            constraints="=h,=h,=h,=h,r", args=[words],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        c0 = _byte_fp16(words, 0)
+        c1 = _byte_fp16(words, 8)
+        c2 = _byte_fp16(words, 16)
+        c3 = _byte_fp16(words, 24)
+    # join(a, b) adds a minor axis: [.., i, j] is (a, b)[j][.., i], so this is c0 c1 c2 c3.
+    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (words.shape[0], BLOCK_D))
+
+
+@triton.jit
+def _kv_operand(rows, offs_d, n_mask, kv_mask, s_d, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                LOWP: tl.constexpr, KV_INT8: tl.constexpr, OP: tl.constexpr, ASM: tl.constexpr):
+    """A K or V tile [BLOCK_N, BLOCK_D] from its row pointers, ready for tl.dot: float caches as
+    loaded, int8 codes converted by OP. OP_WORDS applies with LOWP and EVEN_D and assumes a
+    unit d stride (the launcher passes it only then)."""
+    HAS_MASK: tl.constexpr = MASKED or not EVEN_D
+    if KV_INT8 and LOWP and EVEN_D and OP == 4:
+        x = _load_words(rows, n_mask, MASKED, offs_d.shape[0], ASM)
+    else:
+        x = _load_masked(rows[:, None] + offs_d[None, :] * s_d, kv_mask, HAS_MASK)
+        if KV_INT8:
+            x = _int8_operand(x, LOWP, OP, ASM)
+    return x
+
+
+@triton.jit
 def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head, bt_row, start,
                  hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                 KV_INT8: tl.constexpr):
+                 KV_INT8: tl.constexpr, OP_K: tl.constexpr, OP_V: tl.constexpr,
+                 ASM: tl.constexpr):
     """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
-    state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]."""
+    state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]; int8 codes become fp16
+    operands as OP_K / OP_V say (`_kv_operand`)."""
     offs_t = tl.arange(0, BLOCK_N)
     if PAGE % BLOCK_N == 0:
         # The tile lies inside one page: one block-table entry, contiguous token rows.
@@ -81,15 +149,14 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head,
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
         kv_mask = d_mask[None, :]
-    HAS_MASK: tl.constexpr = MASKED or not EVEN_D
-    k = _load_masked(k_head + (blk * sk_b + pos * sk_s)[:, None] + offs_d[None, :] * sk_d,
-                     kv_mask, HAS_MASK)
+    k = _kv_operand(k_head + blk * sk_b + pos * sk_s, offs_d, n_mask, kv_mask, sk_d, MASKED,
+                    EVEN_D, LOWP, KV_INT8, OP_K, ASM)
+    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE)
     if KV_INT8:
         k_scale = _load_scales(ks_head + blk * sks_b + pos * sks_s, n_mask, MASKED)
-        s = _dot(q, tl.trans(_int8_operand(k, LOWP)), LOWP, DOT_DTYPE) \
-            * (k_scale * scale_log2)[None, :]
+        s = s * (k_scale * scale_log2)[None, :]
     else:
-        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
+        s = s * scale_log2
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     # Every tile holds at least one visible position, so m_new is finite.
@@ -97,14 +164,11 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head,
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _load_masked(v_head + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
-                     kv_mask, HAS_MASK)
+    v = _kv_operand(v_head + blk * sv_b + pos * sv_s, offs_d, n_mask, kv_mask, sv_d, MASKED,
+                    EVEN_D, LOWP, KV_INT8, OP_V, ASM)
     if KV_INT8:
-        v_scale = _load_scales(vs_head + blk * svs_b + pos * svs_s, n_mask, MASKED)
-        acc = acc * alpha[:, None] + _dot(p * v_scale[None, :], _int8_operand(v, LOWP), LOWP,
-                                          DOT_DTYPE)
-    else:
-        acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
+        p = p * _load_scales(vs_head + blk * svs_b + pos * svs_s, n_mask, MASKED)[None, :]
+    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
     return acc, m_new, l_i
 
 
@@ -117,7 +181,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   KV_INT8: tl.constexpr):
+                   KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
+                   ASM: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -157,12 +222,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
-                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8)
+                                     False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
+                                     OP_V, ASM)
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
-                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8)
+                                     True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
+                                     OP_V, ASM)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
@@ -227,20 +294,36 @@ def _sm_count(device) -> int:
 DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
                     min_partition=256, reduce_warps=4)
 
+# int8 caches on CUDA start from this one (switch it to the winner of `bench/int8_decode.py
+# --variants`). int8 tiles are half the bytes: 128-token tiles won on the H100
+# (bench/int8_decode.py, 2026-11-24: batch 256 equal, batch 32 1.16x vs 1.01x, batch 1 1.13x vs
+# 1.04x of bf16). "cvt" names how codes become fp16 MMA operands, per operand (`CVT_MODES`).
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="add")
 
-def decode_config(q):
-    """Default decode launch config, from dtype, device and head_dim only: block_n (tokens per
+# "cvt" -> (K method, V method), OP_* of attention_common_triton. V is the transposed operand
+# of P@V (tokens are its reduction axis): converted in the MMA layout (add, prmt, cast) its codes
+# are gathered from shared memory byte by byte; prmt_load / words convert in the load layout and
+# transpose fp16 with ldmatrix.trans.
+CVT_MODES = {"add": (OP_ADD, OP_ADD), "prmt": (OP_PRMT, OP_PRMT), "cast": (OP_CAST, OP_CAST),
+             "prmt_load": (OP_PRMT_LOAD, OP_PRMT_LOAD), "prmt_v": (OP_PRMT, OP_PRMT_LOAD),
+             "words": (OP_WORDS, OP_WORDS), "words_v": (OP_PRMT, OP_WORDS)}
+
+
+def decode_config(q, kv_dtype=None):
+    """Default decode launch config, from dtypes, device and head_dim only: block_n (tokens per
     K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
-    `plan_decode_splits`), reduce_warps. `decode_attention(config=...)` overrides any of them
-    (benchmarks, tests)."""
+    `plan_decode_splits`), reduce_warps, cvt (int8 codes to operands, `CVT_MODES`; float caches
+    ignore it); an optional "maxnreg" caps registers per thread. `decode_attention(config=...)` overrides any of them (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
         return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
-                    min_partition=_MIN_PARTITION, reduce_warps=4)
+                    min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
     if q.dtype == torch.float32 or q.shape[2] > 128:
         # float32 dots hold their operands in registers; 256-wide heads double the tiles.
         return dict(block_n=32, num_warps=8, num_stages=2, programs_per_sm=4,
-                    min_partition=_MIN_PARTITION, reduce_warps=4)
-    return dict(DECODE_TUNED)
+                    min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
+    if kv_dtype == torch.int8:
+        return dict(DECODE_INT8)
+    return dict(DECODE_TUNED, cvt="add")
 
 
 def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
@@ -257,6 +340,18 @@ def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=N
     return max(1, int(num_splits))
 
 
+def _reg_cap(cfg) -> dict:
+    """The launch option capping registers per thread (config "maxnreg": more programs per SM
+    at the risk of spills; bench/ptxas_check.py shows them), none when unset."""
+    return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
+
+
+def _word_rows(cache) -> bool:
+    """Whether a cache's (token, head) rows can be read as int32 words (OP_WORDS)."""
+    st = cache.stride()
+    return st[3] == 1 and all(x % 4 == 0 for x in st[:3]) and cache.data_ptr() % 4 == 0
+
+
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
                      num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
@@ -266,11 +361,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    cfg = decode_config(q)
-    if k_scale is not None and cfg is not None and q.is_cuda and cfg.get("block_n") == DECODE_TUNED["block_n"]:
-        # int8 tiles are half the bytes: 128-token tiles won on the H100 (bench/int8_decode.py,
-        # 2026-11-24: batch 256 equal, batch 32 1.16x vs 1.01x, batch 1 1.13x vs 1.04x of bf16).
-        cfg["block_n"] = 128
+    cfg = decode_config(q, k_cache.dtype)
     if config:
         cfg.update(config)
     block_n = cfg["block_n"]
@@ -290,6 +381,12 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
+    if cfg["cvt"] not in CVT_MODES:
+        raise ValueError(f"decode config cvt={cfg['cvt']!r}: expected one of {sorted(CVT_MODES)}")
+    op_k, op_v = CVT_MODES[cfg["cvt"]]
+    # OP_WORDS reads rows as int32 words: unit d stride, 4-byte aligned rows (else per element).
+    op_k = OP_ADD if op_k == OP_WORDS and not _word_rows(k_cache) else op_k
+    op_v = OP_ADD if op_v == OP_WORDS and not _word_rows(v_cache) else op_v
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
@@ -300,7 +397,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **_reg_cap(cfg))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](

@@ -13,7 +13,9 @@ import triton.language as tl
 
 from infer_cluster.kernels import attention_decode_triton, attention_prefill_triton
 from infer_cluster.kernels.attention import paged_attention_ref
-from infer_cluster.kernels.attention_common_triton import _int8_operand
+from infer_cluster.kernels.attention_common_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD,
+                                                           _int8_operand)
+from infer_cluster.kernels.attention_decode_triton import CVT_MODES
 from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton
 from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 from tests.kernels.conftest import INTERPRET, tol
@@ -111,18 +113,49 @@ def test_int8_checks():
 
 
 @triton.jit
-def _codes_kernel(x_ptr, out_ptr, LOWP: tl.constexpr):
+def _codes_kernel(x_ptr, out_ptr, LOWP: tl.constexpr, OP: tl.constexpr, ASM: tl.constexpr):
     offs = tl.arange(0, 256)
-    tl.store(out_ptr + offs, _int8_operand(tl.load(x_ptr + offs), LOWP).to(tl.float32))
+    tl.store(out_ptr + offs, _int8_operand(tl.load(x_ptr + offs), LOWP, OP, ASM).to(tl.float32))
 
 
+@pytest.mark.parametrize("op", [OP_ADD, OP_PRMT, OP_CAST, OP_PRMT_LOAD])
 @pytest.mark.parametrize("lowp", [False, True])
-def test_int8_operand_is_exact(device, lowp):
-    # The CUDA path's fp16 bit trick (LOWP) and the float32 path give every code exactly.
+def test_int8_operand_is_exact(device, lowp, op):
+    # Every way to make fp16 operands (LOWP; the PTX ones on CUDA only) and the float32 path
+    # give every code exactly.
     codes = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8).to(device)
     out = torch.empty(256, device=device)
-    _codes_kernel[(1,)](codes, out, LOWP=lowp)
+    _codes_kernel[(1,)](codes, out, LOWP=lowp, OP=op, ASM=codes.is_cuda)
     assert torch.equal(out, codes.float())
+
+
+@pytest.mark.parametrize("cvt", sorted(CVT_MODES))
+def test_int8_cvt_modes_on_interpreter(monkeypatch, cvt):
+    # Each decode "cvt" mode on the CUDA fp16-operand path forced on the interpreter (the PTX
+    # conversions fall back to their integer twins there, so this checks the OP_WORDS loads and
+    # the join/reshape order): masked tails, several pages per tile, splits.
+    if not INTERPRET:
+        pytest.skip("interpreter only (test_gpu_decode_int8_cvt_modes runs them for real)")
+    monkeypatch.setattr(attention_decode_triton, "_dot_mode",
+                        lambda q, kv_dtype=None: (True, tl.float16))
+    batch = make_batch("cpu", torch.float32, [1, 1, 0, 1], [70, 20, 9, 37], 4, 2, 64, 16)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.125, k_scale=ks,
+                              v_scale=vs)
+    for num_splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.125, out,
+                         num_splits=num_splits, config=dict(block_n=32, cvt=cvt, maxnreg=128),
+                         k_scale=ks, v_scale=vs)
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_decode_cvt_mode_checked():
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(
+        make_batch("cpu", torch.float32, [1], [5], 2, 1, 32, 16))
+    with pytest.raises(ValueError, match="cvt"):
+        decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 1.0, torch.empty_like(q),
+                         config=dict(cvt="nope"), k_scale=ks, v_scale=vs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -141,6 +174,27 @@ def test_int8_cuda_operand_path_on_interpreter(monkeypatch, dtype, q_lens, ctx_l
 
 
 # Bigger shapes run on the GPU only (the interpreter would take minutes).
+@pytest.mark.parametrize("cvt", sorted(CVT_MODES))
+@pytest.mark.parametrize("config", [dict(), dict(block_n=64, maxnreg=128)],
+                         ids=["default", "n64-regs128"])
+def test_gpu_decode_int8_cvt_modes(gpu_device, cvt, config):
+    # Each int8 decode variant `bench/int8_decode.py --variants` times, at the Qwen3-0.6B head
+    # shape (bf16 q): one split and forced splits, tails inside and across pages.
+    ctx = [1, 17, 600, 611, 4097, 100, 2000, 129]
+    batch = make_batch(gpu_device, torch.bfloat16, [1] * len(ctx), ctx, 16, 8, 128, 16)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 128 ** -0.5, k_scale=ks,
+                              v_scale=vs)
+    for num_splits in (1, 5):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 128 ** -0.5, out,
+                         num_splits=num_splits, config=dict(config, cvt=cvt), k_scale=ks,
+                         v_scale=vs)
+        atol, rtol = tol(torch.bfloat16)
+        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_gpu_decode_int8_large(gpu_device, dtype):
     ctx = [1, 17, 600, 611, 4097, 100, 32768 // 4]
