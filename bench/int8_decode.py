@@ -42,7 +42,7 @@ def variant_configs():
     default tile; tiles x warps for the conversions that keep the tile out of the MMA layout
     (fewest SASS instructions, bench/ptxas_check.py --int8-variants) and for the current
     default; more programs per SM (split-K even at batch 256)."""
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    from infer_cluster.kernels.attention_triton import CVT_MODES, DECODE_INT8
     configs = [dict(cvt=c) for c in CVT_MODES]
     for cvt in ("prmt_load", "prmt_v", "words_v"):
         for bn, w, st in ((64, 4, 2), (128, 8, 2), (128, 4, 3)):
@@ -111,8 +111,7 @@ def main(argv=None):
     from bench import tune_decode_cases as tc
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
-    from infer_cluster.kernels.attention_triton import decode_attention
-    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8
+    from infer_cluster.kernels.attention_triton import DECODE_INT8, decode_attention
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters

@@ -15,7 +15,7 @@ from infer_cluster.kernels import attention_decode_triton, attention_prefill_tri
 from infer_cluster.kernels.attention import paged_attention_ref
 from infer_cluster.kernels.attention_common_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD,
                                                            _int8_operand)
-from infer_cluster.kernels.attention_decode_triton import CVT_MODES
+from infer_cluster.kernels.attention_triton import CVT_MODES
 from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton
 from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 from tests.kernels.conftest import INTERPRET, tol

@@ -34,7 +34,7 @@ def test_pick_winners_none_correct():
 
 
 def test_variant_configs_are_valid_and_distinct():
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    from infer_cluster.kernels.attention_triton import CVT_MODES, DECODE_INT8
     configs = variant_configs()
     assert len(configs) == len({tuple(sorted(c.items())) for c in configs})
     assert {c["cvt"] for c in configs} == set(CVT_MODES)
