@@ -141,9 +141,9 @@ for _ in range(600):
       # attention tests (every cvt mode), then each variant vs the bf16 kernel in CUDA graphs on the
       # tuner's b256/b32/b1 cases; prints the fastest correct variant per case and overall and the
       # DECODE_INT8 line that makes it the default
-      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_attention_int8.py -p no:cacheprovider 2>&1 \
+      timeout 170 python3 -m pytest -q -m gpu tests/kernels/test_attention_int8.py -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_int8_attention_tests.log" | tail -6
-      timeout 330 python3 bench/int8_decode.py --variants --iters 30 --out "$OUT/int8_variants.json" 2>&1 \
+      timeout 390 python3 bench/int8_decode.py --variants --iters 30 --out "$OUT/int8_variants.json" 2>&1 \
         | tee "$OUT/int8_variants.log" | tail -80 ;;
     *) echo "unknown stage $stage" ;;
   esac
