@@ -294,11 +294,12 @@ def _sm_count(device) -> int:
 DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
                     min_partition=256, reduce_warps=4)
 
-# int8 caches on CUDA start from this one (switch it to the winner of `bench/int8_decode.py
-# --variants`). int8 tiles are half the bytes: 128-token tiles won on the H100
-# (bench/int8_decode.py, 2026-11-24: batch 256 equal, batch 32 1.16x vs 1.01x, batch 1 1.13x vs
-# 1.04x of bf16). "cvt" names how codes become fp16 MMA operands, per operand (`CVT_MODES`).
-DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="add")
+# int8 caches on CUDA start from this one: the winner of `bench/int8_decode.py --variants` on the
+# H100 (2026-11-24, commit 172d833, CUDA-graph replays vs the bf16 defaults in the same run):
+# "words" (tiles read as int32 words, converted in the load layout, so V is transposed as fp16
+# by ldmatrix like a bf16 tile) at 128-token tiles: b256 1.49x (2,162 GB/s; the old "add" 1.25x),
+# b32 1.26x, b1 1.17x. "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="words")
 
 # "cvt" -> (K method, V method), OP_* of attention_common_triton. V is the transposed operand
 # of P@V (tokens are its reduction axis): converted in the MMA layout (add, prmt, cast) its codes
