@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from infer_cluster.protocol.errors import ConfigError
 
@@ -49,6 +49,7 @@ class EngineConfig:
     device_ids: Optional[list[int]] = field(default=None, metadata={"help": "GPUs this replica uses, e.g. 2,3 (one per rank)"})
     warmup: Optional[bool] = field(default=None, metadata={"help": "serve a synthetic workload at start (largest shapes, every sampling path) so nothing compiles or allocates while serving; default: on for CUDA, off on CPU"})
     cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
+    async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python: on, off, or auto (on for a single-rank replica on CUDA; tensor/pipeline-parallel replicas run synchronously)"})
     kv_offload_gib: float = field(default=0.0, metadata={"help": "host-memory KV tier in GiB (pinned on CUDA; 0 = off): prefix blocks evicted from the device pool are kept there and copied back on a hit, and preempted requests are swapped there instead of recomputed when it has room"})
 
     def __post_init__(self):
@@ -88,6 +89,11 @@ class EngineConfig:
         if (isinstance(self.kv_offload_gib, bool) or not isinstance(self.kv_offload_gib, (int, float))
                 or not 0 <= self.kv_offload_gib < 1 << 20):
             raise ConfigError(f"kv_offload_gib must be a number of GiB >= 0 (0 = off), got {self.kv_offload_gib!r}")
+        if self.async_scheduling not in (True, False, "auto"):
+            raise ConfigError(f"async_scheduling must be true, false or 'auto', got {self.async_scheduling!r}")
+        if self.async_scheduling is True and self.world_size > 1:
+            raise ConfigError("async_scheduling works on single-rank replicas only for now; leave it "
+                              "at auto (or off) with tensor_parallel_size x pipeline_parallel_size > 1")
         if self.kv_offload_gib and self.world_size > 1:
             raise ConfigError("kv_offload_gib (the host KV tier) works on single-rank replicas only; "
                               "set it to 0 or use tensor_parallel_size = pipeline_parallel_size = 1")

@@ -8,11 +8,14 @@ so prefix caching and preemption need nothing extra), their size per block, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
 tables, sequence lengths, query start offsets) plus the rows whose logits are sampled. Host
 lists are packed into one buffer and copied to the device in a single non-blocking transfer.
+Rows marked `pending_input` (async scheduling) take their input id on the device from the
+previous step's sampled ids (`prev_ids[prev_rows[j]]`), with no host round trip.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -56,11 +59,14 @@ class DynamicContext:
             row += torch.tensor([], dtype=torch.float32).element_size()
         return 2 * num_layers * block_size * num_kv_heads * row
 
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
+    def prepare(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
+                prev_rows: Sequence[int] = ()) -> StepInputs:
+        """`prev_ids` / `prev_rows`: the previous step's sampled ids (device) and, for each
+        `pending_input` row in order, its row there."""
         bs = self.block_size
         reqs = out.requests
         num_seqs = len(reqs)
-        input_ids, positions, slots, sample_rows, sample_ids = [], [], [], [], []
+        input_ids, positions, slots, sample_rows, sample_ids, fill = [], [], [], [], [], []
         seq_lens = np.empty(num_seqs, dtype=np.int32)
         qsl = np.zeros(num_seqs + 1, dtype=np.int32)
         tables = np.zeros((num_seqs, max(len(r.block_ids) for r in reqs)), dtype=np.int32)
@@ -79,6 +85,8 @@ class DynamicContext:
                 positions.extend(range(start, start + n))
                 slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
             end += n
+            if r.pending_input:
+                fill.append(end - 1)
             seq_lens[i] = start + n
             qsl[i + 1] = end
             if n > max_q:
@@ -89,13 +97,19 @@ class DynamicContext:
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
         parts = [np.asarray(input_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64),
                  np.asarray(slots, dtype=np.int64), np.asarray(sample_rows, dtype=np.int64),
-                 seq_lens.astype(np.int64), qsl.astype(np.int64), tables.reshape(-1).astype(np.int64)]
+                 seq_lens.astype(np.int64), qsl.astype(np.int64), tables.reshape(-1).astype(np.int64),
+                 np.asarray(fill, dtype=np.int64), np.asarray(prev_rows, dtype=np.int64)]
+        if len(fill) != len(prev_rows) or (fill and prev_ids is None):
+            raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
+                             f"previous rows were given")
         host = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             flat = host.pin_memory().to(self.device, non_blocking=True)
         else:
             flat = host
         views = torch.split(flat, [len(p) for p in parts])
+        if fill:  # pending tokens: from the previous step's draw, on the device
+            views[0][views[7]] = prev_ids[views[8]]
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape).to(torch.int32),
                                  seq_lens=views[4].to(torch.int32), query_start_loc=views[5].to(torch.int32),
                                  max_query_len=max_q)

@@ -1,7 +1,13 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
-Owns: request admission (validation → `Request`), the step loop
-(schedule → run → sample → update → deltas), aborts, and stats. Per-request sampling state
+Owns: request admission (validation → `Request`), the step loop, aborts, and stats. The step
+loop (async scheduling, `EngineConfig.async_scheduling`): schedule step n+1 while step n's ids
+are still on their way, launch it (forward + draw on the device), THEN wait for step n's ids,
+apply them (scheduler update: tokens, stop rules, frees) and emit step n's deltas; one step in
+flight (`LaunchedStep`, worker/inflight.py). Synchronous (launch, then collect the same step):
+async off, rows with no_repeat_ngram_size (the ban needs the previous id on the host), and
+the settled-state cases: before swaps (host tier), after a schedule that needed preemption,
+`reset_cache`, and failures. Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py) turns them
 into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
@@ -30,6 +36,7 @@ from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
 from .host_tier import HostTier
+from .inflight import LaunchedStep
 from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .logprob_rows import resolve_logprobs
@@ -107,6 +114,17 @@ class DynamicEngine:
         self._num_generated = 0
         self._phase_seconds: dict[str, float] = {}
         self._started = time.monotonic()
+        self._inflight: list[LaunchedStep] = []  # launched, not collected; oldest first
+        self._last: Optional[LaunchedStep] = None  # the latest launch: pending inputs read it
+        self._drain_next = False  # the last schedule needed preemption: settle first
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether steps overlap (`EngineConfig.async_scheduling`; auto: on CUDA)."""
+        mode = self.config.async_scheduling
+        if mode == "auto":
+            mode = self.runner.device.type == "cuda"
+        return bool(mode) and getattr(self.runner, "supports_async", False)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.spec.max_position_embeddings
@@ -189,26 +207,37 @@ class DynamicEngine:
                 self._pending.append(self._final_delta(req))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._inflight)
 
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        """Run one scheduling step; return the deltas of every request that progressed.
-        Every request that ended gets exactly one final delta, even if the step failed."""
+        """Run one scheduling step; return the deltas of every request that progressed (with
+        async scheduling, those of the previous step). Every request that ended gets exactly
+        one final delta, even if the step failed."""
         deltas, self._pending = self._pending, []
-        out = None
+        out, launched = None, False
         try:
-            out = self._timed("schedule", self.scheduler.schedule)
+            if self._inflight and self._drain_next:
+                self._collect(deltas)
+            out = self._timed("schedule", self.scheduler.schedule, not self._inflight)
+            self._drain_next = out.blocked
+            sync = not self.async_scheduling or any(
+                self.scheduler.requests[s.request_id].params.no_repeat_ngram_size for s in out.requests)
+            if self._inflight and (out.is_empty or out.has_swaps or sync):
+                self._collect(deltas)  # settled before the copies / a step that needs the ids
             if out.has_swaps:  # host-tier copies, before the forward that reads them
                 self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
-                sampled, logprobs = self._timed("forward_and_sample", self._run, out)
-                advanced, _ = self._timed("update", self.scheduler.update, out, sampled)
-                self._emit_all(advanced, logprobs, deltas)
+                self._inflight.append(self._timed("launch", self._launch, out))
+                launched = True
+            while len(self._inflight) > (0 if sync else 1):
+                self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
-            self._fail(out, exc)
+            outs = [s.out for s in self._inflight] + ([out] if out is not None and not launched else [])
+            self._abandon()
+            self._fail(outs if out is not None else None, exc)
             deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
         if self.scheduler.failed_at_admission:
             failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
@@ -222,6 +251,48 @@ class DynamicEngine:
             resolve_logprobs(deltas)
         return deltas
 
+    def _launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Queue the step's forward and draw on the device; nothing waits for them here."""
+        pending = [s.request_id for s in out.requests if s.pending_input]
+        if pending:
+            prev = self._last
+            logits, row_ids = self.runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
+        else:
+            logits, row_ids = self.runner.execute(out)
+        rows = []
+        for rid in row_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is None:  # ended after scheduling (its id arrived meanwhile): drawn, dropped
+                rows.append(_DROPPED_ROW)
+                continue
+            # num_pending counts this step's own token: the rest were drawn on the device
+            rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
+                                             None, self.eos_token_ids, rid, req.num_pending - 1))
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        self._last = LaunchedStep(out, row_ids, self.sampler.draw(logits, rows, logits_writable=True))
+        return self._last
+
+    def _collect(self, deltas: list) -> None:
+        """Wait for the oldest launched step's ids, apply them and emit its deltas."""
+        step = self._inflight[0]
+        sampled, logprobs = self._timed("wait", step.wait, self.sampler)
+        advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
+        self._emit_all(advanced, logprobs, deltas)
+        self._inflight.pop(0)
+
+    def _drain(self) -> None:
+        """Collect every launched step; their deltas go out with the next `step()`."""
+        while self._inflight:
+            self._collect(self._pending)
+
+    def _abandon(self) -> None:
+        """After a failure: forget the launched steps (the device done with them) and free the
+        blocks of ended requests they held."""
+        for launched in self._inflight:
+            launched.abandon()
+        self._inflight, self._last, self._drain_next = [], None, False
+        self.scheduler.settle_all()
+
     def _detokenize(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         deltas, stops = self.text.process(deltas)
         self.stop_requests(stops)  # freed now: the next schedule sees their blocks
@@ -232,17 +303,6 @@ class DynamicEngine:
         result = fn(*args)
         self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + time.perf_counter() - t
         return result
-
-    def _run(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, object]]:
-        logits, row_ids = self.runner.execute(out)
-        rows = []
-        for rid in row_ids:
-            req = self.scheduler.requests[rid]
-            rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                             None, self.eos_token_ids, rid))
-        # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        result = self.sampler(logits, rows, logits_writable=True, defer_logprobs=True)
-        return dict(zip(row_ids, result.token_ids)), dict(zip(row_ids, result.logprobs))
 
     def _emit(self, req: Request, logprob, now: float) -> RequestDelta:
         """The raw delta of one request that advanced: new token ids, logprobs, finish info.
@@ -269,13 +329,14 @@ class DynamicEngine:
         for req in advanced:  # appended one by one: a failure keeps what was already built
             deltas.append(self._emit(req, logprobs.get(req.request_id), now))
 
-    def _fail(self, out: Optional[SchedulerOutput], exc: Exception) -> None:
-        """End the step's scheduled requests (all requests if scheduling itself failed) as
-        FAILED; `_unreported_finals` then sends their final deltas."""
+    def _fail(self, outs: Optional[list[SchedulerOutput]], exc: Exception) -> None:
+        """End the scheduled requests of the failed steps `outs` (all requests if scheduling
+        itself failed: None) as FAILED; `_unreported_finals` then sends their final deltas."""
         error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}").to_dict()
-        ids = [s.request_id for s in out.requests] if out is not None else list(self.scheduler.requests)
-        if out is not None and out.has_swaps:  # copies may be half done: trust no cached KV
-            ids = list(self.scheduler.requests)
+        ids = ([s.request_id for out in outs for s in out.requests] if outs is not None
+               else list(self.scheduler.requests))
+        if outs is not None and any(out.has_swaps for out in outs):  # copies may be half done
+            ids = list(self.scheduler.requests)  # trust no cached KV
             self.allocator.reset_prefix_cache()
             self.host_tier.reset_prefix_cache()
         for rid in ids:
@@ -325,6 +386,7 @@ class DynamicEngine:
                 f"resizing the KV cache is not supported with tensor/pipeline parallel "
                 f"({self.config.world_size} ranks); restart the replica with --num-kv-blocks / "
                 f"--kv-cache-dtype instead")
+        self._drain()  # a settled state: no step may still write the pool
         num_blocks, dtype = check_target(num_kv_blocks, kv_cache_dtype, self.config.kv_cache_dtype,
                                          self.max_model_len, self.config.block_size,
                                          self.runner.same_bytes_blocks)
@@ -411,6 +473,9 @@ class DynamicEngine:
         return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,
                 "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
                 "max_model_len": self.max_model_len, "kv_cache_dtype": self.config.kv_cache_dtype}
+
+
+_DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
 
 
 def _is_prefilling(req: Request) -> bool:

@@ -302,11 +302,17 @@ class ModelRunner:
         the swap-ins stay in flight during this step's forward (see `HostKVPool.before_forward`)."""
         self.host_pool.swap(out.swap_out, out.swap_in, step=out)
 
+    # The engine may schedule a step before the previous one's ids reach the host (async
+    # scheduling): `execute` fills `pending_input` rows from `prev_ids` on the device.
+    supports_async = True
+
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
+    def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
+                prev_rows: tuple = ()) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
-        in float32) and the request id of each row."""
-        inputs = self.context.prepare(out)
+        in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
+        `DynamicContext.prepare`."""
+        inputs = self.context.prepare(out, prev_ids, prev_rows)
         if self.host_pool is not None:
             self.host_pool.before_forward(out)  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta

@@ -35,7 +35,10 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = 0  # advanced when a step is scheduled (its KV is on the way)
+        # Tokens sampled by scheduled steps whose ids are not on the host yet (async scheduling:
+        # at most one). `num_tokens` counts only known tokens; the scheduler adds these.
+        self.num_pending = 0
         self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
         self.num_cached_tokens = 0       # prompt tokens served by the device prefix cache
         self.num_cached_tokens_host = 0  # ... and by the host tier (copied back, not recomputed)

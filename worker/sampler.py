@@ -30,7 +30,7 @@ batch it over only the rows that use it (skip it entirely when no row does).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
 
 import torch
@@ -59,6 +59,10 @@ class SamplingRequestState:
     generator: Optional[torch.Generator]  # unseeded rows only: their random key's source
     eos_token_ids: Sequence[int]  # suppressed with params.stop_token_ids while below min_tokens
     request_id: Optional[Hashable] = None  # keys the penalty state kept between steps
+    # Tokens already drawn for the request on the device whose ids are not in
+    # `output_token_ids` yet (async scheduling): they count as generated (min_tokens, the
+    # seeded stream's step, the penalty state's consistency check).
+    num_pending: int = 0
 
 
 @dataclass
@@ -68,6 +72,21 @@ class SamplerOutput:
     # [sampled_logprob, {alt_token_id: logprob}] with the top-`params.logprobs` alternatives
     # (a `DeferredLogprob` of it when the call asked for `defer_logprobs`).
     logprobs: list
+
+
+@dataclass
+class DeviceDraw:
+    """One step's draw before its host copy: `transfer` (int64) is the sampled ids, then the
+    logprob alternatives' ids; `values` (float64) the logprob pack, or None."""
+
+    token_ids: torch.Tensor  # [num_rows] int64 on the device
+    transfer: torch.Tensor
+    values: Optional[torch.Tensor]
+    num_rows: int
+    logprob_rows: list = field(default_factory=list)
+    lp_nums: list = field(default_factory=list)
+    lp_k: int = 0
+    ngram: list = field(default_factory=list)  # (row, state entry) whose n-gram map needs the id
 
 
 class _Scratch:
@@ -89,26 +108,38 @@ class Sampler:
         if self.state is not None:
             self.state.remove(request_id)  # host bookkeeping only: no tensor is touched
 
-    @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState],
                  logits_writable: bool = False, defer_logprobs: bool = False) -> SamplerOutput:
         """Token ids (and logprobs) for one step's rows. `defer_logprobs`: logprob entries come
         as `DeferredLogprob`s, built later by whoever needs them (worker/logprob_rows.py)."""
+        draw = self.draw(logits, rows, logits_writable)
+        values = draw.values.flatten().tolist() if draw.values is not None else None
+        return self.finish(draw, draw.transfer.tolist(), values, defer_logprobs)  # the one sync
+
+    @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
+    def draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
+             logits_writable: bool = False) -> "DeviceDraw":
+        """The device half of `__call__`: every id and logprob of the step, left on the device
+        (no host sync, except a rare one inside random sampling, see `sampling_ops._run`).
+        The caller copies `transfer` (and `values`) to the host and passes them to `finish`.
+        Rows with no_repeat_ngram_size need `finish` before the request's next draw."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [num_rows={len(rows)}, vocab], got {tuple(logits.shape)}")
         if not rows:
-            return SamplerOutput(token_ids=[], logprobs=[])
+            empty = torch.empty(0, dtype=torch.long, device=logits.device)
+            return DeviceDraw(empty, empty, None, len(rows))
 
         penalty_rows = [i for i, r in enumerate(rows) if r.params.has_penalties]
         min_tokens_rows = [i for i, r in enumerate(rows)
-                           if len(r.output_token_ids) < r.params.min_tokens
+                           if len(r.output_token_ids) + r.num_pending < r.params.min_tokens
                            and (r.eos_token_ids or r.params.stop_token_ids)]
         logprob_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
 
         if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
-            return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=[None] * len(rows))
+            token_ids = logits.argmax(dim=-1)
+            return DeviceDraw(token_ids, token_ids, None, len(rows))
 
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
@@ -144,28 +175,34 @@ class Sampler:
                     token_ids = drawn
                 else:
                     token_ids[_index(random_rows, device)] = drawn
-            lp_nums = [rows[i].params.logprobs for i in logprob_rows]
+            draw = DeviceDraw(token_ids, token_ids, None, n)
             if logprob_rows:
                 # Everything the host needs comes back in one transfer: ids, then logprobs.
+                draw.logprob_rows = logprob_rows
+                draw.lp_nums = [rows[i].params.logprobs for i in logprob_rows]
                 chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
-                lp_k = min(max(lp_nums), x.shape[1])
-                values, alt_ids = _logprob_pack(x_lp, lse, chosen, lp_k, maxima)
-                host_ids = torch.cat([token_ids, alt_ids.flatten()]).tolist()  # the one sync
-                flat = values.flatten().tolist()
-                alt_flat, host_ids = host_ids[n:], host_ids[:n]
-            else:
-                host_ids = token_ids.tolist()
+                draw.lp_k = min(max(draw.lp_nums), x.shape[1])
+                draw.values, alt_ids = _logprob_pack(x_lp, lse, chosen, draw.lp_k, maxima)
+                draw.transfer = torch.cat([token_ids, alt_ids.flatten()])
             if entries:
-                self.state.append(entries, token_ids[_index(penalty_rows, device)],
-                                  [host_ids[i] for i in penalty_rows])
+                self.state.append(entries, token_ids[_index(penalty_rows, device)])
+                draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
         finally:
             for key in scratch:
                 self.state.remove(key)
+        return draw
 
+    def finish(self, draw: "DeviceDraw", host_transfer: list[int], host_values: Optional[list],
+               defer_logprobs: bool = False) -> SamplerOutput:
+        """The host half: `draw.transfer` and `draw.values` as host lists -> `SamplerOutput`."""
+        n = draw.num_rows
+        host_ids = host_transfer[:n]
+        if draw.ngram:
+            self.state.fold_ngrams([e for _, e in draw.ngram], [host_ids[i] for i, _ in draw.ngram])
         out_logprobs: list = [None] * n
-        if logprob_rows:
-            lp = LogprobRows(flat, alt_flat, lp_k)
-            for j, (i, num) in enumerate(zip(logprob_rows, lp_nums)):
+        if draw.logprob_rows:
+            lp = LogprobRows(host_values, host_transfer[n:], draw.lp_k)
+            for j, (i, num) in enumerate(zip(draw.logprob_rows, draw.lp_nums)):
                 out_logprobs[i] = DeferredLogprob(lp, j, num) if defer_logprobs else lp.entry(j, num)
         return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
 
@@ -181,7 +218,8 @@ class Sampler:
             if key is None:
                 key = _Scratch()
                 scratch.append(key)
-            entries.append(self.state.entry(key, r.prompt_token_ids, r.output_token_ids, r.params))
+            entries.append(self.state.entry(key, r.prompt_token_ids, r.output_token_ids, r.params,
+                                            r.num_pending))
         self.state.apply_penalties(x, which, entries, [rows[i].params for i in which])
         ban_rows, ban_tokens = [], []
         for i, e in zip(which, entries):
@@ -198,7 +236,7 @@ class Sampler:
         """Per-row parameters and uniforms, moved to the device in one copy."""
         seeds, steps, drawn = [], [], []
         for j, r in enumerate(rows):
-            steps.append(len(r.output_token_ids))
+            steps.append(len(r.output_token_ids) + r.num_pending)
             if r.params.seed is not None:
                 seeds.append(r.params.seed)
             elif r.generator is not None:

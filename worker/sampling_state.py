@@ -84,12 +84,17 @@ class SamplingState:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def entry(self, key: Hashable, prompt: list[int], output: list[int], params: SamplingParams) -> _Entry:
-        """The request's entry, created (or rebuilt) from its token lists when missing or stale."""
+    def entry(self, key: Hashable, prompt: list[int], output: list[int], params: SamplingParams,
+              num_pending: int = 0) -> _Entry:
+        """The request's entry, created (or rebuilt) from its token lists when missing or stale.
+        `num_pending`: tokens already folded in on the device whose ids the lists lack yet."""
         e = self._entries.get(key)
         total = len(prompt) + len(output)
-        if e is not None and e.num_tokens == total:
+        if e is not None and e.num_tokens == total + num_pending:
             return e
+        if num_pending:  # a rebuild from the lists would miss the pending tokens
+            raise RuntimeError(f"penalty state of request {key!r} is out of step with its tokens "
+                               f"while {num_pending} token(s) are pending")
         if e is not None:
             self.remove(key)
         return self._add(key, prompt, output, params)
@@ -176,13 +181,21 @@ class SamplingState:
         z = z - freq * counts - pres * (counts > 0).to(torch.float32)
         x[row_idx, ids] = torch.where(num > 0, z, y)
 
-    def append(self, entries: list[_Entry], tokens: torch.Tensor, host_tokens: list[int]) -> None:
-        """Fold one new token per entry (device `tokens`, the same values in `host_tokens`)."""
-        counted = [j for j, e in enumerate(entries) if e.slot is not None]
+    def fold_ngrams(self, entries: list[_Entry], host_tokens: list[int]) -> None:
+        """The host half of `append` for n-gram entries: fold the new ids into their maps."""
         for e, t in zip(entries, host_tokens):
+            e.fold_ngram(t)
+
+    def append(self, entries: list[_Entry], tokens: torch.Tensor,
+               host_tokens: Optional[list[int]] = None) -> None:
+        """Fold one new token per entry (device `tokens`). The n-gram maps need the ids on
+        the host: `host_tokens` here, or `fold_ngrams` later (before the next `entry`)."""
+        counted = [j for j, e in enumerate(entries) if e.slot is not None]
+        for e in entries:
             e.num_tokens += 1
-            if e.ngram_size:
-                e.fold_ngram(t)
+        if host_tokens is not None:
+            self.fold_ngrams([e for e in entries if e.ngram_size],
+                             [t for e, t in zip(entries, host_tokens) if e.ngram_size])
         if not counted:
             return
         for j in counted:

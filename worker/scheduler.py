@@ -13,6 +13,16 @@ copied in) is admitted but computes from the next step, so the copies overlap th
 forward, which never reads those blocks. Its only product is a `SchedulerOutput`; the model runner sees nothing
 else of it. Must never import torch.
 
+Steps in flight (async scheduling, worker/inflight.py): `schedule` advances
+`num_computed_tokens` and counts the token a sampled row will produce as pending
+(`Request.num_pending`); `update` later appends the real id. A request whose last token is
+pending is scheduled as a one-token decode row marked `pending_input` (its input id is filled
+on the device from the previous step's draw), unless that token surely ends it (max_tokens,
+max_model_len). While another step is uncollected, `schedule(can_preempt=False)` never
+preempts: it stops at the first request that needs blocks it cannot get and sets `blocked`, and
+the engine settles before the next schedule. A request that ends while a step that computes it
+is uncollected keeps its blocks until that step's `update` (the device may still write them).
+
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
 `Request.sort_key` so the preemption victim is always its tail.
 """
@@ -40,6 +50,9 @@ class ScheduledRequest:
     start_position: int
     block_ids: list[int]
     needs_sample: bool
+    # The last input token is the pending draw of the previous step (its id here is a
+    # placeholder; the runner copies the real one on the device).
+    pending_input: bool = False
 
 
 @dataclass
@@ -51,6 +64,9 @@ class SchedulerOutput:
     # (host block, device block).
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Set by schedule(can_preempt=False): a running request needed blocks only preemption
+    # could give; it and the requests after it were left out of this step.
+    blocked: bool = False
 
     @property
     def has_swaps(self) -> bool:
@@ -86,6 +102,8 @@ class Scheduler:
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
+        self._busy: dict[str, int] = {}  # request id -> scheduled steps not yet collected
+        self._deferred: dict[str, list[int]] = {}  # blocks of ended requests a busy step may write
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -117,7 +135,10 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.allocator.free(req.block_ids)
+        if req.request_id in self._busy:  # an uncollected step may still write its KV
+            self._deferred[req.request_id] = req.block_ids
+        else:
+            self.allocator.free(req.block_ids)
         req.block_ids = []
         if req.host_block_ids is not None:  # ended while swapped out
             self.host.release(req.host_block_ids, in_flight=False)
@@ -135,7 +156,27 @@ class Scheduler:
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def settle(self, request_id: str) -> None:
+        """One scheduled step of the request was collected (or abandoned); blocks of an ended
+        request are freed once no uncollected step computes it."""
+        left = self._busy.get(request_id, 0) - 1
+        if left > 0:
+            self._busy[request_id] = left
+            return
+        self._busy.pop(request_id, None)
+        blocks = self._deferred.pop(request_id, None)
+        if blocks:
+            self.allocator.free(blocks)
+
+    def settle_all(self) -> None:
+        """Every uncollected step is gone (a failure): free every deferred block."""
+        for rid in list(self._busy):
+            self._busy[rid] = 1
+            self.settle(rid)
+
+    def schedule(self, can_preempt: bool = True) -> SchedulerOutput:
+        """The next step. `can_preempt=False` while another step is uncollected (see the
+        module docstring): no preemption, and no admission after a request was left out."""
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
@@ -144,17 +185,32 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.num_pending and self._ends_by_length(req):
+                i += 1  # its pending token is its last: nothing more to compute
+                continue
+            num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
+            if not can_preempt and not self._fits(req, num_new):
+                out.blocked = True
+                break
             if not self._reserve_blocks(req, num_new, out):
                 break  # req itself was preempted (it was the tail): nothing after it remains
             self._emit(req, num_new, out)
             budget -= num_new
             i += 1
-        if not out.preempted_ids:
+        if not out.preempted_ids and not out.blocked:
             budget = self._admit_waiting(budget, out)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self.num_scheduled_tokens += out.num_batched_tokens
         return out
+
+    def _ends_by_length(self, req: Request) -> bool:
+        """Its known and pending tokens already reach max_tokens or max_model_len."""
+        return (len(req.output_token_ids) + req.num_pending >= req.params.max_tokens
+                or req.num_tokens + req.num_pending >= self.max_model_len)
+
+    def _fits(self, req: Request, num_new: int) -> bool:
+        need = _cdiv(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
+        return self.allocator.can_allocate(need)
 
     def _reserve_blocks(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
         """Make room for `num_new` more tokens of a running request, preempting from the tail
@@ -217,7 +273,7 @@ class Scheduler:
             need = _cdiv(num_cached_tokens + num_new, self.block_size) - len(cached)
             revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)
             if not self.allocator.can_allocate(need + revived):
-                if not self.running:  # alone and still no room: it can never run
+                if not self.running and not self._deferred:  # alone and no room: it can never run
                     self.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, OutOfMemoryError(
                         f"request {req.request_id} does not fit in the free KV blocks").to_dict())
                     self.failed_at_admission.append(req)
@@ -265,9 +321,16 @@ class Scheduler:
     def _emit(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         start = req.num_computed_tokens
         tokens = req.all_token_ids[start:start + num_new]
+        pending_input = len(tokens) < num_new  # only a pending token is missing (one at most)
+        if pending_input:
+            tokens.append(0)
+        needs_sample = start + num_new == req.num_tokens + req.num_pending
         out.requests.append(ScheduledRequest(
             request_id=req.request_id, token_ids=tokens, start_position=start,
-            block_ids=list(req.block_ids), needs_sample=start + num_new == req.num_tokens))
+            block_ids=list(req.block_ids), needs_sample=needs_sample, pending_input=pending_input))
+        req.num_computed_tokens = start + num_new
+        req.num_pending += needs_sample
+        self._busy[req.request_id] = self._busy.get(req.request_id, 0) + 1
 
     # -- after the forward pass ---------------------------------------------------------------
 
@@ -276,15 +339,17 @@ class Scheduler:
         token-level stop rules. Returns (requests that got a token, requests that finished)."""
         advanced, finished = [], []
         for s in out.requests:
+            self.settle(s.request_id)
             req = self.requests.get(s.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
-                continue  # aborted or preempted after scheduling
-            req.num_computed_tokens += len(s.token_ids)
-            self._cache_full_blocks(req)
+                continue  # ended after scheduling: this step's token (if any) is dropped
+            if s.needs_sample:
+                req.num_pending -= 1
+                req.append_token(sampled[s.request_id])
+            self._cache_full_blocks(req, s.start_position + len(s.token_ids))
             if not s.needs_sample:
                 continue
-            token = sampled[s.request_id]
-            req.append_token(token)
+            token = req.output_token_ids[-1]
             advanced.append(req)
             reason = self._stop_reason(req, token)
             if reason is not None:
@@ -292,11 +357,13 @@ class Scheduler:
                 finished.append(req)
         return advanced, finished
 
-    def _cache_full_blocks(self, req: Request) -> None:
+    def _cache_full_blocks(self, req: Request, num_computed: int) -> None:
+        """Offer the blocks that the first `num_computed` tokens fill (their KV is written by
+        a collected step) to the prefix cache."""
         if not self.allocator.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = req.num_computed_tokens // bs
+        num_full = num_computed // bs
         if num_full <= req.num_registered_blocks:
             return
         hashes = req.block_hashes
