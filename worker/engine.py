@@ -1,13 +1,12 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
-Owns: request admission (validation → `Request`), the step loop, aborts, and stats. The step
-loop (async scheduling, `EngineConfig.async_scheduling`): schedule step n+1 while step n's ids
-are still on their way, launch it (forward + draw on the device), THEN wait for step n's ids,
-apply them (scheduler update: tokens, stop rules, frees) and emit step n's deltas; one step in
-flight (`LaunchedStep`, worker/inflight.py). Synchronous (launch, then collect the same step):
-async off, rows with no_repeat_ngram_size (the ban needs the previous id on the host), and
-the settled-state cases: before swaps (host tier), after a schedule that needed preemption,
-`reset_cache`, and failures. Per-request sampling state
+Owns: request admission (validation → `Request`), the step loop, aborts, and stats.
+Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's ids are on
+their way, launch it (forward + draw on the device, worker/inflight.py), THEN wait for step n's
+ids, apply them (scheduler update) and emit step n's deltas. Synchronous (collected before the
+next schedule): async off, a step with a no_repeat_ngram_size row (its ban needs the last id on
+the host), and settled-state cases: swaps (host tier), a schedule that needed preemption,
+`reset_cache`, failures. Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py) turns them
 into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
@@ -36,14 +35,14 @@ from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
 from .host_tier import HostTier
-from .inflight import LaunchedStep
+from .inflight import InFlightSteps
 from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .logprob_rows import resolve_logprobs
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
-from .sampler import Sampler, SamplingRequestState
+from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerOutput
 from .text_stage import TextStage
 
@@ -114,17 +113,10 @@ class DynamicEngine:
         self._num_generated = 0
         self._phase_seconds: dict[str, float] = {}
         self._started = time.monotonic()
-        self._inflight: list[LaunchedStep] = []  # launched, not collected; oldest first
-        self._last: Optional[LaunchedStep] = None  # the latest launch: pending inputs read it
-        self._drain_next = False  # the last schedule needed preemption: settle first
-
-    @property
-    def async_scheduling(self) -> bool:
-        """Whether steps overlap (`EngineConfig.async_scheduling`; auto: on CUDA)."""
-        mode = self.config.async_scheduling
-        if mode == "auto":
-            mode = self.runner.device.type == "cuda"
-        return bool(mode) and getattr(self.runner, "supports_async", False)
+        self._inflight = InFlightSteps()
+        mode = config.async_scheduling  # auto: on where the runner can (one rank, CUDA)
+        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode
+                                     ) and getattr(self.runner, "supports_async", False)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.spec.max_position_embeddings
@@ -218,10 +210,10 @@ class DynamicEngine:
         deltas, self._pending = self._pending, []
         out, launched = None, False
         try:
-            if self._inflight and self._drain_next:
+            if self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
             out = self._timed("schedule", self.scheduler.schedule, not self._inflight)
-            self._drain_next = out.blocked
+            self._inflight.drain_next = out.blocked
             sync = not self.async_scheduling or any(
                 self.scheduler.requests[s.request_id].params.no_repeat_ngram_size for s in out.requests)
             if self._inflight and (out.is_empty or out.has_swaps or sync):
@@ -229,14 +221,15 @@ class DynamicEngine:
             if out.has_swaps:  # host-tier copies, before the forward that reads them
                 self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
-                self._inflight.append(self._timed("launch", self._launch, out))
+                self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
+                            self.scheduler.requests, self.eos_token_ids)
                 launched = True
             while len(self._inflight) > (0 if sync else 1):
                 self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
-            outs = [s.out for s in self._inflight] + ([out] if out is not None and not launched else [])
-            self._abandon()
+            outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
+            self.scheduler.settle_all()  # the blocks of requests that ended meanwhile
             self._fail(outs if out is not None else None, exc)
             deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
         if self.scheduler.failed_at_admission:
@@ -251,47 +244,18 @@ class DynamicEngine:
             resolve_logprobs(deltas)
         return deltas
 
-    def _launch(self, out: SchedulerOutput) -> LaunchedStep:
-        """Queue the step's forward and draw on the device; nothing waits for them here."""
-        pending = [s.request_id for s in out.requests if s.pending_input]
-        if pending:
-            prev = self._last
-            logits, row_ids = self.runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
-        else:
-            logits, row_ids = self.runner.execute(out)
-        rows = []
-        for rid in row_ids:
-            req = self.scheduler.requests.get(rid)
-            if req is None:  # ended after scheduling (its id arrived meanwhile): drawn, dropped
-                rows.append(_DROPPED_ROW)
-                continue
-            # num_pending counts this step's own token: the rest were drawn on the device
-            rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                             None, self.eos_token_ids, rid, req.num_pending - 1))
-        # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        self._last = LaunchedStep(out, row_ids, self.sampler.draw(logits, rows, logits_writable=True))
-        return self._last
-
     def _collect(self, deltas: list) -> None:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
-        step = self._inflight[0]
+        step = self._inflight.steps[0]
         sampled, logprobs = self._timed("wait", step.wait, self.sampler)
         advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
         self._emit_all(advanced, logprobs, deltas)
-        self._inflight.pop(0)
+        self._inflight.steps.pop(0)
 
     def _drain(self) -> None:
         """Collect every launched step; their deltas go out with the next `step()`."""
         while self._inflight:
             self._collect(self._pending)
-
-    def _abandon(self) -> None:
-        """After a failure: forget the launched steps (the device done with them) and free the
-        blocks of ended requests they held."""
-        for launched in self._inflight:
-            launched.abandon()
-        self._inflight, self._last, self._drain_next = [], None, False
-        self.scheduler.settle_all()
 
     def _detokenize(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         deltas, stops = self.text.process(deltas)
@@ -473,9 +437,6 @@ class DynamicEngine:
         return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,
                 "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
                 "max_model_len": self.max_model_len, "kv_cache_dtype": self.config.kv_cache_dtype}
-
-
-_DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
 
 
 def _is_prefilling(req: Request) -> bool:

@@ -1,14 +1,19 @@
-"""`LaunchedStep`: one engine step whose forward and draw are queued on the device, and whose
-sampled ids are on their way to the host.
+"""The engine's steps in flight (async scheduling): `InFlightSteps`, the launched steps not yet
+collected (one at most between `DynamicEngine.step()` calls, two for a moment inside one), and
+`LaunchedStep`, one step whose forward and draw are queued on the device and whose sampled ids
+are on their way to the host.
 
-Owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
+`InFlightSteps.launch` runs the runner and the sampler's device half for a `SchedulerOutput`;
+rows marked `pending_input` get their input id from the latest launch's draw, on the device.
+`LaunchedStep` owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
 `token_ids` feed the next step's `pending_input` rows), and the copy of the draw to the host:
 into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
 `wait()` blocks on that event only, then builds the `SamplerOutput`. On the CPU the copy is
 an ordinary one and there is no event, but the same code runs.
-Must never: touch the scheduler or requests (the engine applies the result), or sync the
+Must never: change the scheduler or requests (the engine applies the results), or sync the
 device anywhere but `wait()` / `abandon()`.
-To extend (more steps in flight): keep one `LaunchedStep` per step, collected in order.
+To extend (more steps in flight): the engine's collect condition sets the depth; steps are
+always collected oldest first.
 """
 
 from __future__ import annotations
@@ -17,8 +22,13 @@ from typing import Optional
 
 import torch
 
-from .sampler import DeviceDraw, Sampler, SamplerOutput
+from infer_cluster.protocol import SamplingParams
+
+from .sampler import DeviceDraw, Sampler, SamplerOutput, SamplingRequestState
 from .scheduler import SchedulerOutput
+
+# The row of a request that ended after scheduling (its id is drawn and dropped).
+_DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -66,3 +76,46 @@ class LaunchedStep:
                 self._event.synchronize()
         except Exception:  # the device fault is reported by the step that raised
             pass
+
+
+class InFlightSteps:
+    def __init__(self):
+        self.steps: list[LaunchedStep] = []  # launched, not collected; oldest first
+        self.last: Optional[LaunchedStep] = None  # the latest launch: pending inputs read it
+        self.drain_next = False  # the last schedule needed preemption: settle first
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def launch(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
+               eos_token_ids) -> LaunchedStep:
+        """Queue the step's forward and draw on the device; nothing waits for them here.
+        `requests`: the scheduler's live requests by id."""
+        pending = [s.request_id for s in out.requests if s.pending_input]
+        if pending:
+            prev = self.last
+            logits, row_ids = runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
+        else:
+            logits, row_ids = runner.execute(out)
+        rows = []
+        for rid in row_ids:
+            req = requests.get(rid)
+            if req is None:  # ended after scheduling (an id that arrived meanwhile)
+                rows.append(_DROPPED_ROW)
+                continue
+            # num_pending counts this step's own token; the others are drawn on the device
+            rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
+                                             None, eos_token_ids, rid, req.num_pending - 1))
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        self.last = LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True))
+        self.steps.append(self.last)
+        return self.last
+
+    def abandon(self) -> list[SchedulerOutput]:
+        """After a failure: wait until the device is done with every launched step (ignoring
+        its errors) and forget them; returns their outputs (their requests must end)."""
+        outs = [s.out for s in self.steps]
+        for launched in self.steps:
+            launched.abandon()
+        self.steps, self.last, self.drain_next = [], None, False
+        return outs

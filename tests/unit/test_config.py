@@ -109,6 +109,8 @@ def test_sampling_params_from_dict_rejects_unknown_keys():
     (dict(device_ids=[-1]), "device_ids must be non-negative integers"),
     (dict(cpu_kv_cache_gib=0), "cpu_kv_cache_gib must be > 0"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, int8, got 'fp8'"),
+    (dict(async_scheduling="yes"), "async_scheduling must be true, false or 'auto', got 'yes'"),
+    (dict(async_scheduling=True, tensor_parallel_size=2), "async_scheduling works on single-rank"),
 ])
 def test_engine_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
