@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -145,6 +145,19 @@ for _ in range(600):
         | tee "$OUT/gpu_int8_attention_tests.log" | tail -6
       timeout 390 python3 bench/int8_decode.py --variants --iters 30 --out "$OUT/int8_variants.json" 2>&1 \
         | tee "$OUT/int8_variants.log" | tail -80 ;;
+    async)  # issue 11 item 3: async scheduling. GPU parity tests (they run with the default, auto =
+      # on), then batch-1 TPOT and workload A (the workloadA stage without HF) with it off and on
+      python3 -m pytest -q tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_parity_async.log" | tail -4
+      for mode in off on; do
+        python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 --async-scheduling $mode \
+          --out "$OUT/tpot_qwen3_async_$mode.json" 2>&1 | grep -E "async|tpot|ttft" | tr -d '\n'; echo
+      done
+      for mode in off on; do
+        python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --async-scheduling $mode --out "$OUT/workloadA_qwen3_async_$mode.json" 2>&1 \
+          | tee "$OUT/workloadA_async_$mode.log" | grep -v "it/s\]" | tail -4
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -18,6 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
 
+ASYNC_MODES = {"on": True, "off": False, "auto": "auto"}
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
@@ -29,6 +31,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
+                    help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
     ap.add_argument("--out", default="bench/results/latency.json")
     args = ap.parse_args(argv)
 
@@ -38,7 +42,8 @@ def main(argv=None):
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
-              num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len)
+              num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+              async_scheduling=ASYNC_MODES[args.async_scheduling])
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     ttfts, tpots = [], []
     for r in range(args.repeats + 1):
@@ -56,7 +61,7 @@ def main(argv=None):
             continue  # warm-up
         ttfts.append(stamps[0] - t0)
         tpots.extend(b - a for a, b in zip(stamps, stamps[1:]))
-    res = {"model": args.model, "ttft_ms": statistics.median(ttfts) * 1e3,
+    res = {"model": args.model, "async_scheduling": llm.engine.async_scheduling, "ttft_ms": statistics.median(ttfts) * 1e3,
            "tpot_ms_p50": statistics.median(tpots) * 1e3,
            "tpot_ms_p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3}
     if torch.cuda.is_available():

@@ -39,6 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
+ASYNC_MODES = {"on": True, "off": False, "auto": "auto"}
+
 
 SAMPLING_KINDS = {
     "greedy": dict(temperature=0.0),
@@ -74,6 +76,8 @@ def parse_args(argv=None):
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
+                    help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
@@ -100,7 +104,8 @@ def run_ours(args, prompts, out_lens, kinds):
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               tensor_parallel_size=args.tensor_parallel_size,
-              pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len)
+              pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
+              async_scheduling=ASYNC_MODES[args.async_scheduling])
     runs = {}
     gc_timer = GcTimer()
     if args.switch_interval:
@@ -137,6 +142,7 @@ def run_ours(args, prompts, out_lens, kinds):
     info.update({"num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
                  "dtype": str(llm.engine.runner.dtype), "kv_cache_dtype": args.kv_cache_dtype,
                  "preemptions": llm.stats()["num_preemptions"],
+                 "async_scheduling": llm.engine.async_scheduling,
                  "step_seconds": llm.stats()["step_seconds"], "sampling": runs})
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()

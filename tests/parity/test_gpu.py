@@ -1,5 +1,7 @@
-"""On a CUDA device: a tiny float32 model is token-identical to HF, and a bf16 Qwen3-0.6B-shape
-model's first-step logprobs through the Triton kernels agree with the torch-reference path."""
+"""On a CUDA device: a tiny float32 model is token-identical to HF (async scheduling on and off),
+async scheduling gives the same outputs as the synchronous loop for every sampling feature, and
+a bf16 Qwen3-0.6B-shape model's first-step logprobs through the Triton kernels agree with the
+torch-reference path."""
 
 import pytest
 import torch
@@ -13,8 +15,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("enforce_eager", [True, False])
-def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager):
+def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager, async_scheduling):
     from transformers import AutoModelForCausalLM
 
     from infer_cluster.worker import LLM
@@ -22,13 +25,37 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager):
     path = checkpoints["qwen3"]
     prompts = make_prompts()
     llm = LLM(path, device="cuda", dtype="float32", enforce_eager=enforce_eager, num_kv_blocks=512,
-              max_num_seqs=32)
+              max_num_seqs=32, async_scheduling=async_scheduling)
+    assert llm.engine.async_scheduling == async_scheduling
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     for i, (p, out) in enumerate(zip(prompts, outs)):
         g = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=GREEDY.max_tokens,
                            do_sample=False, eos_token_id=None, pad_token_id=1)
         assert out.token_ids == g[0, len(p):].tolist(), f"prompt {i}"
+
+
+@pytest.mark.parametrize("setting", [dict(), dict(num_kv_blocks=9, max_num_batched_tokens=64)])
+def test_async_matches_sync_on_gpu(checkpoints, setting):
+    """Every sampling feature, stop rule and prefix-cache hit, with CUDA graphs (and with
+    preemption): async scheduling changes no output."""
+    from infer_cluster.worker import LLM
+    from tests.engine.test_async_scheduling import PROMPTS, mixed_params, outputs
+
+    kw = {**dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=128), **setting}
+    sync = LLM(checkpoints["qwen3"], async_scheduling=False, **kw)
+    ref = sync.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                        use_tqdm=False)[0]
+    params = mixed_params(ref.token_ids[4], ref.text[2:5] or ref.text)
+    want = outputs(sync, params)
+    llm = LLM(checkpoints["qwen3"], async_scheduling=True, **kw)
+    got = outputs(llm, params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"request {i} differs"
+        if b[3] is not None:
+            assert [lp[0] for lp in a[3]] == [lp[0] for lp in b[3]]
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
 def assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens: int) -> None:
