@@ -114,6 +114,7 @@ class DynamicEngine:
         self._phase_seconds: dict[str, float] = {}
         self._started = time.monotonic()
         self._inflight = InFlightSteps()
+        self._ngram_ids: set[str] = set()  # live requests with no_repeat_ngram_size: synchronous
         mode = config.async_scheduling  # auto: on where the runner can (one rank, CUDA)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode
                                      ) and getattr(self.runner, "supports_async", False)
@@ -153,6 +154,8 @@ class DynamicEngine:
                       resume, prompt=text)
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         self._requests[request_id] = req
+        if params.no_repeat_ngram_size:
+            self._ngram_ids.add(request_id)
         # A resumed seeded request continues the lost replica's random stream by itself: the
         # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
         if self.text is not None:
@@ -214,8 +217,8 @@ class DynamicEngine:
                 self._collect(deltas)
             out = self._timed("schedule", self.scheduler.schedule, not self._inflight)
             self._inflight.drain_next = out.blocked
-            sync = not self.async_scheduling or any(
-                self.scheduler.requests[s.request_id].params.no_repeat_ngram_size for s in out.requests)
+            sync = not self.async_scheduling or bool(
+                self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests))
             if self._inflight and (out.is_empty or out.has_swaps or sync):
                 self._collect(deltas)  # settled before the copies / a step that needs the ids
             if out.has_swaps:  # host-tier copies, before the forward that reads them
@@ -326,6 +329,7 @@ class DynamicEngine:
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._ngram_ids.discard(request_id)
         self.sampler.release(request_id)  # penalty state kept on the device between steps
 
     def close(self) -> None:
