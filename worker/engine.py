@@ -86,6 +86,7 @@ class DynamicEngine:
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
         self._reset_bookkeeping()
+        log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
         self.warmup_stats: Optional[dict] = None
         warmup = config.warmup if config.warmup is not None else self.runner.device.type == "cuda"
         if warmup:

@@ -74,7 +74,7 @@ class ClusterProcs:
     def __init__(self, log_dir: Path, num_replicas: int = 2, host: str = "127.0.0.1",
                  connect_host: Optional[str] = None, coordinator_args=(), replica_args=(),
                  coordinator_prefix=(), replica_prefixes=None, replica_connect_hosts=None,
-                 auth: Optional[str] = None):
+                 auth: Optional[str] = None, replica_extra_args: Optional[dict] = None):
         self.auth = auth  # key folder the test's own status client uses (None: no auth)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +84,7 @@ class ClusterProcs:
         self.address = f"tcp://{self.connect_host}:{self.port}"
         self.coordinator_args = [*COORDINATOR_ARGS, *coordinator_args]
         self.replica_args = [*REPLICA_ENGINE_ARGS, *replica_args]
+        self.replica_extra_args = replica_extra_args or {}  # replica index -> more flags
         self.coordinator_prefix = list(coordinator_prefix)
         self.replica_prefixes = replica_prefixes or [[] for _ in range(num_replicas)]
         self.replica_connect_hosts = replica_connect_hosts or [self.connect_host] * num_replicas
@@ -112,7 +113,7 @@ class ClusterProcs:
         self.replicas[i] = spawn(
             [*self.replica_prefixes[i], sys.executable, "-m", "infer_cluster.worker", "--coordinator", target,
              "--name", f"replica-{i}", "--heartbeat-interval", "0.2", "--coordinator-timeout", "5",
-             *self.replica_args], self.log_dir / f"replica-{i}.log")
+             *self.replica_args, *self.replica_extra_args.get(i, ())], self.log_dir / f"replica-{i}.log")
 
     def kill_replica(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.replicas[i].send_signal(sig)
@@ -204,7 +205,10 @@ def offline_reference():
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    procs = ClusterProcs(tmp_path_factory.mktemp("cluster-logs"), num_replicas=2)
+    # replica-1 runs async scheduling (auto leaves it off on the CPU), replica-0 the sync loop:
+    # every cluster test covers both
+    procs = ClusterProcs(tmp_path_factory.mktemp("cluster-logs"), num_replicas=2,
+                         replica_extra_args={1: ["--async-scheduling"]})
     try:
         procs.start()
         yield procs

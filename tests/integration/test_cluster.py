@@ -58,6 +58,8 @@ def test_200_concurrent_greedy_requests_match_the_offline_engine(cluster, offlin
     assert all(o.finish_reason in ("stop", "length") for o in outs)
     assert all(o.prompt_token_ids for o in outs)
     assert set(finals.values()) == {1} and len(finals) == 200
+    assert "async scheduling: on" in cluster.replica_log(1)
+    assert "async scheduling: off" in cluster.replica_log(0)
     after = {r["name"]: r for r in cluster.status()["replicas"]}
     spread = {r["name"]: after[r["name"]]["num_dispatched"] - r["num_dispatched"] for r in before}
     assert all(n >= 50 for n in spread.values()), f"load not spread: {spread}"
