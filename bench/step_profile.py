@@ -2,8 +2,9 @@
 
 Drives one request (prompt `--prompt-len`, `--output-len` greedy tokens) through the offline
 engine's step API and splits each step's wall time into the engine's phases (schedule,
-`ModelRunner.execute` = input prep + graph launch, sampler incl. the device sync, update,
-text), then times the batch-1 decode CUDA graph alone with events (the GPU floor per step).
+`ModelRunner.execute` = input prep + graph launch, the sampler's device half `draw`, `wait` for
+the step's ids (the device sync), update, text; with `--async-scheduling on` the wait overlaps
+the next step), then times the batch-1 decode CUDA graph alone with events (the GPU floor per step).
 TPOT minus the graph time is what host work adds. Writes JSON.
 """
 
@@ -32,28 +33,12 @@ def _timed(obj, name, acc):
     setattr(obj, name, wrapper)
 
 
-class _TimedSampler:
-    """The engine's sampler with its calls timed; everything else passes through."""
-
-    def __init__(self, sampler, acc):
-        self._sampler, self._acc = sampler, acc
-
-    def __call__(self, *a, **k):
-        t = time.perf_counter()
-        try:
-            return self._sampler(*a, **k)
-        finally:
-            self._acc["sampler"] = self._acc.get("sampler", 0.0) + time.perf_counter() - t
-
-    def __getattr__(self, name):
-        return getattr(self._sampler, name)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="qwen3-0.6b-shape")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--async-scheduling", default="auto", choices=["on", "off", "auto"])
     ap.add_argument("--out", default="bench/results/step_profile.json")
     args = ap.parse_args(argv)
 
@@ -63,17 +48,19 @@ def main(argv=None):
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=8, num_kv_blocks=256,
-              max_model_len=2048)
+              max_model_len=2048,
+              async_scheduling={"on": True, "off": False, "auto": "auto"}[args.async_scheduling])
     eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     acc: dict[str, float] = {}
     _timed(eng.runner, "execute", acc)
-    eng.sampler = _TimedSampler(eng.sampler, acc)
+    _timed(eng.sampler, "draw", acc)
     _timed(eng.scheduler, "schedule", acc)
     _timed(eng.scheduler, "update", acc)
     tpots = []
     for r in range(2):
         acc.clear()
+        phases0 = dict(eng.stats()["step_seconds"])
         prompt = [(r * 131 + j * 7) % (eng.spec.vocab_size - 10) + 10 for j in range(args.prompt_len)]
         rid = llm.add_request(prompt, params)
         stamps = []
@@ -85,6 +72,8 @@ def main(argv=None):
             tpots = [b - a for a, b in zip(stamps[1:], stamps[2:])]
     steps = len(tpots) + 2
     per_step_us = {k: v / steps * 1e6 for k, v in acc.items()}
+    per_step_us["wait (ids to host)"] = (eng.stats()["step_seconds"].get("wait", 0.0)
+                                         - phases0.get("wait", 0.0)) / steps * 1e6
     graph_ms = None
     graphs = getattr(eng.runner, "graphs", None)
     if graphs is not None and 1 in graphs.graphs:
@@ -100,7 +89,7 @@ def main(argv=None):
         torch.cuda.synchronize()
         graph_ms = start.elapsed_time(end) / 200
     tpot = statistics.median(tpots) * 1e3
-    res = {"model": args.model, "tpot_ms_p50": tpot, "graph_replay_ms": graph_ms,
+    res = {"model": args.model, "async_scheduling": eng.async_scheduling, "tpot_ms_p50": tpot, "graph_replay_ms": graph_ms,
            "host_phase_us_per_step": per_step_us}
     print(f"batch-1 TPOT p50 {tpot:.3f} ms; decode graph alone {graph_ms if graph_ms is None else round(graph_ms, 3)} ms")
     print("per step (us):", {k: round(v, 1) for k, v in per_step_us.items()})

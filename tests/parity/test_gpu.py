@@ -42,7 +42,7 @@ def test_async_matches_sync_on_gpu(checkpoints, setting):
     from infer_cluster.worker import LLM
     from tests.engine.test_async_scheduling import PROMPTS, mixed_params, outputs
 
-    kw = {**dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=128), **setting}
+    kw = {**dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=128, warmup=False), **setting}
     sync = LLM(checkpoints["qwen3"], async_scheduling=False, **kw)
     ref = sync.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                         use_tqdm=False)[0]
