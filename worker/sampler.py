@@ -20,9 +20,16 @@ Order of operations (every row independently):
        rows with a `generator` but no seed: a key drawn from that generator each step;
        other rows: a key per row per step from the sampler's default generator.
 
+Two halves: `draw` leaves every id and logprob on the device (async scheduling copies them to
+pinned memory behind an event, worker/inflight.py); `finish` turns their host copies into a
+`SamplerOutput`; `__call__` is both with one `.tolist()` between. A request's rows may be drawn
+again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
+no_repeat_ngram_size (its map needs the ids on the host).
+
 Must never: mutate the caller's logits unless told they are scratch (`logits_writable`), read
-engine state beyond the rows it is given, or sync to host more than needed (an all-greedy batch
-without penalties/logprobs is one argmax and one `.tolist()`).
+engine state beyond the rows it is given, or sync to host inside `draw` (one exception: random
+rows with top_k / top_p read one flag, whether every row's kept set fit its candidates, in
+`sampling_ops._run`).
 
 To extend: add the field to `SamplingParams`, decide where it sits in the order above, and
 batch it over only the rows that use it (skip it entirely when no row does).
