@@ -1,7 +1,7 @@
 """The host KV tier (`kv_offload_gib`) through the offline `LLM` on `tiny-random`: prefixes
 evicted from a tiny device pool come back from the host (counted per tier, fewer tokens
-computed) and preempted requests are swapped out and resumed, with the same greedy tokens as
-runs without the tier. The same tests run on CUDA (`-m gpu`): pinned pool, side copy stream,
+computed) and preempted requests are swapped out and resumed (also with async scheduling, whose
+steps settle before copies), with the same greedy tokens as runs without the tier. The same tests run on CUDA (`-m gpu`): pinned pool, side copy stream,
 CUDA graphs."""
 
 import pytest
@@ -60,8 +60,9 @@ def test_evicted_prefixes_come_back_from_the_host(kv_cache_dtype, device):
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_preemption_swaps_out_and_gives_the_same_tokens(device):
+def test_preemption_swaps_out_and_gives_the_same_tokens(device, async_scheduling):
     shared = list(range(3, 67))
     prompts = [shared + [100 + i] * (5 + 7 * i) for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -71,8 +72,9 @@ def test_preemption_swaps_out_and_gives_the_same_tokens(device):
     # 12 blocks: one request needs up to 7, so six at once must preempt.
     for gib in (0, TIER_GIB):
         with LLM("tiny-random", num_kv_blocks=12, max_num_batched_tokens=128,
-                 kv_offload_gib=gib, **_options(device)) as llm:
+                 kv_offload_gib=gib, async_scheduling=async_scheduling, **_options(device)) as llm:
             results[gib] = (llm.generate(prompts, params, use_tqdm=False), llm.stats())
+            assert llm.stats()["num_free_blocks"] == llm.stats()["num_total_blocks"]
     (recomputed, s0), (swapped, s1) = results[0], results[TIER_GIB]
     assert s0["num_preemptions"] > 0 and s0["num_swapped_out"] == 0
     assert s1["num_swapped_out"] > 0 and s1["host_swapped_in_blocks"] > 0
