@@ -15,7 +15,7 @@ Scheduling and block bookkeeping live in `Scheduler` /
 `BlockAllocator` (plain Python); tensors live in `ModelRunner`. Single-threaded: callers (the
 offline `LLM`, the replica server's engine loop) drive it from one thread.
 To extend: new per-request behaviour goes into `_emit` (text: `TextStage`); new per-step work into
-`ModelRunner`; keep `step()` about ten lines.
+`ModelRunner`; keep `step()` legible (in-flight bookkeeping lives in worker/inflight.py).
 """
 
 from __future__ import annotations
