@@ -53,7 +53,10 @@ def test_async_matches_sync_on_gpu(checkpoints, setting):
     for i, (a, b) in enumerate(zip(got, want)):
         assert a[:3] == b[:3], f"request {i} differs"
         if b[3] is not None:
-            assert [lp[0] for lp in a[3]] == [lp[0] for lp in b[3]]
+            # Same tokens; the logprob values may differ in the last float32 bits when a
+            # preempted request is recomputed in other chunks (the preemption comes one step
+            # later with a step in flight), so compare them with a tolerance.
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-5)
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
