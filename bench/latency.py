@@ -30,6 +30,8 @@ def main(argv=None):
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--show-first-steps", action="store_true",
+                    help="print each step's time and phases (ms) up to a request's first token")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
                     help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
@@ -52,11 +54,23 @@ def main(argv=None):
         stamps = []
         t0 = time.perf_counter()
         done = False
+        first_steps = []  # (seconds, phase seconds added) of the steps before the first token
         while not done:
-            for d in llm.step():
+            if not stamps and args.show_first_steps:
+                t_step, before = time.perf_counter(), dict(llm.engine.stats()["step_seconds"])
+            deltas = llm.step()
+            if not stamps and args.show_first_steps:
+                after = llm.engine.stats()["step_seconds"]
+                first_steps.append((time.perf_counter() - t_step,
+                                    {k: round(1e3 * (v - before.get(k, 0.0)), 3) for k, v in after.items()
+                                     if v - before.get(k, 0.0) > 0}))
+            for d in deltas:
                 if d.request_id == rid:
                     stamps.append(time.perf_counter())
                     done = d.finished
+        if first_steps and r > 0:
+            print(f"repeat {r}: steps up to the first token: " + "; ".join(
+                f"{1e3 * sec:.2f} ms {phases}" for sec, phases in first_steps))
         if r == 0:
             continue  # warm-up
         ttfts.append(stamps[0] - t0)
