@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from infer_cluster.kernels import apply_rotary, build_rope_cache, kv_append, paged_attention, rms_norm
+from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 
 from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
@@ -145,14 +145,12 @@ class Attention(nn.Module):
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         n = x.shape[0]
         qkv = self.qkv_proj(x)
-        q = qkv[:, :self.q_size].view(n, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(n, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        apply_rotary(q, k, positions, *rope_cache)
         k_cache, v_cache, k_scale, v_scale = kv_cache
-        kv_append(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norms,
+                     self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale, v_scale,
+                     num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
