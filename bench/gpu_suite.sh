@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -68,6 +68,9 @@ for stage in "$@"; do
       python3 bench/int8_decode.py --out "$OUT/int8_decode.json" 2>&1 | tail -10
       python3 bench/kernels.py --int8 --only int8 --out "$OUT/kernels_int8.json" 2>&1 | tail -12
       bash "$0" int8_workload ;;
+    qkvprep)  # issue 11: fused q/k norm + rotary + KV append. GPU tests, then old vs fused in CUDA graphs (Qwen3-0.6B layer shape)
+      python3 -m pytest -q -m gpu tests/kernels/test_qkv_prep.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_qkv_prep_tests.log" | tail -4
+      python3 bench/qkv_prep.py --out "$OUT/qkv_prep.json" 2>&1 | tail -12 ;;
     int8_workload)  # workload A, Qwen3-0.6B shape, KV cache auto (bf16) then int8, one engine each
       for kv in auto int8; do
         python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
