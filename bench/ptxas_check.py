@@ -3,8 +3,9 @@ sm_90, without a GPU.
 
 Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target) of
 `_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
-(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), and of `_gemv_kernel` at
-the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`), with the launch tiles the
+(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
+the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`), and of the fused
+`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
@@ -132,7 +133,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants()
+    return rows + gemv_variants() + _qkv_prep_variants()
 
 
 def gemv_variants():
@@ -167,6 +168,30 @@ def gemv_variants():
     return rows
 
 
+def _qkv_prep_variants():
+    """The fused q/k norm + rotary + KV append kernel at the Qwen3-0.6B layer shape."""
+    from infer_cluster.kernels.qkv_prep_triton import _qkv_prep_kernel, plan_groups
+    block_h, block_d, q_groups, _ = plan_groups(H, HK, 128)
+    rows = []
+    for int8, norm in ((False, True), (True, True), (False, False)):
+        kv = "*i8" if int8 else "*bf16"
+        ptrs = dict(qkv_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32",
+                    slot_ptr="*i64", kc_ptr=kv, vc_ptr=kv, ks_ptr="*fp32" if int8 else kv,
+                    vs_ptr="*fp32" if int8 else kv, qw_ptr="*bf16", kw_ptr="*bf16")
+        cache = dict(zip(("b", "s", "h", "d"), (PAGE * HK * 128, HK * 128, 128, 1)))
+        sc = (HK * PAGE, PAGE, 1) if int8 else (0, 0, 0)
+        ints = dict(num_heads=H, num_kv_heads=HK, head_dim=128, block_size=PAGE,
+                    q_groups=q_groups, s_tok=(H + 2 * HK) * 128, s_cos=64, s_sin=64,
+                    **{f"skc_{k}": v for k, v in cache.items()},
+                    **{f"svc_{k}": v for k, v in cache.items()},
+                    **dict(zip(("sks_b", "sks_h", "sks_s", "svs_b", "svs_h", "svs_s"), sc * 2)))
+        consts = dict(HAS_NORM=norm, KV_INT8=int8, BLOCK_H=block_h, BLOCK_D=block_d)
+        rows.append((f"qkv_prep {kv[1:]} norm={norm} d128", _qkv_prep_kernel, ptrs, ints, consts,
+                     dict(num_warps=4 if block_h * block_d <= 2048 else 8,
+                          enable_fp_fusion=False), ()))
+    return rows
+
+
 def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -178,7 +203,7 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
             sig[name], values[(i,)] = "constexpr", consts[name]
         elif name in ptrs:
             sig[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
-        elif name == "scale_log2":
+        elif name in ("scale_log2", "eps"):
             sig[name] = "fp32"
         elif name not in dns and ints[name] == 1:
             sig[name], values[(i,)] = "constexpr", 1
