@@ -5,7 +5,8 @@ Owns: one table (cache, n, old us, fused us, old/fused) and a JSON file. Shape: 
 layer (16 query heads, 8 KV heads, head_dim 128, q/k norm on, bf16 activations), bf16 and int8
 caches, n tokens in {1, 8, 64, 256}. Each variant is captured `--reps` times into one CUDA graph
 and the graph replayed `--iters` times (median of per-replay events / reps); an eager column
-(events around one call, host launch cost included) is printed too. Before timing, both variants
+(events around one call, host launch cost included) is printed too, and the fused kernel with
+other head groupings (`--block-h`, more programs per token). Before timing, both variants
 run once on the same inputs and the max differences of q and of the written cache rows are
 checked (the fused kernel must agree within bf16 rounding / one int8 code step). `--smoke` runs
 on the CPU interpreter with tiny counts: it checks the script, its times mean nothing.
@@ -16,6 +17,7 @@ on the CPU interpreter with tiny counts: it checks the script, its times mean no
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -125,6 +127,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=50, help="calls per captured graph")
     ap.add_argument("--iters", type=int, default=50, help="graph replays (median taken)")
     ap.add_argument("--out", default="bench/results/qkv_prep.json")
+    ap.add_argument("--block-h", type=int, nargs="*", default=[4],
+                    help="also time the fused kernel with these heads per program (default: "
+                         "the entry point's choice, 16 at this shape, plus these)")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny counts")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -156,11 +161,17 @@ def main(argv=None):
                                      else _time_eager(torch, fn, work, 2, False))
                 row[f"{name}_eager_us"] = _time_eager(torch, fn, work, args.iters if cuda else 2,
                                                       cuda)
+            for bh in args.block_h:
+                fn = functools.partial(qkv_prep_triton, block_h=bh)
+                work = _fresh(torch, case)
+                row[f"fused_bh{bh}_us"] = (_time_graph(torch, fn, work, args.reps, args.iters)
+                                           if cuda else _time_eager(torch, fn, work, 2, False))
             row["ratio"] = row["old_us"] / row["fused_us"]
             rows.append(row)
             print(f"{row['cache']:<6}{n:>5}{row['old_us']:>10.2f}{row['fused_us']:>10.2f}"
                   f"{row['ratio']:>8.2f}{row['old_eager_us']:>11.1f}{row['fused_eager_us']:>13.1f}"
-                  f"  {diffs[0]:.3g} / {diffs[1]:.3g} / {diffs[2]:.3g}")
+                  f"  {diffs[0]:.3g} / {diffs[1]:.3g} / {diffs[2]:.3g}"
+                  + "".join(f"  bh={bh}: {row[f'fused_bh{bh}_us']:.2f}" for bh in args.block_h))
     meta = dict(device=torch.cuda.get_device_name() if cuda else "cpu (smoke)",
                 shape=dict(num_heads=HQ, num_kv_heads=HKV, head_dim=D, dtype="bfloat16",
                            qk_norm=True),
