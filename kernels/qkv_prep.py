@@ -33,7 +33,8 @@ def split_qkv(qkv, num_heads: int, num_kv_heads: int, head_dim: int):
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != q_size + 2 * kv_size:
         raise ValueError(f"qkv must be [num_tokens, {q_size + 2 * kv_size}] for {num_heads} query "
-                         f"heads, {num_kv_heads} KV heads of dim {head_dim}; got {tuple(qkv.shape)}")
+                         f"heads, {num_kv_heads} KV heads of dim {head_dim}; "
+                         f"got {tuple(qkv.shape)}")
     q = qkv[:, :q_size].view(n, num_heads, head_dim)
     k = qkv[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim)
     v = qkv[:, q_size + kv_size:].view(n, num_kv_heads, head_dim)

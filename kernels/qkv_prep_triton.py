@@ -109,7 +109,8 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
 
 
 def plan_groups(num_heads: int, num_kv_heads: int, head_dim: int, block_h: int | None = None):
-    """(BLOCK_H, BLOCK_D, q_groups, kv_groups): heads per program, padded row, programs per token."""
+    """(BLOCK_H, BLOCK_D, q_groups, kv_groups): heads per program, padded row length, and
+    programs per token for q and for k/v."""
     block_d = triton.next_power_of_2(head_dim)
     if block_h is None:
         block_h = max(1, min(triton.next_power_of_2(max(num_heads, num_kv_heads)),

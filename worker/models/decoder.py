@@ -147,10 +147,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
-        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norms,
-                     self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale, v_scale,
-                     num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
+        qn, kn = self.q_norm, self.k_norm
+        norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
+        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
+                     k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                     head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
