@@ -1,8 +1,9 @@
 """Triton paged decode attention: the split-K (flash-decoding) kernel, its reduce and its planning.
 
 Owns: `decode_attention` (every sequence has at most one query row), the launch config
-(`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`, the int8 operand
-conversions `CVT_MODES`) and the split count (`plan_decode_splits`).
+(`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`; `CVT_MODES`, the
+int8 operand conversions, lives in `attention_int8_triton`) and the split count
+(`plan_decode_splits`, with an optional second rule for small batches).
 `kernels.attention_triton` re-exports these names; callers import them from there.
 
 `_decode_kernel`: grid (num_seqs, num_kv_heads, num_splits). One program owns all query heads of
