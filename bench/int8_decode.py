@@ -130,7 +130,8 @@ def variant_configs():
 
 
 _SHORT = dict(block_n="n", num_warps="warps", num_stages="stages", programs_per_sm="per_sm",
-              min_partition="min_part", reduce_warps="reduce_warps", cvt="cvt", maxnreg="regs")
+              min_partition="min_part", reduce_warps="reduce_warps", cvt="cvt", maxnreg="regs",
+              small_per_sm="small", small_programs="below")
 
 
 def _label(cfg):
