@@ -6,13 +6,15 @@ error vs `paged_attention_ref` on the same int8 cache) and a JSON file. Variants
 cache with the tuned defaults, and the int8 cache with `DECODE_INT8` and with other tile sizes
 (`--block-n`); `--sweep` adds tile x warps x stages; `--variants` times the kernel variants
 (`variant_configs`: every `CVT_MODES` entry, tiles / warps for the promising ones, split-K at
-batch 256), `--round2` the list around round 1's winner (`round2_configs`); both then pick the fastest correct one per case and overall (geometric mean of the
-speedup over bf16 across the cases) and prints the `DECODE_INT8` line that makes it the
-default. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
+batch 256), `--round2` the list around round 1's winner (`round2_configs`, precompiled in
+parallel processes first); both then pick the fastest correct one per case and overall
+(geometric mean of the speedup over bf16 across the cases) and print the `DECODE_INT8` line
+that makes it the default, with its split rule. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
   python bench/int8_decode.py [--block-n 64 128] [--variants | --round2] [--out ...json]
-To add a variant: a config dict (keys of `decode_config`) in `variant_configs`.
+To add a variant: a config dict (keys of `decode_config`) in `variant_configs` or
+`round2_configs` (check it with bench/ptxas_check.py --int8-round2; spills go in ROUND2_SPILLS).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def round2_configs():
     configs += [dict(cvt=c, block_n=bn) for c in ("words_k", "load_k_words_v", "add_k_words_v")
                 for bn in (64, 128)]
     configs += [dict(cvt=c, block_n=128, **rule) for c in main for rule in _SPLIT_RULES]
-    configs += [dict(cvt=c, block_n=64, num_stages=3, **rule) for c in main for rule in _SPLIT_RULES]
+    configs += [dict(cvt=c, block_n=64, num_stages=3, **rule) for c in main
+                for rule in _SPLIT_RULES]
     configs += [dict(cvt=c, block_n=128, programs_per_sm=16) for c in main]
     out = []
     for c in configs:
