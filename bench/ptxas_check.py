@@ -71,7 +71,7 @@ def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
 
 
 def _cvt_consts(cfg):
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     op_k, op_v = CVT_MODES[cfg["cvt"]]
     return dict(OP_K=op_k, OP_V=op_v)
 
@@ -79,7 +79,8 @@ def _cvt_consts(cfg):
 def int8_decode_variants():
     """The int8 decode kernel for each `CVT_MODES` entry at the int8 default tile, then the
     default cvt at other tiles / warps."""
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     d = DECODE_INT8
     rows = []
     for cvt in CVT_MODES:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
-from .attention_int8_triton import CVT_MODES, _kv_operand, _load_scales, cvt_ops
+from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
