@@ -14,6 +14,7 @@ Modules:
 - `attention_prefill_triton`: everything else (prefill, chunked prefill, mixed batches).
   Varlen causal kernel (`prefill_attention`).
 - `attention_common_triton`: what both use (`_dot`, the dtype policy, numerics notes).
+- `attention_int8_triton`: int8 codes to fp16 operands for both (`CVT_MODES`, word loads).
 The public names of the decode and prefill modules are re-exported here: tests, benchmarks and
 `kernels.attention` import them from `kernels.attention_triton`.
 
