@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -161,6 +161,15 @@ for _ in range(600):
           --async-scheduling $mode --out "$OUT/workloadA_qwen3_async_$mode.json" 2>&1 \
           | tee "$OUT/workloadA_async_$mode.log" | grep -v "it/s\]" | tail -4
       done ;;
+    int8round2)  # issue 14 round 2, one 10-minute call: the int8 decode variants around round 1's
+      # winner (bench/int8_decode.py --round2: precompiled in parallel, each checked against the
+      # reference, vs the bf16 kernel in CUDA graphs on b256/b32/b1; prints the winners, the split
+      # rule and the DECODE_INT8 line), then int8 vs bf16 prefill per operand method. No pytest
+      # (round 1 ran it; `tests` or the int8 pytest file covers the new cvt pairs on the GPU).
+      timeout 420 python3 bench/int8_decode.py --round2 --budget-s ${INT8R2_BUDGET_S:-270} --iters 30 \
+        --out "$OUT/int8_round2.json" 2>&1 | tee "$OUT/int8_round2.log" | tail -130
+      timeout 150 python3 bench/int8_prefill.py --out "$OUT/int8_prefill.json" 2>&1 \
+        | tee "$OUT/int8_prefill.log" | tail -12 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

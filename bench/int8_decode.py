@@ -6,13 +6,15 @@ error vs `paged_attention_ref` on the same int8 cache) and a JSON file. Variants
 cache with the tuned defaults, and the int8 cache with `DECODE_INT8` and with other tile sizes
 (`--block-n`); `--sweep` adds tile x warps x stages; `--variants` times the kernel variants
 (`variant_configs`: every `CVT_MODES` entry, tiles / warps for the promising ones, split-K at
-batch 256), then picks the fastest correct one per case and overall (geometric mean of the
-speedup over bf16 across the cases) and prints the `DECODE_INT8` line that makes it the
-default. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
+batch 256), `--round2` the list around round 1's winner (`round2_configs`, precompiled in
+parallel processes first); both then pick the fastest correct one per case and overall
+(geometric mean of the speedup over bf16 across the cases) and print the `DECODE_INT8` line
+that makes it the default, with its split rule. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
-  python bench/int8_decode.py [--block-n 64 128] [--variants] [--out bench/results/int8_decode.json]
-To add a variant: a config dict (keys of `decode_config`) in `variant_configs`.
+  python bench/int8_decode.py [--block-n 64 128] [--variants | --round2] [--out ...json]
+To add a variant: a config dict (keys of `decode_config`) in `variant_configs` or
+`round2_configs` (check it with bench/ptxas_check.py --int8-round2; spills go in ROUND2_SPILLS).
 """
 
 from __future__ import annotations
@@ -38,6 +40,76 @@ def _int8_batches(case):
     return [(q, kc, vc, bt, qsl, lens, ks, vs) for q, _, _, bt, qsl, lens in case["batches"]]
 
 
+# Round 2 (the sweep around round 1's winner "words" n128): (cvt, block_n, num_stages, maxnreg)
+# combinations that spill at sm_90 in the split or unsplit kernel (`bench/ptxas_check.py
+# --int8-round2`, Triton 3.7 AOT), left out. num_stages 4 compiles to the same kernels as 3.
+ROUND2_SPILLS = {("words", 64, 2, None), ("words_v", 64, 2, None), ("words", 128, 2, 128),
+                 ("words", 128, 2, 168), ("words_v", 128, 2, 128), ("words_v", 128, 2, 168),
+                 ("prmt_v", 128, 2, 128), ("load_k_words_v", 64, 2, None)}
+_SPLIT_RULES = (dict(small_per_sm=16, small_programs=512), dict(small_per_sm=8, small_programs=512))
+
+
+def round2_configs():
+    """Overrides of `DECODE_INT8` for `--round2`: the three load-layout conversions crossed with
+    tiles x pipeline depth, register caps, the K/V method pairs, and split rules (more programs
+    per SM for every batch, or only for small ones: `small_per_sm` at or below `small_programs`
+    sequences x KV heads, which leaves batch 256 unsplit). Spilling combinations are out."""
+    from infer_cluster.kernels.attention_triton import DECODE_INT8
+    main = ("words", "words_v", "prmt_v")
+    configs = [dict(cvt=c, block_n=bn, num_stages=st) for c in main for bn in (64, 128)
+               for st in (2, 3)]
+    configs += [dict(cvt=c, block_n=bn, maxnreg=r) for c in main for bn in (64, 128)
+                for r in (128, 168)]
+    configs += [dict(cvt=c, block_n=bn) for c in ("words_k", "load_k_words_v", "add_k_words_v")
+                for bn in (64, 128)]
+    configs += [dict(cvt=c, block_n=128, **rule) for c in main for rule in _SPLIT_RULES]
+    configs += [dict(cvt=c, block_n=64, num_stages=3, **rule) for c in main
+                for rule in _SPLIT_RULES]
+    configs += [dict(cvt=c, block_n=128, programs_per_sm=16) for c in main]
+    out = []
+    for c in configs:
+        key = (c["cvt"], c["block_n"], c.get("num_stages", DECODE_INT8["num_stages"]),
+               c.get("maxnreg"))
+        if key in ROUND2_SPILLS or c in out or dict(DECODE_INT8, **c) == DECODE_INT8:
+            continue  # spills, repeats, or the defaults (timed as "int8 defaults" anyway)
+        out.append(c)
+    return out
+
+
+def precompile(configs, workers):
+    """Compile every config's split and unsplit decode kernels in parallel processes at the
+    benchmark's specialisation (Triton's on-disk cache), so the timed loop does not compile."""
+    import multiprocessing as mp
+    t0 = time.monotonic()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        failed = [c for c, ok in zip(configs, pool.map(_warm_one, configs, chunksize=1)) if not ok]
+    print(f"precompiled {len(configs)} int8 variants with {workers} processes in "
+          f"{time.monotonic() - t0:.0f} s" + (f"; failed: {failed}" if failed else ""), flush=True)
+
+
+def _warm_one(cfg):
+    """Worker: run one config once without and once with splits on a tiny batch of the cases'
+    head shape and page size (same strides and alignment as the timed batches)."""
+    import torch
+
+    from bench import tune_decode_cases as tc
+    from infer_cluster.kernels.attention_triton import decode_attention
+    try:
+        q = torch.randn(2, tc.H, tc.D, device="cuda", dtype=torch.bfloat16)
+        kc = torch.zeros(9, tc.PAGE, tc.HK, tc.D, device="cuda", dtype=torch.int8)
+        ks = torch.ones(9, tc.HK, tc.PAGE, device="cuda")
+        bt = torch.arange(8, dtype=torch.int32, device="cuda").view(2, 4)
+        qsl = torch.arange(3, dtype=torch.int32, device="cuda")
+        lens = torch.tensor([50, 64], dtype=torch.int32, device="cuda")
+        for splits in (1, 2):
+            decode_attention(q, kc, kc, bt, qsl, lens, 0.1, torch.empty_like(q),
+                             num_splits=splits, config=cfg, k_scale=ks, v_scale=ks)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # reported by the timed loop, which runs it again
+        return False
+
+
 def variant_configs():
     """Overrides of `DECODE_INT8` for `--variants`: each operand conversion (`CVT_MODES`) at the
     default tile; tiles x warps for the conversions that keep the tile out of the MMA layout
@@ -61,7 +133,8 @@ def variant_configs():
 
 
 _SHORT = dict(block_n="n", num_warps="warps", num_stages="stages", programs_per_sm="per_sm",
-              min_partition="min_part", reduce_warps="reduce_warps", cvt="cvt", maxnreg="regs")
+              min_partition="min_part", reduce_warps="reduce_warps", cvt="cvt", maxnreg="regs",
+              small_per_sm="small", small_programs="below")
 
 
 def _label(cfg):
@@ -100,6 +173,11 @@ def main(argv=None):
     ap.add_argument("--variants", action="store_true",
                     help="time the kernel variants (variant_configs) instead of --block-n, and "
                          "print the fastest correct one per case and overall")
+    ap.add_argument("--round2", action="store_true",
+                    help="time the round-2 list (round2_configs: words / words_v / prmt_v x "
+                         "tiles x stages x register caps, K/V pairs, split rules) instead")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes that precompile the variants first (1 = compile inline)")
     ap.add_argument("--budget-s", type=float, default=340.0,
                     help="stop starting new int8 variants after this many seconds (the ones "
                          "left are reported as skipped; winners come from what ran)")
@@ -120,13 +198,17 @@ def main(argv=None):
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters
     scale = tc.D ** -0.5
-    if args.variants:
+    if args.round2:
+        configs = [dict()] + round2_configs()
+    elif args.variants:
         configs = [dict()] + variant_configs()
     else:
         configs = [dict(block_n=bn) for bn in args.block_n]
     if args.sweep:
         configs += [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (64, 128, 256)
                     for w in (4, 8) for st in (2, 3, 4)]
+    if not args.smoke and args.jobs > 1 and len(configs) > 2:
+        precompile(configs, args.jobs)
     rows = []
     t_start = time.monotonic()
     print(f"int8 defaults: DECODE_INT8 = {DECODE_INT8}")
@@ -166,7 +248,7 @@ def main(argv=None):
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
                 torch=torch.__version__, reps=args.reps, iters=iters, defaults=DECODE_INT8)
     result = dict(meta=meta, results=rows)
-    if args.variants:
+    if args.variants or args.round2:
         per_case, overall = pick_winners(rows)
         print("\nfastest correct int8 variant per case (vs bf16 defaults in the same run):")
         for key, r in per_case.items():
@@ -177,6 +259,9 @@ def main(argv=None):
             print(f"overall (geometric mean over cases): {overall['variant']}  "
                   f"{overall['geomean']:.2f}x  "
                   + " ".join(f"{k}={v:.2f}x" for k, v in overall["speedups"].items()))
+            rule = {k: new[k] for k in ("programs_per_sm", "small_per_sm", "small_programs")}
+            print(f"split rule of the winner: {rule} (small_per_sm applies when num_seqs x "
+                  f"num_kv_heads <= small_programs)")
             print(f"to make it the default (kernels/attention_decode_triton.py):\n"
                   f"  DECODE_INT8 = {new}")
             result.update(winners=per_case, overall=dict(overall, decode_int8=new))

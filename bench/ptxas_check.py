@@ -14,6 +14,7 @@ loads). Prints one row per variant; exits 1 if any variant spills. Never runs a 
   python bench/ptxas_check.py            # bf16 and int8 caches
   python bench/ptxas_check.py --int8-variants   # int8 decode per `CVT_MODES` x tile/warps, with
                                                 # SASS counts of the loop-heavy instructions
+  python bench/ptxas_check.py --int8-round2     # the kernels bench/int8_decode.py --round2 times
 To add a variant: a row in `variants()` (kernel, pointer dtypes, integer arguments, constexprs,
 launch options).
 """
@@ -70,7 +71,7 @@ def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
 
 
 def _cvt_consts(cfg):
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     op_k, op_v = CVT_MODES[cfg["cvt"]]
     return dict(OP_K=op_k, OP_V=op_v)
 
@@ -78,7 +79,8 @@ def _cvt_consts(cfg):
 def int8_decode_variants():
     """The int8 decode kernel for each `CVT_MODES` entry at the int8 default tile, then the
     default cvt at other tiles / warps."""
-    from infer_cluster.kernels.attention_decode_triton import CVT_MODES, DECODE_INT8
+    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     d = DECODE_INT8
     rows = []
     for cvt in CVT_MODES:
@@ -98,12 +100,36 @@ def int8_decode_variants():
     return rows
 
 
+def int8_round2_variants():
+    """`bench/int8_decode.py --round2`'s kernels: each distinct (cvt, block_n, num_stages,
+    maxnreg) of `round2_configs`, unsplit and split (the split-rule configs compile the same
+    kernels as their plain rows). Names carry the key `ROUND2_SPILLS` takes."""
+    from bench.int8_decode import round2_configs
+    from infer_cluster.kernels.attention_decode_triton import DECODE_INT8
+    rows, seen = [], set()
+    for cfg in [dict()] + round2_configs():
+        c = dict(DECODE_INT8, **cfg)
+        key = (c["cvt"], c["block_n"], c["num_stages"], c.get("maxnreg"))
+        if key in seen:
+            continue
+        seen.add(key)
+        for split in (False, True):
+            name, *rest, opts, dns = _decode_row(f"r2 {key} split={split}", True, split,
+                                                 c["block_n"], c["num_warps"], c["num_stages"],
+                                                 _cvt_consts(c))
+            if c.get("maxnreg"):
+                opts = dict(opts, maxnreg=c["maxnreg"])
+            rows.append((name, *rest, opts, dns))
+    return rows
+
+
 def variants():
     import torch
     import triton.language as tl
 
     from infer_cluster.kernels.attention_decode_triton import DECODE_INT8, DECODE_TUNED
-    from infer_cluster.kernels.attention_prefill_triton import _prefill_kernel, _tiles
+    from infer_cluster.kernels.attention_prefill_triton import (PREFILL_INT8_CVT, _prefill_kernel,
+                                                                _tiles)
     from infer_cluster.kernels.kv_append_triton import _kv_append_int8_kernel
     rows = []
     for int8 in (False, True):
@@ -119,11 +145,14 @@ def variants():
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
             bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
-            consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
-                          LOWP=True, DOT_DTYPE=dot, KV_INT8=int8)
-            rows.append((f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps}", _prefill_kernel, ptrs,
-                         dict(_strides(d, int8), page_size=PAGE), consts,
-                         dict(num_warps=warps, num_stages=stages), ()))
+            for cvt in ((PREFILL_INT8_CVT, "add") if int8 else ("-",)):
+                consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
+                              LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True)
+                if int8:
+                    consts.update(_cvt_consts(dict(cvt=cvt)))
+                name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps}" + (f" {cvt}" if int8 else "")
+                rows.append((name, _prefill_kernel, ptrs, dict(_strides(d, int8), page_size=PAGE),
+                             consts, dict(num_warps=warps, num_stages=stages), ()))
     ints = dict(num_kv_heads=HK, head_dim=128, block_size=PAGE, sk_t=3 * H * 128, sk_h=128,
                 sk_d=1, sv_t=3 * H * 128, sv_h=128, sv_d=1, skc_b=PAGE * HK * 128,
                 skc_s=HK * 128, skc_h=128, skc_d=1, svc_b=PAGE * HK * 128, svc_s=HK * 128,
@@ -262,8 +291,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--int8-variants", action="store_true",
                     help="int8 decode variants (cvt modes, tiles, warps) with SASS counts")
+    ap.add_argument("--int8-round2", action="store_true",
+                    help="the kernels of bench/int8_decode.py --round2, with SASS counts")
     args = ap.parse_args(argv)
-    rows = int8_decode_variants() if args.int8_variants else variants()
+    if args.int8_round2:
+        rows = int8_round2_variants()
+        args.int8_variants = True  # same columns
+    else:
+        rows = int8_decode_variants() if args.int8_variants else variants()
     bad = 0
     head = f"{'variant':<42}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}"
     if args.int8_variants:

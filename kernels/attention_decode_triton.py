@@ -1,8 +1,9 @@
 """Triton paged decode attention: the split-K (flash-decoding) kernel, its reduce and its planning.
 
 Owns: `decode_attention` (every sequence has at most one query row), the launch config
-(`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`, the int8 operand
-conversions `CVT_MODES`) and the split count (`plan_decode_splits`).
+(`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`; `CVT_MODES`, the
+int8 operand conversions, lives in `attention_int8_triton`) and the split count
+(`plan_decode_splits`, with an optional second rule for small batches).
 `kernels.attention_triton` re-exports these names; callers import them from there.
 
 `_decode_kernel`: grid (num_seqs, num_kv_heads, num_splits). One program owns all query heads of
@@ -34,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD, OP_WORDS, _LOG2E,
-                                      _dot, _dot_mode, _int8_operand, _load_scales)
+from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
@@ -48,76 +49,6 @@ def _split_part(ctx, num_splits, BLOCK_N: tl.constexpr):
     least one. Computed in the kernels from the sequence's own length, so each sequence is split
     evenly whatever the block-table width, while the grid depends on shapes only."""
     return tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
-
-
-@triton.jit
-def _load_masked(ptrs, mask, HAS_MASK: tl.constexpr):
-    if HAS_MASK:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    else:
-        x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
-def _byte_fp16(words, SHIFT: tl.constexpr):
-    """fp16 value of the signed byte at bit SHIFT of each int32 word (0x6400 | (byte ^ 0x80) is
-    the fp16 bit pattern of 1024 + code + 128)."""
-    byte = ((words >> SHIFT) & 0xFF) ^ 0x80
-    return (byte | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
-
-
-@triton.jit
-def _load_words(rows, n_mask, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, ASM: tl.constexpr):
-    """OP_WORDS: an int8 [BLOCK_N, BLOCK_D] tile (row pointers `rows`, unit d stride) read as
-    [BLOCK_N, BLOCK_D // 4] int32 words and returned as fp16 codes (masked rows: code 0). ASM
-    (CUDA): the `_codes_prmt` arithmetic on whole words; otherwise the same bits by shifts and
-    masks (interpreter). The join/reshape puts the codes back in order; that shape change also
-    keeps the conversion in the load layout (see OP_PRMT_LOAD)."""
-    offs_w = tl.arange(0, BLOCK_D // 4)
-    ptrs = rows.to(tl.pointer_type(tl.int32))[:, None] + offs_w[None, :]
-    if MASKED:
-        words = tl.load(ptrs, mask=n_mask[:, None], other=0)
-    else:
-        words = tl.load(ptrs)
-    if ASM:
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 u, c, a, b;
-            xor.b32 u, $4, 0x80808080;
-            mov.b32 c, 0x64806480;
-            prmt.b32 a, u, 0x64646464, 0x5140;
-            prmt.b32 b, u, 0x64646464, 0x7362;
-            sub.f16x2 a, a, c;
-            sub.f16x2 b, b, c;
-            mov.b32 {$0, $1}, a;
-            mov.b32 {$2, $3}, b;
-            }""",
-            constraints="=h,=h,=h,=h,r", args=[words],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
-    else:
-        c0 = _byte_fp16(words, 0)
-        c1 = _byte_fp16(words, 8)
-        c2 = _byte_fp16(words, 16)
-        c3 = _byte_fp16(words, 24)
-    # join(a, b) adds a minor axis: [.., i, j] is (a, b)[j][.., i], so this is c0 c1 c2 c3.
-    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (words.shape[0], BLOCK_D))
-
-
-@triton.jit
-def _kv_operand(rows, offs_d, n_mask, kv_mask, s_d, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-                LOWP: tl.constexpr, KV_INT8: tl.constexpr, OP: tl.constexpr, ASM: tl.constexpr):
-    """A K or V tile [BLOCK_N, BLOCK_D] from its row pointers, ready for tl.dot: float caches as
-    loaded, int8 codes converted by OP. OP_WORDS applies with LOWP and EVEN_D and assumes a
-    unit d stride (the launcher passes it only then)."""
-    HAS_MASK: tl.constexpr = MASKED or not EVEN_D
-    if KV_INT8 and LOWP and EVEN_D and OP == 4:
-        x = _load_words(rows, n_mask, MASKED, offs_d.shape[0], ASM)
-    else:
-        x = _load_masked(rows[:, None] + offs_d[None, :] * s_d, kv_mask, HAS_MASK)
-        if KV_INT8:
-            x = _int8_operand(x, LOWP, OP, ASM)
-    return x
 
 
 @triton.jit
@@ -299,22 +230,17 @@ DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
 # "words" (tiles read as int32 words, converted in the load layout, so V is transposed as fp16
 # by ldmatrix like a bf16 tile) at 128-token tiles: b256 1.49x (2,162 GB/s; the old "add" 1.25x),
 # b32 1.26x, b1 1.17x. "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
-DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="words")
-
-# "cvt" -> (K method, V method), OP_* of attention_common_triton. V is the transposed operand
-# of P@V (tokens are its reduction axis): converted in the MMA layout (add, prmt, cast) its codes
-# are gathered from shared memory byte by byte; prmt_load / words convert in the load layout and
-# transpose fp16 with ldmatrix.trans.
-CVT_MODES = {"add": (OP_ADD, OP_ADD), "prmt": (OP_PRMT, OP_PRMT), "cast": (OP_CAST, OP_CAST),
-             "prmt_load": (OP_PRMT_LOAD, OP_PRMT_LOAD), "prmt_v": (OP_PRMT, OP_PRMT_LOAD),
-             "words": (OP_WORDS, OP_WORDS), "words_v": (OP_PRMT, OP_WORDS)}
-
+# Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
+# "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="words", small_per_sm=None, small_programs=0)
 
 def decode_config(q, kv_dtype=None):
     """Default decode launch config, from dtypes, device and head_dim only: block_n (tokens per
     K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
     `plan_decode_splits`), reduce_warps, cvt (int8 codes to operands, `CVT_MODES`; float caches
-    ignore it); an optional "maxnreg" caps registers per thread. `decode_attention(config=...)` overrides any of them (benchmarks, tests)."""
+    ignore it); optional: "maxnreg" caps registers per thread, "small_per_sm" / "small_programs"
+    a second split rule for small batches (`plan_decode_splits`). `decode_attention(config=...)`
+    overrides any of them (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
         return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
                     min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
@@ -328,13 +254,17 @@ def decode_config(q, kv_dtype=None):
 
 
 def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
-                       programs_per_sm=4, min_partition=_MIN_PARTITION):
+                       programs_per_sm=4, min_partition=_MIN_PARTITION, small_per_sm=None,
+                       small_programs=0):
     """Context partitions per sequence, from shapes only (CUDA-graph safe): enough programs for
-    `programs_per_sm` per SM (8 programs on the interpreter), at most one per `min_partition`
+    `programs_per_sm` per SM (8 programs on the interpreter; `small_per_sm` instead when
+    num_seqs * programs_per_seq <= `small_programs`), at most one per `min_partition`
     tokens of `max_ctx` (the most a block-table row can address) and `_MAX_SPLITS`.
     `num_splits` forces a count. Each sequence's partition length is then derived in the kernel
     from its own length (`_split_part`), so the work is even whatever the table width."""
     if num_splits is None:
+        if small_per_sm and num_seqs * programs_per_seq <= small_programs:
+            programs_per_sm = small_per_sm
         target = 8 if device.type != "cuda" else programs_per_sm * _sm_count(device)
         num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)),
                          triton.cdiv(max(max_ctx, 1), min_partition), _MAX_SPLITS)
@@ -345,12 +275,6 @@ def _reg_cap(cfg) -> dict:
     """The launch option capping registers per thread (config "maxnreg": more programs per SM
     at the risk of spills; bench/ptxas_check.py shows them), none when unset."""
     return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
-
-
-def _word_rows(cache) -> bool:
-    """Whether a cache's (token, head) rows can be read as int32 words (OP_WORDS)."""
-    st = cache.stride()
-    return st[3] == 1 and all(x % 4 == 0 for x in st[:3]) and cache.data_ptr() % 4 == 0
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
@@ -369,7 +293,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
     splits = plan_decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * page_size,
-                                q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"])
+                                q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"],
+                                cfg.get("small_per_sm"), cfg.get("small_programs", 0))
     if splits > 1:
         n_out = num_seqs * num_heads * splits * head_dim
         scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,
@@ -382,12 +307,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
-    if cfg["cvt"] not in CVT_MODES:
-        raise ValueError(f"decode config cvt={cfg['cvt']!r}: expected one of {sorted(CVT_MODES)}")
-    op_k, op_v = CVT_MODES[cfg["cvt"]]
-    # OP_WORDS reads rows as int32 words: unit d stride, 4-byte aligned rows (else per element).
-    op_k = OP_ADD if op_k == OP_WORDS and not _word_rows(k_cache) else op_k
-    op_v = OP_ADD if op_v == OP_WORDS and not _word_rows(v_cache) else op_v
+    op_k, op_v = cvt_ops(cfg["cvt"], k_cache, v_cache)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off

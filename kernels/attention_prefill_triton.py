@@ -24,7 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import _LOG2E, _dot, _dot_mode, _int8_operand
+from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
+
+# How int8 codes become fp16 operands here (a `CVT_MODES` name): "words" reads K and V tiles as
+# int32 words and converts them in the load layout, so V reaches P@V as fp16 through
+# ldmatrix.trans instead of byte by byte ("add", the old way). `bench/int8_prefill.py` times both.
+PREFILL_INT8_CVT = "words"
 
 
 @triton.jit
@@ -32,11 +38,15 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, 
                  page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  scale_log2, offs_d, d_mask,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOWP: tl.constexpr,
-                 DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr):
+                 DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr,
+                 EVEN_D: tl.constexpr, OP_K: tl.constexpr, OP_V: tl.constexpr,
+                 ASM: tl.constexpr):
     """Fold KV positions [start, start+BLOCK_N) into the running softmax state of q's rows.
     k_ptr/v_ptr already point at the right KV head. MASKED: positions may reach `hi` (and, if
     CAUSAL, pass a row's own position `q_pos`); unmasked tiles are known to be fully visible.
-    KV_INT8: ks_ptr/vs_ptr point at the KV head's scales."""
+    KV_INT8: ks_ptr/vs_ptr point at the KV head's scales; codes become fp16 operands as OP_K /
+    OP_V say (`attention_int8_triton`; lanes past `hi` read code 0, scale 0; unmasked tiles
+    lie below the first query position, hence inside the context, and load without masks)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         n_mask = offs_n < hi
@@ -46,12 +56,15 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, 
     # the table, which is how padded block-table entries stay unread.
     blk = tl.load(bt_row + offs_n // page_size, mask=n_mask, other=0).to(tl.int64)
     pos = (offs_n % page_size).to(tl.int64)
-    kt = tl.load(k_ptr + (blk * sk_b + pos * sk_s)[None, :] + offs_d[:, None] * sk_d,
-                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+    rows_k = k_ptr + blk * sk_b + pos * sk_s
     if KV_INT8:
-        k_scale = tl.load(ks_ptr + blk * sks_b + pos * sks_s, mask=n_mask, other=0.0)
-        s = _dot(q, _int8_operand(kt, LOWP), LOWP, DOT_DTYPE) * (k_scale * scale_log2)[None, :]
+        k = _kv_operand(rows_k, offs_d, n_mask, n_mask[:, None] & d_mask[None, :], sk_d, MASKED,
+                        EVEN_D, LOWP, KV_INT8, OP_K, ASM)
+        k_scale = _load_scales(ks_ptr + blk * sks_b + pos * sks_s, n_mask, MASKED)
+        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * (k_scale * scale_log2)[None, :]
     else:
+        kt = tl.load(rows_k[None, :] + offs_d[:, None] * sk_d,
+                     mask=d_mask[:, None] & n_mask[None, :], other=0.0)
         s = _dot(q, kt, LOWP, DOT_DTYPE) * scale_log2
     if MASKED:
         visible = n_mask[None, :]
@@ -64,13 +77,15 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, 
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_ptr + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    rows_v = v_ptr + blk * sv_b + pos * sv_s
     if KV_INT8:
-        v_scale = tl.load(vs_ptr + blk * svs_b + pos * svs_s, mask=n_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p * v_scale[None, :], _int8_operand(v, LOWP), LOWP,
-                                          DOT_DTYPE)
+        v = _kv_operand(rows_v, offs_d, n_mask, n_mask[:, None] & d_mask[None, :], sv_d, MASKED,
+                        EVEN_D, LOWP, KV_INT8, OP_V, ASM)
+        v_scale = _load_scales(vs_ptr + blk * svs_b + pos * svs_s, n_mask, MASKED)
+        acc = acc * alpha[:, None] + _dot(p * v_scale[None, :], v, LOWP, DOT_DTYPE)
     else:
+        v = tl.load(rows_v[:, None] + offs_d[None, :] * sv_d,
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
     return acc, m_new, l_i
 
@@ -82,7 +97,9 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt, so_t, so_h, so_d,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr):
+                    DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
+                    OP_V: tl.constexpr = 0, ASM: tl.constexpr = False):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
     head = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -118,12 +135,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
                                      start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
                                      sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
-                                     False, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8)
+                                     False, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,
+                                     OP_K, OP_V, ASM)
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
                                      start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
                                      sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
-                                     True, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8)
+                                     True, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,
+                                     OP_K, OP_V, ASM)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -148,9 +167,10 @@ def _tiles(q, block_d, kv_int8=False):
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                      max_query_len, out, k_scale=None, v_scale=None):
+                      max_query_len, out, k_scale=None, v_scale=None, cvt=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
-    `k_scale`/`v_scale` go with an int8 cache."""
+    `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
+    `PREFILL_INT8_CVT`) says how its codes become operands."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -162,11 +182,13 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
+    op_k, op_v = cvt_ops(cvt or PREFILL_INT8_CVT, k_cache, v_cache)
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
         page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp, DOT_DTYPE=dot_dtype,
-        KV_INT8=kv_int8, num_warps=num_warps, num_stages=num_stages)
+        KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, num_warps=num_warps,
+        num_stages=num_stages)
     return out

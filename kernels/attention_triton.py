@@ -10,10 +10,11 @@ Modules:
 - here: `_check` (shapes, dtypes, head_dim <= 256) and the choice of kernel.
 - `attention_decode_triton`: max_query_len == 1. Split-K decode kernel, its reduce, the split
   planning and launch config (`decode_attention`, `plan_decode_splits`, `decode_config`,
-  `DECODE_TUNED`, `DECODE_INT8`, `CVT_MODES`).
+  `DECODE_TUNED`, `DECODE_INT8`; `CVT_MODES` from `attention_int8_triton`).
 - `attention_prefill_triton`: everything else (prefill, chunked prefill, mixed batches).
   Varlen causal kernel (`prefill_attention`).
 - `attention_common_triton`: what both use (`_dot`, the dtype policy, numerics notes).
+- `attention_int8_triton`: int8 codes to fp16 operands for both (`CVT_MODES`, word loads).
 The public names of the decode and prefill modules are re-exported here: tests, benchmarks and
 `kernels.attention` import them from `kernels.attention_triton`.
 
@@ -34,8 +35,9 @@ from __future__ import annotations
 import torch
 
 from .attention_common_triton import _TL_DTYPES
-from .attention_decode_triton import (CVT_MODES, DECODE_INT8, DECODE_TUNED, decode_attention,
+from .attention_decode_triton import (DECODE_INT8, DECODE_TUNED, decode_attention,
                                       decode_config, plan_decode_splits)
+from .attention_int8_triton import CVT_MODES
 from .attention_prefill_triton import prefill_attention
 from .kv_append import check_int8_scales
 

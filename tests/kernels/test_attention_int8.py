@@ -13,8 +13,8 @@ import triton.language as tl
 
 from infer_cluster.kernels import attention_decode_triton, attention_prefill_triton
 from infer_cluster.kernels.attention import paged_attention_ref
-from infer_cluster.kernels.attention_common_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD,
-                                                           _int8_operand)
+from infer_cluster.kernels.attention_int8_triton import (OP_ADD, OP_CAST, OP_PRMT, OP_PRMT_LOAD,
+                                                         _int8_operand)
 from infer_cluster.kernels.attention_triton import CVT_MODES
 from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton
 from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
@@ -150,6 +150,42 @@ def test_int8_cvt_modes_on_interpreter(monkeypatch, cvt):
         torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("cvt", ["add", "words", "load_k_words_v"])
+@pytest.mark.parametrize("dim", [64, 48])
+def test_prefill_int8_cvt_on_interpreter(monkeypatch, cvt, dim):
+    # The prefill kernel's int8 operand methods on the CUDA fp16 path forced on the interpreter:
+    # word loads (K transposed after converting, V as loaded) in masked and unmasked tiles,
+    # chunked prefill over a cached prefix, a mixed decode row; head_dim 48 is not a whole tile
+    # and falls back to per-element loads.
+    if not INTERPRET:
+        pytest.skip("interpreter only (test_gpu_prefill_int8_cvt runs them for real)")
+    monkeypatch.setattr(attention_prefill_triton, "_dot_mode",
+                        lambda q, kv_dtype=None: (True, tl.float16))
+    q_lens, ctx_lens = [21, 1, 0, 9], [21, 37, 5, 40]
+    batch = make_batch("cpu", torch.float32, q_lens, ctx_lens, 4, 2, dim, 16)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.125, k_scale=ks,
+                              v_scale=vs)
+    out = torch.full_like(q, float("nan"))
+    attention_prefill_triton.prefill_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.125,
+                                               max(q_lens), out, k_scale=ks, v_scale=vs, cvt=cvt)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_decode_small_batch_split_rule():
+    # The second split rule applies at or below small_programs (seqs x KV heads) only.
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    plan = attention_decode_triton.plan_decode_splits
+    kw = dict(programs_per_sm=2, min_partition=256, small_per_sm=16, small_programs=512)
+    if dev.type == "cpu":  # target 8 programs whatever programs_per_sm: the rule is a no-op
+        assert plan(1, 8, 1 << 20, dev, **kw) == 1
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan(32, 8, 1 << 20, dev, **kw) == -(-16 * sms // 256)
+    assert plan(256, 8, 1 << 20, dev, **kw) == -(-2 * sms // 2048)
+    assert plan(32, 8, 1 << 20, dev, **dict(kw, small_per_sm=None)) == -(-2 * sms // 256)
+
+
 def test_decode_cvt_mode_checked():
     q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(
         make_batch("cpu", torch.float32, [1], [5], 2, 1, 32, 16))
@@ -216,6 +252,22 @@ def test_gpu_decode_int8_configs(gpu_device, dtype, num_splits, block_n):
     ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.088, k_scale=ks,
                               v_scale=vs)
     atol, rtol = tol(dtype)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("cvt", sorted(CVT_MODES))
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_prefill_int8_cvt(gpu_device, cvt, head_dim):
+    # Each prefill operand method on real CUDA (PTX conversions, word loads), bf16 q.
+    q_lens, ctx_lens = [700, 1, 0, 130, 64], [900, 1500, 10, 130, 64]
+    batch = make_batch(gpu_device, torch.bfloat16, q_lens, ctx_lens, 16, 8, head_dim, 16)
+    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = int8_batch(batch)
+    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.09, k_scale=ks,
+                              v_scale=vs)
+    out = torch.full_like(q, float("nan"))
+    attention_prefill_triton.prefill_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.09,
+                                               700, out, k_scale=ks, v_scale=vs, cvt=cvt)
+    atol, rtol = tol(torch.bfloat16)
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 

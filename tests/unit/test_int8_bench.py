@@ -39,3 +39,19 @@ def test_variant_configs_are_valid_and_distinct():
     assert len(configs) == len({tuple(sorted(c.items())) for c in configs})
     assert {c["cvt"] for c in configs} == set(CVT_MODES)
     assert all(set(c) <= set(DECODE_INT8) | {"maxnreg"} for c in configs)
+
+
+def test_round2_configs_skip_spills_and_defaults():
+    from bench.int8_decode import ROUND2_SPILLS, round2_configs
+    from infer_cluster.kernels.attention_triton import CVT_MODES, DECODE_INT8
+    configs = round2_configs()
+    assert len(configs) == len({tuple(sorted(c.items())) for c in configs})
+    assert all(set(c) <= set(DECODE_INT8) | {"maxnreg"} and c["cvt"] in CVT_MODES
+               for c in configs)
+    full = [dict(DECODE_INT8, **c) for c in configs]
+    assert DECODE_INT8 not in full  # the defaults are timed once, as "int8 defaults"
+    keys = {(c["cvt"], c["block_n"], c["num_stages"], c.get("maxnreg")) for c in full}
+    assert not keys & ROUND2_SPILLS
+    # every operand pair that K and V can mix is there, and small-batch split rules
+    assert {"words", "words_v", "prmt_v", "words_k", "load_k_words_v"} <= {c["cvt"] for c in full}
+    assert any(c["small_per_sm"] for c in full)

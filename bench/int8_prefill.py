@@ -1,0 +1,111 @@
+"""Prefill attention over an int8 KV cache vs the bf16 cache, per int8 operand method.
+
+Owns: one table (case, variant, ms, speedup over the bf16 cache, max error vs
+`paged_attention_ref` on the same int8 cache) and a JSON file. Cases at the Qwen3-0.6B head shape
+(16 query / 8 KV heads, head_dim 128, page 16, pages shuffled): `fresh16`, 16 whole prompts of
+U[100, 1024] tokens (workload A's prompts, ~9k tokens per launch), and `chunk4`, 4 chunks of 512
+query tokens over 2,048-token contexts (chunked prefill over a cached prefix). Variants: the
+bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
+`PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, and two other
+load-layout methods). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
+`--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
+
+  python bench/int8_prefill.py [--cvt words add] [--out bench/results/int8_prefill.json]
+To add a case: an entry in `CASES` (name, query lengths, context lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_RNG = random.Random(0)
+_PROMPTS = [_RNG.randint(100, 1024) for _ in range(16)]
+CASES = [("fresh16", _PROMPTS, _PROMPTS), ("chunk4", [512] * 4, [2048] * 4)]
+SMOKE_CASES = [("fresh2", [20, 9], [20, 9]), ("chunk1", [8], [40])]
+
+
+def build(q_lens, ctx_lens, device, seed):
+    """(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens) in bf16, pages shuffled."""
+    import torch
+
+    from bench import tune_decode_cases as tc
+    g = torch.Generator(device=device).manual_seed(seed)
+    blocks = [-(-c // tc.PAGE) for c in ctx_lens]
+    total = sum(blocks)
+    k = torch.randn(total, tc.PAGE, tc.HK, tc.D, generator=g, device=device).to(torch.bfloat16)
+    v = torch.randn(total, tc.PAGE, tc.HK, tc.D, generator=g, device=device).to(torch.bfloat16)
+    ids = torch.randperm(total, device="cpu", generator=torch.Generator().manual_seed(seed))
+    bt = torch.zeros(len(ctx_lens), max(blocks), dtype=torch.int32)
+    used = 0
+    for i, b in enumerate(blocks):
+        bt[i, :b] = ids[used:used + b].to(torch.int32)
+        used += b
+    q = torch.randn(sum(q_lens), tc.H, tc.D, generator=g, device=device).to(torch.bfloat16)
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    lens = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
+    return q, k, v, bt.to(device), qsl, lens
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cvt", nargs="+", default=None,
+                    help="int8 operand methods to time (CVT_MODES names)")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
+    ap.add_argument("--out", default="bench/results/int8_prefill.json")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny batches")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    import torch
+
+    from bench import tune_decode_cases as tc
+    from bench.report import write_json
+    from infer_cluster.kernels.attention import paged_attention_ref
+    from infer_cluster.kernels.attention_prefill_triton import PREFILL_INT8_CVT, prefill_attention
+    from infer_cluster.kernels.kv_append import quantize_int8_ref
+    tc.SMOKE = args.smoke
+    device = "cpu" if args.smoke else "cuda"
+    iters = 2 if args.smoke else args.iters
+    cvts = args.cvt or list(dict.fromkeys([PREFILL_INT8_CVT, "add", "words", "words_k",
+                                           "prmt_load"]))
+    scale = tc.D ** -0.5
+    rows = []
+    print(f"{'case':<10}{'tokens':>8}  {'variant':<22}{'ms':>9}{'vs bf16':>9}{'max err':>9}")
+    for seed, (name, q_lens, ctx_lens) in enumerate(SMOKE_CASES if args.smoke else CASES):
+        q, k, v, bt, qsl, lens = build(q_lens, ctx_lens, device, seed)
+        mq = max(q_lens)
+        (kc, ks), (vc, vs) = [(c, s.transpose(1, 2).contiguous())
+                              for c, s in map(quantize_int8_ref, (k, v))]
+        out = [torch.empty_like(q)]
+        bf16 = dict(batches=[(q, k, v, bt, qsl, lens)])
+        base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o), bf16, out,
+                             args.reps, iters)[0]
+        rows.append(dict(case=name, variant="bf16", ms=base, speedup=1.0, max_err=None, ok=True))
+        int8 = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs)])
+        ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
+        for cvt in cvts:
+            def fn(b, o, cvt=cvt):
+                prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], cvt=cvt)
+            err, ok = tc.check(fn, int8, ref)
+            ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
+            rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
+                             max_err=err, ok=ok))
+        for r in rows[-len(cvts) - 1:]:
+            err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")
+            print(f"{name:<10}{sum(q_lens):>8}  {r['variant']:<22}{r['ms']:>9.4f}"
+                  f"{r['speedup']:>9.2f}{err:>9}" + ("" if r["ok"] else "  WRONG (vs reference)"),
+                  flush=True)
+    meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
+                torch=torch.__version__, reps=args.reps, iters=iters, default=PREFILL_INT8_CVT)
+    write_json(args.out, dict(meta=meta, results=rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
