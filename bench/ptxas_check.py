@@ -188,13 +188,12 @@ def gemv_variants():
                         sxm=2 * k if silu else k, swn=k, som=n, sos=m * n if partial else 0)
             consts = dict(HAS_BIAS=False, SILU_MUL=silu, PARTIAL=partial, USE_DOT=cfg.use_dot,
                           DOT_F32=False, EVEN_K=k % cfg.block_k == 0, STAGES=cfg.num_stages,
-                          BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                          PDL=True, LINES=max(1, cfg.block_k * 2 // 128))
+                          BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
             ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
                         out_ptr="*fp32" if partial else "*bf16")
             tag = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
             rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts,
-                         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=True), ()))
+                         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()))
     return rows
 
 

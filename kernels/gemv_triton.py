@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 
 from .gemv_config import MAX_M, GemvConfig
-from .pdl import pdl_enabled, pdl_trigger, pdl_wait, prefetch_l2
 
 _DOT_M = 16  # tl.dot needs M >= 16
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -45,8 +44,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
                  HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, LINES: tl.constexpr):
-    pdl_trigger(PDL)  # the next small linear (gate_up -> down) may start prefetching its weights
+                 BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,14 +59,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     act_dtype = x_ptr.dtype.element_ty
-    if PDL:
-        # Launched while the previous kernel may still run: bring this program's W slab into L2
-        # (one prefetch per 128-byte line; W is never written by a kernel), then wait for the
-        # previous kernel's output before the first read of x (kernels/pdl.py).
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            offs_l = tl.minimum(k0 + tl.arange(0, LINES) * (BLOCK_K // LINES), K - 1)
-            prefetch_l2(w_rows + offs_l[None, :])
-        pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # CUDA-core path: per-lane partial products, reduced across lanes once after the loop (a
     # reduction per chunk would shuffle, and sync warps, on every iteration).
@@ -144,16 +134,13 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool):
     grid = (triton.cdiv(n, cfg.block_n), splits)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if partial else out
     b = bias if bias is not None else weight  # never read without HAS_BIAS
-    pdl = pdl_enabled(x)
-    lines = max(1, block_k * weight.element_size() // 128)  # 128-byte lines per chunk row
     _gemv_kernel[grid](x, weight, b, target, m, n, k, k_per_split, x.stride(0), weight.stride(0),
                        target.stride(-2), target.stride(0) if partial else 0,
                        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PARTIAL=partial,
                        USE_DOT=cfg.use_dot,
                        DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
                        STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-                       PDL=pdl, LINES=lines, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                       launch_pdl=pdl)
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if partial:
         block = min(1024, triton.next_power_of_2(n))
         _split_sum_kernel[(triton.cdiv(n, block), m)](target, b, out, m, n, splits, target.stride(0),

@@ -16,8 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_enabled, pdl_trigger
-
 _MAX_HIDDEN = 65536
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -25,8 +23,7 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
                      sx, sr, so, ss, ACT_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl_trigger(PDL)  # the projection after the norm may start prefetching its weights (pdl.py)
+                     BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -78,5 +75,5 @@ def rms_norm_triton(x, weight, eps, residual=None):
                                   x2.stride(0), r2.stride(0), out2.stride(0), sum2.stride(0),
                                   ACT_DTYPE=_TL_DTYPES[act_dtype],
                                   HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                  PDL=pdl_enabled(x2), num_warps=num_warps)
+                                  num_warps=num_warps)
     return out if residual is None else (out, summed)
