@@ -27,10 +27,12 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
 
-# How int8 codes become fp16 operands here (a `CVT_MODES` name): "words" reads K and V tiles as
-# int32 words and converts them in the load layout, so V reaches P@V as fp16 through
-# ldmatrix.trans instead of byte by byte ("add", the old way). `bench/int8_prefill.py` times both.
-PREFILL_INT8_CVT = "words"
+# How int8 codes become fp16 operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the
+# H100 (2026-11-24, commit 3ccaa17), int8 vs bf16 prefill: "prmt_load" 0.78x / 0.80x (16 fresh
+# prompts / 4 chunks of 512 over 2,048-token contexts), "words_k" 0.72x / 0.72x, "add" (the old
+# way) 0.71x / 0.73x, "words" 0.69x / 0.70x. int8 prefill stays slower than bf16: the tile
+# products are compute-bound and the codes must still be converted.
+PREFILL_INT8_CVT = "prmt_load"
 
 
 @triton.jit
