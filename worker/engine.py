@@ -6,7 +6,11 @@ their way, launch it (forward + draw on the device, worker/inflight.py), THEN wa
 ids, apply them (scheduler update) and emit step n's deltas. Synchronous (collected before the
 next schedule): async off, a step with a no_repeat_ngram_size row (its ban needs the last id on
 the host), and settled-state cases: swaps (host tier), a schedule that needed preemption,
-`reset_cache`, failures. Per-request sampling state
+`reset_cache`, failures, and a rewind: when the sampler's redo (`SamplerOutput.redrawn`, rare:
+a top-k / top-p row whose kept set did not fit its candidates) changed a token that the step in
+flight already used as a pending input, that step's token of the request is dropped and its
+position recomputed (`Scheduler.rewind`), so the step is collected before the next schedule.
+Sampling itself never blocks the launch (sampled, penalties and logprobs rows included). Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py) turns them
 into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
@@ -251,10 +255,15 @@ class DynamicEngine:
     def _collect(self, deltas: list) -> None:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
         step = self._inflight.steps[0]
-        sampled, logprobs = self._timed("wait", step.wait, self.sampler)
+        sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
         advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
         self._emit_all(advanced, logprobs, deltas)
         self._inflight.steps.pop(0)
+        for rid in redrawn:  # rare: a later step computed it from the provisional id
+            if rid in self.scheduler.requests and any(
+                    s.request_id == rid for later in self._inflight.steps for s in later.out.requests):
+                self.scheduler.rewind(rid)  # that step's token is dropped, its position redone
+                self._inflight.drain_next = True  # and the request waits until it is collected
 
     def _drain(self) -> None:
         """Collect every launched step; their deltas go out with the next `step()`."""

@@ -58,15 +58,17 @@ class LaunchedStep:
         """The draw's ids on the device (the next step's pending inputs read them)."""
         return self.draw.token_ids
 
-    def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object]]:
-        """Block until the ids are on the host; returns {request id: token id} and
-        {request id: logprob entry (deferred) or None}."""
+    def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
+        """Block until the ids are on the host; returns {request id: token id},
+        {request id: logprob entry (deferred) or None} and the requests whose provisional id
+        the sampler's redo changed (`SamplerOutput.redrawn`)."""
         if self._event is not None:
             self._event.synchronize()
         values = self._values.flatten().tolist() if self._values is not None else None
         result: SamplerOutput = sampler.finish(self.draw, self._ids.tolist(), values,
                                                defer_logprobs=True)
-        return dict(zip(self.row_ids, result.token_ids)), dict(zip(self.row_ids, result.logprobs))
+        return (dict(zip(self.row_ids, result.token_ids)), dict(zip(self.row_ids, result.logprobs)),
+                [self.row_ids[i] for i in result.redrawn])
 
     def abandon(self) -> None:
         """A failure: wait (ignoring device errors) until the device is done with the step, so

@@ -25,11 +25,16 @@ pinned memory behind an event, worker/inflight.py); `finish` turns their host co
 `SamplerOutput`; `__call__` is both with one `.tolist()` between. A request's rows may be drawn
 again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
 no_repeat_ngram_size (its map needs the ids on the host).
+Random rows with top_k / top_p take a candidate path whose id is provisional where the row's
+kept set did not fit its candidates; the flags ride in the same transfer as the ids, and
+`finish` redoes those rows on the full path (same uniform: same result as a synchronous draw).
+A redone id that changed is listed in `SamplerOutput.redrawn` (the engine rewinds a step that
+used it as a pending input) and drops the request's penalty state (it folded the provisional
+id; it is rebuilt from the token lists at the request's next draw, which the engine makes
+with nothing pending).
 
 Must never: mutate the caller's logits unless told they are scratch (`logits_writable`), read
-engine state beyond the rows it is given, or sync to host inside `draw` (one exception: random
-rows with top_k / top_p read one flag, whether every row's kept set fit its candidates, in
-`sampling_ops._run`).
+engine state beyond the rows it is given, or sync to host inside `draw`.
 
 To extend: add the field to `SamplingParams`, decide where it sits in the order above, and
 batch it over only the rows that use it (skip it entirely when no row does).
@@ -48,8 +53,8 @@ from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
-from .sampling_ops import (TOPK_BLOCK, RandomRows, block_sums, sample_random_rows, to_device, topk,
-                           topk_by_blocks)
+from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
+                           topk, topk_by_blocks)
 from .sampling_state import SamplingState
 
 _NEG_INF = float("-inf")
@@ -79,12 +84,16 @@ class SamplerOutput:
     # [sampled_logprob, {alt_token_id: logprob}] with the top-`params.logprobs` alternatives
     # (a `DeferredLogprob` of it when the call asked for `defer_logprobs`).
     logprobs: list
+    # Rows whose id the redo in `finish` changed: a step drawn after this one may have used
+    # the provisional id (async scheduling's pending input); the engine rewinds that request.
+    redrawn: list = field(default_factory=list)
 
 
 @dataclass
 class DeviceDraw:
     """One step's draw before its host copy: `transfer` (int64) is the sampled ids, then the
-    logprob alternatives' ids; `values` (float64) the logprob pack, or None."""
+    logprob alternatives' ids, then the `unresolved` rows' flags; `values` (float64) the logprob
+    pack, or None. `token_ids` are provisional for rows that `unresolved` flags."""
 
     token_ids: torch.Tensor  # [num_rows] int64 on the device
     transfer: torch.Tensor
@@ -94,6 +103,10 @@ class DeviceDraw:
     lp_nums: list = field(default_factory=list)
     lp_k: int = 0
     ngram: list = field(default_factory=list)  # (row, state entry) whose n-gram map needs the id
+    unresolved: Optional[Unresolved] = None  # candidate-path rows that may need the full path
+    random_rows: list = field(default_factory=list)  # the row of each random row
+    penalty_keys: dict = field(default_factory=dict)  # row -> its request's penalty state key
+    lp_lse: Optional[torch.Tensor] = None  # logprob rows' log-sum-exp (to fix a redrawn row's)
 
 
 class _Scratch:
@@ -127,8 +140,8 @@ class Sampler:
     def draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
              logits_writable: bool = False) -> "DeviceDraw":
         """The device half of `__call__`: every id and logprob of the step, left on the device
-        (no host sync, except a rare one inside random sampling, see `sampling_ops._run`).
-        The caller copies `transfer` (and `values`) to the host and passes them to `finish`.
+        (no host sync). The caller copies `transfer` (and `values`) to the host and passes them
+        to `finish`, which settles the rows the candidate path could not (`sampling_ops`).
         Rows with no_repeat_ngram_size need `finish` before the request's next draw."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [num_rows={len(rows)}, vocab], got {tuple(logits.shape)}")
@@ -175,25 +188,39 @@ class Sampler:
                 token_ids = torch.empty(n, dtype=torch.long, device=device)
                 if greedy_rows:
                     token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
+            unresolved = None
             if random_rows:
                 params = self._random_params([rows[i] for i in random_rows], x.shape[1], device)
-                drawn = sample_random_rows(_rows_of(x, random_rows, n), params)
+                xr = _rows_of(x, random_rows, n)
+                # A redo needs these logits after the next step's forward: the runner's own
+                # buffer (float32 models, CUDA graphs) may be rewritten by then.
+                drawn, unresolved = draw_random_rows(xr, params, private=xr is not logits)
                 if len(random_rows) == n:
                     token_ids = drawn
                 else:
                     token_ids[_index(random_rows, device)] = drawn
-            draw = DeviceDraw(token_ids, token_ids, None, n)
+            draw = DeviceDraw(token_ids, token_ids, None, n, unresolved=unresolved,
+                              random_rows=random_rows)
+            # Everything the host needs comes back in one transfer: ids, logprob ids, flags.
+            transfer = [token_ids]
             if logprob_rows:
-                # Everything the host needs comes back in one transfer: ids, then logprobs.
                 draw.logprob_rows = logprob_rows
                 draw.lp_nums = [rows[i].params.logprobs for i in logprob_rows]
                 chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
                 draw.lp_k = min(max(draw.lp_nums), x.shape[1])
                 draw.values, alt_ids = _logprob_pack(x_lp, lse, chosen, draw.lp_k, maxima)
-                draw.transfer = torch.cat([token_ids, alt_ids.flatten()])
+                transfer.append(alt_ids.flatten())
+                if unresolved is not None:
+                    draw.lp_lse = lse
+            if unresolved is not None:
+                transfer.append(unresolved.flags.long())
+            if len(transfer) > 1:
+                draw.transfer = torch.cat(transfer)
             if entries:
                 self.state.append(entries, token_ids[_index(penalty_rows, device)])
                 draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
+                draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows
+                                     if rows[i].request_id is not None}
         finally:
             for key in scratch:
                 self.state.remove(key)
@@ -204,14 +231,42 @@ class Sampler:
         """The host half: `draw.transfer` and `draw.values` as host lists -> `SamplerOutput`."""
         n = draw.num_rows
         host_ids = host_transfer[:n]
+        redrawn = self._redo(draw, host_ids, host_transfer, host_values) if draw.unresolved else []
         if draw.ngram:
             self.state.fold_ngrams([e for _, e in draw.ngram], [host_ids[i] for i, _ in draw.ngram])
         out_logprobs: list = [None] * n
         if draw.logprob_rows:
-            lp = LogprobRows(host_values, host_transfer[n:], draw.lp_k)
+            lp = LogprobRows(host_values, host_transfer[n:n + len(draw.logprob_rows) * draw.lp_k],
+                             draw.lp_k)
             for j, (i, num) in enumerate(zip(draw.logprob_rows, draw.lp_nums)):
                 out_logprobs[i] = DeferredLogprob(lp, j, num) if defer_logprobs else lp.entry(j, num)
-        return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs)
+        return SamplerOutput(token_ids=host_ids, logprobs=out_logprobs, redrawn=redrawn)
+
+    def _redo(self, draw: "DeviceDraw", host_ids: list[int], host_transfer: list[int],
+              host_values: Optional[list]) -> list[int]:
+        """Redo the rows the candidate path flagged (rare; a sync) and fix `host_ids` and the
+        sampled logprobs in place. Returns the rows whose id changed; their penalty state,
+        which folded the provisional id, is dropped (rebuilt from the token lists next time)."""
+        u = draw.unresolved
+        flags = host_transfer[len(host_transfer) - len(u.rows):]
+        which = [j for j, f in enumerate(flags) if f]
+        if not which:
+            return []
+        lp_pos = {i: j for j, i in enumerate(draw.logprob_rows)}
+        changed = []
+        for j, t in zip(which, u.redo(which).tolist()):
+            i = draw.random_rows[u.rows[j]]
+            if t == host_ids[i]:
+                continue
+            host_ids[i] = t
+            changed.append(i)
+            key = draw.penalty_keys.get(i)
+            if key is not None:
+                self.release(key)
+            if i in lp_pos:  # the sampled token's logprob was taken for the provisional id
+                jl = lp_pos[i]
+                host_values[jl * (1 + draw.lp_k)] = float(u.x[u.rows[j], t].double() - draw.lp_lse[jl])
+        return changed
 
     def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:
         """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries."""

@@ -1,8 +1,9 @@
 """Batched random sampling: temperature, top-k, top-p, min-p and the draw, with no vocabulary sort.
 
-Owns: `sample_random_rows`, which turns float32 logits of the random rows into token ids given
-per-row parameters and one uniform per row (from `random_stream.step_uniforms`). Plain torch,
-the same code on CPU and CUDA.
+Owns: `draw_random_rows`, which turns float32 logits of the random rows into token ids given
+per-row parameters and one uniform per row (from `random_stream.step_uniforms`) without a host
+sync, and `sample_random_rows`, the same draw made exact at once. Plain torch, the same code on
+CPU and CUDA.
 
 The kept set of a row (all thresholds on the row's logits, so it is always a set of the highest
 values, ties kept together):
@@ -21,8 +22,13 @@ How, without sorting the vocabulary:
     the float32 bit order, batched), then one pass that writes exp((x - max) / T) block sums and a
     second level that draws inside the chosen block. On the CPU that pass runs over column chunks
     that stay in cache; on CUDA it is one chunk.
+Which candidate rows did not fit (ties past k + margin, a top-p set wider than its candidates)
+only the device knows: `draw_random_rows` returns their flags in an `Unresolved`, and whoever
+copies the ids to the host copies the flags with them and redoes the flagged rows on the full
+path (`Unresolved.apply`; the sampler does it in `Sampler.finish`), with the same uniform.
 
-Must never: read or write state outside its arguments, mutate `x`, or sync to the host.
+Must never: read or write state outside its arguments, mutate `x`, or sync to the host (except
+`sample_random_rows` / `kept_mask`, which read the flags: tests and diagnostics).
 To extend: a new filter is one more threshold; apply it in `_candidate_keep` and `_full_weights`
 in the same way, so both paths keep the same set.
 """
@@ -59,17 +65,62 @@ class RandomRows:
 
 
 def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
-    """Token ids [n] (int64) for float32 logits `x` [n, vocab] of random rows."""
-    return _run(x, rows, want_mask=False)
+    """Token ids [n] (int64) for float32 logits `x` [n, vocab] of random rows, exact: rows the
+    candidate path could not settle are redone at once (one host read of their flags)."""
+    out, unresolved = draw_random_rows(x, rows)
+    if unresolved is not None:
+        unresolved.apply(out, unresolved.flags.tolist())
+    return out
+
+
+def draw_random_rows(x: torch.Tensor, rows: RandomRows, private: bool = True):
+    """The draw with no host sync: (ids [n], `Unresolved` or None). Ids of rows flagged in
+    `Unresolved.flags` are only provisional until `Unresolved.redo` ran for them. `private`:
+    `x` is the caller's own (False: it may be reused, so a redo keeps a copy)."""
+    return _run(x, rows, want_mask=False, private=private)
 
 
 def kept_mask(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
     """[n, vocab] bool: the tokens each row may draw, found by the same paths as the draw
     (for tests and diagnostics; the draw itself never builds this)."""
-    return _run(x, rows, want_mask=True)
+    out, unresolved = _run(x, rows, want_mask=True)
+    if unresolved is not None:
+        unresolved.apply(out, unresolved.flags.tolist(), want_mask=True)
+    return out
 
 
-def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool) -> torch.Tensor:
+@dataclass
+class Unresolved:
+    """Candidate rows whose kept set may not fit their candidates (ties past k + margin, or a
+    top-p set wider than its candidates): only the device knows which, so the draw hands the
+    flags back instead of reading them. Whoever has them on the host calls `redo` for the
+    flagged rows: the full path, with the same uniform, so the result is what a synchronous
+    draw gives."""
+
+    flags: torch.Tensor   # [len(rows)] bool on the device: True = redo on the full path
+    rows: list[int]       # the draw's rows that took the candidate path
+    x: torch.Tensor       # [n, vocab] float32 logits of the draw (kept alive until the redo)
+    m: torch.Tensor       # [n, 1] row maxima
+    inv_t: torch.Tensor   # [n, 1]
+    kth: torch.Tensor     # [len(rows), 1] top-k threshold of each candidate row
+    params: RandomRows
+
+    def redo(self, which: list[int], want_mask: bool = False) -> torch.Tensor:
+        """Full-path ids (or kept masks) of `self.rows[j]` for j in `which` (on the device)."""
+        dev = self.x.device
+        sub = [self.rows[j] for j in which]
+        sub_idx = _index(sub, dev)
+        return _full(self.x[sub_idx], self.m[sub_idx], self.inv_t[sub_idx],
+                     self.kth[_index(which, dev)], self.params, sub, want_mask)
+
+    def apply(self, out: torch.Tensor, host_flags: list, want_mask: bool = False) -> None:
+        """Redo the flagged rows into `out` (a host sync; rare)."""
+        which = [j for j, f in enumerate(host_flags) if f]
+        if which:
+            out[_index([self.rows[j] for j in which], self.x.device)] = self.redo(which, want_mask)
+
+
+def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = True):
     n, vocab = x.shape
     dev = x.device
     m = x.amax(dim=-1, keepdim=True)
@@ -79,6 +130,7 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool) -> torch.Tensor:
     full = [i for i, c in enumerate(need) if not c]
     out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
            else torch.empty(n, dtype=torch.long, device=dev))
+    unresolved = None
     if cand:
         idx = _index(cand, dev)
         resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
@@ -90,20 +142,15 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool) -> torch.Tensor:
             order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
             w, ids = w.gather(1, order), ids.gather(1, order)
             out[idx] = ids.gather(1, _inverse_cdf(w, rows.uniform[idx]).unsqueeze(1)).squeeze(1)
-        # Rows whose kept set did not fit their candidates (ties past k + margin, or a top-p set
-        # wider than its candidates) go the full way. Only the device knows which: one read.
-        if not bool(resolved.all()):
-            unresolved = (~resolved).nonzero().squeeze(1).tolist()
-            sub = [cand[j] for j in unresolved]
-            sub_idx = _index(sub, dev)
-            out[sub_idx] = _full(x[sub_idx], m[sub_idx], inv_t[sub_idx],
-                                 kth[_index(unresolved, dev)], rows, sub, want_mask)
+        # Rows whose kept set did not fit their candidates go the full way; only the device
+        # knows which, so the caller reads the flags when it has them (no sync here).
+        unresolved = Unresolved(~resolved, cand, x if private else x.clone(), m, inv_t, kth, rows)
     if full:
         idx = _index(full, dev)
         tau = torch.full((len(full), 1), float("-inf"), device=dev)
         out[idx] = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
                          tau, rows, full, want_mask)
-    return out
+    return out, unresolved
 
 
 def _take(t: torch.Tensor, idx: torch.Tensor, which: list[int], n: int) -> torch.Tensor:

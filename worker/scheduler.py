@@ -22,6 +22,10 @@ max_model_len). While another step is uncollected, `schedule(can_preempt=False)`
 preempts: it stops at the first request that needs blocks it cannot get and sets `blocked`, and
 the engine settles before the next schedule. A request that ends while a step that computes it
 is uncollected keeps its blocks until that step's `update` (the device may still write them).
+`rewind(id)`: the request's pending input in the uncollected step was wrong (the sampler redid
+the previous token): that step's `update` drops its token and takes back the position it
+computed (`num_computed_tokens`), so the next schedule recomputes it with the right id; the
+engine schedules nothing before that update. No block holding that position is registered.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
 `Request.sort_key` so the preemption victim is always its tail.
@@ -104,6 +108,7 @@ class Scheduler:
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
         self._busy: dict[str, int] = {}  # request id -> scheduled steps not yet collected
         self._deferred: dict[str, list[int]] = {}  # blocks of ended requests a busy step may write
+        self._rewind: set[str] = set()  # requests whose next collected token is dropped (`rewind`)
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._rewind.discard(req.request_id)
         if req.request_id in self._busy:  # an uncollected step may still write its KV
             self._deferred[req.request_id] = req.block_ids
         else:
@@ -168,8 +174,15 @@ class Scheduler:
         if blocks:
             self.allocator.free(blocks)
 
+    def rewind(self, request_id: str) -> None:
+        """The uncollected step that computes the request used a wrong pending input: its
+        `update` drops the request's token and position (see the module docstring)."""
+        if request_id in self.requests and self._busy.get(request_id):
+            self._rewind.add(request_id)
+
     def settle_all(self) -> None:
         """Every uncollected step is gone (a failure): free every deferred block."""
+        self._rewind.clear()
         for rid in list(self._busy):
             self._busy[rid] = 1
             self.settle(rid)
@@ -345,6 +358,11 @@ class Scheduler:
                 continue  # ended after scheduling: this step's token (if any) is dropped
             if s.needs_sample:
                 req.num_pending -= 1
+                if s.request_id in self._rewind:  # computed from a wrong input: redo that position
+                    self._rewind.discard(s.request_id)
+                    req.num_computed_tokens = s.start_position + len(s.token_ids) - 1
+                    self._cache_full_blocks(req, req.num_computed_tokens)
+                    continue
                 req.append_token(sampled[s.request_id])
             self._cache_full_blocks(req, s.start_position + len(s.token_ids))
             if not s.needs_sample:
