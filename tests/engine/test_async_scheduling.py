@@ -159,3 +159,45 @@ def test_reset_cache_settles_the_step_in_flight():
     assert not llm.engine._inflight
     _, tokens = drain(llm, rids)
     assert [got[r] + tokens[r] for r in rids] == [o.token_ids for o in want]
+
+
+def unresolved_params() -> list[SamplingParams]:
+    # Hot, flat distributions: a top-p set wider than a few candidates, so the candidate path
+    # flags its rows and `Sampler.finish` redoes them (changing many ids).
+    base = dict(temperature=3.0, max_tokens=10, ignore_eos=True)
+    return [
+        SamplingParams(top_p=0.95, seed=11, **base),
+        SamplingParams(top_p=0.9, seed=12, repetition_penalty=1.2, presence_penalty=0.4, **base),
+        SamplingParams(top_p=0.97, seed=13, logprobs=2, **base),
+        SamplingParams(top_k=20, top_p=0.99, seed=14, frequency_penalty=0.3, **base),
+        SamplingParams(top_k=30, seed=15, **base),
+        greedy(10),
+        SamplingParams(top_p=0.9, seed=16, min_p=0.05, **base),
+        SamplingParams(top_p=0.95, seed=17, **base),
+    ]
+
+
+def test_unresolved_rows_are_redone_and_rewound(monkeypatch):
+    """Rows the candidate path cannot settle give the same tokens (seeded) with few candidates
+    (most rows redone) as with the default count, in sync and async mode; async mode rewinds
+    the requests whose pending input changed and still gives every request its full output."""
+    from infer_cluster.worker import sampling_ops
+    from infer_cluster.worker.scheduler import Scheduler
+
+    kw = dict(block_size=8, num_kv_blocks=64)
+    params = unresolved_params()
+    want = outputs(LLM("tiny-random", async_scheduling=False, **kw), params)
+    monkeypatch.setattr(sampling_ops, "TOP_P_CANDIDATES", 2)
+    monkeypatch.setattr(sampling_ops, "TOP_K_TIE_MARGIN", 0)  # every top-k row is flagged
+    rewinds = []
+    real_rewind = Scheduler.rewind
+    monkeypatch.setattr(Scheduler, "rewind", lambda self, rid: (rewinds.append(rid), real_rewind(self, rid)))
+    sync = outputs(LLM("tiny-random", async_scheduling=False, **kw), params)
+    llm = LLM("tiny-random", async_scheduling=True, **kw)
+    got = outputs(llm, params)
+    for i, (a, b, c) in enumerate(zip(got, sync, want)):
+        assert a == b == c, f"request {i % len(params)} differs"
+        assert len(a[0]) == 10
+    assert rewinds  # the rare path really ran
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight

@@ -64,3 +64,59 @@ def test_no_preemption_while_a_step_is_in_flight():
     settled = h.sched.schedule()  # settled: the tail is preempted as usual
     assert settled.preempted_ids == ["b"] and a.num_computed_tokens == 6
     h.update(settled, {"a": 3})
+
+
+def test_rewind_drops_one_token_and_recomputes_its_position():
+    # Step 1 drew 9 provisionally (the sampler's redo made it 4); step 2 already computed
+    # position 3 from the 9: its token is dropped and position 3 is computed again from the 4.
+    h = Harness(block_size=4)
+    req = h.add("a", prompt_of(3), max_tokens=3)
+    first = h.sched.schedule()
+    second = h.sched.schedule(can_preempt=False)
+    assert second.requests[0].pending_input and second.requests[0].start_position == 3
+    h.update(first, {"a": 4})
+    h.sched.rewind("a")
+    advanced, _ = h.update(second, {"a": 8})  # computed from the wrong input: dropped
+    assert advanced == [] and req.output_token_ids == [4]
+    assert req.num_pending == 0 and req.num_computed_tokens == 3
+    third = h.sched.schedule()
+    (row,) = third.requests
+    assert (row.start_position, row.token_ids, row.pending_input, row.needs_sample) == (3, [4], False, True)
+    h.update(third, {"a": 5})
+    h.update(h.sched.schedule(), {"a": 6})
+    assert req.is_finished and req.finish_reason == "length" and req.output_token_ids == [4, 5, 6]
+    h.assert_all_free()
+
+
+def test_rewind_registers_no_block_computed_from_the_wrong_input():
+    # The dropped position completes a block: that block must not enter the prefix cache.
+    h = Harness(block_size=4)
+    req = h.add("a", prompt_of(3), max_tokens=4)
+    first = h.sched.schedule()
+    second = h.sched.schedule(can_preempt=False)  # position 3: fills block 0
+    h.update(first, {"a": 4})
+    h.sched.rewind("a")
+    h.update(second, {"a": 8})
+    assert req.num_registered_blocks == 0
+    third = h.sched.schedule()  # position 3 again, from the right token
+    h.update(third, {"a": 5})
+    assert req.num_registered_blocks == 1 and req.output_token_ids == [4, 5]
+    other = h.add("b", prompt_of(3) + [4, 1], max_tokens=1)
+    out = h.schedule()
+    assert other.num_cached_tokens == 4  # the block of [prompt, 4] is cached and shared
+    h.update(out, {"b": 1, "a": 2})
+    while h.sched.has_unfinished():
+        h.step()
+    h.assert_all_free()
+
+
+def test_rewind_of_a_request_that_ended_meanwhile_is_forgotten():
+    h = Harness(block_size=4)
+    req = h.add("a", prompt_of(3), max_tokens=5)
+    first = h.sched.schedule()
+    second = h.sched.schedule(can_preempt=False)
+    h.update(first, {"a": EOS})  # the redone id ended it
+    h.sched.rewind("a")  # nothing to rewind: it is gone
+    advanced, _ = h.update(second, {"a": 3})
+    assert advanced == [] and req.output_token_ids == [EOS] and not h.sched._rewind
+    h.assert_all_free()
