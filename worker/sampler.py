@@ -291,7 +291,7 @@ class Sampler:
                         ban_rows.append(i)
                         ban_tokens.append(t)
         if ban_rows:
-            x[_index(ban_rows, x.device), _index(ban_tokens, x.device)] = _NEG_INF
+            _ban(x, ban_rows, ban_tokens)
         return entries
 
     def _random_params(self, rows: list[SamplingRequestState], vocab: int, device: torch.device) -> RandomRows:
@@ -346,7 +346,13 @@ def apply_min_tokens(x: torch.Tensor, rows: list[SamplingRequestState], which: l
                 ban_rows.append(i)
                 ban_tokens.append(t)
     if ban_rows:
-        x[_index(ban_rows, x.device), _index(ban_tokens, x.device)] = _NEG_INF
+        _ban(x, ban_rows, ban_tokens)
+
+
+def _ban(x: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+    """x[rows[j], tokens[j]] = -inf. Not `x[...] = float`: on CUDA that value becomes a host
+    scalar copied to the device by a blocking copy, which waits for the whole queue."""
+    x.index_put_((_index(rows, x.device), _index(tokens, x.device)), x.new_full((len(rows),), _NEG_INF))
 
 
 def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:

@@ -120,7 +120,8 @@ class SamplingState:
                 self.token_ids[e.slot, :len(ids)] = to_device(ids, torch.long, self.device)
                 self.output_counts[e.slot, :len(ids)] = to_device(
                     [float(out_counts.get(t, 0)) for t in ids], torch.float32, self.device)
-            self.num_distinct[e.slot] = len(ids)
+            # fill_, not `[slot] = int`: that copies a host scalar with a blocking copy on CUDA
+            self.num_distinct[e.slot:e.slot + 1].fill_(len(ids))
         if e.ngram_size:
             for t in prompt:
                 e.fold_ngram(t)

@@ -103,3 +103,65 @@ def test_no_allocation_growth_after_start():
     torch.cuda.synchronize()
     grown = torch.cuda.memory_reserved() - reserved
     assert grown <= 64 * 2**20, f"reserved memory grew by {grown / 2**20:.1f} MiB while serving"
+
+
+SYNC_DEBUG_KINDS = {  # bench/throughput.py's SAMPLING_KINDS, plus the rows the candidate path flags
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, top_p=0.9, top_k=50, seed=5),
+    "penalties": dict(repetition_penalty=1.1, presence_penalty=0.3, frequency_penalty=0.2, temperature=0.7),
+    "logprobs": dict(temperature=0.0, logprobs=5),
+    "flat_top_p": dict(temperature=50.0, top_p=0.99, seed=6),  # wider than its candidates: flagged
+    "min_tokens": dict(temperature=0.7, min_tokens=5, seed=7),
+}
+
+
+@pytest.mark.parametrize("kind", [*SYNC_DEBUG_KINDS, "mixed"])
+def test_sync_debug_draw_never_blocks_the_host(kind):
+    """`Sampler.draw` of each kind queues its work without one host sync (any would raise under
+    `torch.cuda.set_sync_debug_mode("error")`), a first draw of a request included. Exactness
+    is tested elsewhere (tests/unit/test_sampler.py, the async tests below)."""
+    from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+
+    n, vocab = 64, 151936
+    kinds = list(SYNC_DEBUG_KINDS) if kind == "mixed" else [kind]
+    params = [SamplingParams(max_tokens=100, **SYNC_DEBUG_KINDS[kinds[i % len(kinds)]]) for i in range(n)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = [SamplingRequestState(p, [(i * 7 + j) % vocab for j in range(40)], [3, 4], None, (2,),
+                                 f"r{i}") for i, p in enumerate(params)]
+    sampler = Sampler(torch.Generator().manual_seed(1))
+    for step in range(4):  # the first draws create the penalty state and warm the allocators
+        logits = torch.randn(n, vocab, device="cuda", generator=gen).to(torch.bfloat16)
+        torch.cuda.synchronize()
+        if step == 3:  # and a request drawn for the first time (its penalty state is made)
+            rows[0] = SamplingRequestState(params[0], [9, 8, 7], [], None, (2,), "fresh")
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            draw = sampler.draw(logits, rows, logits_writable=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        values = draw.values.flatten().tolist() if draw.values is not None else None
+        out = sampler.finish(draw, draw.transfer.tolist(), values)
+        for r in rows:
+            r.num_pending += 1  # async scheduling's bookkeeping: the ids are not in the lists
+    assert len(out.token_ids) == n and all(0 <= t < vocab for t in out.token_ids)
+
+
+def test_async_unresolved_rows_match_sync_on_gpu(checkpoints, monkeypatch):
+    """The candidate path's flagged rows (redone in `Sampler.finish`, rewound when a step in
+    flight used the provisional id) give the synchronous loop's outputs on the device."""
+    from infer_cluster.worker import LLM, sampling_ops
+    from tests.engine.test_async_scheduling import outputs, unresolved_params
+
+    monkeypatch.setattr(sampling_ops, "TOP_P_CANDIDATES", 2)
+    monkeypatch.setattr(sampling_ops, "TOP_K_TIE_MARGIN", 0)
+    kw = dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=128, warmup=False)
+    params = unresolved_params()
+    want = outputs(LLM(checkpoints["qwen3"], async_scheduling=False, **kw), params)
+    llm = LLM(checkpoints["qwen3"], async_scheduling=True, **kw)
+    got = outputs(llm, params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"request {i} differs"
+        if b[3] is not None:
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-5)
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
