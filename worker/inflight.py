@@ -8,8 +8,10 @@ rows marked `pending_input` get their input id from the latest launch's draw, on
 `LaunchedStep` owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
 `token_ids` feed the next step's `pending_input` rows), and the copy of the draw to the host:
 into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
-`wait()` blocks on that event only, then builds the `SamplerOutput`. On the CPU the copy is
-an ordinary one and there is no event, but the same code runs.
+`wait()` blocks on that event only, then builds the `SamplerOutput` (the sampler redoes the
+rare rows its candidate path flagged there: a sync, after the event anyway; the ids it changed
+come back so the engine can rewind a later step that used them). On the CPU the copy is an
+ordinary one and there is no event, but the same code runs.
 Must never: change the scheduler or requests (the engine applies the results), or sync the
 device anywhere but `wait()` / `abandon()`.
 To extend (more steps in flight): the engine's collect condition sets the depth; steps are
