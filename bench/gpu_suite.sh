@@ -25,6 +25,8 @@ for stage in "$@"; do
         --out "$OUT/workloadA_llama8b.json" 2>&1 | grep -v "it/s\]" | tail -8 ;;
     sampling)  # issue 10's table: workload A as greedy / sampled / penalties / logprobs, one engine
       python3 -m pytest -q -m gpu tests/unit/test_sampler.py tests/unit/test_sampling_ops.py tests/kernels/test_random_stream.py tests/kernels/test_row_stats.py -p no:cacheprovider 2>&1 | tail -3
+      # no host sync inside Sampler.draw (sync debug mode "error"), and async == sync with redone rows
+      python3 -m pytest -q -m gpu -k "sync_debug or async" tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tail -5
       python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
         --sampling all --repeats 2 --out "$OUT/sampling_qwen3.json" 2>&1 | grep -v "it/s\]" | tail -13 ;;
