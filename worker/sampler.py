@@ -134,7 +134,7 @@ class Sampler:
         as `DeferredLogprob`s, built later by whoever needs them (worker/logprob_rows.py)."""
         draw = self.draw(logits, rows, logits_writable)
         values = draw.values.flatten().tolist() if draw.values is not None else None
-        return self.finish(draw, draw.transfer.tolist(), values, defer_logprobs)  # the one sync
+        return self.finish(draw, draw.transfer.tolist(), values, defer_logprobs)  # the one sync (+ a rare redo)
 
     @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],

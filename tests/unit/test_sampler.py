@@ -334,3 +334,34 @@ def test_random_rows_on_cuda_logits_use_the_engines_cpu_generators():
                                                        rows[2]])
     assert out.token_ids[1] == again.token_ids[1]
     assert out.token_ids[2] == 5
+
+
+# ---------------------------------------------------------------- rows the candidate path flags
+
+def test_flagged_rows_are_redone_in_finish_and_reported(monkeypatch):
+    """With 2 candidates, flat top-p rows are flagged by the draw and redone by `finish`: the
+    ids (seeded), sampled logprobs and the next step's penalties equal the default path's; the
+    rows whose id changed are reported and their penalty state is rebuilt from the lists."""
+    from infer_cluster.worker import sampling_ops
+
+    vocab, n = 64, 12
+    logits = [torch.randn(n, vocab, generator=gen(s)) * 0.2 for s in (1, 2)]
+
+    def run():
+        sampler = Sampler(gen(5))
+        rows = [SamplingRequestState(SamplingParams(temperature=2.0, top_p=0.95, seed=30 + i, logprobs=1,
+                                                    repetition_penalty=1.5, presence_penalty=0.5),
+                                     [1, 2, 3], [], None, (), f"r{i}") for i in range(n)]
+        first = sampler(logits[0].clone(), rows)
+        for r, t in zip(rows, first.token_ids):
+            r.output_token_ids.append(t)
+        return first, sampler(logits[1].clone(), rows), sampler
+
+    want_first, want_second, _ = run()
+    assert want_first.redrawn == []  # 256 candidates: nothing to redo at this vocabulary
+    monkeypatch.setattr(sampling_ops, "TOP_P_CANDIDATES", 2)
+    first, second, sampler = run()
+    assert first.token_ids == want_first.token_ids and second.token_ids == want_second.token_ids
+    assert first.redrawn and set(first.redrawn) <= set(range(n))
+    for a, b in zip(first.logprobs + second.logprobs, want_first.logprobs + want_second.logprobs):
+        assert a[0] == pytest.approx(b[0], abs=1e-9) and a[1].keys() == b[1].keys()
