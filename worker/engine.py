@@ -40,7 +40,7 @@ from .config import EngineConfig
 from .detokenizer import piece_table
 from .host_tier import HostTier
 from .inflight import InFlightSteps
-from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
+from .kv_reset import reset_engine_cache
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .logprob_rows import resolve_logprobs
 from .model_runner import ModelRunner
@@ -352,62 +352,13 @@ class DynamicEngine:
 
     def reset_cache(self, num_kv_blocks: Optional[int] = None,
                     kv_cache_dtype: Optional[str] = None) -> dict:
-        """Give the engine a new KV pool between steps: `num_kv_blocks` blocks (None: as many as
-        the current pool's bytes hold in the new dtype) of `kv_cache_dtype` storage (None: keep).
-        Running requests whose blocks fit keep their KV (copied; same dtype only); the rest are
-        preempted as usual (swapped to the host tier when it has room, else recomputed). The
-        device prefix cache is dropped (and with a new dtype the host tier's content too). No
+        """Give the engine a new KV pool between steps (see `kv_reset.reset_engine_cache`):
+        running requests whose blocks fit keep their KV, the rest are preempted as usual; no
         request ends. Returns the new `capacity()`. Raises `InvalidRequestError` (bad target,
         tensor/pipeline parallel) or `OutOfMemoryError` (the pool does not fit), changing nothing."""
-        if getattr(self.runner, "resize_kv_pool", None) is None:
-            raise InvalidRequestError(
-                f"resizing the KV cache is not supported with tensor/pipeline parallel "
-                f"({self.config.world_size} ranks); restart the replica with --num-kv-blocks / "
-                f"--kv-cache-dtype instead")
         self._drain()  # a settled state: no step may still write the pool
-        num_blocks, dtype = check_target(num_kv_blocks, kv_cache_dtype, self.config.kv_cache_dtype,
-                                         self.max_model_len, self.config.block_size,
-                                         self.runner.same_bytes_blocks)
-        beside = self.runner.prepare_kv_resize(num_blocks, dtype)  # OutOfMemoryError: no change
-        same_dtype = dtype == self.config.kv_cache_dtype
-        plan = plan_resize(list(self.scheduler.running), num_blocks, dtype, keep_kv=same_dtype and beside)
-        swaps = SchedulerOutput()
-        for req in reversed(plan.victims):  # newest first, as ordinary preemption does
-            self.scheduler._preempt(req, swaps)
-        if swaps.has_swaps and same_dtype:  # victims' KV to the host tier, from the old pool
-            self.runner.swap_blocks(swaps)
-        try:
-            self.runner.resize_kv_pool(num_blocks, dtype, plan.block_map)
-        except Exception:
-            if not plan.block_map:  # the old pool came back empty: its prefix cache is void
-                self._new_allocator(ResizePlan(self.runner.num_kv_blocks, self.config.kv_cache_dtype))
-            raise
-        finally:
-            if not same_dtype:  # the host tier's blocks were in the old layout
-                self._new_host_tier()
-        self._new_allocator(plan)
-        self.config = self.config.replace(num_kv_blocks=num_blocks, kv_cache_dtype=dtype)
-        log.info("KV pool now %d blocks (%s): %d running request(s) kept their KV, %d preempted",
-                 self.allocator.num_blocks, dtype, len(plan.survivors), len(plan.victims))
+        reset_engine_cache(self, num_kv_blocks, kv_cache_dtype)
         return self.capacity()
-
-    def _new_allocator(self, plan: ResizePlan) -> None:
-        self.allocator = BlockAllocator(self.runner.num_kv_blocks, self.config.block_size,
-                                        self.config.enable_prefix_caching)
-        if self.host_tier is not None:
-            self.allocator.evicted = []  # evicted cached blocks are offered to the host tier
-        adopt_survivors(plan, self.allocator)
-        self.scheduler.allocator = self.allocator
-
-    def _new_host_tier(self) -> None:
-        """A fresh, empty host tier (after a dtype change): swapped-out requests recompute."""
-        for req in self.scheduler.waiting:
-            if req.host_block_ids is not None:
-                req.host_block_ids = None
-                req.num_computed_tokens = 0
-        num_host_blocks = getattr(self.runner, "num_host_blocks", 0)
-        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
-        self.scheduler.host = self.host_tier
 
     def request_phase(self, request_id: str) -> str:
         """`waiting` (queued or preempted), `prefilling` (its prompt, or a recompute, is being

@@ -7,11 +7,12 @@ ordinary preemption: to the host tier when it has room, else recomputed) and mov
 (`adopt_survivors`: their blocks become ids 0..k-1 in table order, shared blocks stay shared).
 The prefix cache is dropped; survivors' full blocks are offered to it again by the next
 `Scheduler.update`. The tensor half (reallocate, copy surviving blocks, re-capture CUDA graphs)
-is `ModelRunner.resize_kv_pool`; `DynamicEngine.reset_cache` drives both.
+is `ModelRunner.resize_kv_pool`; `kv_reset.reset_engine_cache` (run by `DynamicEngine.reset_cache`)
+drives both.
 
 Must never import torch, and never fail or drop a request: a request that does not fit goes
 back to waiting, and a target that could strand a request is refused up front.
-To extend (e.g. copy the dropped prefix cache to the host tier): the engine's `reset_cache`
+To extend (e.g. copy the dropped prefix cache to the host tier): `kv_reset.reset_engine_cache`
 has the old pool until `resize_kv_pool`; keep `adopt_survivors` assigning ids in order (the runner's copy relies on it).
 """
 
