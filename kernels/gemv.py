@@ -65,11 +65,13 @@ def default_config(m: int, n: int, k: int):
                       split_k=split_k, use_dot=dot)
 
 
-def pick_config(m: int, n: int, k: int):
+def pick_config(m: int, n: int, k: int, itemsize: int = 2):
     """The tuned entry for (N, K, M bucket) if the sweep recorded one, else `default_config`.
-    None means: use cuBLAS."""
+    None means: use cuBLAS. The table was tuned for 2-byte activations (bf16): its tiles can
+    need twice the shared memory in float32 (a 64x256 tile with 4 stages asked for 240 KB on the
+    H100), so other dtypes take the heuristic."""
     key = (n, k, m_bucket(m))
-    if key in TUNED:
+    if itemsize == 2 and key in TUNED:
         return TUNED[key]
     return default_config(m, n, k)
 
@@ -84,7 +86,7 @@ def silu_mul_linear_small_ref(gate_up, weight):
 
 def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
     if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
-        cfg = pick_config(x.shape[0], weight.shape[0], weight.shape[1])
+        cfg = pick_config(x.shape[0], weight.shape[0], weight.shape[1], x.element_size())
         if cfg is not None:
             from .gemv_triton import linear_small_triton
             return linear_small_triton(x, weight, bias, cfg)
@@ -93,7 +95,7 @@ def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
 
 def silu_mul_linear_small(gate_up, weight):
     if use_triton(gate_up) and gate_up.dim() == 2 and gate_up.shape[0] <= GEMV_MAX_M:
-        cfg = pick_config(gate_up.shape[0], weight.shape[0], weight.shape[1])
+        cfg = pick_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.element_size())
         if cfg is not None:
             from .gemv_triton import silu_mul_linear_small_triton
             return silu_mul_linear_small_triton(gate_up, weight, cfg)
