@@ -65,15 +65,22 @@ def default_config(m: int, n: int, k: int):
                       split_k=split_k, use_dot=dot)
 
 
-def pick_config(m: int, n: int, k: int, itemsize: int = 2):
+def pick_config(m: int, n: int, k: int, itemsize: int = 2, hopper: bool = True):
     """The tuned entry for (N, K, M bucket) if the sweep recorded one, else `default_config`.
-    None means: use cuBLAS. The table was tuned for 2-byte activations (bf16): its tiles can
-    need twice the shared memory in float32 (a 64x256 tile with 4 stages asked for 240 KB on the
-    H100), so other dtypes take the heuristic."""
+    None means: use cuBLAS. The table was tuned on an H100 for 2-byte activations (bf16): its
+    tiles can need twice the shared memory in float32 (a 64x256 tile with 4 stages asked for
+    240 KB there), or more than a smaller GPU has, so other dtypes and GPUs other than compute
+    capability 9.x (`hopper`) take the heuristic (at most ~50 KB of shared memory)."""
     key = (n, k, m_bucket(m))
-    if itemsize == 2 and key in TUNED:
+    if itemsize == 2 and hopper and key in TUNED:
         return TUNED[key]
     return default_config(m, n, k)
+
+
+def _hopper(t: torch.Tensor) -> bool:
+    """Whether `t` lives on the kind of GPU the table was tuned on (the interpreter counts as one,
+    so CPU tests exercise the tuned entries)."""
+    return not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def linear_small_ref(x, weight, bias: Optional[torch.Tensor] = None):
@@ -86,7 +93,7 @@ def silu_mul_linear_small_ref(gate_up, weight):
 
 def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
     if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
-        cfg = pick_config(x.shape[0], weight.shape[0], weight.shape[1], x.element_size())
+        cfg = pick_config(x.shape[0], weight.shape[0], weight.shape[1], x.element_size(), _hopper(x))
         if cfg is not None:
             from .gemv_triton import linear_small_triton
             return linear_small_triton(x, weight, bias, cfg)
@@ -95,7 +102,8 @@ def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
 
 def silu_mul_linear_small(gate_up, weight):
     if use_triton(gate_up) and gate_up.dim() == 2 and gate_up.shape[0] <= GEMV_MAX_M:
-        cfg = pick_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.element_size())
+        cfg = pick_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.element_size(),
+                          _hopper(gate_up))
         if cfg is not None:
             from .gemv_triton import silu_mul_linear_small_triton
             return silu_mul_linear_small_triton(gate_up, weight, cfg)

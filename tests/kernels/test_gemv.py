@@ -255,3 +255,10 @@ def test_tuned_table_is_for_two_byte_dtypes_only():
     n, k, m = key
     assert gemv.pick_config(m, n, k) == gemv.TUNED[key]
     assert gemv.pick_config(m, n, k, itemsize=4) == gemv.default_config(m, n, k)
+
+
+def test_tuned_table_is_for_the_gpu_it_was_tuned_on():
+    from infer_cluster.kernels import gemv
+    key = next(k for k, v in gemv.TUNED.items() if v is not None)
+    n, k, m = key
+    assert gemv.pick_config(m, n, k, hopper=False) == gemv.default_config(m, n, k)
