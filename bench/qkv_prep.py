@@ -76,30 +76,11 @@ def _max_diffs(torch, case, fused):
 
 
 def _time_graph(torch, fn, case, reps, iters):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up (compiles) on a side stream, as torch.cuda.graph expects
-        for _ in range(3):
-            fn(**case)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn(**case)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / reps)
-    del g
-    return statistics.median(samples)
+    """Microseconds per call: `fn(**case)` captured `reps` times in one CUDA graph, median of
+    `iters` replays (bench/tune_decode_cases.time_graph, which all decode benches share)."""
+    from bench import tune_decode_cases as tc
+    median_ms, _ = tc.time_graph(lambda batch, _out: fn(**batch), {"batches": [case]}, [None], reps, iters)
+    return median_ms * 1e3
 
 
 def _time_eager(torch, fn, case, iters, cuda):

@@ -105,7 +105,7 @@ class DeviceDraw:
     ngram: list = field(default_factory=list)  # (row, state entry) whose n-gram map needs the id
     unresolved: Optional[Unresolved] = None  # candidate-path rows that may need the full path
     random_rows: list = field(default_factory=list)  # the row of each random row
-    penalty_keys: dict = field(default_factory=dict)  # row -> its request's penalty state key
+    penalty_keys: dict = field(default_factory=dict)  # row -> its penalty state key (when a redo may run)
     lp_lse: Optional[torch.Tensor] = None  # logprob rows' log-sum-exp (to fix a redrawn row's)
 
 
@@ -219,8 +219,9 @@ class Sampler:
             if entries:
                 self.state.append(entries, token_ids[_index(penalty_rows, device)])
                 draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
-                draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows
-                                     if rows[i].request_id is not None}
+                if unresolved is not None:  # only a redo (`_redo`) looks them up
+                    draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows
+                                         if rows[i].request_id is not None}
         finally:
             for key in scratch:
                 self.state.remove(key)
