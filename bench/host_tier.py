@@ -109,6 +109,7 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
                 "num_kv_blocks": s["num_total_blocks"], "num_host_blocks": s["num_host_blocks"],
                 "host_stored_blocks": s["host_stored_blocks"], "host_hit_blocks": s["host_hit_blocks"],
                 "swap_seconds": s["step_seconds"].get("swap", 0.0),
+                "load_waits": llm.engine.scheduler.num_load_waits,
                 "step_seconds": s["step_seconds"], "copy_mode": pool.copy_mode if pool is not None else None,
                 "device": str(llm.engine.runner.device)}
         return info, [o.token_ids for o in outs]
@@ -265,7 +266,8 @@ def main(argv=None):
         phases = " ".join(f"{k} {v:.2f}" for k, v in sorted(r["step_seconds"].items()))
         print(f"tier {name:>9}: {r['seconds']:8.2f} s  {r['requests_per_s']:8.2f} req/s  "
               f"{r['tokens_per_s']:10.0f} tok/s  computed {r['num_scheduled_tokens']} tok  "
-              f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  [s: {phases}]")
+              f"cached device {r['cached_tokens_device']} host {r['cached_tokens_host']} tok  "
+              f"load waits {r['load_waits']}  [s: {phases}]")
     same = all(tokens[name] == tokens["off"] for name, _, _ in runs)
     ratios = {name: results["off"]["seconds"] / results[name]["seconds"] for name, _, _ in runs[1:]}
     for name, ratio in ratios.items():

@@ -106,7 +106,8 @@ class DynamicEngine:
         num_host_blocks = getattr(self.runner, "num_host_blocks", 0)
         self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, self.host_tier)
+                                   self.max_model_len, self.host_tier,
+                                   getattr(self.runner, "loads_landed", None), getattr(self.runner, "wait_load", None))
         # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
         # (a few per row); this CPU generator only draws the keys of unseeded rows.
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
@@ -237,8 +238,14 @@ class DynamicEngine:
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
+            loads = self.scheduler.has_loads
+            if loads:  # host-tier copies in flight: let them finish before their blocks go back
+                try:
+                    self.scheduler.land_all_loads()
+                except Exception:  # a broken device: nothing more will write them
+                    pass
             self.scheduler.settle_all()  # the blocks of requests that ended meanwhile
-            self._fail(outs if out is not None else None, exc)
+            self._fail(outs if out is not None else None, exc, loads)
             deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
         if self.scheduler.failed_at_admission:
             failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
@@ -306,13 +313,14 @@ class DynamicEngine:
         for req in advanced:  # appended one by one: a failure keeps what was already built
             deltas.append(self._emit(req, logprobs.get(req.request_id), now))
 
-    def _fail(self, outs: Optional[list[SchedulerOutput]], exc: Exception) -> None:
+    def _fail(self, outs: Optional[list[SchedulerOutput]], exc: Exception, loads: bool = False) -> None:
         """End the scheduled requests of the failed steps `outs` (all requests if scheduling
-        itself failed: None) as FAILED; `_unreported_finals` then sends their final deltas."""
+        itself failed: None) as FAILED; `_unreported_finals` then sends their final deltas.
+        `loads`: host-tier loads were in flight."""
         error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}").to_dict()
         ids = ([s.request_id for out in outs for s in out.requests] if outs is not None
                else list(self.scheduler.requests))
-        if outs is not None and any(out.has_swaps for out in outs):  # copies may be half done
+        if loads or (outs is not None and any(out.has_swaps for out in outs)):  # copies may be half done
             ids = list(self.scheduler.requests)  # trust no cached KV
             self.allocator.reset_prefix_cache()
             self.host_tier.reset_prefix_cache()

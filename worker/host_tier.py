@@ -2,12 +2,12 @@
 
 Owns: which host block holds which prefix (by the same chained hash as `BlockAllocator`), the
 LRU order of those cached blocks, the free host blocks, blocks *owned* by a swapped-out
-request (not in the cache, never evicted), and blocks *pinned* for the step in flight (read by
-a swap-in this step, or written by a swap-out this step, so no other copy of the step may
-reuse them). Pins and the
-owned blocks of a resumed request are released at the start of the next step (`begin_step`):
-the runner performs a step's copies in order (all swap-outs, then all swap-ins) before its
-forward, so by the next schedule nothing reads them any more.
+request (not in the cache, never evicted), and *pinned* blocks, which nothing may evict or
+overwrite: written by a swap-out this step (released at the next `begin_step`: the swap-outs
+run in stream order before any later copy), or read by a swap-in ("load") still in flight
+(released by `land(load)` once the scheduler learned that load finished; a load may span many
+steps). The owned blocks of a resumed request are freed the same way, when its load lands
+(`release(..., load=...)`); without a load id they are freed at the next `begin_step`.
 
 Must never import torch: the tensors live in `worker/kv_copy.py` (`HostKVPool`); the scheduler
 lists the copies in its `SchedulerOutput` and the runner performs them.
@@ -31,8 +31,11 @@ class HostTier:
         self.hash_of: list[Optional[int]] = [None] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2...
         self.owned: set[int] = set()       # held by a swapped-out request
-        self.pinned: set[int] = set()      # read by a swap-in of the step in flight
-        self._release_next: list[int] = []  # owned blocks whose swap-in is in flight
+        self.pinned: dict[int, int] = {}   # block -> pins (a swap-out this step, loads in flight)
+        self._step_pins: list[int] = []     # pins dropped at the next begin_step
+        self._load_pins: dict[int, list[int]] = {}  # load id -> host blocks it reads
+        self._release_next: list[int] = []  # owned blocks whose swap-in ran this step
+        self._release_on: dict[int, list[int]] = {}  # load id -> owned blocks freed when it lands
         # counters for stats()
         self.num_stored_blocks = 0     # evicted device blocks copied here
         self.num_hit_blocks = 0        # cached blocks copied back on a prefix hit
@@ -57,11 +60,35 @@ class HostTier:
         return len(self._free) + len(self._lru) - len(self.pinned)
 
     def begin_step(self) -> None:
-        """The previous step's copies have run: drop its pins, free its resumed requests' blocks."""
-        self.pinned.clear()
+        """The previous step's copies are queued in order: drop its step pins, free the blocks of
+        resumed requests released without a load id."""
+        self._unpin(self._step_pins)
+        self._step_pins = []
         for b in self._release_next:
             self._free.append(b)
         self._release_next.clear()
+
+    def land(self, load: int) -> None:
+        """Load `load` (a swap-in) has finished: its host blocks may be evicted and its resumed
+        requests' blocks are free."""
+        self._unpin(self._load_pins.pop(load, ()))
+        self._free.extend(self._release_on.pop(load, ()))
+
+    def land_all(self) -> None:
+        for load in set(self._load_pins) | set(self._release_on):
+            self.land(load)
+
+    def _pin(self, block: int, load: Optional[int]) -> None:
+        self.pinned[block] = self.pinned.get(block, 0) + 1
+        (self._step_pins if load is None else self._load_pins.setdefault(load, [])).append(block)
+
+    def _unpin(self, blocks) -> None:
+        for b in blocks:
+            left = self.pinned[b] - 1
+            if left:
+                self.pinned[b] = left
+            else:
+                del self.pinned[b]
 
     # -- prefix cache ---------------------------------------------------------------------------
 
@@ -75,12 +102,12 @@ class HostTier:
             found.append(b)
         return found
 
-    def pin_hits(self, blocks: Sequence[int]) -> None:
-        """`blocks` (from `lookup`) are copied back this step: mark them most recently used and
-        keep them until the copies ran."""
+    def pin_hits(self, blocks: Sequence[int], load: Optional[int] = None) -> None:
+        """`blocks` (from `lookup`) are copied back by `load` (None: a copy of this step): mark
+        them most recently used and keep them until it landed (`land`) or the step ended."""
         for b in blocks:
             self._lru.move_to_end(self.hash_of[b])
-            self.pinned.add(b)
+            self._pin(b, load)
         self.num_hit_blocks += len(blocks)
 
     def store(self, block_hash: int) -> Optional[int]:
@@ -95,7 +122,7 @@ class HostTier:
             return None
         self.hash_of[block] = block_hash
         self._lru[block_hash] = block
-        self.pinned.add(block)  # written this step: no later store of the step may take it back
+        self._pin(block, None)  # written this step: no later store of the step may take it back
         self.num_stored_blocks += 1
         return block
 
@@ -118,13 +145,13 @@ class HostTier:
         self.num_swapped_out_blocks += n
         return blocks
 
-    def release(self, blocks: Sequence[int], in_flight: bool) -> None:
-        """A swapped-out request's blocks are no longer needed: at once (it ended), or after
-        this step (`in_flight`: its swap-in copies are listed in the step's output)."""
+    def release(self, blocks: Sequence[int], in_flight: bool, load: Optional[int] = None) -> None:
+        """A swapped-out request's blocks are no longer needed: at once (it ended), or once its
+        swap-in has read them (`in_flight`: when `load` lands, or after this step without one)."""
         for b in blocks:
             self.owned.remove(b)
         if in_flight:
-            self._release_next.extend(blocks)
+            (self._release_next if load is None else self._release_on.setdefault(load, [])).extend(blocks)
             self.num_swapped_in_blocks += len(blocks)
         else:
             self._free.extend(blocks)
@@ -163,14 +190,15 @@ class HostTier:
     def check_invariants(self) -> None:
         free = set(self._free)
         cached = set(self._lru.values())
-        parts = [free, cached, self.owned, set(self._release_next)]
+        releasing = set(self._release_next).union(*self._release_on.values())
+        parts = [free, cached, self.owned, releasing]
         if sum(len(p) for p in parts) != self.num_blocks or len(set().union(*parts)) != self.num_blocks:
             raise AssertionError("host blocks: free / cached / owned / releasing do not partition the pool")
         for h, b in self._lru.items():
             if self.hash_of[b] != h:
                 raise AssertionError(f"host block {b}: hash map out of sync")
-        if not self.pinned <= cached:
-            raise AssertionError(f"pinned host blocks {sorted(self.pinned - cached)} are not cached")
+        if not self.pinned.keys() <= cached:
+            raise AssertionError(f"pinned host blocks {sorted(self.pinned.keys() - cached)} are not cached")
         for b in range(self.num_blocks):
             if self.hash_of[b] is not None and b not in cached:
                 raise AssertionError(f"host block {b} keeps a hash but is not cached")

@@ -5,7 +5,7 @@ Owns: one host tensor per `LayerKV` field (K, V and, for an int8 cache, their sc
 `[num_host_blocks, num_layers, *per-block shape]` (a block's data for every layer is one
 contiguous run), all views of one `HostBuffer` (worker/host_memory.py): page-locked AND mapped
 into the device's address space on CUDA, plain CPU memory on CPU.
-`swap(swap_out, swap_in, step)` performs a step's copies, swap-outs first. How (`copy_mode`):
+`swap(swap_out, swap_in, loads)` performs a step's copies, swap-outs first. How (`copy_mode`):
   * "kernel": ONE `kv_swap` launch per direction (kernels/kv_swap_triton.py on CUDA:
     the SMs read/write the mapped host pool directly; torch index ops on CPU). No staging
     buffer, no CPU gather, no host synchronization;
@@ -21,12 +21,15 @@ Ordering (CUDA), which is what makes the copies correct without blocking the hos
     overwritten before its copy has read it;
   * swap-ins run on a side copy stream that first waits for the compute stream (so they read
     host blocks only after the swap-outs that wrote them, and write device blocks only after
-    everything before them read those blocks); their completion event is kept;
-  * `before_forward(step)` makes the compute stream wait for every swap-in issued by an EARLIER
-    step. Those of the same step are left in flight: the scheduler never lets that step's
-    forward read or write the blocks they fill (such requests compute from the next step), so
-    the copies overlap the forward. `swap` and `wait_loads` wait for all of them first (the
-    next step's swap-outs may reuse their host blocks; a resize moves the blocks).
+    everything before them read those blocks), one *load* at a time (`loads`: one per admitted
+    request), each with its completion event;
+  * nothing on the compute stream waits for a load: the scheduler asks `landed(ids)` (event
+    queries, never blocking) and lets no forward read or write a load's blocks before it
+    landed, so loads overlap the forwards of other requests, across as many steps as they take.
+    `wait_load(id)` blocks the host on one (the scheduler has nothing else to run);
+    `wait_loads()` makes the compute stream wait for all (a resize moves the blocks).
+  * swap-outs and swap-ins have their own staging buffers (DMA modes), so a swap-out never
+    waits for a load in flight; the scheduler keeps a load's host blocks pinned until it landed.
 Which block goes where is decided elsewhere (`HostTier`, `Scheduler`); this module never
 chooses blocks. Must never be used with tensor/pipeline parallel ranks (config refuses it).
 To extend (e.g. a disk tier): add a copier beside `StagedCopier` and a `copy_mode` for it.
@@ -47,7 +50,7 @@ from .models.decoder import LayerKV
 
 log = logging.getLogger(__name__)
 
-STAGING_BYTES = 256 << 20  # device (+ "gather": host) staging of the DMA modes, each
+STAGING_BYTES = 128 << 20  # device (+ "gather": host) staging of the DMA modes, per direction
 COPY_MODES = ("kernel", "runs", "gather")
 DEFAULT_COPY_MODE = "runs"  # why: the module docstring
 
@@ -75,9 +78,9 @@ class HostKVPool:
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
         self.copy_stream = torch.cuda.Stream(self.device) if pin else None
-        self._loaded: Optional[torch.cuda.Event] = None  # the latest swap-ins' completion
-        self._loaded_step: object = None  # the step (SchedulerOutput) that issued them
-        self._staged: Optional[StagedCopier] = None
+        self._loads: dict[object, torch.cuda.Event] = {}  # load id -> completion, in flight
+        self._staged: Optional[StagedCopier] = None  # swap-outs (compute stream)
+        self._staged_in: Optional[StagedCopier] = None  # swap-ins (copy stream)
         self.chunk_bytes: Optional[int] = None  # kernel path: bytes per program (None: its default)
         self.set_copy_mode(copy_mode)
         self._compile_copies()
@@ -90,6 +93,7 @@ class HostKVPool:
             return
         if self._staged is not None:
             self._staged.compile_copies()
+            self._staged_in.compile_copies()
             return
         ids = block_ids_on(self.device, [[0], [0]])
         kv_swap(self.layout, ids[0], ids[1], True, self.chunk_bytes)
@@ -105,9 +109,10 @@ class HostKVPool:
                         "a staging buffer instead (copy_mode='runs')")
             copy_mode = "runs"
         self.wait_loads()
-        self._staged = None  # its device staging goes before a new one is made
+        self._staged = self._staged_in = None  # their device staging goes before new ones are made
         if copy_mode != "kernel":
             self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
+            self._staged_in = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
         self.copy_mode = copy_mode
 
     # -- the device pool it copies to ----------------------------------------------------------
@@ -124,6 +129,7 @@ class HostKVPool:
         self.layout = self._layout(kv_caches)
         if self._staged is not None:
             self._staged.rebind(self.layout)
+            self._staged_in.rebind(self.layout)
 
     def _layout(self, kv_caches: Sequence[LayerKV]) -> SwapLayout:
         return SwapLayout([[kv[f] for f in self.fields] for kv in kv_caches], self.host)
@@ -140,45 +146,58 @@ class HostKVPool:
     # -- copies ---------------------------------------------------------------------------------
 
     def swap(self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]],
-             step: object = None) -> None:
-        """Run a step's copies: every (device, host) swap-out, then every (host, device) swap-in.
-        `step` names the step (its `SchedulerOutput`) for `before_forward`."""
-        self.wait_loads()
+             loads: Optional[Sequence[tuple[object, int]]] = None) -> None:
+        """Run a step's copies: every (device, host) swap-out, then the (host, device) swap-ins
+        as `loads`: (load id, number of consecutive `swap_in` pairs) each (default: one load,
+        id None). Loads stay in flight (see the module docstring)."""
         if swap_out:
             out = sorted(swap_out, key=lambda p: p[1])  # by host block: runs for the DMA modes
             self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
         if not swap_in:
             return
-        into = sorted(swap_in, key=lambda p: p[0])
-        if self.copy_stream is None:
-            self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
-            return
-        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
-        with torch.cuda.stream(self.copy_stream):
-            self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
-            self._loaded = torch.cuda.Event()
-            self._loaded.record(self.copy_stream)
-        self._loaded_step = step
+        if self.copy_stream is not None:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
+        pos = 0
+        for load, n in (loads or [(None, len(swap_in))]):
+            into = sorted(swap_in[pos:pos + n], key=lambda p: p[0])
+            pos += n
+            if self.copy_stream is None:
+                self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
+                continue
+            with torch.cuda.stream(self.copy_stream):
+                self._copy([h for h, _ in into], [d for _, d in into], to_host=False)
+                done = torch.cuda.Event()
+                done.record(self.copy_stream)
+            self._loads[load] = done
 
-    def before_forward(self, step: object = None) -> None:
-        """Before the forward of `step`: wait (on the compute stream) for the swap-ins of earlier
-        steps; those `step` itself issued stay in flight (nothing in its forward touches them)."""
-        if self._loaded is not None and (step is None or step is not self._loaded_step):
-            self.wait_loads()
+    def landed(self, load_ids: Sequence[object]) -> list[object]:
+        """Those of `load_ids` that finished (or were never in flight); never blocks."""
+        done = []
+        for load in load_ids:
+            event = self._loads.get(load)
+            if event is None or event.query():
+                self._loads.pop(load, None)
+                done.append(load)
+        return done
+
+    def wait_load(self, load: object) -> None:
+        """Block the host until `load` finished."""
+        event = self._loads.pop(load, None)
+        if event is not None:
+            event.synchronize()
 
     def wait_loads(self) -> None:
-        """Make the compute stream wait for every swap-in issued so far."""
-        if self._loaded is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._loaded)
-            self._loaded = None
-            self._loaded_step = None
+        """Make the compute stream wait for every load in flight (they count as landed then)."""
+        for event in self._loads.values():
+            torch.cuda.current_stream(self.device).wait_event(event)
+        self._loads.clear()
 
     def _copy(self, host_blocks: list[int], device_blocks: list[int], to_host: bool) -> None:
         if self._staged is not None:
             if to_host:
                 self._staged.swap_out(device_blocks, host_blocks)
             else:
-                self._staged.swap_in(host_blocks, device_blocks)
+                self._staged_in.swap_in(host_blocks, device_blocks)
             return
         ids = block_ids_on(self.device, [host_blocks, device_blocks])  # one copy for both lists
         kv_swap(self.layout, ids[0], ids[1], to_host, self.chunk_bytes)
@@ -201,4 +220,4 @@ def staging_device_bytes(kv_offload_gib: float, bytes_per_block: int, copy_mode:
     num_blocks = host_pool_blocks(kv_offload_gib, bytes_per_block)
     if num_blocks <= 0 or copy_mode == "kernel":
         return 0
-    return staging_blocks(num_blocks, bytes_per_block) * bytes_per_block
+    return 2 * staging_blocks(num_blocks, bytes_per_block) * bytes_per_block  # one per direction

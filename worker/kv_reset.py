@@ -42,6 +42,7 @@ def reset_engine_cache(engine, num_kv_blocks: Optional[int], kv_cache_dtype: Opt
             f"--kv-cache-dtype instead")
     num_blocks, dtype = check_target(num_kv_blocks, kv_cache_dtype, config.kv_cache_dtype,
                                      engine.max_model_len, config.block_size, runner.same_bytes_blocks)
+    engine.scheduler.land_all_loads()  # host-tier loads in flight write blocks that may move
     beside = runner.prepare_kv_resize(num_blocks, dtype)  # OutOfMemoryError: no change
     same_dtype = dtype == config.kv_cache_dtype
     plan = plan_resize(list(engine.scheduler.running), num_blocks, dtype, keep_kv=same_dtype and beside)

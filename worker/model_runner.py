@@ -298,9 +298,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def swap_blocks(self, out: SchedulerOutput) -> None:
-        """Run the step's host-tier copies (all swap-outs, then all swap-ins) before its forward;
-        the swap-ins stay in flight during this step's forward (see `HostKVPool.before_forward`)."""
-        self.host_pool.swap(out.swap_out, out.swap_in, step=out)
+        """Run the step's host-tier copies (all swap-outs, then the swap-ins, one load per
+        request); the loads stay in flight until the scheduler sees them landed (worker/kv_copy.py)."""
+        self.host_pool.swap(out.swap_out, out.swap_in, out.loads)
+
+    def loads_landed(self, load_ids: list[int]) -> list[int]:
+        """The host-tier loads among `load_ids` that finished (never blocks)."""
+        return self.host_pool.landed(load_ids) if self.host_pool is not None else load_ids
+
+    def wait_load(self, load_id: int) -> None:
+        if self.host_pool is not None:
+            self.host_pool.wait_load(load_id)
 
     # The engine may schedule a step before the previous one's ids reach the host (async
     # scheduling): `execute` fills `pending_input` rows from `prev_ids` on the device.
@@ -313,8 +321,6 @@ class ModelRunner:
         in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
         `DynamicContext.prepare`."""
         inputs = self.context.prepare(out, prev_ids, prev_rows)
-        if self.host_pool is not None:
-            self.host_pool.before_forward(out)  # KV swapped in by earlier steps lands before it is read
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

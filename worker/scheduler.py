@@ -7,11 +7,18 @@ blocks run out (the newest / lowest-priority running request goes first), and to
 checks after sampling. With a host tier (`HostTier`, `kv_offload_gib`) it also lists the step's
 KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host prefix hits and
 swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
-tier has room (else recomputed). The runner performs every swap-out, then issues every swap-in,
-before the step's forward; a request whose KV is being copied in (or that shares blocks being
-copied in) is admitted but computes from the next step, so the copies overlap this step's
-forward, which never reads those blocks. Its only product is a `SchedulerOutput`; the model runner sees nothing
-else of it. Must never import torch.
+tier has room (else recomputed). The runner performs every swap-out, then issues the swap-ins,
+one *load* per admitted request (`SchedulerOutput.loads`), on a copy stream. A load may take
+several steps (a 4,000-token prefix is ~8 ms over PCIe): the request that needs it (and any
+request sharing blocks it fills) is admitted at once but computes only after the load landed,
+which the scheduler asks at each `schedule` without blocking (`loads_landed`, injected: CUDA
+events on the GPU, at once on CPU). Meanwhile the other requests keep running, so copies overlap
+compute and loads do not stall the forward. While a load is in flight its device blocks stay
+referenced (a waiting request that ends keeps its blocks until the load landed, like a busy
+step) and its host blocks stay pinned (`HostTier.land`). The scheduler blocks on a load
+(`wait_load`) only when nothing else can run, and before preempting a request that waits for
+one. Its only product is a `SchedulerOutput`; the model runner sees nothing else of it. Must
+never import torch.
 
 Steps in flight (async scheduling, worker/inflight.py): `schedule` advances
 `num_computed_tokens` and counts the token a sampled row will produce as pending
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
@@ -71,6 +78,9 @@ class SchedulerOutput:
     # Set by schedule(can_preempt=False): a running request needed blocks only preemption
     # could give; it and the requests after it were left out of this step.
     blocked: bool = False
+    # `swap_in` in groups, one per load: (load id, number of consecutive `swap_in` pairs). The
+    # runner records each load's completion; `Scheduler(loads_landed=...)` asks about it.
+    loads: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def has_swaps(self) -> bool:
@@ -85,11 +95,25 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _all_landed(load_ids: list[int]) -> list[int]:
+    return load_ids  # no runner with a copy stream (CPU, tests): copies are done when issued
+
+
+def _no_wait(load_id: int) -> None:
+    return None
+
+
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, host: Optional[HostTier] = None):
+                 max_model_len: int, host: Optional[HostTier] = None,
+                 loads_landed: Optional[Callable[[list[int]], Iterable[int]]] = None,
+                 wait_load: Optional[Callable[[int], None]] = None):
         self.allocator = allocator
         self.host = host
+        # Loads: `loads_landed(ids)` -> the ids that finished (never blocks); `wait_load(id)`
+        # blocks until one did.
+        self.loads_landed = loads_landed or _all_landed
+        self.wait_load = wait_load or _no_wait
         if host is not None:
             allocator.evicted = []
         self.block_size = allocator.block_size
@@ -102,7 +126,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
-        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
+        self._next_load = 0
+        self._load_blocks: dict[int, int] = {}  # device block -> the load in flight filling it
+        self._load_members: dict[int, list[str]] = {}  # load in flight -> requests waiting on it
+        self._waits: dict[str, set[int]] = {}  # request -> loads it waits for
+        self.num_load_waits = 0  # times the scheduler blocked on a load (nothing else could run)
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
@@ -141,6 +169,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self._rewind.discard(req.request_id)
+        self._waits.pop(req.request_id, None)  # its loads still settle it when they land
         if req.request_id in self._busy:  # an uncollected step may still write its KV
             self._deferred[req.request_id] = req.block_ids
         else:
@@ -181,25 +210,95 @@ class Scheduler:
             self._rewind.add(request_id)
 
     def settle_all(self) -> None:
-        """Every uncollected step is gone (a failure): free every deferred block."""
+        """Every uncollected step is gone (a failure): forget the loads in flight and free every
+        deferred block."""
         self._rewind.clear()
+        self._load_blocks.clear()
+        self._load_members.clear()
+        self._waits.clear()
+        if self.host is not None:
+            self.host.land_all()
         for rid in list(self._busy):
             self._busy[rid] = 1
             self.settle(rid)
 
+    # -- loads (host-tier swap-ins in flight) ---------------------------------------------------
+
+    @property
+    def has_loads(self) -> bool:
+        return bool(self._load_members)
+
+    def land_all_loads(self) -> None:
+        """Block until every load in flight landed (before a resize, or a preemption of a
+        request that waits for one)."""
+        for load in list(self._load_members):
+            self.wait_load(load)
+        self._land(list(self._load_members))
+
+    def _poll_loads(self) -> None:
+        if self._load_members:
+            self._land(self.loads_landed(list(self._load_members)))
+
+    def _land(self, landed) -> None:
+        done = set()
+        for load in landed:
+            members = self._load_members.pop(load, None)
+            if members is None:
+                continue
+            done.add(load)
+            if self.host is not None:
+                self.host.land(load)
+            for rid in members:
+                waits = self._waits.get(rid)
+                if waits is not None:
+                    waits.discard(load)
+                    if not waits:
+                        del self._waits[rid]
+                self.settle(rid)
+        if done:
+            self._load_blocks = {b: load for b, load in self._load_blocks.items() if load not in done}
+
+    def _new_load(self) -> int:
+        load = self._next_load
+        self._next_load += 1
+        self._load_members[load] = []
+        return load
+
+    def _wait_for(self, req: Request, loads: set[int]) -> None:
+        """`req` computes only once every load in `loads` landed; until then it counts as busy
+        (an end meanwhile defers freeing its blocks, which a load may still write)."""
+        self._waits[req.request_id] = set(loads)
+        for load in loads:
+            self._load_members[load].append(req.request_id)
+            self._busy[req.request_id] = self._busy.get(req.request_id, 0) + 1
+
+    # -- scheduling -----------------------------------------------------------------------------
+
     def schedule(self, can_preempt: bool = True) -> SchedulerOutput:
         """The next step. `can_preempt=False` while another step is uncollected (see the
-        module docstring): no preemption, and no admission after a request was left out."""
+        module docstring): no preemption, and no admission after a request was left out.
+        Blocks on the oldest load only when nothing else can run."""
+        self._poll_loads()
+        while True:
+            out = self._schedule(can_preempt)
+            if out.requests or out.has_swaps or out.preempted_ids or out.blocked or not self._waits:
+                return out
+            oldest = next(iter(self._load_members))  # every request left waits for a load
+            self.wait_load(oldest)
+            self.num_load_waits += 1
+            self._land([oldest])
+            self._poll_loads()
+
+    def _schedule(self, can_preempt: bool) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
-        self._loading: set[int] = set()  # device blocks this step's swap-ins fill
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_pending and self._ends_by_length(req):
-                i += 1  # its pending token is its last: nothing more to compute
+            if req.request_id in self._waits or (req.num_pending and self._ends_by_length(req)):
+                i += 1  # its KV is still loading, or its pending token is its last
                 continue
             num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
             if not can_preempt and not self._fits(req, num_new):
@@ -250,6 +349,8 @@ class Scheduler:
         return blocks
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        if req.request_id in self._waits:  # a load still writes its blocks: let it land first
+            self.land_all_loads()
         self.running.remove(req)
         num_kv_blocks = _cdiv(req.num_computed_tokens, self.block_size)
         host_blocks = self.host.take(num_kv_blocks) if self.host is not None and num_kv_blocks else None
@@ -284,6 +385,7 @@ class Scheduler:
                 num_cached_tokens = (len(cached) + len(host_hit)) * self.block_size
             num_new = min(req.num_tokens - num_cached_tokens, budget)
             need = _cdiv(num_cached_tokens + num_new, self.block_size) - len(cached)
+            waits = {self._load_blocks[b] for b in cached if b in self._load_blocks} if self._load_blocks else set()
             revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)
             if not self.allocator.can_allocate(need + revived):
                 if not self.running and not self._deferred:  # alone and no room: it can never run
@@ -293,19 +395,25 @@ class Scheduler:
                     continue
                 break
             self.allocator.share(cached)
+            load = self._new_load() if swapped or host_hit else None
             if host_hit:
-                self.host.pin_hits(host_hit)  # before allocating: its evictions must not take them
+                self.host.pin_hits(host_hit, load)  # before allocating: its evictions must not take them
             new = self._allocate(need, out)
             req.block_ids = cached + new
-            loading = swapped or bool(host_hit) or not self._loading.isdisjoint(cached)
             if swapped:
-                out.swap_in.extend(zip(req.host_block_ids, new))
-                self.host.release(req.host_block_ids, in_flight=True)
+                pairs = list(zip(req.host_block_ids, new))
+                out.swap_in.extend(pairs)
+                out.loads.append((load, len(pairs)))
+                for _, block in pairs:
+                    self._load_blocks[block] = load
+                self.host.release(req.host_block_ids, in_flight=True, load=load)
                 req.host_block_ids = None
-                req.num_registered_blocks = 0  # its full blocks are offered again after the step
+                req.num_registered_blocks = 0  # its full blocks are offered again once computed
             else:
-                self._swap_in_hits(req, host_hit, new, len(cached), out)
+                self._swap_in_hits(req, host_hit, new, len(cached), out, load)
                 req.num_computed_tokens = num_cached_tokens
+            if load is not None:
+                waits.add(load)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(cached) * self.block_size
                 req.num_cached_tokens_host = len(host_hit) * self.block_size
@@ -314,19 +422,24 @@ class Scheduler:
             self.waiting.pop(0)
             req.transition(RequestStatus.RUNNING)
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
-            if loading:  # its KV lands during this step: it computes from the next one
+            if waits:  # its KV is on its way: it computes once the loads landed
+                self._wait_for(req, waits)
                 continue
             self._emit(req, num_new, out)
             budget -= num_new
         return budget
 
     def _swap_in_hits(self, req: Request, host_hit: list[int], new: list[int], num_device_hit: int,
-                      out: SchedulerOutput) -> None:
-        """Copy host prefix hits into the first new device blocks and register them at once:
-        the copies run before this step's forward, so a later admission of the same step may
-        share them."""
+                      out: SchedulerOutput, load: Optional[int]) -> None:
+        """Copy host prefix hits into the first new device blocks (one load) and register them
+        at once: a later admission may share them, and then waits for the same load."""
+        if not host_hit:
+            req.num_registered_blocks = num_device_hit
+            return
         out.swap_in.extend(zip(host_hit, new))
-        self._loading.update(new[:len(host_hit)])
+        out.loads.append((load, len(host_hit)))
+        for block in new[:len(host_hit)]:
+            self._load_blocks[block] = load
         for idx, block in enumerate(new[:len(host_hit)], start=num_device_hit):
             self.allocator.register(block, req.block_hashes[idx])
         req.num_registered_blocks = num_device_hit + len(host_hit)

@@ -2,7 +2,7 @@
 kernel under the interpreter; runs and gather: the staging-buffer DMA paths), with chunking
 (lists longer than the staging buffer), consecutive and scattered host blocks, float and int8
 (+ scales) pools. On CUDA (`-m gpu`) the same tests run on the mapped pinned pool, the side
-copy stream and the stream ordering `before_forward` relies on."""
+copy stream and per-load completion (`landed`, `wait_load`)."""
 
 import os
 
@@ -60,14 +60,14 @@ def test_swap_out_then_in_round_trips(device, int8, mode, monkeypatch):
     saved = _snapshot(kv, src)
     # host blocks: a consecutive run, then scattered ones (sorted by host block inside the pool)
     host = [4, 5, 6, 7, 0, 9, 2]
-    pool.swap(list(zip(src, host)), [], step="s1")
+    pool.swap(list(zip(src, host)), [])
     for layer in kv:  # the device blocks are reused: overwrite them
         for t in layer:
             if t is not None:
                 t[src] = 0
     dst = [1, 4, 6, 8, 10, 0, 3]
-    pool.swap([], list(zip(host, dst)), step="s2")
-    pool.before_forward("s3")
+    pool.swap([], list(zip(host, dst)))
+    pool.wait_loads()
     _sync(kv)
     for la, lb in zip(_snapshot(kv, dst), saved):
         for a, b in zip(la, lb):
@@ -79,10 +79,10 @@ def test_swap_out_then_in_round_trips(device, int8, mode, monkeypatch):
 def test_swap_in_leaves_other_blocks_alone(device, mode, monkeypatch):
     kv = _device_pool(device, int8=False)
     pool = _pool(kv, mode, monkeypatch)
-    pool.swap([(b, b) for b in range(NUM_HOST)], [], step=1)
+    pool.swap([(b, b) for b in range(NUM_HOST)], [])
     others = [b for b in range(NUM_DEVICE) if b not in (2, 7)]
     before = _snapshot(kv, others)
-    pool.swap([], [(8, 2), (1, 7)], step=2)
+    pool.swap([], [(8, 2), (1, 7)])
     pool.wait_loads()
     _sync(kv)
     assert all(torch.equal(a, b) for la, lb in zip(_snapshot(kv, others), before) for a, b in zip(la, lb))
@@ -110,18 +110,17 @@ def test_consecutive_runs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["kernel", "runs", "gather"])
-def test_same_step_loads_stay_in_flight_until_the_next_forward(mode):
-    """`before_forward(step)` lets the issuing step's forward run beside its swap-ins, and makes
-    the next step's forward wait for them (checked through the compute stream's order)."""
+def test_loads_stay_in_flight_until_landed(mode):
+    """Each load has its own completion: `landed` reports it without blocking once it finished,
+    `wait_load` blocks for one, and nothing on the compute stream waits for a load."""
     kv = _device_pool("cuda", int8=False)
     pool = HostKVPool(kv, NUM_HOST, 3, copy_mode=mode)
-    pool.swap([(b, b) for b in range(NUM_HOST)], [], step="a")
-    pool.swap([], [(3, 11)], step="b")
-    assert pool._loaded is not None
-    pool.before_forward("b")
-    assert pool._loaded is not None  # still in flight: the same step
-    pool.before_forward("c")
-    assert pool._loaded is None
-    probe = kv[0].k[11].clone()  # queued on the compute stream after the wait
+    pool.swap([(b, b) for b in range(NUM_HOST)], [])
+    pool.swap([], [(3, 11), (4, 12), (5, 13)], loads=[(7, 1), (8, 2)])
+    assert set(pool._loads) == {7, 8}
+    pool.wait_load(7)
+    assert 7 not in pool._loads and 7 in pool.landed([7])
     torch.cuda.synchronize()
-    assert torch.equal(probe, kv[0].k[3])
+    assert pool.landed([8, 9]) == [8, 9] and not pool._loads  # 9 was never in flight
+    for dst, src in ((11, 3), (12, 4), (13, 5)):
+        assert torch.equal(kv[0].k[dst], kv[0].k[src]) and torch.equal(kv[-1].v[dst], kv[-1].v[src])
