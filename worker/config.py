@@ -41,7 +41,8 @@ class EngineConfig:
     max_num_batched_tokens: int = field(default=8192, metadata={"help": "token budget per step, shared by decodes and chunked prefills"})
     max_model_len: Optional[int] = field(default=None, metadata={"help": "longest prompt + output; default: the model's max_position_embeddings"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse KV blocks of shared prompt prefixes"})
-    enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs for decode"})
+    enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs (decode steps, and small steps of up to graph_max_tokens tokens)"})
+    graph_max_tokens: int = field(default=512, metadata={"help": "steps of up to this many tokens that are not decode-only (short prompts, a last prompt chunk beside decodes) also replay CUDA graphs, bucketed by powers of two from 16; below 16 = only decode steps use graphs"})
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights, real shapes)"})
     seed: int = field(default=0, metadata={"help": "seed for unseeded sampling and dummy weights"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "ranks that split each layer"})
@@ -74,6 +75,9 @@ class EngineConfig:
         _positive_int("max_model_len", self.max_model_len, allow_none=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if isinstance(self.graph_max_tokens, bool) or not isinstance(self.graph_max_tokens, int) \
+                or self.graph_max_tokens < 0:
+            raise ConfigError(f"graph_max_tokens must be a non-negative integer, got {self.graph_max_tokens!r}")
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         _positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
         if self.device_ids is not None:

@@ -73,6 +73,7 @@ class DecodeGraphs:
                 self.outputs[bs] = forward_logits(*args)
             pool = graph.pool()
             self.graphs[bs] = graph
+        self.pool = pool  # later graphs (worker/mixed_graphs.py) share it
         torch.cuda.synchronize(device)
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 

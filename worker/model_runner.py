@@ -23,6 +23,7 @@ from infer_cluster.protocol import OutOfMemoryError
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
+from .mixed_graphs import MixedGraphs, build_mixed_graphs
 from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
@@ -103,6 +104,7 @@ class ModelRunner:
                                              self._bytes_per_block())
         self.num_host_blocks = self.host_pool.num_blocks if self.host_pool is not None else 0
         self.graphs: Optional[DecodeGraphs] = None
+        self.mixed_graphs: Optional[MixedGraphs] = None  # small steps that are not decode-only
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
         self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
@@ -113,9 +115,19 @@ class ModelRunner:
         """(Re-)capture the decode graphs over the current KV tensors: a graph bakes in their
         addresses, so a new pool needs new graphs."""
         if self._uses_graphs:
+            max_blocks = -(-self.max_model_len // self.config.block_size)
             self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
-                                       min(self.config.max_num_seqs, 512),
-                                       -(-self.max_model_len // self.config.block_size), self.device)
+                                       min(self.config.max_num_seqs, 512), max_blocks, self.device)
+            self.mixed_graphs = build_mixed_graphs(
+                self._forward_sampled, self.context.kv_caches,
+                min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
+                min(self.config.max_num_seqs, 512), max_blocks, self.device, self.graphs.pool)
+
+    def _release_graphs(self) -> None:
+        for graphs in (self.mixed_graphs, self.graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.mixed_graphs = None
 
     # -- resize (worker/kv_resize.py plans it; DynamicEngine.reset_cache drives it) -------------
 
@@ -139,9 +151,7 @@ class ModelRunner:
         new_bytes = num_blocks * self._kv_layout(kv_cache_dtype)[1]
         old_bytes = self.num_kv_blocks * self._bytes_per_block()
         if self.device.type == "cuda":
-            if self.graphs is not None:  # their pool and their hold on the old KV go first
-                self.graphs.release()
-                self.graphs = None
+            self._release_graphs()  # their pool and their hold on the old KV go first
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             # Idle activation memory is free now; keep the share gpu_memory_utilization leaves.
@@ -296,6 +306,10 @@ class ModelRunner:
         """Decode-only forward: every row is sampled (the body of the CUDA graphs)."""
         return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches))
 
+    def _forward_sampled(self, input_ids, positions, meta, kv_caches, sample_indices):
+        """Any step: the logits of the rows at `sample_indices` (the body of the mixed graphs)."""
+        return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches)[sample_indices])
+
     @torch.inference_mode()
     def swap_blocks(self, out: SchedulerOutput) -> None:
         """Run the step's host-tier copies (all swap-outs, then the swap-ins, one load per
@@ -326,6 +340,9 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,
                                                            len(inputs.sample_request_ids)):
             return self.graphs.run(inputs.input_ids, inputs.positions, meta), inputs.sample_request_ids
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
+            return (self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices),
+                    inputs.sample_request_ids)
         hidden = self._forward(inputs.input_ids, inputs.positions, meta, self.context.kv_caches)
         logits = self.model.compute_logits(hidden[inputs.sample_indices])
         return logits, inputs.sample_request_ids

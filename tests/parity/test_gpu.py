@@ -1,4 +1,5 @@
-"""On a CUDA device: a tiny float32 model is token-identical to HF (async scheduling on and off),
+"""On a CUDA device: a tiny float32 model is token-identical to HF (async scheduling on and off,
+eager and with the decode and mixed-step CUDA graphs),
 async scheduling gives the same outputs as the synchronous loop for every sampling feature, and
 a bf16 Qwen3-0.6B-shape model's first-step logprobs through the Triton kernels agree with the
 torch-reference path."""
@@ -28,6 +29,10 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager, async_schedu
               max_num_seqs=32, async_scheduling=async_scheduling)
     assert llm.engine.async_scheduling == async_scheduling
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    mixed = llm.engine.runner.mixed_graphs
+    assert (mixed is None) == enforce_eager
+    if mixed is not None:  # the prompts' steps replayed the mixed-step graphs (worker/mixed_graphs.py)
+        assert mixed.replays > 0
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     for i, (p, out) in enumerate(zip(prompts, outs)):
         g = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=GREEDY.max_tokens,

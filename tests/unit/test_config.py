@@ -172,3 +172,17 @@ def test_cpu_replicas_leave_one_core_for_the_coordinator_and_gateway():
     assert [e["OMP_NUM_THREADS"] for e in envs] == [str(cpu_threads_per_replica(
         os.cpu_count() or 1, 2))] * 2
     assert _replica_envs({"OMP_NUM_THREADS": "7"}, 1, {"device": "cpu"})[0]["OMP_NUM_THREADS"] == "7"
+
+
+def test_graph_max_tokens_buckets_and_validation():
+    from infer_cluster.protocol.errors import ConfigError
+    from infer_cluster.worker.config import EngineConfig
+    from infer_cluster.worker.mixed_graphs import token_buckets
+
+    assert token_buckets(512) == [16, 32, 64, 128, 256, 512]
+    assert token_buckets(100) == [16, 32, 64, 100]
+    assert token_buckets(16) == [16] and token_buckets(15) == [] and token_buckets(0) == []
+    assert EngineConfig(graph_max_tokens=0).graph_max_tokens == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="graph_max_tokens"):
+            EngineConfig(graph_max_tokens=bad)
