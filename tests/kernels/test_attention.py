@@ -146,6 +146,29 @@ def test_prefill_matches_ref(device, dtype, case):
     check(batch, dtype, max_query_len=max(q_lens))
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 8])
+@pytest.mark.parametrize("case", [([3, 0, 10, 1], [200, 5, 150, 64], 4, 2, 64, 16),   # suffixes after long prefixes
+                                  ([2, 40], [9, 40], 2, 1, 32, 16)],                  # a split past the context
+                         ids=["suffixes", "short-ctx"])
+def test_prefill_split_kv_matches_ref(device, num_splits, case):
+    """Split KV (each query's keys in `num_splits` slices, merged by log-sum-exp) equals the
+    reference, including slices that hold no key and empty queries."""
+    from infer_cluster.kernels.attention_prefill_triton import prefill_attention, prefill_splits
+
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        device, torch.float32, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    out = torch.zeros_like(q)
+    prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5, max(q_lens), out,
+                      num_splits=num_splits)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    assert prefill_splits(10) > 1 and prefill_splits(4096) == 1
+    with pytest.raises(ValueError, match="power of two"):
+        prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 1.0, max(q_lens), out, num_splits=3)
+
+
 def test_max_query_len_fallback_and_strided_q(device):
     # No max_query_len (host fallback), and q as a slice of a fused qkv tensor.
     q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
