@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -163,6 +163,20 @@ for _ in range(600):
           --async-scheduling $mode --out "$OUT/workloadA_qwen3_async_$mode.json" 2>&1 \
           | tee "$OUT/workloadA_async_$mode.log" | grep -v "it/s\]" | tail -4
       done ;;
+    int8mma)  # int8 q @ K^T on int8 tensor cores (cvt "mma_k" / "mma_k_words_v", not the defaults):
+      # GPU int8 attention tests of those modes (vs the same-q-quantization reference and the
+      # unquantized-q bound), greedy parity int8 vs float KV on the tiny families with the
+      # default method and with "mma_k" forced (match rates, mean |logprob diff|), then decode
+      # (b256/b32/b1, CUDA graphs) and prefill (fresh16/chunk4) timed next to the int8 defaults
+      # and bf16 in the same call; "vs bf16" is the ratio column
+      timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_attention_int8.py -k "mma" -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_int8mma_tests.log" | tail -6
+      timeout 120 python3 -m pytest -q -s tests/parity/test_gpu_int8.py -k "kv_on_gpu or kv_mma" -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_int8mma_parity.log" | grep -E "positional|passed|failed" | tail -12
+      timeout 150 python3 bench/int8_decode.py --block-n 128 --cvt mma_k mma_k_words_v --iters 30 \
+        --out "$OUT/int8mma_decode.json" 2>&1 | tee "$OUT/int8mma_decode.log" | tail -16
+      timeout 100 python3 bench/int8_prefill.py --cvt prmt_load mma_k mma_k_words_v words_k \
+        --out "$OUT/int8mma_prefill.json" 2>&1 | tee "$OUT/int8mma_prefill.log" | tail -12 ;;
     int8round2)  # issue 14 round 2, one 10-minute call: the int8 decode variants around round 1's
       # winner (bench/int8_decode.py --round2: precompiled in parallel, each checked against the
       # reference, vs the bf16 kernel in CUDA graphs on b256/b32/b1; prints the winners, the split

@@ -4,7 +4,9 @@
 Owns: one table (case, variant, ms, GB/s of bytes actually read, speedup over bf16 defaults, max
 error vs `paged_attention_ref` on the same int8 cache) and a JSON file. Variants: the bf16
 cache with the tuned defaults, and the int8 cache with `DECODE_INT8` and with other tile sizes
-(`--block-n`); `--sweep` adds tile x warps x stages; `--variants` times the kernel variants
+(`--block-n`), and with each `--cvt` mode at those tiles (the int8-MMA modes "mma_k" /
+"mma_k_words_v" next to the default: `--block-n 128 --cvt mma_k mma_k_words_v`); `--sweep`
+adds tile x warps x stages; `--variants` times the kernel variants
 (`variant_configs`: every `CVT_MODES` entry, tiles / warps for the promising ones, split-K at
 batch 256), `--round2` the list around round 1's winner (`round2_configs`, precompiled in
 parallel processes first); both then pick the fastest correct one per case and overall
@@ -12,7 +14,7 @@ parallel processes first); both then pick the fastest correct one per case and o
 that makes it the default, with its split rule. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
-  python bench/int8_decode.py [--block-n 64 128] [--variants | --round2] [--out ...json]
+  python bench/int8_decode.py [--block-n 64 128] [--cvt mma_k] [--variants | --round2] [--out ...]
 To add a variant: a config dict (keys of `decode_config`) in `variant_configs` or
 `round2_configs` (check it with bench/ptxas_check.py --int8-round2; spills go in ROUND2_SPILLS).
 """
@@ -168,6 +170,8 @@ def pick_winners(rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--cvt", nargs="+", default=[],
+                    help="also time these CVT_MODES names at each --block-n")
     ap.add_argument("--sweep", action="store_true",
                     help="also time block_n x num_warps x num_stages variants of the int8 kernel")
     ap.add_argument("--variants", action="store_true",
@@ -193,7 +197,9 @@ def main(argv=None):
     from bench import tune_decode_cases as tc
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES, OP_MMA
     from infer_cluster.kernels.attention_triton import DECODE_INT8, decode_attention
+    from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters
@@ -204,6 +210,7 @@ def main(argv=None):
         configs = [dict()] + variant_configs()
     else:
         configs = [dict(block_n=bn) for bn in args.block_n]
+        configs += [dict(cvt=c, block_n=bn) for c in args.cvt for bn in args.block_n]
     if args.sweep:
         configs += [dict(block_n=bn, num_warps=w, num_stages=st) for bn in (64, 128, 256)
                     for w in (4, 8) for st in (2, 3, 4)]
@@ -223,8 +230,13 @@ def main(argv=None):
         int8 = _int8_batches(case)
         int8_case = dict(case, batches=int8)
         q, kc, vc, bt, qsl, lens, ks, vs = int8[0]
-        ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
+        refs = {}  # per q: int8-MMA modes quantize q, their reference does too
+        for mma in (False, True):
+            q_ref = dequantize_int8_ref(*quantize_int8_ref(q)) if mma else q
+            refs[mma] = paged_attention_ref(q_ref, kc, vc, bt, qsl, lens, scale, k_scale=ks,
+                                            v_scale=vs)
         for cfg in configs:
+            ref = refs[CVT_MODES[cfg.get("cvt", DECODE_INT8["cvt"])][0] == OP_MMA]
             def fn(b, o, cfg=cfg):
                 decode_attention(*b[:6], scale, o, config=cfg, k_scale=b[6], v_scale=b[7])
             label = _label(cfg) if cfg else "int8 defaults"

@@ -6,8 +6,9 @@ Owns: one table (case, variant, ms, speedup over the bf16 cache, max error vs
 U[100, 1024] tokens (workload A's prompts, ~9k tokens per launch), and `chunk4`, 4 chunks of 512
 query tokens over 2,048-token contexts (chunked prefill over a cached prefix). Variants: the
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
-`PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, and two other
-load-layout methods). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
+`PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
+load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
+cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
   python bench/int8_prefill.py [--cvt words add] [--out bench/results/int8_prefill.json]
@@ -68,12 +69,13 @@ def main(argv=None):
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
     from infer_cluster.kernels.attention_prefill_triton import PREFILL_INT8_CVT, prefill_attention
-    from infer_cluster.kernels.kv_append import quantize_int8_ref
+    from infer_cluster.kernels.attention_int8_triton import CVT_MODES, OP_MMA
+    from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters
     cvts = args.cvt or list(dict.fromkeys([PREFILL_INT8_CVT, "add", "words", "words_k",
-                                           "prmt_load"]))
+                                           "prmt_load", "mma_k", "mma_k_words_v"]))
     scale = tc.D ** -0.5
     rows = []
     print(f"{'case':<10}{'tokens':>8}  {'variant':<22}{'ms':>9}{'vs bf16':>9}{'max err':>9}")
@@ -88,11 +90,17 @@ def main(argv=None):
                              args.reps, iters)[0]
         rows.append(dict(case=name, variant="bf16", ms=base, speedup=1.0, max_err=None, ok=True))
         int8 = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs)])
-        ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
+        refs = {}  # per q: int8-MMA modes quantize q, their reference does too
         for cvt in cvts:
+            mma = CVT_MODES[cvt][0] == OP_MMA
+            if mma not in refs:
+                refs[mma] = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q))
+                                                if mma else q, kc, vc, bt, qsl, lens, scale,
+                                                k_scale=ks, v_scale=vs)
+
             def fn(b, o, cvt=cvt):
                 prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], cvt=cvt)
-            err, ok = tc.check(fn, int8, ref)
+            err, ok = tc.check(fn, int8, refs[mma])
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))

@@ -141,18 +141,20 @@ def variants():
             rows.append(_decode_row(f"decode {kv[1:]} split={split} d128 n{cfg['block_n']}",
                                     int8, split, cfg["block_n"], cfg["num_warps"],
                                     cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
-        ptrs = {k: v for k, v in ptrs.items() if k not in ("po_ptr", "plse_ptr")}
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
             bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
-            for cvt in ((PREFILL_INT8_CVT, "add") if int8 else ("-",)):
+            for cvt in ((PREFILL_INT8_CVT, "add", "mma_k") if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True)
                 if int8:
                     consts.update(_cvt_consts(dict(cvt=cvt)))
                 name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps}" + (f" {cvt}" if int8 else "")
-                rows.append((name, _prefill_kernel, ptrs, dict(_strides(d, int8), page_size=PAGE),
-                             consts, dict(num_warps=warps, num_stages=stages), ()))
+                # One split (the grid of prompts); the partial strides are then never read.
+                ints = dict(_strides(d, int8), page_size=PAGE, spo_s=0, spo_t=0, spo_h=0,
+                            spl_s=0, spl_t=0)
+                rows.append((name, _prefill_kernel, ptrs, ints, dict(consts, NUM_SPLITS=1),
+                             dict(num_warps=warps, num_stages=stages), ()))
     ints = dict(num_kv_heads=HK, head_dim=128, block_size=PAGE, sk_t=3 * H * 128, sk_h=128,
                 sk_d=1, sv_t=3 * H * 128, sv_h=128, sv_d=1, skc_b=PAGE * HK * 128,
                 skc_s=HK * 128, skc_h=128, skc_d=1, svc_b=PAGE * HK * 128, svc_s=HK * 128,
@@ -259,7 +261,7 @@ def ptxas_info(ptx: str) -> tuple[int, int]:
     return regs, spills
 
 
-SASS_KINDS = ("total", "LDS", "LDS.U8", "LDSM", "STS", "PRMT", "HADD2", "IMAD.MOV", "I2F", "HMMA")
+SASS_KINDS = ("total", "LDS", "LDS.U8", "LDSM", "STS", "PRMT", "HADD2", "IMAD.MOV", "I2F", "HMMA", "IMMA")
 
 
 def sass_counts(cubin: bytes) -> dict:
@@ -292,12 +294,14 @@ def main(argv=None) -> int:
                     help="int8 decode variants (cvt modes, tiles, warps) with SASS counts")
     ap.add_argument("--int8-round2", action="store_true",
                     help="the kernels of bench/int8_decode.py --round2, with SASS counts")
+    ap.add_argument("--only", default=None, help="rows whose name contains this text only")
     args = ap.parse_args(argv)
     if args.int8_round2:
         rows = int8_round2_variants()
         args.int8_variants = True  # same columns
     else:
         rows = int8_decode_variants() if args.int8_variants else variants()
+    rows = [r for r in rows if args.only is None or args.only in r[0]]
     bad = 0
     head = f"{'variant':<42}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}"
     if args.int8_variants:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
-from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
+from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
@@ -52,7 +52,7 @@ def _split_part(ctx, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head, bt_row, start,
+def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, vs_head, bt_row, start,
                  hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -82,12 +82,16 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head, vs_head,
         kv_mask = d_mask[None, :]
     k = _kv_operand(k_head + blk * sk_b + pos * sk_s, offs_d, n_mask, kv_mask, sk_d, MASKED,
                     EVEN_D, LOWP, KV_INT8, OP_K, ASM)
-    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE)
-    if KV_INT8:
+    if KV_INT8 and OP_K == 5:  # OP_MMA: int8 q codes @ int8 K codes, q_scl per row
         k_scale = _load_scales(ks_head + blk * sks_b + pos * sks_s, n_mask, MASKED)
-        s = s * (k_scale * scale_log2)[None, :]
+        s = _mma_scores(q, k, q_scl, k_scale)
     else:
-        s = s * scale_log2
+        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE)
+        if KV_INT8:
+            k_scale = _load_scales(ks_head + blk * sks_b + pos * sks_s, n_mask, MASKED)
+            s = s * (k_scale * scale_log2)[None, :]
+        else:
+            s = s * scale_log2
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     # Every tile holds at least one visible position, so m_new is finite.
@@ -137,8 +141,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
                 mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    q_scl = scale_log2  # OP_MMA: per-row q scales times the softmax scale
     if KV_INT8:
-        q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
+        if OP_K == 5:
+            q, q_amax = _quant_rows(q)  # int8 codes, once per program
+            q_scl = q_amax * scale_log2
+        else:
+            q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -150,13 +159,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     # Whole tiles without masks, then at most one clipped tile (the context's end).
     full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start in range(lo, full_hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
                                      OP_V, ASM)
     for start in range(full_hi, hi, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, k_head, v_head, ks_head,
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,

@@ -11,6 +11,11 @@ Why several methods: V is the transposed operand of P@V (tokens are its reductio
 converted in the MMA operand layout (add, prmt, cast) are gathered from shared memory byte by
 byte, as there is no 8-bit ldmatrix.trans on sm_90; converted in their load layout (prmt_load,
 words) they go to the MMA as fp16 through ldmatrix(.trans), like a bf16 tile (docs/kernels.md).
+OP_MMA (SageAttention's idea) skips the K conversion altogether: the program quantizes its q
+tile to int8 once (`_quant_rows`, per row) and q @ K^T runs on int8 tensor cores (`_mma_scores`),
+the q scales joining the K scales on the score columns; P@V stays fp16 (OP_MMA is a K method).
+It changes the numerics (q is rounded to 8 bits: score errors of about absmax(q)/254 * |k|_1
+per row, before the softmax scale), which the fp16 methods do not.
 To extend: a new method is an OP_* constant handled in `_int8_operand` or `_kv_operand`, a
 `CVT_MODES` entry, an exactness test (tests/kernels/test_attention_int8.py) and a row in
 bench/ptxas_check.py --int8-variants.
@@ -29,6 +34,8 @@ OP_PRMT_LOAD = 3  # OP_PRMT kept in the tile's load layout (asm marked impure so
 #                   cannot move it): a transposed operand then goes to the MMA as fp16 through
 #                   shared memory (ldmatrix.trans) instead of being gathered byte by byte
 OP_WORDS = 4      # the tile read as int32 words and converted whole (`_load_words`)
+OP_MMA = 5        # K only: codes stay int8; q is quantized to int8 per row (`_quant_rows`) and
+#                   q @ K^T runs on int8 tensor cores with int32 accumulation (`_mma_scores`)
 
 # "cvt" -> (K method, V method). Pairs mix methods per operand: K is not transposed for
 # q @ K^T (its codes are contiguous along the reduction axis), V is.
@@ -36,7 +43,8 @@ CVT_MODES = {"add": (OP_ADD, OP_ADD), "prmt": (OP_PRMT, OP_PRMT), "cast": (OP_CA
              "prmt_load": (OP_PRMT_LOAD, OP_PRMT_LOAD), "prmt_v": (OP_PRMT, OP_PRMT_LOAD),
              "words": (OP_WORDS, OP_WORDS), "words_v": (OP_PRMT, OP_WORDS),
              "words_k": (OP_WORDS, OP_PRMT_LOAD), "load_k_words_v": (OP_PRMT_LOAD, OP_WORDS),
-             "add_k_words_v": (OP_ADD, OP_WORDS)}
+             "add_k_words_v": (OP_ADD, OP_WORDS),
+             "mma_k": (OP_MMA, OP_PRMT_LOAD), "mma_k_words_v": (OP_MMA, OP_WORDS)}
 
 
 def cvt_ops(cvt, k_cache, v_cache):
@@ -159,9 +167,34 @@ def _kv_operand(rows, offs_d, n_mask, kv_mask, s_d, MASKED: tl.constexpr, EVEN_D
         x = _load_words(rows, n_mask, MASKED, offs_d.shape[0], ASM)
     else:
         x = _load_masked(rows[:, None] + offs_d[None, :] * s_d, kv_mask, HAS_MASK)
-        if KV_INT8:
+        if KV_INT8 and OP != 5:  # OP_MMA: the codes go to the int8 MMA as they are
             x = _int8_operand(x, LOWP, OP, ASM)
     return x
+
+
+@triton.jit
+def _quant_rows(x):
+    """OP_MMA's q: (codes int8 [M, D], scale float32 [M]) with x ~= codes * scale[:, None]:
+    symmetric per row, scale = absmax / 127, codes = floor(x * 127 / absmax + 0.5) clamped to
+    [-127, 127] (an all-zero row: codes 0, scale 0), the KV append rule, so
+    `kv_append.quantize_int8_ref` is its reference."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    # IEEE division (CUDA's `/` on float32 is approximate), as the KV append kernel does
+    inv = tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0.0, amax, 1.0))
+    inv = tl.where(amax > 0.0, inv, 0.0)
+    r = tl.floor(x * inv[:, None] + 0.5)
+    codes = tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
+    return codes, tl.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+
+
+@triton.jit
+def _mma_scores(q_codes, k_codes, row_scale, k_scale):
+    """OP_MMA scores: int8 q codes [M, D] @ int8 K codes [N, D]^T on int8 tensor cores (int32
+    accumulation, exact), then row_scale[:, None] (q scale, times the softmax scale) and
+    k_scale[None, :] (per-token K scales) in float32."""
+    s = tl.dot(q_codes, tl.trans(k_codes), out_dtype=tl.int32)
+    return s.to(tl.float32) * row_scale[:, None] * k_scale[None, :]
 
 
 @triton.jit

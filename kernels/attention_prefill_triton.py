@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
-from .attention_int8_triton import _kv_operand, _load_scales, cvt_ops
+from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 
 # How int8 codes become fp16 operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the
 # H100 (2026-11-24, commit 3ccaa17), int8 vs bf16 prefill: "prmt_load" 0.78x / 0.80x (16 fresh
@@ -54,7 +54,7 @@ def prefill_splits(max_query_len: int) -> int:
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, hi, q_pos,
+def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, hi, q_pos,
                  page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  scale_log2, offs_d, d_mask,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOWP: tl.constexpr,
@@ -81,7 +81,10 @@ def _attend_tile(acc, m_i, l_i, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, 
         k = _kv_operand(rows_k, offs_d, n_mask, n_mask[:, None] & d_mask[None, :], sk_d, MASKED,
                         EVEN_D, LOWP, KV_INT8, OP_K, ASM)
         k_scale = _load_scales(ks_ptr + blk * sks_b + pos * sks_s, n_mask, MASKED)
-        s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * (k_scale * scale_log2)[None, :]
+        if OP_K == 5:  # OP_MMA: int8 q codes @ int8 K codes, q_scl per row
+            s = _mma_scores(q, k, q_scl, k_scale)
+        else:
+            s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * (k_scale * scale_log2)[None, :]
     else:
         kt = tl.load(rows_k[None, :] + offs_d[:, None] * sk_d,
                      mask=d_mask[:, None] & n_mask[None, :], other=0.0)
@@ -149,8 +152,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
     rows = (row0 + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_scl = scale_log2  # OP_MMA: per-row q scales times the softmax scale
     if KV_INT8:
-        q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
+        if OP_K == 5:
+            q, q_amax = _quant_rows(q)  # int8 codes, once per program
+            q_scl = q_amax * scale_log2
+        else:
+            q = q.to(DOT_DTYPE)  # once, not per tile (fp16 on CUDA even for a bf16 model)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -160,13 +168,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
     for start in range(lo, tl.minimum(full_hi, hi_split), BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head, bt_row,
                                      start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
                                      sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
                                      False, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,
                                      OP_K, OP_V, ASM)
     for start in range(tl.maximum(full_hi, lo), hi_split, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_head, v_head, ks_head, vs_head, bt_row,
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head, bt_row,
                                      start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
                                      sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
                                      True, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,

@@ -11,7 +11,7 @@ from .conftest import FAMILIES
 from .test_gpu import assert_triton_matches_torch_reference
 from .test_hf_parity import make_prompts
 from .test_int8_kv import (MAX_MEAN_LOGPROB_DIFF, MIN_STEP_AGREEMENT, PARAMS, TIE_NATS,
-                           compare)
+                           compare, force_int8_cvt)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -39,6 +39,13 @@ def test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, enforce_eager):
     assert all(g < TIE_NATS for g in r["flip_gaps"])
     assert r["step_agreement"] >= MIN_STEP_AGREEMENT
     assert r["mean_logprob_diff"] < MAX_MEAN_LOGPROB_DIFF
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_int8_kv_mma_on_gpu_matches_float_kv(checkpoints, family, monkeypatch):
+    # The int8-MMA mode forced (not the default yet): same bounds, CUDA graphs.
+    force_int8_cvt(monkeypatch, "mma_k")
+    test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, False)
 
 
 def test_int8_bf16_triton_matches_torch_reference(monkeypatch):

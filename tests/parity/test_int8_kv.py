@@ -9,8 +9,11 @@ What is measured, per family, over 16 prompts x 16 greedy tokens:
 These random models are nearly flat (the top token has ~1.6% probability) and have near-ties,
 so a flip is allowed only where the float32 run's top-2 gap is below `TIE_NATS`; any other flip
 fails. Step agreement must be >= 95% and the mean logprob difference small. Run with `-s` to
-see the figures.
+see the figures. `force_int8_cvt` runs the same check with the attention kernels' int8 operand
+method forced (the int8-MMA mode "mma_k", q rounded to int8 too), tests only.
 """
+
+import os
 
 import pytest
 
@@ -45,6 +48,30 @@ def compare(ref_outs, int8_outs):
             diffs.append(abs(la[0] - lb[0]))
     return dict(positional=same / total, step_agreement=agree / steps,
                 mean_logprob_diff=sum(diffs) / len(diffs), flip_gaps=flip_gaps)
+
+
+def force_int8_cvt(monkeypatch, cvt):
+    """Make both attention kernels use int8 operand method `cvt` (a `CVT_MODES` name) whatever
+    their defaults and device (the decode config is patched after `decode_config` picks it)."""
+    from infer_cluster.kernels import attention_decode_triton as dec
+    from infer_cluster.kernels import attention_prefill_triton as pre
+    base = dec.decode_config
+    monkeypatch.setattr(dec, "decode_config", lambda q, kv_dtype=None: dict(base(q, kv_dtype),
+                                                                            cvt=cvt))
+    monkeypatch.setattr(pre, "PREFILL_INT8_CVT", cvt)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_int8_kv_mma_matches_model_dtype_kv(checkpoints, family, monkeypatch):
+    # The int8-MMA mode (q @ K^T on int8 codes of both) under the same bounds: the Triton
+    # attention kernels on the interpreter (the other kernels stay torch: all of them on the
+    # interpreter take minutes) instead of the torch reference, which has no such mode.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU run of the Triton attention needs TRITON_INTERPRET=1")
+    from infer_cluster.kernels import attention
+    monkeypatch.setattr(attention, "use_triton", lambda t: True)
+    force_int8_cvt(monkeypatch, "mma_k")
+    test_int8_kv_matches_model_dtype_kv(checkpoints, family)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
