@@ -134,6 +134,38 @@ def test_rejects_mismatched_norm_inputs():
         rms_norm_linear_small_triton(x, r.double(), nw, 1e-6, w)
 
 
+def test_column_parallel_shards_fuse_the_full_norm(monkeypatch):
+    # Tensor parallel: each rank's column-parallel qkv (with bias, GQA replicas) runs the norm of
+    # the full hidden in its prologue; the ranks' outputs side by side are the unsharded layer's,
+    # and each rank holds the same new residual. Column-parallel forwards run no collective.
+    from infer_cluster.worker.models.parallel import ColumnParallelLinear, ParallelState
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    hidden, sizes = 48, [32, 8, 8]
+    torch.manual_seed(3)
+    full_w, full_b = torch.randn(sum(sizes), hidden), torch.randn(sum(sizes))
+    x, r, nw = torch.randn(3, hidden), torch.randn(3, hidden), 1 + 0.3 * torch.randn(hidden)
+
+    def layer(rank, tp, fuse):
+        monkeypatch.setenv("INFER_CLUSTER_NORM_FUSE", "1" if fuse else "0")
+        col = ColumnParallelLinear(hidden, sizes, True, ParallelState(tp_rank=rank, tp_size=tp))
+        for i, (w, b) in enumerate(zip(full_w.split(sizes), full_b.split(sizes))):
+            col.load_shard(col.weight, w, i)
+            col.load_shard(col.bias, b, i)
+        return col
+
+    want, want_res = layer(0, 1, False).forward_rms_norm(x, r, nw, 1e-6)
+    torch.testing.assert_close(want_res, x + r, atol=0, rtol=0)
+    shards = []
+    for rank in range(2):
+        col = layer(rank, 2, True)
+        assert col.fuse_norm
+        y, res = col.forward_rms_norm(x, r, nw, 1e-6)
+        torch.testing.assert_close(res, want_res, atol=0, rtol=0)
+        shards.append(y.split(col.shard_sizes, dim=1))
+    got = torch.cat([torch.cat([s[i] for s in shards], dim=1) for i in range(3)], dim=1)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 QWEN3_SHAPES = {"qkv": (4096, 1024), "gate_up": (6144, 1024), "llama8b_qkv": (6144, 4096)}
 
 
