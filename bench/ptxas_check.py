@@ -195,7 +195,7 @@ def gemv_variants():
             consts = dict(HAS_BIAS=False, SILU_MUL=silu, NORM=norm, HAS_RES=norm, PARTIAL=partial,
                           USE_DOT=cfg.use_dot, DOT_F32=False, EVEN_K=k % cfg.block_k == 0,
                           STAGES=cfg.num_stages, BLOCK_M=bm, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 2048 // bm)))
+                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)))
             ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
                         out_ptr="*fp32" if partial else "*bf16", r_ptr="*bf16", nw_ptr="*bf16",
                         h_ptr="*bf16")

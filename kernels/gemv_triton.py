@@ -177,8 +177,9 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
     residual, norm_w, eps, h_out = norm if norm is not None else (None, x, 0.0, None)
     r = residual if residual is not None else x  # never read without HAS_RES
     h = h_out if h_out is not None else x  # never written without HAS_RES
-    # The rms pre-pass reads the row in chunks of <= 2048 elements over all BLOCK_M rows.
-    norm_block = max(16, min(triton.next_power_of_2(k), 2048 // block_m))
+    # The rms pre-pass reads x and residual in chunks of <= 4096 elements over all BLOCK_M rows
+    # (one chunk per row at batch 1 up to K = 4096: its loads are serial L2 round trips).
+    norm_block = max(16, min(triton.next_power_of_2(k), 4096 // block_m))
     _gemv_kernel[grid](x, weight, b, target, r, norm_w, h, eps, m, n, k, k_per_split, x.stride(0),
                        weight.stride(0), target.stride(-2), target.stride(0) if partial else 0,
                        r.stride(0), h.stride(0),
