@@ -26,9 +26,9 @@ Numerics: float32 accumulation; the fused SiLU rounds `silu(gate)` and the produ
 activation dtype exactly as `silu_and_mul_ref` materialises them, and the fused norm rounds
 `x + residual`, the normalised row and its product with the norm weight as `rms_norm_ref` does
 (the row's sum of squares is added up in another order: float32 rounding only). float32 dots
-run in IEEE precision (no TF32). Under `TRITON_INTERPRET=1` operands are widened to float32 before `tl.dot`
-(the interpreter has no bf16 matmul); products of bf16 values are exact in float32, so results
-agree with the GPU's bf16 tensor-core dot up to summation order.
+run in IEEE precision (no TF32). Under `TRITON_INTERPRET=1` operands are widened to float32
+before `tl.dot` (the interpreter has no bf16 matmul); products of bf16 values are exact in
+float32, so results agree with the GPU's bf16 tensor-core dot up to summation order.
 
 To extend (another fused prologue, e.g. an input scale): add a constexpr branch where x is loaded
 in `_gemv_kernel` and a `*_ref` twin in `kernels/gemv.py`.
@@ -241,9 +241,9 @@ def rms_norm_linear_small_triton(x, residual, norm_weight, eps: float, weight,
     if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
         raise ValueError(f"norm weight must be [{k}] of {x.dtype}, got {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype}")
-    x = _unit_stride(x)
+    x_in, x = x, _unit_stride(x)
     residual = _unit_stride(residual) if residual is not None else None
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x_in
     bias = bias.contiguous() if bias is not None else None
     out = _launch(x, _unit_stride(weight), bias, k, cfg, silu_mul=False,
                   norm=(residual, norm_weight.contiguous(), float(eps), h if residual is not None else None))
