@@ -4,6 +4,8 @@ Runs the engine eagerly (no CUDA graph, so the profiler sees every launch) on on
 the Qwen3-0.6B shape and profiles `--steps` decode steps: prints kernels per step and the
 operator table by GPU time. The CUDA graph replays the same kernels, so this is the list to
 fuse or speed up when batch-1 TPOT sits above its bandwidth bound (bench/step_profile.py).
+The first line names the kernel switches in force (`INFER_CLUSTER_GEMV`, `INFER_CLUSTER_NORM_FUSE`):
+run it once per setting to see what a fusion removes from the step.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def main(argv=None):
             llm.step()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    print(f"{len(events) / args.steps:.0f} GPU kernels per decode step; "
+    switches = " ".join(f"{k}={os.environ.get(k, '1')}" for k in ("INFER_CLUSTER_GEMV", "INFER_CLUSTER_NORM_FUSE"))
+    print(f"[{switches}] {len(events) / args.steps:.0f} GPU kernels per decode step; "
           f"{sum(e.device_time_total for e in events) / args.steps / 1e3:.3f} ms of GPU time per step")
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60))
     llm.abort(rid)

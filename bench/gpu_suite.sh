@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -186,6 +186,19 @@ for _ in range(600):
         --out "$OUT/int8_round2.json" 2>&1 | tee "$OUT/int8_round2.log" | tail -130
       timeout 150 python3 bench/int8_prefill.py --out "$OUT/int8_prefill.json" 2>&1 \
         | tee "$OUT/int8_prefill.log" | tail -12 ;;
+    normfuse)  # issue 11: add + RMSNorm folded into the small-batch GEMV after it. GPU tests of gemv,
+      # norm and the fused prologue (kernels and the tiny models with CUDA graphs), the per-step
+      # kernel list with the fusion off (count line only) and on, then batch-1 TPOT off vs on
+      # (A/B through INFER_CLUSTER_NORM_FUSE, small path on in both)
+      timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py tests/kernels/test_norm.py \
+        tests/kernels/test_gemv_norm.py tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_normfuse_tests.log" | tail -6
+      INFER_CLUSTER_NORM_FUSE=0 timeout 120 python3 bench/decode_kernels.py --steps 10 2>&1 | grep "per decode step"
+      INFER_CLUSTER_NORM_FUSE=1 timeout 120 python3 bench/decode_kernels.py --steps 10 2>&1 | head -40
+      for f in 0 1; do echo "--- INFER_CLUSTER_NORM_FUSE=$f"
+        INFER_CLUSTER_NORM_FUSE=$f timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+          --max-model-len 4096 --out "$OUT/tpot_qwen3_normfuse$f.json" 2>&1 | tail -8
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

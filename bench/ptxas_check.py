@@ -4,7 +4,8 @@ sm_90, without a GPU.
 Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target) of
 `_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
 (16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
-the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`), and of the fused
+the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
+add + RMSNorm prologue), and of the fused
 `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
@@ -169,30 +170,37 @@ def variants():
 
 def gemv_variants():
     """The small-batch linear at the configs `pick_config` gives the Qwen3-0.6B shapes (bf16;
-    the down projection with its fused SiLU), one row per distinct compiled variant."""
-    from infer_cluster.kernels.gemv import pick_config
+    the down projection with its fused SiLU; qkv and gate_up also with the fused add + RMSNorm
+    prologue at `fused_norm_config`), one row per distinct compiled variant."""
+    from infer_cluster.kernels.gemv import fused_norm_config, pick_config
     from infer_cluster.kernels.gemv_triton import _DOT_M, _gemv_kernel
     rows, seen = [], set()
-    for name, (n, k) in (("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate_up", (6144, 1024)),
-                         ("down", (1024, 3072)), ("lm_head", (151936, 1024))):
+    shapes = (("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate_up", (6144, 1024)),
+              ("down", (1024, 3072)), ("lm_head", (151936, 1024)))
+    cases = [(name, nk, False) for name, nk in shapes]
+    cases += [(name + "+norm", nk, True) for name, nk in shapes if name in ("qkv", "gate_up")]
+    for name, (n, k), norm in cases:
         for m in (1, 2, 4, 8, 16):
-            cfg = pick_config(m, n, k)
+            cfg = fused_norm_config(m, n, k) if norm else pick_config(m, n, k)
             if cfg is None:
                 continue
             silu, partial = name == "down", cfg.split_k > 1
             bm = _DOT_M if cfg.use_dot else 1 << (m - 1).bit_length()
-            key = (bm, cfg, silu, partial)
+            key = (bm, cfg, silu, norm, partial)
             if key in seen:
                 continue
             seen.add(key)
             per_split = -(-k // cfg.split_k)
             ints = dict(M=m, N=n, K=k, k_per_split=-(-per_split // cfg.block_k) * cfg.block_k,
-                        sxm=2 * k if silu else k, swn=k, som=n, sos=m * n if partial else 0)
-            consts = dict(HAS_BIAS=False, SILU_MUL=silu, PARTIAL=partial, USE_DOT=cfg.use_dot,
-                          DOT_F32=False, EVEN_K=k % cfg.block_k == 0, STAGES=cfg.num_stages,
-                          BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+                        sxm=2 * k if silu else k, swn=k, som=n, sos=m * n if partial else 0,
+                        srm=k, shm=k)
+            consts = dict(HAS_BIAS=False, SILU_MUL=silu, NORM=norm, HAS_RES=norm, PARTIAL=partial,
+                          USE_DOT=cfg.use_dot, DOT_F32=False, EVEN_K=k % cfg.block_k == 0,
+                          STAGES=cfg.num_stages, BLOCK_M=bm, BLOCK_N=cfg.block_n,
+                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)))
             ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
-                        out_ptr="*fp32" if partial else "*bf16")
+                        out_ptr="*fp32" if partial else "*bf16", r_ptr="*bf16", nw_ptr="*bf16",
+                        h_ptr="*bf16")
             tag = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
             rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts,
                          dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()))

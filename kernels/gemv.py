@@ -1,11 +1,13 @@
 """Small-batch linear layers (decode GEMVs): dispatch, references and launch-config choice.
 
-Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 16, K]`) and
-`silu_mul_linear_small(gate_up, weight)` (= `F.linear(silu_and_mul_ref(gate_up), weight)`),
-`pick_config` (which `GemvConfig` a shape gets: the H100-tuned table in `gemv_tuned.py`, else a
-heuristic), and `use_small_path`, the one rule the model layers use to take this path.
+Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 16, K]`),
+`silu_mul_linear_small(gate_up, weight)` (= `F.linear(silu_and_mul_ref(gate_up), weight)`) and
+`rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias)` (= the fused add + RMSNorm
+of `kernels/norm.py`, then `F.linear`; returns `(y, x + residual)`), `pick_config` (which
+`GemvConfig` a shape gets: the H100-tuned table in `gemv_tuned.py`, else a heuristic), and `use_small_path`, the one rule the model layers use to take this path.
 Never autotunes at call time and keeps no state: the `INFER_CLUSTER_GEMV=0` switch is read by
-`gemv_enabled()`, which layers call once when they are built.
+`gemv_enabled()`, `INFER_CLUSTER_NORM_FUSE=0` (keep the norm a kernel of its own) by
+`norm_fuse_enabled()`, both called once by the layers when they are built.
 
 To tune: run `bench/gemv.py --sweep` on the GPU and paste its table into `gemv_tuned.py`. An entry
 of None means cuBLAS won for that shape, and `linear_small` then calls `F.linear`.
@@ -23,6 +25,7 @@ from .activation import silu_and_mul_ref
 from .dispatch import use_triton
 from .gemv_config import MAX_M, GemvConfig
 from .gemv_tuned import TUNED
+from .norm import rms_norm, rms_norm_ref
 
 GEMV_MAX_M = MAX_M  # batch rows up to which the model layers take the small path
 _TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
@@ -32,6 +35,11 @@ _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuB
 def gemv_enabled() -> bool:
     """False when `INFER_CLUSTER_GEMV=0` (A/B against cuBLAS on the GPU)."""
     return os.environ.get("INFER_CLUSTER_GEMV", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def norm_fuse_enabled() -> bool:
+    """False when `INFER_CLUSTER_NORM_FUSE=0` (A/B of the add + RMSNorm prologue on the GPU)."""
+    return os.environ.get("INFER_CLUSTER_NORM_FUSE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def use_small_path(enabled: bool, x: torch.Tensor) -> bool:
@@ -83,12 +91,26 @@ def _hopper(t: torch.Tensor) -> bool:
     return not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] == 9
 
 
+def fused_norm_config(m: int, n: int, k: int, itemsize: int = 2, hopper: bool = True):
+    """The config of the GEMV with the add + RMSNorm prologue: the tuned one, or the heuristic
+    where the table chose cuBLAS (by < 0.5 us, less than the norm launch the fusion saves).
+    None (untuned outputs wider than an LM head's heuristic limit): norm and linear apart."""
+    return pick_config(m, n, k, itemsize, hopper) or default_config(m, n, k)
+
+
 def linear_small_ref(x, weight, bias: Optional[torch.Tensor] = None):
     return F.linear(x, weight, bias)
 
 
 def silu_mul_linear_small_ref(gate_up, weight):
     return F.linear(silu_and_mul_ref(gate_up), weight)
+
+
+def rms_norm_linear_small_ref(x, residual, norm_weight, eps, weight, bias: Optional[torch.Tensor] = None):
+    if residual is None:
+        return F.linear(rms_norm_ref(x, norm_weight, eps), weight, bias), x
+    h, residual = rms_norm_ref(x, norm_weight, eps, residual)
+    return F.linear(h, weight, bias), residual
 
 
 def linear_small(x, weight, bias: Optional[torch.Tensor] = None):
@@ -109,3 +131,17 @@ def silu_mul_linear_small(gate_up, weight):
             return silu_mul_linear_small_triton(gate_up, weight, cfg)
     from .activation import silu_and_mul
     return F.linear(silu_and_mul(gate_up), weight)
+
+
+def rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias: Optional[torch.Tensor] = None):
+    """`(linear(rms_norm(x + residual)), x + residual)` in one launch on the small path; with
+    residual None, `(linear(rms_norm(x)), x)`. Elsewhere the separate norm and linear."""
+    if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
+        cfg = fused_norm_config(x.shape[0], weight.shape[0], weight.shape[1], x.element_size(), _hopper(x))
+        if cfg is not None:
+            from .gemv_triton import rms_norm_linear_small_triton
+            return rms_norm_linear_small_triton(x, residual, norm_weight, eps, weight, bias, cfg)
+    if residual is None:
+        return linear_small(rms_norm(x, norm_weight, eps), weight, bias), x
+    h, residual = rms_norm(x, norm_weight, eps, residual)
+    return linear_small(h, weight, bias), residual

@@ -1,9 +1,11 @@
 """Triton small-batch linear (GEMV-like): `y[M, N] = x[M, K] @ W[N, K]^T (+ bias)` for M <= 16.
 
-Owns: `linear_small_triton` and `silu_mul_linear_small_triton` (the down projection with
-`silu(gate) * up` computed in the prologue), launched with a `GemvConfig` (`gemv_config.py`). Which config
-a shape gets is `kernels/gemv.py`'s business (a tuned table); this module never picks one and
-never autotunes (the kernels are captured in CUDA graphs, so every choice is made up front).
+Owns: `linear_small_triton`, `silu_mul_linear_small_triton` (the down projection with
+`silu(gate) * up` computed in the prologue) and `rms_norm_linear_small_triton` (qkv / gate_up
+with the residual add + RMSNorm before them computed in the prologue), launched with a
+`GemvConfig` (`gemv_config.py`). Which config a shape gets is `kernels/gemv.py`'s business (a
+tuned table); this module never picks one and never autotunes (the kernels are captured in
+CUDA graphs, so every choice is made up front).
 
 Why not cuBLAS: at decode batch sizes the product is memory bound; each program here reads one
 `[BLOCK_N, K]` slab of W exactly once, `BLOCK_K` columns at a time, and reuses every chunk for all
@@ -14,11 +16,19 @@ sums a second small kernel adds up (and adds the bias, and casts). `num_stages` 
 pipelines the K loop (cp.async into shared memory), keeping several chunks of W in flight per
 program: the small matrices are latency bound, a program has only a few chunks to read.
 
+Fused add + RMSNorm (`NORM`): every program first sums the squares of its rows' whole
+`h = x + residual` (K <= a few thousand elements, re-read from L2), then feeds
+`w_norm * round(h * rsqrt(mean + eps))` for its own K slice to the product. The new residual `h`
+is stored exactly once, by the programs with `pid_n == 0` (each writes its K slice; with split-K
+those slices tile K), so no second kernel and no race.
+
 Numerics: float32 accumulation; the fused SiLU rounds `silu(gate)` and the product to the
-activation dtype exactly as `silu_and_mul_ref` materialises them. float32 dots run in IEEE
-precision (no TF32). Under `TRITON_INTERPRET=1` operands are widened to float32 before `tl.dot`
-(the interpreter has no bf16 matmul); products of bf16 values are exact in float32, so results
-agree with the GPU's bf16 tensor-core dot up to summation order.
+activation dtype exactly as `silu_and_mul_ref` materialises them, and the fused norm rounds
+`x + residual`, the normalised row and its product with the norm weight as `rms_norm_ref` does
+(the row's sum of squares is added up in another order: float32 rounding only). float32 dots
+run in IEEE precision (no TF32). Under `TRITON_INTERPRET=1` operands are widened to float32
+before `tl.dot` (the interpreter has no bf16 matmul); products of bf16 values are exact in
+float32, so results agree with the GPU's bf16 tensor-core dot up to summation order.
 
 To extend (another fused prologue, e.g. an input scale): add a constexpr branch where x is loaded
 in `_gemv_kernel` and a `*_ref` twin in `kernels/gemv.py`.
@@ -40,11 +50,13 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, som, sos,
-                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, PARTIAL: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
+                 M, N, K, k_per_split, sxm, swn, som, sos, srm, shm,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                 HAS_RES: tl.constexpr, PARTIAL: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -59,6 +71,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     act_dtype = x_ptr.dtype.element_ty
+    r_rows = r_ptr + rows_m[:, None] * srm
+    if NORM:  # rms of the whole row of h = x (+ r), whatever K slice this program multiplies
+        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for c0 in range(0, K, NORM_BLOCK):
+            offs_c = c0 + tl.arange(0, NORM_BLOCK)
+            mask_c = offs_c[None, :] < K
+            hc = tl.load(x_rows + offs_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+            if HAS_RES:  # the unfused path rounds the sum to the activation dtype
+                rc = tl.load(r_rows + offs_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+                hc = (hc + rc).to(act_dtype).to(tl.float32)
+            sumsq += tl.sum(hc * hc, axis=1)
+        inv_rms = tl.rsqrt(sumsq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # CUDA-core path: per-lane partial products, reduced across lanes once after the loop (a
     # reduction per chunk would shuffle, and sync warps, on every iteration).
@@ -82,6 +106,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split, sxm, swn, s
             gate = x.to(tl.float32)
             act = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
             x = (act * up.to(tl.float32)).to(act_dtype)
+        if NORM:  # x holds the layer input; normalise it as rms_norm_ref does, rounding alike
+            in_k = offs_k[None, :] < k_end
+            h = x.to(tl.float32)
+            if HAS_RES:
+                r = tl.load(r_rows + offs_k[None, :], mask=in_k, other=0.0).to(tl.float32)
+                h = (h + r).to(act_dtype)
+                # The new residual, written once: by the programs of the first column block.
+                tl.store(h_ptr + rows_m[:, None] * shm + offs_k[None, :], h,
+                         mask=mask_m[:, None] & in_k & (pid_n == 0))
+                h = h.to(tl.float32)
+            nw = tl.load(nw_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+            x = (nw[None, :] * (h * inv_rms[:, None]).to(act_dtype).to(tl.float32)).to(act_dtype)
         if USE_DOT:
             if DOT_F32:
                 acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
@@ -119,12 +155,16 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool):
+def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
+    """`norm` = (residual or None, norm weight, eps, new-residual buffer or None) for the fused
+    add + RMSNorm prologue; the kernel fills the buffer with x + residual."""
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
+    if m == 0 or n == 0 or k == 0:
+        if norm is not None and norm[0] is not None:
+            torch.add(x, norm[0], out=norm[3])  # the residual stays defined whatever the shape
+        if m == 0 or n == 0:
+            return out
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
     block_m = _DOT_M if cfg.use_dot else triton.next_power_of_2(m)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(k)))
@@ -134,13 +174,20 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool):
     grid = (triton.cdiv(n, cfg.block_n), splits)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if partial else out
     b = bias if bias is not None else weight  # never read without HAS_BIAS
-    _gemv_kernel[grid](x, weight, b, target, m, n, k, k_per_split, x.stride(0), weight.stride(0),
-                       target.stride(-2), target.stride(0) if partial else 0,
-                       HAS_BIAS=bias is not None, SILU_MUL=silu_mul, PARTIAL=partial,
-                       USE_DOT=cfg.use_dot,
+    residual, norm_w, eps, h_out = norm if norm is not None else (None, x, 0.0, None)
+    r = residual if residual is not None else x  # never read without HAS_RES
+    h = h_out if h_out is not None else x  # never written without HAS_RES
+    # The rms pre-pass reads x and residual in chunks of <= 4096 elements over all BLOCK_M rows
+    # (one chunk per row at batch 1 up to K = 4096: its loads are serial L2 round trips).
+    norm_block = max(16, min(triton.next_power_of_2(k), 4096 // block_m))
+    _gemv_kernel[grid](x, weight, b, target, r, norm_w, h, eps, m, n, k, k_per_split, x.stride(0),
+                       weight.stride(0), target.stride(-2), target.stride(0) if partial else 0,
+                       r.stride(0), h.stride(0),
+                       HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None,
+                       HAS_RES=residual is not None, PARTIAL=partial, USE_DOT=cfg.use_dot,
                        DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
                        STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       NORM_BLOCK=norm_block, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if partial:
         block = min(1024, triton.next_power_of_2(n))
         _split_sum_kernel[(triton.cdiv(n, block), m)](target, b, out, m, n, splits, target.stride(0),
@@ -179,3 +226,25 @@ def silu_mul_linear_small_triton(gate_up, weight, cfg: GemvConfig = GemvConfig()
     inter = gate_up.shape[1] // 2
     _check(gate_up, weight, None, inter)
     return _launch(_unit_stride(gate_up), _unit_stride(weight), None, inter, cfg, silu_mul=True)
+
+
+def rms_norm_linear_small_triton(x, residual, norm_weight, eps: float, weight,
+                                 bias: Optional[torch.Tensor] = None, cfg: GemvConfig = GemvConfig()):
+    """`(F.linear(h_normed, weight, bias), h)` where `h = x + residual` (x when residual is None:
+    then h is x itself, not a copy) and `h_normed = rms_norm_ref(h, norm_weight, eps)`: the add and
+    the norm run in the GEMV's prologue, one launch instead of two."""
+    k = x.shape[1] if x.dim() == 2 else -1
+    _check(x, weight, bias, k)
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must match x {tuple(x.shape)} {x.dtype}, got "
+                         f"{tuple(residual.shape)} {residual.dtype}")
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
+        raise ValueError(f"norm weight must be [{k}] of {x.dtype}, got {tuple(norm_weight.shape)} "
+                         f"{norm_weight.dtype}")
+    x_in, x = x, _unit_stride(x)
+    residual = _unit_stride(residual) if residual is not None else None
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x_in
+    bias = bias.contiguous() if bias is not None else None
+    out = _launch(x, _unit_stride(weight), bias, k, cfg, silu_mul=False,
+                  norm=(residual, norm_weight.contiguous(), float(eps), h if residual is not None else None))
+    return out, h

@@ -143,8 +143,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        n = x.shape[0]
-        qkv = self.qkv_proj(x)
+        return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
+
+    def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
+        """Everything after the qkv projection: prep, attention, o_proj."""
+        n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
         qn, kn = self.q_norm, self.k_norm
@@ -176,14 +179,14 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(spec, ps)
 
     def forward(self, x, residual, positions, meta, kv_cache, rope_cache):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache, rope_cache)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        # Each add + norm runs in the projection after it (one launch on the small-batch path;
+        # residual None on the first layer: the input is the residual).
+        attn, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
+        gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
+        return mlp.down_proj.forward_silu_mul(gate_up), residual
 
 
 class DecoderModel(nn.Module):
@@ -210,18 +213,24 @@ class DecoderModel(nn.Module):
         self.rope_cache = build_rope_cache(rope_inv_freq(self.spec).to(device), max_positions)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches,
-                hidden=None, residual=None):
-        """Returns (hidden, residual); on the last stage hidden is final-normed."""
+                hidden=None, residual=None, final_norm: bool = True):
+        """Returns (hidden, residual); on the last stage hidden is final-normed, unless
+        `final_norm=False`: then (hidden, residual) go to `compute_logits(hidden, residual)`
+        (rows selected alike), which runs the final add + norm inside the LM head's GEMV."""
         if self.is_first:
             hidden = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache)
-        if self.is_last:
+        if self.is_last and final_norm:
             hidden, _ = self.norm(hidden, residual)
         return hidden, residual
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits of final-normed `hidden`; with `residual`, of the un-normed last-layer output
+        and its residual (`forward(..., final_norm=False)`)."""
+        if residual is None:
+            return self.lm_head.logits(hidden)
+        return self.lm_head.logits_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
 
     # -- weights --------------------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ At decode batch sizes (<= `kernels.gemv.GEMV_MAX_M` rows, on the Triton dispatch
 the LM head run `kernels.gemv.linear_small` (the MLP down projection its fused SiLU twin) instead
 of cuBLAS; `INFER_CLUSTER_GEMV=0`, read when a layer is built, keeps them on `F.linear`. The
 collectives and the row-parallel bias (added once, after the all-reduce) are the same either way.
+There, `ColumnParallelLinear.forward_rms_norm` also runs the residual add + RMSNorm before the
+layer in the GEMV's prologue (`kernels.gemv.rms_norm_linear_small`; the norm is over the full
+hidden, which every rank holds before a column-parallel linear); `INFER_CLUSTER_NORM_FUSE=0`
+keeps the norm a kernel of its own.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from infer_cluster.kernels import silu_and_mul
-from infer_cluster.kernels.gemv import gemv_enabled, linear_small, silu_mul_linear_small, use_small_path
+from infer_cluster.kernels import rms_norm, silu_and_mul
+from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
+                                        silu_mul_linear_small, use_small_path)
 
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single.
@@ -75,6 +80,7 @@ class ColumnParallelLinear(nn.Module):
                             for size, r in zip(self.output_sizes, self.num_replicas)]
         out = sum(self.shard_sizes)
         self.use_gemv = gemv_enabled()
+        self.fuse_norm = norm_fuse_enabled()
         self.weight = nn.Parameter(torch.empty(out, input_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         if bias:
@@ -94,6 +100,17 @@ class ColumnParallelLinear(nn.Module):
         if use_small_path(self.use_gemv, x):
             return linear_small(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def forward_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                         norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(forward(rms_norm(x + residual)), x + residual)`, or `(forward(rms_norm(x)), x)`
+        without a residual; one launch on the small path."""
+        if self.fuse_norm and use_small_path(self.use_gemv, x):
+            return rms_norm_linear_small(x, residual, norm_weight, eps, self.weight, self.bias)
+        if residual is None:
+            return self(rms_norm(x, norm_weight, eps)), x
+        h, residual = rms_norm(x, norm_weight, eps, residual)
+        return self(h), residual
 
 
 class RowParallelLinear(nn.Module):
@@ -143,6 +160,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         self.use_gemv = gemv_enabled()
+        self.fuse_norm = norm_fuse_enabled()
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         rows = loaded[self.start:self.start + self.shard_size]
@@ -167,3 +185,15 @@ class ParallelLMHead(VocabParallelEmbedding):
         small = use_small_path(self.use_gemv, hidden)
         local = linear_small(hidden, self.weight) if small else F.linear(hidden, self.weight)
         return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+
+    def logits_rms_norm(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                        norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """`logits(rms_norm(hidden + residual))`; on the small path the add + norm run in the
+        LM head GEMV's prologue (the new residual is not needed after the last layer)."""
+        if self.fuse_norm and use_small_path(self.use_gemv, hidden):
+            local, _ = rms_norm_linear_small(hidden, residual, norm_weight, eps, self.weight)
+            return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+        if residual is None:
+            return self.logits(rms_norm(hidden, norm_weight, eps))
+        normed, _ = rms_norm(hidden, norm_weight, eps, residual)
+        return self.logits(normed)
