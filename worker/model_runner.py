@@ -303,12 +303,16 @@ class ModelRunner:
         return out
 
     def _forward_logits(self, input_ids, positions, meta, kv_caches):
-        """Decode-only forward: every row is sampled (the body of the CUDA graphs)."""
-        return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches))
+        """Decode-only forward: every row is sampled (the body of the CUDA graphs). The final
+        add + norm run inside the LM head (one GEMV launch at small batch, kernels/gemv.py)."""
+        hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
+        return self.model.compute_logits(hidden, residual)
 
     def _forward_sampled(self, input_ids, positions, meta, kv_caches, sample_indices):
-        """Any step: the logits of the rows at `sample_indices` (the body of the mixed graphs)."""
-        return self.model.compute_logits(self._forward(input_ids, positions, meta, kv_caches)[sample_indices])
+        """Any step: the logits of the rows at `sample_indices` (the body of the mixed graphs and
+        of eager steps); the final norm runs on the sampled rows only."""
+        hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
+        return self.model.compute_logits(hidden[sample_indices], residual[sample_indices])
 
     @torch.inference_mode()
     def swap_blocks(self, out: SchedulerOutput) -> None:
@@ -343,8 +347,8 @@ class ModelRunner:
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
             return (self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices),
                     inputs.sample_request_ids)
-        hidden = self._forward(inputs.input_ids, inputs.positions, meta, self.context.kv_caches)
-        logits = self.model.compute_logits(hidden[inputs.sample_indices])
+        logits = self._forward_sampled(inputs.input_ids, inputs.positions, meta, self.context.kv_caches,
+                                       inputs.sample_indices)
         return logits, inputs.sample_request_ids
 
     @torch.inference_mode()
