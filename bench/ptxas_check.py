@@ -145,7 +145,7 @@ def variants():
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
             bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
-            for cvt in ((PREFILL_INT8_CVT, "add", "mma_k") if int8 else ("-",)):
+            for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True)
                 if int8:

@@ -234,15 +234,16 @@ def _sm_count(device) -> int:
 DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
                     min_partition=256, reduce_warps=4)
 
-# int8 caches on CUDA start from this one: the winner of `bench/int8_decode.py --round2` on the
-# H100 (2026-11-24, commit 3ccaa17, CUDA-graph replays vs the bf16 defaults in the same run):
-# "words_k" (K tiles read as int32 words, V converted where it is loaded and transposed as fp16
-# by ldmatrix like a bf16 tile) at 128-token tiles: b256 1.57x (2,277 GB/s), b32 1.31x, b1 1.20x;
-# round 1's "words" 1.48x / 1.26x / 1.17x, the first kernel's "add" 1.25x / 1.16x / 1.13x.
+# int8 caches on CUDA start from this one. "mma_k": q quantized to int8 per row once per program
+# and q @ K^T on int8 tensor cores (no K conversion), V converted where it is loaded. H100,
+# 2026-11-25, CUDA-graph replays vs the bf16 defaults in the same run (bench/int8_decode.py --cvt):
+# b256 1.62x, b32 1.37x, b1 1.25x, against round 2's "words_k" (K tiles read as int32 words)
+# 1.58x / 1.33x / 1.21x in that run; round 1's "add" was 1.25x / 1.16x / 1.13x. Heads narrower
+# than 32 take "prmt_load" for K (`cvt_ops`).
 # "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
 # Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
-DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="words_k", small_per_sm=None, small_programs=0)
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
 
 def decode_config(q, kv_dtype=None):
     """Default decode launch config, from dtypes, device and head_dim only: block_n (tokens per

@@ -47,12 +47,19 @@ CVT_MODES = {"add": (OP_ADD, OP_ADD), "prmt": (OP_PRMT, OP_PRMT), "cast": (OP_CA
              "mma_k": (OP_MMA, OP_PRMT_LOAD), "mma_k_words_v": (OP_MMA, OP_WORDS)}
 
 
+# An int8 tl.dot needs a reduction of at least 32: q @ K^T reduces over the (padded) head dim.
+MMA_MIN_HEAD_DIM = 32
+
+
 def cvt_ops(cvt, k_cache, v_cache):
     """(OP_K, OP_V) for a config's "cvt"; OP_WORDS falls back to OP_ADD for a cache whose rows
-    cannot be read as int32 words. Raises ValueError for an unknown name."""
+    cannot be read as int32 words, OP_MMA to OP_PRMT_LOAD for heads narrower than
+    `MMA_MIN_HEAD_DIM` (after padding to a power of two). Raises ValueError for an unknown name."""
     if cvt not in CVT_MODES:
         raise ValueError(f"int8 cvt={cvt!r}: expected one of {sorted(CVT_MODES)}")
     op_k, op_v = CVT_MODES[cvt]
+    if op_k == OP_MMA and triton.next_power_of_2(k_cache.shape[-1]) < MMA_MIN_HEAD_DIM:
+        op_k = OP_PRMT_LOAD
     op_k = OP_ADD if op_k == OP_WORDS and not word_rows(k_cache) else op_k
     op_v = OP_ADD if op_v == OP_WORDS and not word_rows(v_cache) else op_v
     return op_k, op_v

@@ -36,12 +36,18 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 
-# How int8 codes become fp16 operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the
-# H100 (2026-11-24, commit 3ccaa17), int8 vs bf16 prefill: "prmt_load" 0.78x / 0.80x (16 fresh
-# prompts / 4 chunks of 512 over 2,048-token contexts), "words_k" 0.72x / 0.72x, "add" (the old
-# way) 0.71x / 0.73x, "words" 0.69x / 0.70x. int8 prefill stays slower than bf16: the tile
-# products are compute-bound and the codes must still be converted.
-PREFILL_INT8_CVT = "prmt_load"
+# How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
+# (2026-11-25), int8 vs bf16 prefill for 16 fresh prompts / 4 chunks of 512 over 2,048-token
+# contexts: "mma_k" (int8 q @ K^T, see attention_int8_triton.py) 0.77x / 0.93x, "prmt_load"
+# 0.78x / 0.79x, "words_k" 0.72x / 0.73x. Fresh prompts stay slower than bf16: the tile products
+# are compute-bound and the V codes must still be converted.
+PREFILL_INT8_CVT = "mma_k"
+
+
+def prefill_int8_cvt(q) -> str:
+    """The default int8 operand method for `q`: `PREFILL_INT8_CVT` for 16-bit q on CUDA (where it
+    was timed); float32 q and the interpreter keep q exact with "prmt_load", as decode does."""
+    return PREFILL_INT8_CVT if q.is_cuda and q.dtype != torch.float32 else "prmt_load"
 
 # Split KV for short queries (see the module docstring): queries of at most this many tokens
 # (every sequence of the step) get PREFILL_SPLITS slices of their keys.
@@ -236,7 +242,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
-    `PREFILL_INT8_CVT`) says how its codes become operands. `num_splits` (a power of two;
+    `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
     default `prefill_splits(max_query_len)`) slices each query's keys (split KV)."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -249,7 +255,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
-    op_k, op_v = cvt_ops(cvt or PREFILL_INT8_CVT, k_cache, v_cache)
+    op_k, op_v = cvt_ops(cvt or prefill_int8_cvt(q), k_cache, v_cache)
     splits = prefill_splits(max_query_len) if num_splits is None else num_splits
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {splits}")

@@ -37,12 +37,12 @@ import torch
 from .attention_common_triton import _TL_DTYPES
 from .attention_decode_triton import (DECODE_INT8, DECODE_TUNED, decode_attention,
                                       decode_config, plan_decode_splits)
-from .attention_int8_triton import CVT_MODES
-from .attention_prefill_triton import prefill_attention
+from .attention_int8_triton import CVT_MODES, OP_MMA, cvt_ops
+from .attention_prefill_triton import prefill_attention, prefill_int8_cvt
 from .kv_append import check_int8_scales
 
 __all__ = ["paged_attention_triton", "decode_attention", "prefill_attention", "decode_config",
-           "plan_decode_splits", "DECODE_TUNED", "DECODE_INT8", "CVT_MODES"]
+           "plan_decode_splits", "DECODE_TUNED", "DECODE_INT8", "CVT_MODES", "int8_quantizes_q"]
 
 _MAX_HEAD_DIM = 256
 
@@ -93,3 +93,10 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                           max_query_len, out, k_scale=k_scale, v_scale=v_scale)
     return out
+
+
+def int8_quantizes_q(q, k_cache, max_query_len: int) -> bool:
+    """Whether `paged_attention_triton` on an int8 cache runs q @ K^T on int8 q codes (the
+    "mma_k" method: q rounded to int8 per row) for this q and query length, or keeps q exact."""
+    cvt = decode_config(q, torch.int8)["cvt"] if max_query_len == 1 else prefill_int8_cvt(q)
+    return cvt_ops(cvt, k_cache, k_cache)[0] == OP_MMA

@@ -16,7 +16,8 @@ from infer_cluster.kernels.attention import paged_attention_ref
 from infer_cluster.kernels.attention_int8_triton import (OP_ADD, OP_CAST, OP_MMA, OP_PRMT,
                                                          OP_PRMT_LOAD, _int8_operand, _quant_rows)
 from infer_cluster.kernels.attention_triton import CVT_MODES
-from infer_cluster.kernels.attention_triton import decode_attention, paged_attention_triton
+from infer_cluster.kernels.attention_triton import (decode_attention, int8_quantizes_q,
+                                                    paged_attention_triton)
 from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 from tests.kernels.conftest import INTERPRET, tol
 from tests.kernels.test_attention import DECODE_CASES, PREFILL_CASES, make_batch
@@ -46,16 +47,19 @@ def check_int8(batch, dtype, max_query_len, scale=None, float_batch=None):
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     got = paged_attention_triton(q, kc, vc, block_tables, qsl, seq_lens, scale, max_query_len,
                                  k_scale=ks, v_scale=vs)
-    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, scale, k_scale=ks,
-                              v_scale=vs)
+    # The default method may round q to int8 too ("mma_k" on CUDA): then so does the reference.
+    q_ref = quantized_q(q) if int8_quantizes_q(q, kc, max_query_len) else q
+    ref_raw = paged_attention_ref(q_ref, kc, vc, block_tables, qsl, seq_lens, scale, k_scale=ks,
+                                  v_scale=vs)
+    ref = ref_raw.to(q.dtype)
     assert got.shape == q.shape and got.dtype == q.dtype
     assert not torch.isnan(got).any(), "read KV past seq_lens (NaN trap)"
     atol, rtol = tol(dtype)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
     # The int8 reference is the float reference on the dequantized cache.
-    deq = paged_attention_ref(q, _dequantized(kc, ks), _dequantized(vc, vs), block_tables, qsl,
+    deq = paged_attention_ref(q_ref, _dequantized(kc, ks), _dequantized(vc, vs), block_tables, qsl,
                               seq_lens, scale)
-    torch.testing.assert_close(ref, deq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref_raw, deq, atol=1e-5, rtol=1e-5)
     if float_batch is not None:  # and int8 stays near the unquantized cache (sanity bound)
         fq, fk, fv = float_batch[:3]
         exact = paged_attention_ref(fq, fk, fv, block_tables, qsl, seq_lens, scale)
@@ -239,7 +243,7 @@ def test_gpu_decode_int8_cvt_modes(gpu_device, cvt, config):
                          num_splits=num_splits, config=dict(config, cvt=cvt), k_scale=ks,
                          v_scale=vs)
         atol, rtol = tol(torch.bfloat16)
-        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+        torch.testing.assert_close(out, ref.to(out.dtype), atol=atol, rtol=rtol)
 
 
 
@@ -261,10 +265,11 @@ def test_gpu_decode_int8_configs(gpu_device, dtype, num_splits, block_n):
     out = torch.full_like(q, float("nan"))
     decode_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.088, out, num_splits=num_splits,
                      config=dict(block_n=block_n), k_scale=ks, v_scale=vs)
-    ref = paged_attention_ref(q, kc, vc, block_tables, qsl, seq_lens, 0.088, k_scale=ks,
+    q_ref = quantized_q(q) if int8_quantizes_q(q, kc, 1) else q
+    ref = paged_attention_ref(q_ref, kc, vc, block_tables, qsl, seq_lens, 0.088, k_scale=ks,
                               v_scale=vs)
     atol, rtol = tol(dtype)
-    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(out, ref.to(out.dtype), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("cvt", sorted(CVT_MODES))
@@ -280,7 +285,7 @@ def test_gpu_prefill_int8_cvt(gpu_device, cvt, head_dim):
     attention_prefill_triton.prefill_attention(q, kc, vc, block_tables, qsl, seq_lens, 0.09,
                                                700, out, k_scale=ks, v_scale=vs, cvt=cvt)
     atol, rtol = tol(torch.bfloat16)
-    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(out, ref.to(out.dtype), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -424,3 +429,13 @@ def test_gpu_int8_mma(gpu_device, kind, cvt, shape):
     for num_splits in ((1, 5) if kind == "decode" else (None,)):
         check_mma(kind, int8_batch(batch), torch.bfloat16, max(q_lens), dim ** -0.5, cvt=cvt,
                   num_splits=num_splits)
+
+
+@pytest.mark.parametrize("head_dim,mma", [(8, False), (16, False), (24, True), (32, True), (80, True)])
+def test_mma_k_needs_a_reduction_of_32(head_dim, mma):
+    # tl.dot on int8 needs K >= 32 after padding to a power of two; narrower heads convert K.
+    from infer_cluster.kernels.attention_int8_triton import OP_MMA, OP_PRMT_LOAD, cvt_ops
+
+    cache = torch.zeros(2, 16, 1, head_dim, dtype=torch.int8)
+    assert cvt_ops("mma_k", cache, cache)[0] == (OP_MMA if mma else OP_PRMT_LOAD)
+    assert cvt_ops("words_k", cache, cache)[0] != OP_MMA

@@ -18,17 +18,34 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 
+@pytest.fixture(scope="module")
+def wide_head_checkpoints(tmp_path_factory):
+    """The tiny families with 32-wide heads (2 query heads over 1 KV head; qwen3 sets head_dim),
+    so the int8 q @ K^T MMA runs (it needs a reduction of at least 32; narrower heads fall back)."""
+    from infer_cluster.worker.tiny_random import build_checkpoint
+
+    root = tmp_path_factory.mktemp("wide_heads")
+    specs = {name: dict(spec, num_attention_heads=2, num_key_value_heads=1,
+                        **({"head_dim": 32} if "head_dim" in spec else {}))
+             for name, spec in FAMILIES.items()}
+    return {name: str(build_checkpoint(root / name, spec, seed=1234)) for name, spec in specs.items()}
+
+
 @pytest.mark.parametrize("enforce_eager", [True, False])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, enforce_eager):
+    compare_int8_with_float_kv(checkpoints[family], family, enforce_eager)
+
+
+def compare_int8_with_float_kv(checkpoint, family, enforce_eager):
     from infer_cluster.worker import LLM
 
     prompts = make_prompts()
     common = dict(device="cuda", dtype="float32", enforce_eager=enforce_eager, max_num_seqs=32,
                   block_size=16)
-    with LLM(checkpoints[family], num_kv_blocks=512, **common) as llm:
+    with LLM(checkpoint, num_kv_blocks=512, **common) as llm:
         ref = llm.generate(prompts, PARAMS, use_tqdm=False)
-    with LLM(checkpoints[family], num_kv_blocks=24, kv_cache_dtype="int8",
+    with LLM(checkpoint, num_kv_blocks=24, kv_cache_dtype="int8",
              max_num_batched_tokens=256, **common) as llm:
         assert (llm.engine.runner.graphs is None) == enforce_eager
         got = llm.generate(prompts, PARAMS, use_tqdm=False)
@@ -42,10 +59,15 @@ def test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, enforce_eager):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_int8_kv_mma_on_gpu_matches_float_kv(checkpoints, family, monkeypatch):
-    # The int8-MMA mode forced (not the default yet): same bounds, CUDA graphs.
+def test_int8_kv_mma_on_gpu_matches_float_kv(wide_head_checkpoints, family, monkeypatch):
+    # The int8-MMA K method (the default, forced here in case defaults change) on heads wide
+    # enough for it: same bounds, CUDA graphs. The kernels must really take OP_MMA.
+    from infer_cluster.kernels.attention_int8_triton import OP_MMA, cvt_ops
+
     force_int8_cvt(monkeypatch, "mma_k")
-    test_int8_kv_on_gpu_matches_float_kv(checkpoints, family, False)
+    k = torch.zeros(1, 16, 1, 32, dtype=torch.int8)
+    assert cvt_ops("mma_k", k, k)[0] == OP_MMA
+    compare_int8_with_float_kv(wide_head_checkpoints[family], family, False)
 
 
 def test_int8_bf16_triton_matches_torch_reference(monkeypatch):

@@ -57,7 +57,7 @@ def force_int8_cvt(monkeypatch, cvt):
     base = dec.decode_config
     monkeypatch.setattr(dec, "decode_config", lambda q, kv_dtype=None: dict(base(q, kv_dtype),
                                                                             cvt=cvt))
-    monkeypatch.setattr(pre, "PREFILL_INT8_CVT", cvt)
+    monkeypatch.setattr(pre, "prefill_int8_cvt", lambda q: cvt)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
