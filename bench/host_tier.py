@@ -43,6 +43,11 @@ def parse_args(argv=None):
     ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
     ap.add_argument("--copy-modes", default=None,
                     help="tier-on runs, one per host<->device copy path (kernel, runs, gather; default: the engine's, see worker/kv_copy.py)")
+    ap.add_argument("--prefill-splits", type=int, default=None,
+                    help="override kernels/attention_prefill_triton.PREFILL_SPLITS (split KV for short queries)")
+    ap.add_argument("--warmup-requests", type=int, default=24,
+                    help="untimed runs first, tier off and on, with this many requests (Triton compiles "
+                         "kernels per process on first use; without it the first timed run pays them)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -241,6 +246,9 @@ def bytes_per_block(args) -> int:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.prefill_splits:
+        from infer_cluster.kernels import attention_prefill_triton
+        attention_prefill_triton.PREFILL_SPLITS = args.prefill_splits
     from bench.report import write_json
     bs = args.block_size
     per_request = -(-(args.prefix_len + args.suffix_len + args.output_len) // bs)
@@ -259,6 +267,11 @@ def main(argv=None):
     from infer_cluster.worker.kv_copy import DEFAULT_COPY_MODE
     modes = (args.copy_modes or DEFAULT_COPY_MODE).split(",")
     runs = [("off", 0.0, "kernel")] + [("on" if i == 0 else f"on:{m}", gib, m) for i, m in enumerate(modes)]
+    if args.warmup_requests > 0:
+        warm = argparse.Namespace(**dict(vars(args), num_requests=args.warmup_requests, trace=None,
+                                         time_copies=False))
+        took = [run(warm, offload, num_kv_blocks, mode)[0]["seconds"] for _, offload, mode in runs[:2]]
+        print("warm-up (untimed; compiles kernels): " + ", ".join(f"{t:.2f} s" for t in took))
     results, tokens = {}, {}
     for name, offload, mode in runs:
         results[name], tokens[name] = run(args, offload, num_kv_blocks, mode)

@@ -61,6 +61,28 @@ def _cprofile(runner, out, sync, steps: int) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
 
 
+def _kernels(runner, out, sync, steps: int, top: int = 10) -> None:
+    """GPU time per step by kernel name (the heaviest `top`), from torch.profiler."""
+    from collections import defaultdict
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.execute(out)
+        sync()
+    by_name = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name][0] += e.device_time_total
+            by_name[e.name][1] += 1
+    rows = sorted(((k, v[0] / steps, v[1] / steps) for k, v in by_name.items()), key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    print(f"    GPU kernels: {total:8.1f} us per step")
+    for name, us, calls in rows[:top]:
+        print(f"    {us:8.1f} us  {calls:5.1f}x  {name[:90]}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b-shape")
@@ -72,9 +94,17 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--cprofile", default=None, metavar="KIND",
                     help="also profile the host side of this kind's steps (cProfile; top functions by own time)")
+    ap.add_argument("--prefill-splits", type=int, default=None,
+                    help="override kernels/attention_prefill_triton.PREFILL_SPLITS (split KV for short queries)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also profile each kind (torch.profiler) and print its GPU kernels per step")
     ap.add_argument("--out", default="bench/results/mixed_step.json")
     args = ap.parse_args(argv)
     import torch
+
+    if args.prefill_splits:
+        from infer_cluster.kernels import attention_prefill_triton
+        attention_prefill_triton.PREFILL_SPLITS = args.prefill_splits
 
     from infer_cluster.worker import LLM
 
@@ -107,6 +137,8 @@ def main(argv=None):
             if args.cprofile == name:
                 _cprofile(runner, out, sync, args.steps)
             print(f"{name:>28}: launch {row['launch_ms']:7.2f} ms   launch + sync {row['step_ms']:7.2f} ms", flush=True)
+            if args.kernels:
+                _kernels(runner, out, sync, args.steps)
     write_json(args.out, {"args": vars(args), "rows": rows})
 
 
