@@ -106,11 +106,16 @@ class DecodeGraphs:
         return self.outputs[bs][:n]
 
     def release(self) -> None:
-        """Destroy the graphs and their outputs (before the process group goes). The graphs
-        go even if the wait for pending work fails (a device error after a peer died)."""
-        try:
-            if self.graphs:
-                torch.cuda.synchronize()
-        finally:
-            self.graphs.clear()
-            self.outputs.clear()
+        """Destroy the graphs and their outputs (before the process group goes)."""
+        release_graphs(self.graphs, self.outputs)
+
+
+def release_graphs(graphs: dict, outputs: dict) -> None:
+    """Drop captured graphs and their outputs after the device finished pending work; they go
+    even if that wait fails (a device error after a peer died)."""
+    try:
+        if graphs:
+            torch.cuda.synchronize()
+    finally:
+        graphs.clear()
+        outputs.clear()

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .cuda_graphs import release_graphs
 from .models.decoder import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,7 @@ class MixedGraphs:
         return self.outputs[t][:k]
 
     def release(self) -> None:
-        try:
-            if self.graphs:
-                torch.cuda.synchronize()
-        finally:
-            self.graphs.clear()
-            self.outputs.clear()
+        release_graphs(self.graphs, self.outputs)
 
 
 def build_mixed_graphs(forward_sampled, kv_caches, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
