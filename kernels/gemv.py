@@ -4,7 +4,8 @@ Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 16, K]`),
 `silu_mul_linear_small(gate_up, weight)` (= `F.linear(silu_and_mul_ref(gate_up), weight)`) and
 `rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias)` (= the fused add + RMSNorm
 of `kernels/norm.py`, then `F.linear`; returns `(y, x + residual)`), `pick_config` (which
-`GemvConfig` a shape gets: the H100-tuned table in `gemv_tuned.py`, else a heuristic), and `use_small_path`, the one rule the model layers use to take this path.
+`GemvConfig` a shape gets: the H100-tuned table in `gemv_tuned.py`, else a heuristic), and
+`use_small_path`, the one rule the model layers use to take this path.
 Never autotunes at call time and keeps no state: the `INFER_CLUSTER_GEMV=0` switch is read by
 `gemv_enabled()`, `INFER_CLUSTER_NORM_FUSE=0` (keep the norm a kernel of its own) by
 `norm_fuse_enabled()`, both called once by the layers when they are built.
@@ -25,21 +26,25 @@ from .activation import silu_and_mul_ref
 from .dispatch import use_triton
 from .gemv_config import MAX_M, GemvConfig
 from .gemv_tuned import TUNED
-from .norm import rms_norm, rms_norm_ref
+from .norm import add_rms_norm, rms_norm_ref
 
 GEMV_MAX_M = MAX_M  # batch rows up to which the model layers take the small path
 _TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
 _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuBLAS
 
 
+def _switch_on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def gemv_enabled() -> bool:
     """False when `INFER_CLUSTER_GEMV=0` (A/B against cuBLAS on the GPU)."""
-    return os.environ.get("INFER_CLUSTER_GEMV", "1").strip().lower() not in ("0", "false", "off", "no")
+    return _switch_on("INFER_CLUSTER_GEMV")
 
 
 def norm_fuse_enabled() -> bool:
     """False when `INFER_CLUSTER_NORM_FUSE=0` (A/B of the add + RMSNorm prologue on the GPU)."""
-    return os.environ.get("INFER_CLUSTER_NORM_FUSE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return _switch_on("INFER_CLUSTER_NORM_FUSE")
 
 
 def use_small_path(enabled: bool, x: torch.Tensor) -> bool:
@@ -107,9 +112,7 @@ def silu_mul_linear_small_ref(gate_up, weight):
 
 
 def rms_norm_linear_small_ref(x, residual, norm_weight, eps, weight, bias: Optional[torch.Tensor] = None):
-    if residual is None:
-        return F.linear(rms_norm_ref(x, norm_weight, eps), weight, bias), x
-    h, residual = rms_norm_ref(x, norm_weight, eps, residual)
+    h, residual = add_rms_norm(x, residual, norm_weight, eps, norm=rms_norm_ref)
     return F.linear(h, weight, bias), residual
 
 
@@ -141,7 +144,5 @@ def rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias: Optional[
         if cfg is not None:
             from .gemv_triton import rms_norm_linear_small_triton
             return rms_norm_linear_small_triton(x, residual, norm_weight, eps, weight, bias, cfg)
-    if residual is None:
-        return linear_small(rms_norm(x, norm_weight, eps), weight, bias), x
-    h, residual = rms_norm(x, norm_weight, eps, residual)
+    h, residual = add_rms_norm(x, residual, norm_weight, eps)
     return linear_small(h, weight, bias), residual

@@ -4,6 +4,8 @@
 returns `(norm(x + residual), x + residual)` — the sum is the next layer's residual. The
 reference matches HF transformers bit for bit in float32: the add happens in x's dtype, the
 normalisation in float32, the weight multiply after casting back. Triton kernel beside it.
+`add_rms_norm(x, residual, weight, eps)` always returns `(normed, residual)`, with x itself as
+the residual when `residual` is None (the first layer), for callers that fuse either way.
 """
 
 from __future__ import annotations
@@ -29,3 +31,11 @@ def rms_norm(x, weight, eps, residual=None):
         from .norm_triton import rms_norm_triton
         return rms_norm_triton(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
+
+
+def add_rms_norm(x, residual, weight, eps, norm=rms_norm):
+    """`(norm(x + residual), x + residual)`, or `(norm(x), x)` when residual is None. `norm`:
+    `rms_norm` or `rms_norm_ref`."""
+    if residual is None:
+        return norm(x, weight, eps), x
+    return norm(x, weight, eps, residual)

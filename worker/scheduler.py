@@ -8,7 +8,8 @@ checks after sampling. With a host tier (`HostTier`, `kv_offload_gib`) it also l
 KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host prefix hits and
 swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
 tier has room (else recomputed). The runner performs every swap-out, then issues the swap-ins,
-one *load* per admitted request (`SchedulerOutput.loads`), on a copy stream. A load may take
+one *load* per admitted request (`SchedulerOutput.loads`), on a copy stream; `Loads`
+(worker/loads.py) keeps their book. A load may take
 several steps (a 4,000-token prefix is ~8 ms over PCIe): the request that needs it (and any
 request sharing blocks it fills) is admitted at once but computes only after the load landed,
 which the scheduler asks at each `schedule` without blocking (`loads_landed`, injected: CUDA
@@ -48,6 +49,7 @@ from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
 from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 from .host_tier import HostTier
+from .loads import Loads
 from .request import Request
 
 
@@ -126,10 +128,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
-        self._next_load = 0
-        self._load_blocks: dict[int, int] = {}  # device block -> the load in flight filling it
-        self._load_members: dict[int, list[str]] = {}  # load in flight -> requests waiting on it
-        self._waits: dict[str, set[int]] = {}  # request -> loads it waits for
+        self.loads = Loads()  # host-tier loads in flight (worker/loads.py)
         self.num_load_waits = 0  # times the scheduler blocked on a load (nothing else could run)
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
@@ -169,7 +168,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self._rewind.discard(req.request_id)
-        self._waits.pop(req.request_id, None)  # its loads still settle it when they land
+        self.loads.waits.pop(req.request_id, None)  # its loads still settle it when they land
         if req.request_id in self._busy:  # an uncollected step may still write its KV
             self._deferred[req.request_id] = req.block_ids
         else:
@@ -213,9 +212,7 @@ class Scheduler:
         """Every uncollected step is gone (a failure): forget the loads in flight and free every
         deferred block."""
         self._rewind.clear()
-        self._load_blocks.clear()
-        self._load_members.clear()
-        self._waits.clear()
+        self.loads.clear()
         if self.host is not None:
             self.host.land_all()
         for rid in list(self._busy):
@@ -226,51 +223,31 @@ class Scheduler:
 
     @property
     def has_loads(self) -> bool:
-        return bool(self._load_members)
+        return bool(self.loads)
 
     def land_all_loads(self) -> None:
         """Block until every load in flight landed (before a resize, or a preemption of a
         request that waits for one)."""
-        for load in list(self._load_members):
+        for load in list(self.loads.members):
             self.wait_load(load)
-        self._land(list(self._load_members))
+        self._land(list(self.loads.members))
 
     def _poll_loads(self) -> None:
-        if self._load_members:
-            self._land(self.loads_landed(list(self._load_members)))
+        if self.loads:
+            self._land(self.loads_landed(list(self.loads.members)))
 
     def _land(self, landed) -> None:
-        done = set()
-        for load in landed:
-            members = self._load_members.pop(load, None)
-            if members is None:
-                continue
-            done.add(load)
+        for load, members in self.loads.land(landed):
             if self.host is not None:
                 self.host.land(load)
             for rid in members:
-                waits = self._waits.get(rid)
-                if waits is not None:
-                    waits.discard(load)
-                    if not waits:
-                        del self._waits[rid]
                 self.settle(rid)
-        if done:
-            self._load_blocks = {b: load for b, load in self._load_blocks.items() if load not in done}
-
-    def _new_load(self) -> int:
-        load = self._next_load
-        self._next_load += 1
-        self._load_members[load] = []
-        return load
 
     def _wait_for(self, req: Request, loads: set[int]) -> None:
         """`req` computes only once every load in `loads` landed; until then it counts as busy
         (an end meanwhile defers freeing its blocks, which a load may still write)."""
-        self._waits[req.request_id] = set(loads)
-        for load in loads:
-            self._load_members[load].append(req.request_id)
-            self._busy[req.request_id] = self._busy.get(req.request_id, 0) + 1
+        self.loads.wait(req.request_id, loads)
+        self._busy[req.request_id] = self._busy.get(req.request_id, 0) + len(loads)
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -281,9 +258,9 @@ class Scheduler:
         self._poll_loads()
         while True:
             out = self._schedule(can_preempt)
-            if out.requests or out.has_swaps or out.preempted_ids or out.blocked or not self._waits:
+            if out.requests or out.has_swaps or out.preempted_ids or out.blocked or not self.loads.waits:
                 return out
-            oldest = next(iter(self._load_members))  # every request left waits for a load
+            oldest = next(iter(self.loads.members))  # every request left waits for a load
             self.wait_load(oldest)
             self.num_load_waits += 1
             self._land([oldest])
@@ -297,7 +274,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.request_id in self._waits or (req.num_pending and self._ends_by_length(req)):
+            if req.request_id in self.loads.waits or (req.num_pending and self._ends_by_length(req)):
                 i += 1  # its KV is still loading, or its pending token is its last
                 continue
             num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
@@ -349,7 +326,7 @@ class Scheduler:
         return blocks
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        if req.request_id in self._waits:  # a load still writes its blocks: let it land first
+        if req.request_id in self.loads.waits:  # a load still writes its blocks: let it land first
             self.land_all_loads()
         self.running.remove(req)
         num_kv_blocks = _cdiv(req.num_computed_tokens, self.block_size)
@@ -385,7 +362,7 @@ class Scheduler:
                 num_cached_tokens = (len(cached) + len(host_hit)) * self.block_size
             num_new = min(req.num_tokens - num_cached_tokens, budget)
             need = _cdiv(num_cached_tokens + num_new, self.block_size) - len(cached)
-            waits = {self._load_blocks[b] for b in cached if b in self._load_blocks} if self._load_blocks else set()
+            waits = self.loads.filling(cached)
             revived = sum(1 for b in cached if self.allocator.ref_count[b] == 0)
             if not self.allocator.can_allocate(need + revived):
                 if not self.running and not self._deferred:  # alone and no room: it can never run
@@ -395,7 +372,7 @@ class Scheduler:
                     continue
                 break
             self.allocator.share(cached)
-            load = self._new_load() if swapped or host_hit else None
+            load = self.loads.new() if swapped or host_hit else None
             if host_hit:
                 self.host.pin_hits(host_hit, load)  # before allocating: its evictions must not take them
             new = self._allocate(need, out)
@@ -404,8 +381,7 @@ class Scheduler:
                 pairs = list(zip(req.host_block_ids, new))
                 out.swap_in.extend(pairs)
                 out.loads.append((load, len(pairs)))
-                for _, block in pairs:
-                    self._load_blocks[block] = load
+                self.loads.fill((block for _, block in pairs), load)
                 self.host.release(req.host_block_ids, in_flight=True, load=load)
                 req.host_block_ids = None
                 req.num_registered_blocks = 0  # its full blocks are offered again once computed
@@ -438,8 +414,7 @@ class Scheduler:
             return
         out.swap_in.extend(zip(host_hit, new))
         out.loads.append((load, len(host_hit)))
-        for block in new[:len(host_hit)]:
-            self._load_blocks[block] = load
+        self.loads.fill(new[:len(host_hit)], load)
         for idx, block in enumerate(new[:len(host_hit)], start=num_device_hit):
             self.allocator.register(block, req.block_hashes[idx])
         req.num_registered_blocks = num_device_hit + len(host_hit)

@@ -81,7 +81,7 @@ def test_a_request_sharing_blocks_in_flight_waits_for_the_same_load():
     h.add("d", A + [5, 5], max_tokens=1)  # hits c's blocks on the device while they load
     out = h.schedule()  # d is admitted (its admission may evict, so this step has copies)
     assert out.requests == [] and not out.loads
-    assert h.sched._waits == {"c": {load}, "d": {load}} and h.loads.waited == []
+    assert h.sched.loads.waits == {"c": {load}, "d": {load}} and h.loads.waited == []
     h.update(out, {})
     out = h.schedule()  # nothing else to run: blocks on the load, then both compute
     assert h.loads.waited == [load] and h.sched.num_load_waits == 1
@@ -125,9 +125,9 @@ def test_preempting_a_loading_request_waits_for_its_load_first():
         if out.loads:
             break
     (load, _), = out.loads
-    assert "b" in h.sched._waits
+    assert "b" in h.sched.loads.waits
     h.sched._preempt(h.sched.requests["b"], out)  # as a resize or a preemption would
-    assert h.loads.waited == [load] and "b" not in h.sched._waits
+    assert h.loads.waited == [load] and "b" not in h.sched.loads.waits
     h.tier.check_invariants()
 
 
@@ -141,13 +141,13 @@ def test_random_traffic_with_late_loads_ends_every_request_and_frees_everything(
             prompt = prefixes[rng.randrange(6)] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 6))]
             h.add(f"r{n}", prompt, max_tokens=rng.randrange(1, 6), ignore_eos=True)
             n += 1
-        in_flight = list(h.sched._load_members)
+        in_flight = list(h.sched.loads.members)
         h.loads.finished.update(l for l in in_flight if rng.random() < 0.3)
         if rng.random() < 0.05 and h.sched.requests:
             h.sched.abort(rng.choice(sorted(h.sched.requests)))
         out = h.schedule()
         for s in out.requests:  # nothing computes on blocks a load still fills
-            assert not any(h.sched._load_blocks.get(b) is not None for b in s.block_ids)
+            assert not any(h.sched.loads.blocks.get(b) is not None for b in s.block_ids)
         h.update(out, {s.request_id: 7 for s in out.requests if s.needs_sample})
         h.tier.check_invariants()
     while h.sched.has_unfinished():

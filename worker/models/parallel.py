@@ -27,7 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from infer_cluster.kernels import rms_norm, silu_and_mul
+from infer_cluster.kernels import silu_and_mul
+from infer_cluster.kernels.norm import add_rms_norm
 from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
                                         silu_mul_linear_small, use_small_path)
 
@@ -107,9 +108,7 @@ class ColumnParallelLinear(nn.Module):
         without a residual; one launch on the small path."""
         if self.fuse_norm and use_small_path(self.use_gemv, x):
             return rms_norm_linear_small(x, residual, norm_weight, eps, self.weight, self.bias)
-        if residual is None:
-            return self(rms_norm(x, norm_weight, eps)), x
-        h, residual = rms_norm(x, norm_weight, eps, residual)
+        h, residual = add_rms_norm(x, residual, norm_weight, eps)
         return self(h), residual
 
 
@@ -193,7 +192,4 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.fuse_norm and use_small_path(self.use_gemv, hidden):
             local, _ = rms_norm_linear_small(hidden, residual, norm_weight, eps, self.weight)
             return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
-        if residual is None:
-            return self.logits(rms_norm(hidden, norm_weight, eps))
-        normed, _ = rms_norm(hidden, norm_weight, eps, residual)
-        return self.logits(normed)
+        return self.logits(add_rms_norm(hidden, residual, norm_weight, eps)[0])
