@@ -60,6 +60,11 @@ def parse_args(argv=None):
                          "its GPU timeline (bench/gpu_timeline.py); use a smaller --num-requests")
     ap.add_argument("--time-copies", action="store_true",
                     help="time (host wall) each part of the host-tier copy path and print the totals")
+    ap.add_argument("--timeline", action="store_true",
+                    help="record the scheduler's host-side timeline per run (bench/sched_timeline.py): "
+                         "per-request load / wait / compute phases, rows per step, loads in flight")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="cProfile the tier-on run's host side and print its N costliest functions")
     ap.add_argument("--out", default="bench/results/host_tier.json")
     args = ap.parse_args(argv)
     if args.cpu_small:
@@ -95,10 +100,21 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
         sync = torch.cuda.synchronize if llm.engine.runner.device.type == "cuda" else (lambda: None)
         sync()
         t = time.perf_counter()
+        cprof = None
+        if getattr(args, "cprofile", 0) and kv_offload_gib:
+            import cProfile
+            cprof = cProfile.Profile()
+            cprof.enable()
         with _maybe_profile(args.trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
-                _CopyTimers(args.time_copies) as timers:
+                _CopyTimers(args.time_copies) as timers, _maybe_timeline(args.timeline, llm) as tl:
             outs = llm.generate(prompts, params, use_tqdm=False)
             sync()
+        if cprof is not None:
+            import pstats
+            cprof.disable()
+            pstats.Stats(cprof).sort_stats("tottime").print_stats(args.cprofile)
+        if tl is not None:
+            print(f"timeline, tier {'on' if kv_offload_gib else 'off'}: {tl.summary()}")
         if timers.totals:
             print("host time in the copy path: " + ", ".join(
                 f"{k} {v[0]:.3f} s/{v[1]}" for k, v in sorted(timers.totals.items())))
@@ -123,6 +139,22 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
         del llm
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+class _maybe_timeline:
+    """`SchedTimeline` over the engine's scheduler when `on`, else None."""
+
+    def __init__(self, on: bool, llm):
+        self.tl = None
+        if on:
+            from bench.sched_timeline import SchedTimeline
+            self.tl = SchedTimeline(llm.engine.scheduler)
+
+    def __enter__(self):
+        return self.tl.__enter__() if self.tl is not None else None
+
+    def __exit__(self, *exc):
+        return self.tl.__exit__(*exc) if self.tl is not None else False
 
 
 class _CopyTimers:
@@ -269,7 +301,7 @@ def main(argv=None):
     runs = [("off", 0.0, "kernel")] + [("on" if i == 0 else f"on:{m}", gib, m) for i, m in enumerate(modes)]
     if args.warmup_requests > 0:
         warm = argparse.Namespace(**dict(vars(args), num_requests=args.warmup_requests, trace=None,
-                                         time_copies=False))
+                                         time_copies=False, timeline=False, cprofile=0))
         took = [run(warm, offload, num_kv_blocks, mode)[0]["seconds"] for _, offload, mode in runs[:2]]
         print("warm-up (untimed; compiles kernels): " + ", ".join(f"{t:.2f} s" for t in took))
     results, tokens = {}, {}

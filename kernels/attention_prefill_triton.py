@@ -4,7 +4,12 @@ Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed 
 batches) and its tiles (`_tiles`). `kernels.attention_triton` calls it when max_query_len > 1 and
 re-exports it.
 
-`_prefill_kernel`: grid (num_seqs, num_heads, cdiv(max_query_len, BLOCK_M) * NUM_SPLITS).
+`_prefill_kernel`: grid (num_seqs, num_kv_heads, cdiv(max_query_len * GROUP, BLOCK_M) *
+NUM_SPLITS) with GQA packing (`PREFILL_PACK_GQA`, the default): a tile's rows are the GROUP
+query heads that share one KV head, position-major (row r = position r // GROUP, head
+r % GROUP of the group), so every K/V tile is read once for the whole group instead of once per
+query head; a 10-token suffix fills 20 rows of a tile at GROUP 2, a decode row of a mixed step 2.
+Without packing the grid is (num_seqs, num_heads, cdiv(max_query_len, BLOCK_M) * NUM_SPLITS).
 Flash-attention online softmax over K/V tiles gathered through the block table (`_attend_tile`);
 tiles entirely before the block's first query position skip the causal mask, the remaining
 diagonal tiles apply it. Must never read KV positions >= seq_lens[i] (block tables may be padded
@@ -28,6 +33,8 @@ reference in step. New tile sizes go into `_tiles`, checked for register spills 
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -53,6 +60,12 @@ def prefill_int8_cvt(q) -> str:
 # (every sequence of the step) get PREFILL_SPLITS slices of their keys.
 PREFILL_SPLIT_MAX_Q = 64
 PREFILL_SPLITS = 8
+
+# GQA packing (see the module docstring): one program per (sequence, KV head, query block) whose
+# tile rows are every query head of the group at BLOCK_M / GROUP positions. False: one program per
+# query head, the group's heads each reading the same K/V tiles (kept to compare with; the
+# benches' A/B switch is INFER_CLUSTER_PREFILL_PACK=0, read once at import).
+PREFILL_PACK_GQA = os.environ.get("INFER_CLUSTER_PREFILL_PACK", "1").strip() not in ("0", "off", "false")
 
 
 def prefill_splits(max_query_len: int) -> int:
@@ -128,27 +141,33 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
-                    OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1):
+                    OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
+                    PACK: tl.constexpr = 1):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
     mblk = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
-    kvh = head // GROUP
+    kvh = (hid * PACK) // GROUP
     row0 = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - row0
     ctx = tl.load(lens_ptr + seq)
-    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Packed rows: row r of the tile is query position r // PACK of head hid * PACK + r % PACK,
+    # so the PACK heads that share a KV head read each K/V tile once.
+    offs_r = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = offs_r // PACK
+    heads = hid * PACK + offs_r % PACK
     offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < q_len
     d_mask = offs_d < HEAD_DIM
     q_pos = ctx - q_len + offs_m
-    first_pos = ctx - q_len + mblk * BLOCK_M
-    active = mblk * BLOCK_M < q_len
+    first_pos = ctx - q_len + (mblk * BLOCK_M) // PACK
+    active = (mblk * BLOCK_M) // PACK < q_len
     # Keys before the block's first query position are visible to every row: whole tiles of
     # them run unmasked; the rest (up to the last row's position) take the causal mask.
     full_hi = tl.where(active, (first_pos // BLOCK_N) * BLOCK_N, 0)
-    hi = tl.where(active, tl.minimum(ctx, first_pos + BLOCK_M), 0)
+    last_pos = ctx - q_len + tl.minimum((mblk * BLOCK_M + BLOCK_M - 1) // PACK, q_len - 1)
+    hi = tl.where(active, tl.minimum(ctx, last_pos + 1), 0)
     lo = 0
     hi_split = hi
     if NUM_SPLITS > 1:  # this program's BLOCK_N-aligned slice of the keys
@@ -156,7 +175,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
         lo = split * chunk
         hi_split = tl.minimum(hi, lo + chunk)
     rows = (row0 + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * sq_t + head * sq_h + offs_d[None, :] * sq_d,
+    q = tl.load(q_ptr + rows[:, None] * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     q_scl = scale_log2  # OP_MMA: per-row q scales times the softmax scale
     if KV_INT8:
@@ -187,14 +206,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                                      OP_K, OP_V, ASM)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + rows[:, None] * so_t + head * so_h + offs_d[None, :] * so_d,
+        tl.store(out_ptr + rows[:, None] * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d,
                  o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
     else:  # a partial: the normalised output of this slice and its log-sum-exp (log2 units)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         part = split.to(tl.int64)
-        tl.store(po_ptr + part * spo_s + rows[:, None] * spo_t + head * spo_h + offs_d[None, :], o,
+        tl.store(po_ptr + part * spo_s + rows[:, None] * spo_t + heads[:, None] * spo_h + offs_d[None, :], o,
                  mask=m_mask[:, None] & d_mask[None, :])
-        tl.store(plse_ptr + part * spl_s + rows * spl_t + head, lse, mask=m_mask)
+        tl.store(plse_ptr + part * spl_s + rows * spl_t + heads, lse, mask=m_mask)
 
 
 @triton.jit
@@ -239,11 +258,13 @@ def _tiles(q, block_d, kv_int8=False):
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                      max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None):
+                      max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
+                      pack_gqa=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
-    default `prefill_splits(max_query_len)`) slices each query's keys (split KV)."""
+    default `prefill_splits(max_query_len)`) slices each query's keys (split KV). `pack_gqa`
+    (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -267,11 +288,13 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     else:  # never written: NUM_SPLITS is 1
         part_out = part_lse = out
         p_strides = (0,) * 5
-    grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m) * splits)
+    group = num_heads // num_kv_heads
+    pack = group if (PREFILL_PACK_GQA if pack_gqa is None else pack_gqa) else 1
+    grid = (num_seqs, num_heads // pack, triton.cdiv(max_query_len * pack, block_m) * splits)
     _prefill_kernel[grid](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
         scale * _LOG2E, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
-        block_tables.stride(0), *out.stride(), *p_strides, GROUP=num_heads // num_kv_heads,
+        block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,
         NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages)

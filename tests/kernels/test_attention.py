@@ -169,6 +169,26 @@ def test_prefill_split_kv_matches_ref(device, num_splits, case):
         prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 1.0, max(q_lens), out, num_splits=3)
 
 
+@pytest.mark.parametrize("pack_gqa", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("case", [([6, 1, 11, 0], [40, 17, 11, 3], 6, 2, 32, 16),   # GROUP 3: a group straddles tiles
+                                  ([9, 1], [100, 33], 16, 2, 32, 16)],              # GROUP 8: half a tile's rows
+                         ids=["group3", "group8"])
+def test_prefill_gqa_packing_matches_ref(device, pack_gqa, num_splits, case):
+    """GQA packing (a tile's rows are the query heads of one KV head, position-major) equals the
+    reference with and without split KV, for groups that do not divide the tile's rows."""
+    from infer_cluster.kernels.attention_prefill_triton import prefill_attention
+
+    q_lens, ctx_lens, heads, kv_heads, dim, block_size = case
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        device, torch.float32, q_lens, ctx_lens, heads, kv_heads, dim, block_size)
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5, max(q_lens), out,
+                      num_splits=num_splits, pack_gqa=pack_gqa)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
 def test_max_query_len_fallback_and_strided_q(device):
     # No max_query_len (host fallback), and q as a slice of a fused qkv tensor.
     q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
