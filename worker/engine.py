@@ -5,7 +5,7 @@ Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's
 their way, launch it (forward + draw on the device, worker/inflight.py), THEN wait for step n's
 ids, apply them (scheduler update) and emit step n's deltas. Synchronous (collected before the
 next schedule): async off, a step with a no_repeat_ngram_size row (its ban needs the last id on
-the host), and settled-state cases: swaps (host tier), a schedule that needed preemption,
+the host), and settled-state cases: a schedule that needed preemption,
 `reset_cache`, failures, and a rewind: when the sampler's redo (`SamplerOutput.redrawn`, rare:
 a top-k / top-p row whose kept set did not fit its candidates) changed a token that the step in
 flight already used as a pending input, that step's token of the request is dropped and its
@@ -225,9 +225,11 @@ class DynamicEngine:
             self._inflight.drain_next = out.blocked
             sync = not self.async_scheduling or bool(
                 self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests))
-            if self._inflight and (out.is_empty or out.has_swaps or sync):
-                self._collect(deltas)  # settled before the copies / a step that needs the ids
-            if out.has_swaps:  # host-tier copies, before the forward that reads them
+            if self._inflight and (out.is_empty or sync):
+                self._collect(deltas)  # a step that needs the ids
+            # Host-tier copies, before the forward that reads them. They need no settled state:
+            # they touch only blocks that no step in flight computes (worker/kv_copy.py).
+            if out.has_swaps:
                 self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
                 self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,

@@ -15,19 +15,23 @@ into the device's address space on CUDA, plain CPU memory on CPU.
     forward, while the kernel (48.7 GB/s alone vs 44.0 for runs) holds SMs for the whole copy.
     "gather" (the old CPU gather) is kept to compare with (bench/kv_swap.py).
 Ordering (CUDA), which is what makes the copies correct without blocking the host:
-  * swap-outs run on the compute stream, so they read their device blocks before any later
-    work on that stream (this step's swap-in kernel is queued after them, see below; the
-    forward that writes reused blocks comes later still): an evicted block is never
-    overwritten before its copy has read it;
-  * swap-ins run on a side copy stream that first waits for the compute stream (so they read
+  * swap-outs run on their own stream (`out_stream`), which waits for nothing: the device
+    blocks they read are evicted prefix-cache blocks (their KV was written by steps the host
+    already collected, so no queued work writes them) or a preemption victim's (preemption
+    happens only when no step is in flight). The compute stream then waits for the swap-outs
+    before the step's forward, which may write the blocks they read;
+  * swap-ins run on a side copy stream that first waits for the swap-out stream (so they read
     host blocks only after the swap-outs that wrote them, and write device blocks only after
-    everything before them read those blocks), one *load* at a time (`loads`: one per admitted
-    request), each with its completion event;
+    the swap-outs that read them), one *load* at a time (`loads`: one per admitted request),
+    each with its completion event. They do not wait for the compute stream: a load's device
+    blocks are newly allocated (free, or evicted from the prefix cache), and no queued step
+    reads or writes those (the scheduler frees the blocks of a request only once every step
+    that computes it was collected). So a load starts at once, while the step in flight runs;
   * nothing on the compute stream waits for a load: the scheduler asks `landed(ids)` (event
     queries, never blocking) and lets no forward read or write a load's blocks before it
     landed, so loads overlap the forwards of other requests, across as many steps as they take.
     `wait_load(id)` blocks the host on one (the scheduler has nothing else to run);
-    `wait_loads()` makes the compute stream wait for all (a resize moves the blocks).
+    `wait_loads()` makes the compute stream wait for all copies (a resize moves the blocks).
   * swap-outs and swap-ins have their own staging buffers (DMA modes), so a swap-out never
     waits for a load in flight; the scheduler keeps a load's host blocks pinned until it landed.
 Which block goes where is decided elsewhere (`HostTier`, `Scheduler`); this module never
@@ -77,9 +81,10 @@ class HostKVPool:
         self.host = self._buffer.tensors
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
-        self.copy_stream = torch.cuda.Stream(self.device) if pin else None
+        self.copy_stream = torch.cuda.Stream(self.device) if pin else None  # swap-ins (loads)
+        self.out_stream = torch.cuda.Stream(self.device) if pin else None  # swap-outs
         self._loads: dict[object, torch.cuda.Event] = {}  # load id -> completion, in flight
-        self._staged: Optional[StagedCopier] = None  # swap-outs (compute stream)
+        self._staged: Optional[StagedCopier] = None  # swap-outs (out stream)
         self._staged_in: Optional[StagedCopier] = None  # swap-ins (copy stream)
         self.chunk_bytes: Optional[int] = None  # kernel path: bytes per program (None: its default)
         self.set_copy_mode(copy_mode)
@@ -152,11 +157,17 @@ class HostKVPool:
         id None). Loads stay in flight (see the module docstring)."""
         if swap_out:
             out = sorted(swap_out, key=lambda p: p[1])  # by host block: runs for the DMA modes
-            self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
+            if self.out_stream is None:
+                self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
+            else:
+                with torch.cuda.stream(self.out_stream):
+                    self._copy([h for _, h in out], [d for d, _ in out], to_host=True)
+                # The forward may write the blocks just read: it runs after them.
+                torch.cuda.current_stream(self.device).wait_stream(self.out_stream)
         if not swap_in:
             return
         if self.copy_stream is not None:
-            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # after the swap-outs
+            self.copy_stream.wait_stream(self.out_stream)  # after every swap-out so far
         pos = 0
         for load, n in (loads or [(None, len(swap_in))]):
             into = sorted(swap_in[pos:pos + n], key=lambda p: p[0])
@@ -187,9 +198,13 @@ class HostKVPool:
             event.synchronize()
 
     def wait_loads(self) -> None:
-        """Make the compute stream wait for every load in flight (they count as landed then)."""
+        """Make the compute stream wait for every load in flight (they count as landed then) and
+        every swap-out queued."""
+        compute = torch.cuda.current_stream(self.device) if self.out_stream is not None else None
+        if compute is not None:
+            compute.wait_stream(self.out_stream)
         for event in self._loads.values():
-            torch.cuda.current_stream(self.device).wait_event(event)
+            compute.wait_event(event)
         self._loads.clear()
 
     def _copy(self, host_blocks: list[int], device_blocks: list[int], to_host: bool) -> None:

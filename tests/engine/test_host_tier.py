@@ -1,8 +1,9 @@
 """The host KV tier (`kv_offload_gib`) through the offline `LLM` on `tiny-random`: prefixes
 evicted from a tiny device pool come back from the host (counted per tier, fewer tokens
-computed) and preempted requests are swapped out and resumed (also with async scheduling, whose
-steps settle before copies), with the same greedy tokens as runs without the tier. The same tests run on CUDA (`-m gpu`): pinned pool, side copy stream,
-CUDA graphs."""
+computed) and preempted requests are swapped out and resumed (also with async scheduling), and
+many requests at once over interleaved prefixes load while other requests' steps are in flight,
+with the same greedy tokens as runs without the tier. The same tests run on CUDA (`-m gpu`):
+pinned pool, side copy streams, CUDA graphs."""
 
 import pytest
 import torch
@@ -81,6 +82,33 @@ def test_preemption_swaps_out_and_gives_the_same_tokens(device, async_scheduling
     assert s1["num_scheduled_tokens"] < s0["num_scheduled_tokens"]  # nothing recomputed
     for r, a, b in zip(ref, recomputed, swapped):
         assert a.token_ids == r.token_ids and b.token_ids == r.token_ids
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_interleaved_prefixes_load_beside_steps_in_flight(device):
+    """The bench's workload in small: 48 requests over 8 prefixes of 64 tokens, interleaved, with
+    a device pool for 3 requests, async scheduling on. Loads and swap-outs are issued while a
+    step is in flight (no settling before copies); every token equals the run without the tier."""
+    prefixes = [[5 + p] + [(11 * p + 3 * t) % 390 + 2 for t in range(63)] for p in range(8)]
+    prompts = [prefixes[i % 8] + [400 + i, 450 + i] for i in range(48)]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    results = {}
+    for gib in (0, TIER_GIB):
+        # a request: 66 prompt + 5 output tokens = 5 blocks of 16; 15 blocks hold three
+        with LLM("tiny-random", num_kv_blocks=15, kv_offload_gib=gib, async_scheduling=True,
+                 **_options(device)) as llm:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            stats = llm.stats()
+            assert stats["num_free_blocks"] == stats["num_total_blocks"]
+            if gib:
+                llm.engine.host_tier.begin_step()
+                llm.engine.host_tier.check_invariants()
+            llm.engine.allocator.check_invariants()
+        results[gib] = ([o.token_ids for o in outs], stats)
+    (ref, s0), (got, s1) = results[0], results[TIER_GIB]
+    assert got == ref
+    assert s1["host_hit_blocks"] >= 8 * 4 and s1["host_stored_blocks"] > 0
+    assert s1["num_scheduled_tokens"] < s0["num_scheduled_tokens"]
 
 
 def test_kv_offload_gib_is_validated():
