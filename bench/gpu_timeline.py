@@ -50,8 +50,8 @@ def _intersection(a, b) -> float:
     return total
 
 
-def summarise(trace: dict, gap_ms: float = 0.5) -> dict:
-    """Times in ms. `trace` is the parsed Chrome trace (timestamps in us)."""
+def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
+    """Times in ms; `top_kernels`: how many of the compute stream's costliest kernels to list. `trace` is the parsed Chrome trace (timestamps in us)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     per_stream: dict[str, list] = defaultdict(list)
@@ -76,6 +76,13 @@ def summarise(trace: dict, gap_ms: float = 0.5) -> dict:
     compute = max(unions, key=lambda k: kinds[k].get("kernel", 0.0))
     cu = unions[compute]
     gaps = [(b[0] - a[1]) / 1e3 for a, b in zip(cu, cu[1:]) if (b[0] - a[1]) / 1e3 >= gap_ms]
+    by_name: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for e in gpu:
+        if e["cat"] == "kernel" and str(e.get("args", {}).get("stream", e.get("tid"))) == compute:
+            entry = by_name[e.get("name", "?")[:70]]
+            entry[0] += float(e["dur"]) / 1e3
+            entry[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top_kernels]
     copy_iv = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu if e["cat"] == "gpu_memcpy"])
     host = defaultdict(lambda: {"ms": 0.0, "count": 0, "max_ms": 0.0})
     for e in events:
@@ -99,6 +106,7 @@ def summarise(trace: dict, gap_ms: float = 0.5) -> dict:
         "copy_busy_ms": _length(copy_iv) / 1e3,
         "copy_overlapping_compute_ms": _intersection(copy_iv, cu) / 1e3,
         "host_runtime_calls": {k: dict(v) for k, v in host.items()},
+        "top_compute_kernels": [{"name": k, "ms": round(v[0], 3), "count": v[1]} for k, v in top],
     }
 
 
@@ -120,6 +128,8 @@ def print_summary(s: dict) -> None:
           f"{s['copy_overlapping_compute_ms']:.1f} ms")
     for k, v in sorted(s["host_runtime_calls"].items(), key=lambda kv: -kv[1]["ms"]):
         print(f"  host in {k}: {v['ms']:.1f} ms over {v['count']} calls (max {v['max_ms']:.2f})")
+    for k in s.get("top_compute_kernels", []):
+        print(f"  kernel {k['ms']:9.1f} ms {k['count']:6d}x  {k['name']}")
 
 
 def main(argv=None):

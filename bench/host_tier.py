@@ -114,7 +114,7 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
             cprof.disable()
             pstats.Stats(cprof).sort_stats("tottime").print_stats(args.cprofile)
         if tl is not None:
-            print(f"timeline, tier {'on' if kv_offload_gib else 'off'}: {tl.summary()}")
+            print(f"timeline, tier {'on' if kv_offload_gib else 'off'}: {tl.summary()} {tl.gpu_summary()}")
         if timers.totals:
             print("host time in the copy path: " + ", ".join(
                 f"{k} {v[0]:.3f} s/{v[1]}" for k, v in sorted(timers.totals.items())))
@@ -148,7 +148,7 @@ class _maybe_timeline:
         self.tl = None
         if on:
             from bench.sched_timeline import SchedTimeline
-            self.tl = SchedTimeline(llm.engine.scheduler)
+            self.tl = SchedTimeline(llm.engine.scheduler, llm.engine)
 
     def __enter__(self):
         return self.tl.__enter__() if self.tl is not None else None

@@ -6,7 +6,10 @@ methods (never the class) with wall-clock recorders, and `summary()`:
     finished, as mean milliseconds of each phase;
   * per `schedule` call: rows computed, loads in flight, requests waiting for a load, and the
     share of steps with no load in flight (the copy stream idle, as far as the host knows);
-  * blocking waits (`wait_load`) and their time.
+  * blocking waits (`wait_load`) and their time;
+  * with `engine` (CUDA only), GPU time per step: CUDA events around each step's launch
+    (forward + draw) give its device time and the device's idle time between steps, split by
+    step kind (decode-only or with prefill rows).
 Used by bench/host_tier.py `--timeline` to see why the tier-on run is slower than its copies.
 Bench-only instrumentation: restores the instance on exit; the engine never imports it.
 """
@@ -18,8 +21,10 @@ from statistics import mean
 
 
 class SchedTimeline:
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, engine=None):
         self.s = scheduler
+        self.engine = engine if engine is not None and engine.runner.device.type == "cuda" else None
+        self.gpu_steps: list = []  # (decode only, rows, start event, end event)
         self.t0 = time.perf_counter()
         self.admit, self.land, self.first, self.finish = {}, {}, {}, {}
         self.steps: list[tuple[float, int, int, int, int]] = []
@@ -78,12 +83,47 @@ class SchedTimeline:
         self._wrap("schedule", after=on_schedule)
         s.wait_load = timed_wait
         self._saved.append("wait_load")
+        if self.engine is not None:
+            import torch
+            inflight = self.engine._inflight
+            launch = inflight.launch
+
+            def timed_launch(out, *a, **k):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                res = launch(out, *a, **k)
+                end.record()
+                decode = all(len(r.token_ids) == 1 for r in out.requests)
+                self.gpu_steps.append((decode, len(out.requests), start, end))
+                return res
+            inflight.launch = timed_launch
         return self
 
     def __exit__(self, *exc):
         for name in self._saved:
             self.s.__dict__.pop(name, None)
+        if self.engine is not None:
+            self.engine._inflight.__dict__.pop("launch", None)
         return False
+
+    def gpu_summary(self) -> dict:
+        """Device ms per step kind and the device's idle ms between steps (call after a sync)."""
+        if not self.gpu_steps:
+            return {}
+        busy = {True: [], False: []}
+        idle = 0.0
+        prev_end = None
+        for decode, rows, start, end in self.gpu_steps:
+            busy[decode].append(start.elapsed_time(end))
+            if prev_end is not None:
+                idle += max(0.0, prev_end.elapsed_time(start))
+            prev_end = end
+        span = self.gpu_steps[0][2].elapsed_time(self.gpu_steps[-1][3])
+        return {"steps_decode": len(busy[True]), "steps_mixed": len(busy[False]),
+                "ms_per_decode_step": round(mean(busy[True]), 3) if busy[True] else None,
+                "ms_per_mixed_step": round(mean(busy[False]), 3) if busy[False] else None,
+                "gpu_step_ms_total": round(sum(busy[True]) + sum(busy[False]), 1),
+                "gpu_idle_between_steps_ms": round(idle, 1), "span_ms": round(span, 1)}
 
     def summary(self) -> dict:
         def phase(a, b):

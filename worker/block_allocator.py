@@ -23,19 +23,24 @@ NO_PARENT = 0
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
-    """Chained content hash of one full block."""
-    h = xxhash.xxh3_64()
-    h.update(parent_hash.to_bytes(8, "little"))
-    h.update(array("q", token_ids).tobytes())
-    return h.intdigest()
+    """Chained content hash of one full block: xxh3-64 of the parent's hash (8 bytes, little
+    endian) followed by the block's ids as int64."""
+    return xxhash.xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + array("q", token_ids).tobytes())
 
 
 def hash_full_blocks(token_ids: Sequence[int], block_size: int, known: Sequence[int] = ()) -> list[int]:
-    """Hashes of every full block of `token_ids`, reusing the already-known leading ones."""
+    """Hashes of every full block of `token_ids`, reusing the already-known leading ones (the
+    same values as `hash_block` chained; the ids are packed once, not per block)."""
     hashes = list(known)
     parent = hashes[-1] if hashes else NO_PARENT
-    for i in range(len(hashes), len(token_ids) // block_size):
-        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
+    first, last = len(hashes), len(token_ids) // block_size
+    if last <= first:
+        return hashes
+    packed = array("q", token_ids[first * block_size:last * block_size]).tobytes()
+    width = block_size * 8
+    digest = xxhash.xxh3_64_intdigest
+    for j in range(last - first):
+        parent = digest(parent.to_bytes(8, "little") + packed[j * width:(j + 1) * width])
         hashes.append(parent)
     return hashes
 

@@ -178,10 +178,13 @@ class DynamicEngine:
             text = prompt
         elif isinstance(prompt, (list, tuple)):
             ids, text = list(prompt), None
-            for t in ids:
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.spec.vocab_size:
-                    raise InvalidRequestError(f"prompt token id {t!r} is outside the vocabulary "
-                                              f"[0, {self.spec.vocab_size})")
+            vocab = self.spec.vocab_size
+            # Fast path (C loops; 4,000 ids in ~0.3 ms): plain ints within the vocabulary.
+            if not (ids and set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab):
+                for t in ids:
+                    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                        raise InvalidRequestError(f"prompt token id {t!r} is outside the vocabulary "
+                                                  f"[0, {vocab})")
         else:
             raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
