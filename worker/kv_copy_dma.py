@@ -18,7 +18,6 @@ choose blocks, and never reuse a staging buffer before the stream has finished w
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -26,25 +25,6 @@ import torch
 from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
 
 from .host_memory import HostBuffer
-
-
-# Longest single DMA, in bytes. The step's own input copy (one small host->device copy per step,
-# worker/context.py) shares the copy engine with the loads: behind one 64 MB run it waits ~1.2 ms,
-# so runs are cut into pieces of at most this many bytes (a few us of host time per piece).
-# INFER_CLUSTER_DMA_PIECE_MB overrides it (0: whole runs), read once at import: an A/B switch.
-DMA_PIECE_BYTES = int(float(os.environ.get("INFER_CLUSTER_DMA_PIECE_MB", "8")) * 2**20)
-
-
-def dma_pieces(runs: list[tuple[int, int, int]], max_blocks: int) -> list[tuple[int, int, int]]:
-    """`runs` (from `consecutive_runs`) cut into pieces of at most `max_blocks` blocks
-    (0: unchanged)."""
-    if max_blocks <= 0:
-        return runs
-    pieces = []
-    for pos, first, length in runs:
-        for off in range(0, length, max_blocks):
-            pieces.append((pos + off, first + off, min(max_blocks, length - off)))
-    return pieces
 
 
 def consecutive_runs(blocks: list[int]) -> list[tuple[int, int, int]]:
@@ -75,10 +55,6 @@ class StagedCopier:
             off += -(-n // 4096) * 4096
         self._dev_raw = raw
         self.stage_layout = SwapLayout(layout.device, self.dev_stage)
-        block_bytes = max(h[0].numel() * h.element_size() for h in layout.host)  # one block, one field
-        self.piece_blocks = DMA_PIECE_BYTES // block_bytes if DMA_PIECE_BYTES > 0 else 0
-        if DMA_PIECE_BYTES > 0:
-            self.piece_blocks = max(1, self.piece_blocks)
         self.host_stage = (HostBuffer(specs, pin=dev.type == "cuda").tensors if gather else None)
         self._h2d_done: Optional[torch.cuda.Event] = None  # host staging free again
 
@@ -109,7 +85,7 @@ class StagedCopier:
         dev_idx = block_ids_on(self.device, device_blocks, torch.int32 if not self.gather else torch.int64)
         if not self.gather:
             kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=True)
-            for pos, first, length in dma_pieces(consecutive_runs(host_blocks), self.piece_blocks):
+            for pos, first, length in consecutive_runs(host_blocks):
                 for host, stage in zip(self.layout.host, self.dev_stage):
                     host[first:first + length].copy_(stage[pos:pos + length], non_blocking=True)
             return
@@ -130,7 +106,7 @@ class StagedCopier:
         n = len(device_blocks)
         dev_idx = block_ids_on(self.device, device_blocks, torch.int32 if not self.gather else torch.int64)
         if not self.gather:
-            for pos, first, length in dma_pieces(consecutive_runs(host_blocks), self.piece_blocks):
+            for pos, first, length in consecutive_runs(host_blocks):
                 for host, stage in zip(self.layout.host, self.dev_stage):
                     stage[pos:pos + length].copy_(host[first:first + length], non_blocking=True)
             kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=False)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from infer_cluster.worker.kv_copy import HostKVPool, staging_device_bytes
-from infer_cluster.worker.kv_copy_dma import consecutive_runs, dma_pieces
+from infer_cluster.worker.kv_copy_dma import consecutive_runs
 from infer_cluster.worker.models.decoder import LayerKV
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])]
-MODES = ["kernel", "kernel-triton", "runs", "runs-pieces", "gather"]
+MODES = ["kernel", "kernel-triton", "runs", "gather"]
 NUM_DEVICE, NUM_HOST, NUM_LAYERS = 12, 10, 2
 
 
@@ -42,10 +42,6 @@ def _pool(kv, mode, monkeypatch):
             pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 from the start")
         monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
         mode = "kernel"
-    if mode == "runs-pieces":  # every run cut into one-block DMAs (dma_pieces)
-        pool = HostKVPool(kv, NUM_HOST, num_staging_blocks=3, copy_mode="runs")
-        pool._staged.piece_blocks = pool._staged_in.piece_blocks = 1
-        return pool
     return HostKVPool(kv, NUM_HOST, num_staging_blocks=3, copy_mode=mode)  # 3: lists are chunked
 
 
@@ -109,13 +105,6 @@ def test_consecutive_runs():
     assert consecutive_runs([]) == []
     assert consecutive_runs([3]) == [(0, 3, 1)]
     assert consecutive_runs([0, 1, 2, 5, 6, 9]) == [(0, 0, 3), (3, 5, 2), (5, 9, 1)]
-
-
-def test_dma_pieces_cut_long_runs():
-    runs = [(0, 10, 5), (5, 40, 2)]
-    assert dma_pieces(runs, 0) == runs
-    assert dma_pieces(runs, 2) == [(0, 10, 2), (2, 12, 2), (4, 14, 1), (5, 40, 2)]
-    assert dma_pieces(runs, 8) == runs
 
 
 @pytest.mark.gpu
