@@ -83,6 +83,7 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
             entry[0] += float(e["dur"]) / 1e3
             entry[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top_kernels]
+    causes = _gap_causes(events, gpu, compute, gap_ms)
     copy_iv = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu if e["cat"] == "gpu_memcpy"])
     host = defaultdict(lambda: {"ms": 0.0, "count": 0, "max_ms": 0.0})
     for e in events:
@@ -107,7 +108,48 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
         "copy_overlapping_compute_ms": _intersection(copy_iv, cu) / 1e3,
         "host_runtime_calls": {k: dict(v) for k, v in host.items()},
         "top_compute_kernels": [{"name": k, "ms": round(v[0], 3), "count": v[1]} for k, v in top],
+        "gap_causes": causes,
     }
+
+
+def _gap_causes(events, gpu, compute: str, gap_ms: float) -> dict:
+    """Why the compute stream sat idle: for each gap of at least `gap_ms / 2.5` ms, the op that
+    ended it and the host call that queued that op (matched by correlation id). Queued after the
+    gap began, that part of the gap is the host's ("host_late"); the rest the op waited on the
+    device (an event from another stream, or a copy engine busy with other copies: "queued"),
+    by op name."""
+    launches = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            corr = e.get("args", {}).get("correlation")
+            if corr is not None:
+                launches[corr] = float(e["ts"])
+    ops = sorted((e for e in gpu if str(e.get("args", {}).get("stream", e.get("tid"))) == compute),
+                 key=lambda e: float(e["ts"]))
+    out = {"host_late": {"count": 0, "ms": 0.0}, "queued": {"count": 0, "ms": 0.0, "by_next_op": {}}}
+    threshold = gap_ms / 2.5 * 1e3  # us
+    end = None
+    for e in ops:
+        ts, dur = float(e["ts"]), float(e["dur"])
+        if end is not None and ts - end >= threshold:
+            gap = (ts - end) / 1e3
+            queued_at = launches.get(e.get("args", {}).get("correlation"), end)
+            late = min(gap, max(0.0, (queued_at - end) / 1e3))  # the host had not queued it yet
+            if late > 0:
+                out["host_late"]["count"] += 1
+                out["host_late"]["ms"] += late
+            if gap - late > 0:  # queued, yet it waited on the device
+                q = out["queued"]
+                q["count"] += 1
+                q["ms"] += gap - late
+                name = e.get("name", "?")[:50]
+                entry = q["by_next_op"].setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += gap - late
+        end = ts + dur if end is None else max(end, ts + dur)
+    q = out["queued"]
+    q["by_next_op"] = dict(sorted(q["by_next_op"].items(), key=lambda kv: -kv[1][1])[:6])
+    return out
 
 
 def print_summary(s: dict) -> None:
@@ -128,6 +170,11 @@ def print_summary(s: dict) -> None:
           f"{s['copy_overlapping_compute_ms']:.1f} ms")
     for k, v in sorted(s["host_runtime_calls"].items(), key=lambda kv: -kv[1]["ms"]):
         print(f"  host in {k}: {v['ms']:.1f} ms over {v['count']} calls (max {v['max_ms']:.2f})")
+    gc = s.get("gap_causes")
+    if gc:
+        print(f"  compute idle gaps: host late {gc['host_late']['count']} ({gc['host_late']['ms']:.1f} ms), "
+              f"queued on the device {gc['queued']['count']} ({gc['queued']['ms']:.1f} ms): "
+              + ", ".join(f"{n} {c}x {ms:.1f} ms" for n, (c, ms) in gc["queued"]["by_next_op"].items()))
     for k in s.get("top_compute_kernels", []):
         print(f"  kernel {k['ms']:9.1f} ms {k['count']:6d}x  {k['name']}")
 

@@ -58,6 +58,7 @@ def parse_args(argv=None):
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="profile each run (torch.profiler), write its Chrome trace to DIR and print "
                          "its GPU timeline (bench/gpu_timeline.py); use a smaller --num-requests")
+    ap.add_argument("--trace-on-only", action="store_true", help="with --trace: profile the tier-on runs only")
     ap.add_argument("--time-copies", action="store_true",
                     help="time (host wall) each part of the host-tier copy path and print the totals")
     ap.add_argument("--timeline", action="store_true",
@@ -105,7 +106,8 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
             import cProfile
             cprof = cProfile.Profile()
             cprof.enable()
-        with _maybe_profile(args.trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
+        trace = args.trace if (kv_offload_gib or not getattr(args, "trace_on_only", False)) else None
+        with _maybe_profile(trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
                 _CopyTimers(args.time_copies) as timers, _maybe_timeline(args.timeline, llm) as tl:
             outs = llm.generate(prompts, params, use_tqdm=False)
             sync()
