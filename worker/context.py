@@ -7,7 +7,8 @@ for K and V (`kv_cache_dtype="int8"`; the scales sit beside the blocks under the
 so prefix caching and preemption need nothing extra), their size per block, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
 tables, sequence lengths, query start offsets) plus the rows whose logits are sampled. Host
-lists are packed into one buffer and copied to the device in a single non-blocking transfer.
+lists are packed into one buffer and sent to the device at once: a non-blocking pinned copy, or
+the caller's `upload` (with a host KV tier: a zero-copy read, worker/step_upload.py).
 Rows marked `pending_input` (async scheduling) take their input id on the device from the
 previous step's sampled ids (`prev_ids[prev_rows[j]]`), with no host round trip.
 """
@@ -15,13 +16,14 @@ previous step's sampled ids (`prev_ids[prev_rows[j]]`), with no host round trip.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .models.decoder import AttentionMetadata, LayerKV
 from .scheduler import SchedulerOutput
+from .step_upload import dma_upload
 
 
 @dataclass
@@ -60,9 +62,11 @@ class DynamicContext:
         return 2 * num_layers * block_size * num_kv_heads * row
 
     def prepare(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
-                prev_rows: Sequence[int] = ()) -> StepInputs:
+                prev_rows: Sequence[int] = (), upload: Optional[Callable[[np.ndarray], torch.Tensor]] = None
+                ) -> StepInputs:
         """`prev_ids` / `prev_rows`: the previous step's sampled ids (device) and, for each
-        `pending_input` row in order, its row there."""
+        `pending_input` row in order, its row there. `upload(values)`: how the packed int64
+        inputs reach the device (default: a pinned non-blocking copy; worker/step_upload.py)."""
         bs = self.block_size
         reqs = out.requests
         num_seqs = len(reqs)
@@ -102,11 +106,13 @@ class DynamicContext:
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                              f"previous rows were given")
-        host = torch.from_numpy(np.concatenate(parts))
-        if self.device.type == "cuda":
-            flat = host.pin_memory().to(self.device, non_blocking=True)
+        packed = np.concatenate(parts)
+        if self.device.type != "cuda":
+            flat = torch.from_numpy(packed)
+        elif upload is not None:
+            flat = upload(packed)
         else:
-            flat = host
+            flat = dma_upload(packed, self.device)
         views = torch.split(flat, [len(p) for p in parts])
         if fill:  # pending tokens: from the previous step's draw, on the device
             views[0][views[7]] = prev_ids[views[8]]

@@ -25,6 +25,7 @@ from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs, build_mixed_graphs
 from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
+from .step_upload import MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
 from .models.parallel import ParallelState
@@ -103,6 +104,11 @@ class ModelRunner:
             self.host_pool = build_host_pool(self.context.kv_caches, config.kv_offload_gib,
                                              self._bytes_per_block())
         self.num_host_blocks = self.host_pool.num_blocks if self.host_pool is not None else 0
+        # With a host tier, step inputs skip the copy engines its loads keep busy (step_upload.py).
+        self._upload: Optional[MappedUpload] = None
+        if self.host_pool is not None and self.device.type == "cuda":
+            self._upload = MappedUpload(self.device, step_capacity(
+                config.max_num_batched_tokens, config.max_num_seqs, -(-max_model_len // config.block_size)))
         self.graphs: Optional[DecodeGraphs] = None
         self.mixed_graphs: Optional[MixedGraphs] = None  # small steps that are not decode-only
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
@@ -338,7 +344,7 @@ class ModelRunner:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
         `DynamicContext.prepare`."""
-        inputs = self.context.prepare(out, prev_ids, prev_rows)
+        inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,

@@ -1,0 +1,69 @@
+"""`MappedUpload`: a step's packed inputs to the device without a copy engine.
+
+Why: with the host KV tier on, loads keep the host->device copy engine busy (a 4,000-token
+prefix of the Qwen3-0.6B shape is ~460 MB, ~9 ms), and each step's own small input copy
+(`DynamicContext.prepare`: one packed buffer per step) queued behind them. In a profiled
+host-tier run on the H100 (2026-11-25, 128 requests, `bench/gpu_timeline.py` gap causes) the
+compute stream idled 321 ms of 1,680 waiting for those copies. Reading the inputs with a kernel
+from page-locked, device-mapped memory (`kernels/mapped_read_triton.py`) moves them on the SMs
+in microseconds, whatever the copy engines are doing.
+
+Owns: a ring of `slots` mapped host rows (worker/host_memory.HostBuffer) of `capacity` int64
+values each, the CUDA event of the read that last used each row, and `__call__(values)`, which
+returns the values as a device int64 tensor. A row is written again only once its previous read
+ran (`event.synchronize()`; normally long done, at most two steps are in flight). Longer inputs,
+and hosts whose memory cannot be mapped, take the pinned DMA copy (`dma_upload`).
+Used by the model runner only while a host tier exists; other replicas keep the DMA copy.
+To extend: size `capacity` from what a step can hold (`step_capacity`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from infer_cluster.kernels.mapped_read_triton import mapped_read_triton
+
+from .host_memory import HostBuffer
+
+
+def dma_upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The default path: pinned copy, non-blocking transfer on the current stream."""
+    return torch.from_numpy(values).pin_memory().to(device, non_blocking=True)
+
+
+def step_capacity(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
+    """int64 values `DynamicContext.prepare` packs at most: ids, positions and slots per token,
+    the block table, and five short per-sequence lists."""
+    return 3 * max_num_batched_tokens + max_num_seqs * max_blocks_per_seq + 5 * max_num_seqs + 1
+
+
+class MappedUpload:
+    def __init__(self, device: torch.device, capacity: int, slots: int = 8):
+        self.device = device
+        self.capacity = capacity
+        self._buffer = HostBuffer([((slots, capacity), torch.int64)], pin=True)
+        self.enabled = self._buffer.is_mapped
+        self._rows = self._buffer.tensors[0]
+        self._rows_np = self._rows.numpy()
+        self._events: list = [None] * slots
+        self._next = 0
+        if self.enabled:  # compile the read kernel now, not in the first step
+            self(np.arange(17, dtype=np.int64))
+            torch.cuda.synchronize(device)
+
+    def __call__(self, values: np.ndarray) -> torch.Tensor:
+        n = values.shape[0]
+        if not self.enabled or n > self.capacity:
+            return dma_upload(values, self.device)
+        slot = self._next
+        self._next = (slot + 1) % len(self._events)
+        if self._events[slot] is not None:
+            self._events[slot].synchronize()  # its previous read has run (normally long ago)
+        self._rows_np[slot, :n] = values
+        out = torch.empty(n, dtype=torch.int64, device=self.device)
+        mapped_read_triton(self._rows[slot, :n], out)
+        done = torch.cuda.Event()
+        done.record()
+        self._events[slot] = done
+        return out
