@@ -50,6 +50,7 @@ from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
 
 from .host_memory import HostBuffer
 from .kv_copy_dma import StagedCopier, block_ids_on
+from .step_upload import MappedUpload
 from .models.decoder import LayerKV
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class HostKVPool:
         if copy_mode != "kernel":
             self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
             self._staged_in = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
+            if self.device.type == "cuda" and copy_mode == "runs":  # swap-out ids skip the copy engines
+                self._staged.upload_ids = MappedUpload(self.device, self.num_staging)
         self.copy_mode = copy_mode
 
     # -- the device pool it copies to ----------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
@@ -56,6 +57,10 @@ class StagedCopier:
         self._dev_raw = raw
         self.stage_layout = SwapLayout(layout.device, self.dev_stage)
         self.host_stage = (HostBuffer(specs, pin=dev.type == "cuda").tensors if gather else None)
+        # How "runs" swap-outs send their device block ids (default `block_ids_on`, a DMA): the
+        # pool gives a zero-copy upload (worker/step_upload.py), since on the swap-out stream a
+        # DMA would queue behind the loads and the step waits for the swap-outs.
+        self.upload_ids = None
         self._h2d_done: Optional[torch.cuda.Event] = None  # host staging free again
 
     def rebind(self, layout: SwapLayout) -> None:
@@ -82,7 +87,10 @@ class StagedCopier:
 
     def _out(self, device_blocks: list[int], host_blocks: list[int]) -> None:
         n = len(device_blocks)
-        dev_idx = block_ids_on(self.device, device_blocks, torch.int32 if not self.gather else torch.int64)
+        if self.upload_ids is not None and not self.gather:
+            dev_idx = self.upload_ids(np.asarray(device_blocks, dtype=np.int64))
+        else:
+            dev_idx = block_ids_on(self.device, device_blocks, torch.int32 if not self.gather else torch.int64)
         if not self.gather:
             kv_swap(self.stage_layout, torch.arange(n, dtype=torch.int32, device=self.device), dev_idx, to_host=True)
             for pos, first, length in consecutive_runs(host_blocks):

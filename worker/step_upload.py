@@ -13,7 +13,9 @@ values each, the CUDA event of the read that last used each row, and `__call__(v
 returns the values as a device int64 tensor. A row is written again only once its previous read
 ran (`event.synchronize()`; normally long done, at most two steps are in flight). Longer inputs,
 and hosts whose memory cannot be mapped, take the pinned DMA copy (`dma_upload`).
-Used by the model runner only while a host tier exists; other replicas keep the DMA copy.
+Used while a host tier exists: by the model runner for step inputs, and by the tier's "runs"
+swap-outs for their device block ids (the step waits for the swap-outs); other replicas keep
+the DMA copy.
 To extend: size `capacity` from what a step can hold (`step_capacity`).
 """
 
