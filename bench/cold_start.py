@@ -25,6 +25,23 @@ from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
 
+class _CompileLog:
+    """Records each Triton specialization compiled (in-process cache miss) from now on."""
+
+    def __init__(self):
+        import triton
+        self.lines: list[str] = []
+        triton.knobs.runtime.jit_cache_hook = self._hook
+
+    def _hook(self, *args, **kw):
+        self.lines.append(str(kw.get("repr", args[:1]))[:400])
+        return None  # never skip the compile
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-random")
@@ -36,6 +53,10 @@ def parse_args(argv=None):
     ap.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LO", "HI"))
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
+    ap.add_argument("--log-compiles", action="store_true",
+                    help="list every Triton kernel specialization first compiled after start-up "
+                         "(triton.knobs.runtime.jit_cache_hook): what the warm-up missed")
     ap.add_argument("--tokenizer", default="model", choices=["model", "bytelevel", "metaspace"])
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                     help="engine warm-up at start (default: the engine's, on for CUDA)")
@@ -64,10 +85,12 @@ def main(argv=None):
     t = time.perf_counter()
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, tokenizer=tokenizer,
+              kv_cache_dtype=args.kv_cache_dtype,
               warmup=args.warmup)
     _sync()
     startup = time.perf_counter() - t
     runs = []
+    compiles = _CompileLog() if args.log_compiles else None
     for seed in (1, 2, 3):
         prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
                                             vocab, seed)
@@ -80,10 +103,15 @@ def main(argv=None):
         chars = sum(len(o.text) for o in outs)
         runs.append({"seed": seed, "tokens": n, "seconds": elapsed, "tokens_per_s": n / elapsed,
                      "text_chars": chars})
+        if compiles is not None:
+            runs[-1]["compiles"] = compiles.take()
+            print(f"run {seed}: {len(runs[-1]['compiles'])} kernel specializations compiled")
+            for line in runs[-1]["compiles"]:
+                print("   ", line)
     stats = llm.stats()
     warm = sorted(r["tokens_per_s"] for r in runs[1:])
     warm_tps = sum(warm) / len(warm)
-    result = {"model": args.model, "tokenizer": args.tokenizer, "device": str(llm.engine.runner.device),
+    result = {"model": args.model, "tokenizer": args.tokenizer, "kv_cache_dtype": args.kv_cache_dtype, "device": str(llm.engine.runner.device),
               "startup_seconds": startup, "warmup_seconds": stats["warmup_seconds"],
               "runs": runs, "first_tokens_per_s": runs[0]["tokens_per_s"], "warm_tokens_per_s": warm_tps,
               "first_over_warm": runs[0]["tokens_per_s"] / warm_tps,

@@ -132,7 +132,7 @@ def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, 
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_bt"])  # block-table width varies per step (as in decode)
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr,
                     po_ptr, plse_ptr, scale_log2, page_size,
                     sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,

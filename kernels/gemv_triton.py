@@ -49,7 +49,7 @@ _DOT_M = 16  # tl.dot needs M >= 16
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # rows vary per step: one compile for every M (docs/kernels.md)
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
                  M, N, K, k_per_split, sxm, swn, som, sos, srm, shm,
                  HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
@@ -137,7 +137,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
         tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _split_sum_kernel(part_ptr, b_ptr, out_ptr, M, N, SPLIT, sps, spm, som,
                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     m = tl.program_id(1)

@@ -106,6 +106,11 @@ class DynamicContext:
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                              f"previous rows were given")
+        # Every part starts 16 bytes aligned (lengths padded to even): Triton specializes kernels
+        # on pointer alignment, and a view at an odd offset would compile a second variant in
+        # the middle of serving (bench/cold_start.py --log-compiles found one).
+        sizes = [len(p) for p in parts]
+        parts = [p if len(p) % 2 == 0 else np.concatenate([p, np.zeros(1, dtype=np.int64)]) for p in parts]
         packed = np.concatenate(parts)
         if self.device.type != "cuda":
             flat = torch.from_numpy(packed)
@@ -113,7 +118,7 @@ class DynamicContext:
             flat = upload(packed)
         else:
             flat = dma_upload(packed, self.device)
-        views = torch.split(flat, [len(p) for p in parts])
+        views = [v[:n] for v, n in zip(torch.split(flat, [len(p) for p in parts]), sizes)]
         if fill:  # pending tokens: from the previous step's draw, on the device
             views[0][views[7]] = prev_ids[views[8]]
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape).to(torch.int32),

@@ -61,9 +61,9 @@ def test_async_outputs_equal_sync(reference_params, setting, monkeypatch):
     filled = []
     real = DynamicContext.prepare
 
-    def spy(self, out, prev_ids=None, prev_rows=()):
+    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
         filled.append(len(prev_rows))
-        return real(self, out, prev_ids, prev_rows)
+        return real(self, out, prev_ids, prev_rows, upload)
 
     monkeypatch.setattr(DynamicContext, "prepare", spy)
     llm = LLM("tiny-random", async_scheduling=True, **kw)

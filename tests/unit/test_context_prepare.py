@@ -1,0 +1,29 @@
+"""`DynamicContext.prepare` packs a step's host lists into one buffer: every view it hands out
+holds its own values and starts 16 bytes aligned whatever the token and sequence counts (Triton
+specializes kernels on pointer alignment; an odd offset would compile a new variant mid-run)."""
+
+import torch
+
+from infer_cluster.worker.context import DynamicContext
+from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
+
+
+def test_views_are_aligned_and_hold_their_values():
+    ctx = DynamicContext(num_layers=1, num_blocks=32, block_size=8, num_kv_heads=1, head_dim=4,
+                         dtype=torch.float32, device=torch.device("cpu"))
+    # 3 + 1 + 1 = 5 tokens (odd), 3 sequences (odd), two sampled rows, ragged tables
+    out = SchedulerOutput([ScheduledRequest("a", [5, 6, 7], 0, [4], True),
+                           ScheduledRequest("b", [9], 17, [0, 7, 3], False),
+                           ScheduledRequest("c", [11], 8, [2, 6], True)], 5)
+    inputs = ctx.prepare(out)
+    meta = inputs.meta
+    for t in (inputs.input_ids, inputs.positions, meta.slot_mapping, inputs.sample_indices):
+        assert t.data_ptr() % 16 == 0
+    assert inputs.input_ids.tolist() == [5, 6, 7, 9, 11]
+    assert inputs.positions.tolist() == [0, 1, 2, 17, 8]
+    assert meta.slot_mapping.tolist() == [32, 33, 34, 3 * 8 + 1, 6 * 8 + 0]
+    assert inputs.sample_indices.tolist() == [2, 4]
+    assert meta.seq_lens.tolist() == [3, 18, 9]
+    assert meta.query_start_loc.tolist() == [0, 3, 4, 5]
+    assert meta.block_tables.tolist() == [[4, 0, 0], [0, 7, 3], [2, 6, 0]]
+    assert inputs.sample_request_ids == ["a", "c"]
