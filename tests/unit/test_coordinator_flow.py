@@ -57,7 +57,7 @@ def stats(ct):
     return ct.coord.dispatcher.stats
 
 
-def wait_until(cond, timeout=3.0):
+def wait_until(cond, timeout=10.0):  # returns as soon as cond holds; long for a loaded CI host
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
