@@ -12,6 +12,8 @@ methods (never the class) with wall-clock recorders, and `summary()`:
     step kind (decode-only or with prefill rows).
 Used by bench/host_tier.py `--timeline` to see why the tier-on run is slower than its copies.
 Bench-only instrumentation: restores the instance on exit; the engine never imports it.
+To extend: wrap another method in `__enter__` (`_wrap(name, before=, after=)`) and add its
+figures to `summary()`.
 """
 
 from __future__ import annotations

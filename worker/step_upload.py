@@ -4,7 +4,7 @@ Why: with the host KV tier on, loads keep the host->device copy engine busy (a 4
 prefix of the Qwen3-0.6B shape is ~460 MB, ~9 ms), and each step's own small input copy
 (`DynamicContext.prepare`: one packed buffer per step) queued behind them. In a profiled
 host-tier run on the H100 (2026-11-25, 128 requests, `bench/gpu_timeline.py` gap causes) the
-compute stream idled 321 ms of 1,680 waiting for those copies. Reading the inputs with a kernel
+compute stream sat idle 650 ms of a 1,680 ms window, 321 ms of it waiting for those copies. Reading the inputs with a kernel
 from page-locked, device-mapped memory (`kernels/mapped_read_triton.py`) moves them on the SMs
 in microseconds, whatever the copy engines are doing.
 
@@ -16,7 +16,8 @@ and hosts whose memory cannot be mapped, take the pinned DMA copy (`dma_upload`)
 Used while a host tier exists: by the model runner for step inputs, and by the tier's "runs"
 swap-outs for their device block ids (the step waits for the swap-outs); other replicas keep
 the DMA copy.
-To extend: size `capacity` from what a step can hold (`step_capacity`).
+To extend (another dtype, another caller): one `MappedUpload` per caller and dtype, its
+`capacity` from the most the caller sends at once (`step_capacity` for step inputs).
 """
 
 from __future__ import annotations
