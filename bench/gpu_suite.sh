@@ -11,7 +11,7 @@ for stage in "$@"; do
   case $stage in
     env) python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv ;;
     tests) python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider 2>&1 | tee "$OUT/gpu_kernel_tests.log" | tail -15 ;;
-    parity) python3 -m pytest -q tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_parity.log" | tail -15 ;;
+    parity) python3 -m pytest -q tests/parity/test_gpu.py tests/parity/test_gpu_compiles.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_parity.log" | tail -15 ;;
     roofline) python3 bench/roofline.py --out "$OUT/roofline.json" ;;
     kernels) python3 bench/kernels.py --out "$OUT/kernels.json" 2>&1 | tail -30 ;;
     tpot) python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_qwen3.json" 2>&1 | tail -8 ;;
