@@ -13,7 +13,12 @@ caching allocator keeps the largest blocks it has handed out. One pass through t
   * long prompts (up to `max_model_len`) worth about two `max_num_batched_tokens` budgets,
     all at once: full-budget prefill steps over several sequences, chunks that attend over a
     cached prefix, then long-context decode at that width;
-  * the first long prompt again: a prefix-cache hit.
+  * the first long prompt again: a prefix-cache hit;
+  * a ragged tail: 17 short requests with odd and even prompt lengths and 1..17 new tokens, so
+    the batch shrinks through every width from 17 to 1 (each small-batch GEMV row count, eager
+    and graph) and the prefill steps sample several rows at odd token totals. Traffic reaches
+    these widths all the time; before this pass a first user paid their compiles
+    (bench/RESULTS.md, "Cold start with an empty Triton cache").
 
 It must never leave anything behind: the engine drops its scheduler, allocator and counters
 afterwards (`DynamicEngine._reset_bookkeeping`), so the first real request sees a fresh engine.
@@ -39,6 +44,13 @@ _KINDS = (
     SamplingParams(temperature=0.9, top_k=20, min_tokens=2, max_tokens=4),
     SamplingParams(temperature=0.8, top_p=0.95, seed=2, max_tokens=4, ignore_eos=True),  # top-p alone
 )
+
+
+# The ragged tail: widths 17 .. 1 (one past the small-batch GEMV's 16 rows), three kinds.
+_TAIL = 17
+_TAIL_KINDS = (dict(temperature=0.0, ignore_eos=True),
+               dict(temperature=0.8, top_p=0.9, top_k=50, seed=3, ignore_eos=True),
+               dict(temperature=0.0, logprobs=2, ignore_eos=True))
 
 
 def _prompt(length: int, salt: int, vocab: int) -> list[int]:
@@ -76,6 +88,12 @@ def warm_up_engine(engine) -> dict:
         num_steps += _drain(engine)
         engine.add_request(long_prompts[0], _KINDS[3], request_id="warmup-long-cached")
         num_steps += _drain(engine)
+    for i in range(min(_TAIL, cfg.max_num_seqs, max(1, (pool - 1) // max(1, -(-64 // bs))))):
+        kind = _TAIL_KINDS[i % len(_TAIL_KINDS)]
+        params = SamplingParams(**{**kind, "max_tokens": i + 1})
+        engine.add_request(_prompt(min(3 + 2 * i + i % 2, max_len - 20), 2 * 10**6 + i, vocab), params,
+                           request_id=f"warmup-tail-{i}")
+    num_steps += _drain(engine)
     seconds = time.perf_counter() - started
     log.info("warm-up: %d steps (batch %d; %d long prompts of %d tokens) in %.1f s", num_steps, width,
              num_long, max(0, long_len), seconds)
