@@ -25,13 +25,25 @@ from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
 
-class _CompileLog:
-    """Records each Triton specialization compiled (in-process cache miss) from now on."""
+class CompileLog:
+    """Records each Triton specialization compiled in this process (an in-process cache miss,
+    whether or not the disk cache had it) while installed; `with CompileLog() as log:` installs
+    it and puts the previous hook back on exit. Also used by tests/parity/test_gpu_compiles.py."""
 
     def __init__(self):
-        import triton
         self.lines: list[str] = []
+        self._previous = None
+
+    def __enter__(self):
+        import triton
+        self._previous = triton.knobs.runtime.jit_cache_hook
         triton.knobs.runtime.jit_cache_hook = self._hook
+        return self
+
+    def __exit__(self, *exc):
+        import triton
+        triton.knobs.runtime.jit_cache_hook = self._previous
+        return False
 
     def _hook(self, *args, **kw):
         self.lines.append(str(kw.get("repr", args[:1]))[:400])
@@ -90,7 +102,7 @@ def main(argv=None):
     _sync()
     startup = time.perf_counter() - t
     runs = []
-    compiles = _CompileLog() if args.log_compiles else None
+    compiles = CompileLog().__enter__() if args.log_compiles else None
     for seed in (1, 2, 3):
         prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
                                             vocab, seed)
@@ -108,6 +120,8 @@ def main(argv=None):
             print(f"run {seed}: {len(runs[-1]['compiles'])} kernel specializations compiled")
             for line in runs[-1]["compiles"]:
                 print("   ", line)
+    if compiles is not None:
+        compiles.__exit__(None, None, None)
     stats = llm.stats()
     warm = sorted(r["tokens_per_s"] for r in runs[1:])
     warm_tps = sum(warm) / len(warm)

@@ -83,7 +83,7 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
             entry[0] += float(e["dur"]) / 1e3
             entry[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top_kernels]
-    causes = _gap_causes(events, gpu, compute, gap_ms)
+    causes = _gap_causes(events, gpu, compute)
     copy_iv = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu if e["cat"] == "gpu_memcpy"])
     host = defaultdict(lambda: {"ms": 0.0, "count": 0, "max_ms": 0.0})
     for e in events:
@@ -112,8 +112,8 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
     }
 
 
-def _gap_causes(events, gpu, compute: str, gap_ms: float) -> dict:
-    """Why the compute stream sat idle: for each gap of at least `gap_ms / 2.5` ms, the op that
+def _gap_causes(events, gpu, compute: str, min_gap_ms: float = 0.2) -> dict:
+    """Why the compute stream sat idle: for each gap of at least `min_gap_ms`, the op that
     ended it and the host call that queued that op (matched by correlation id). Queued after the
     gap began, that part of the gap is the host's ("host_late"); the rest the op waited on the
     device (an event from another stream, or a copy engine busy with other copies: "queued"),
@@ -127,7 +127,7 @@ def _gap_causes(events, gpu, compute: str, gap_ms: float) -> dict:
     ops = sorted((e for e in gpu if str(e.get("args", {}).get("stream", e.get("tid"))) == compute),
                  key=lambda e: float(e["ts"]))
     out = {"host_late": {"count": 0, "ms": 0.0}, "queued": {"count": 0, "ms": 0.0, "by_next_op": {}}}
-    threshold = gap_ms / 2.5 * 1e3  # us
+    threshold = min_gap_ms * 1e3  # us
     end = None
     for e in ops:
         ts, dur = float(e["ts"]), float(e["dur"])

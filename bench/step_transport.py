@@ -40,7 +40,7 @@ BLOCK = 16
 
 
 def make_step(batch: int, context: int):
-    from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
     per_seq = -(-(context + 1) // BLOCK)
     return SchedulerOutput([ScheduledRequest(f"r{i}", [7 + i % 100], context,
@@ -67,7 +67,7 @@ def encode(out) -> bytes:
 def decode(data: bytes):
     import msgpack
 
-    from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
     _, n, rows = msgpack.unpackb(data, raw=False)
     return SchedulerOutput([ScheduledRequest(str(i), list(t), int(s), list(b), bool(x))

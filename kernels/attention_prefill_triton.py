@@ -34,13 +34,12 @@ reference in step. New tile sizes go into `_tiles`, checked for register spills 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 
 # How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
@@ -65,7 +64,7 @@ PREFILL_SPLITS = 8
 # tile rows are every query head of the group at BLOCK_M / GROUP positions. False: one program per
 # query head, the group's heads each reading the same K/V tiles (kept to compare with; the
 # benches' A/B switch is INFER_CLUSTER_PREFILL_PACK=0, read once at import).
-PREFILL_PACK_GQA = os.environ.get("INFER_CLUSTER_PREFILL_PACK", "1").strip() not in ("0", "off", "false")
+PREFILL_PACK_GQA = env_switch("INFER_CLUSTER_PREFILL_PACK")
 
 
 def prefill_splits(max_query_len: int) -> int:

@@ -16,14 +16,13 @@ of None means cuBLAS won for that shape, and `linear_small` then calls `F.linear
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from .activation import silu_and_mul_ref
-from .dispatch import use_triton
+from .dispatch import env_switch, use_triton
 from .gemv_config import MAX_M, GemvConfig
 from .gemv_tuned import TUNED
 from .norm import add_rms_norm, rms_norm_ref
@@ -33,18 +32,14 @@ _TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
 _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuBLAS
 
 
-def _switch_on(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 def gemv_enabled() -> bool:
     """False when `INFER_CLUSTER_GEMV=0` (A/B against cuBLAS on the GPU)."""
-    return _switch_on("INFER_CLUSTER_GEMV")
+    return env_switch("INFER_CLUSTER_GEMV")
 
 
 def norm_fuse_enabled() -> bool:
     """False when `INFER_CLUSTER_NORM_FUSE=0` (A/B of the add + RMSNorm prologue on the GPU)."""
-    return _switch_on("INFER_CLUSTER_NORM_FUSE")
+    return env_switch("INFER_CLUSTER_NORM_FUSE")
 
 
 def use_small_path(enabled: bool, x: torch.Tensor) -> bool:

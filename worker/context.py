@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .models.decoder import AttentionMetadata, LayerKV
-from .scheduler import SchedulerOutput
+from .scheduler_output import SchedulerOutput
 from .step_upload import dma_upload
 
 

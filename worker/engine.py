@@ -47,7 +47,8 @@ from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
 from .sampler import Sampler
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler
+from .scheduler_output import SchedulerOutput
 from .text_stage import TextStage
 
 log = logging.getLogger(__name__)

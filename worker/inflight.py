@@ -27,7 +27,7 @@ import torch
 from infer_cluster.protocol import SamplingParams
 
 from .sampler import DeviceDraw, Sampler, SamplerOutput, SamplingRequestState
-from .scheduler import SchedulerOutput
+from .scheduler_output import SchedulerOutput
 
 # The row of a request that ended after scheduling (its id is drawn and dropped).
 _DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())

@@ -117,10 +117,10 @@ class HostKVPool:
         self.wait_loads()
         self._staged = self._staged_in = None  # their device staging goes before new ones are made
         if copy_mode != "kernel":
-            self._staged = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
-            self._staged_in = StagedCopier(self.layout, self.num_staging, gather=copy_mode == "gather")
-            if self.device.type == "cuda" and copy_mode == "runs":  # swap-out ids skip the copy engines
-                self._staged.upload_ids = MappedUpload(self.device, self.num_staging)
+            gather = copy_mode == "gather"
+            ids = MappedUpload(self.device, self.num_staging) if self.device.type == "cuda" and not gather else None
+            self._staged = StagedCopier(self.layout, self.num_staging, gather, upload_ids=ids)  # skips the copy engines
+            self._staged_in = StagedCopier(self.layout, self.num_staging, gather)
         self.copy_mode = copy_mode
 
     # -- the device pool it copies to ----------------------------------------------------------
@@ -203,11 +203,11 @@ class HostKVPool:
     def wait_loads(self) -> None:
         """Make the compute stream wait for every load in flight (they count as landed then) and
         every swap-out queued."""
-        compute = torch.cuda.current_stream(self.device) if self.out_stream is not None else None
-        if compute is not None:
+        if self.out_stream is not None:  # CUDA (on CPU every copy is done when issued)
+            compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self.out_stream)
-        for event in self._loads.values():
-            compute.wait_event(event)
+            for event in self._loads.values():
+                compute.wait_event(event)
         self._loads.clear()
 
     def _copy(self, host_blocks: list[int], device_blocks: list[int], to_host: bool) -> None:

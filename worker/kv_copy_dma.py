@@ -40,7 +40,7 @@ def consecutive_runs(blocks: list[int]) -> list[tuple[int, int, int]]:
 
 
 class StagedCopier:
-    def __init__(self, layout: SwapLayout, num_staging: int, gather: bool):
+    def __init__(self, layout: SwapLayout, num_staging: int, gather: bool, upload_ids=None):
         self.layout = layout
         self.gather = gather
         self.num_staging = num_staging
@@ -60,7 +60,7 @@ class StagedCopier:
         # How "runs" swap-outs send their device block ids (default `block_ids_on`, a DMA): the
         # pool gives a zero-copy upload (worker/step_upload.py), since on the swap-out stream a
         # DMA would queue behind the loads and the step waits for the swap-outs.
-        self.upload_ids = None
+        self.upload_ids = upload_ids
         self._h2d_done: Optional[torch.cuda.Event] = None  # host staging free again
 
     def rebind(self, layout: SwapLayout) -> None:

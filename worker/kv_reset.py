@@ -23,7 +23,7 @@ from infer_cluster.protocol import InvalidRequestError
 from .block_allocator import BlockAllocator
 from .host_tier import HostTier
 from .kv_resize import ResizePlan, adopt_survivors, check_target, plan_resize
-from .scheduler import SchedulerOutput
+from .scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

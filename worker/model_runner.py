@@ -29,7 +29,7 @@ from .step_upload import MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
 from .models.parallel import ParallelState
-from .scheduler import SchedulerOutput
+from .scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running`
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
@@ -51,46 +50,7 @@ from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_bl
 from .host_tier import HostTier
 from .loads import Loads
 from .request import Request
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: compute KV for `token_ids` at positions from
-    `start_position`; if `needs_sample`, the last row's logits pick the next token."""
-
-    request_id: str
-    token_ids: list[int]
-    start_position: int
-    block_ids: list[int]
-    needs_sample: bool
-    # The last input token is the pending draw of the previous step (its id here is a
-    # placeholder; the runner copies the real one on the device).
-    pending_input: bool = False
-
-
-@dataclass
-class SchedulerOutput:
-    requests: list[ScheduledRequest] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    preempted_ids: list[str] = field(default_factory=list)
-    # KV copies to run before the forward, all swap-outs first: (device block, host block) and
-    # (host block, device block).
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # Set by schedule(can_preempt=False): a running request needed blocks only preemption
-    # could give; it and the requests after it were left out of this step.
-    blocked: bool = False
-    # `swap_in` in groups, one per load: (load id, number of consecutive `swap_in` pairs). The
-    # runner records each load's completion; `Scheduler(loads_landed=...)` asks about it.
-    loads: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def has_swaps(self) -> bool:
-        return bool(self.swap_out or self.swap_in)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.requests
+from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 def _cdiv(a: int, b: int) -> int:

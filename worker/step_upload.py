@@ -49,7 +49,8 @@ class MappedUpload:
         self.enabled = self._buffer.is_mapped
         self._rows = self._buffer.tensors[0]
         self._rows_np = self._rows.numpy()
-        self._events: list = [None] * slots
+        # One event per row: the read that last used it (an event never recorded is done).
+        self._events = [torch.cuda.Event() for _ in range(slots)] if self.enabled else []
         self._next = 0
         if self.enabled:  # compile the read kernel now, not in the first step
             self(np.arange(17, dtype=np.int64))
@@ -61,12 +62,9 @@ class MappedUpload:
             return dma_upload(values, self.device)
         slot = self._next
         self._next = (slot + 1) % len(self._events)
-        if self._events[slot] is not None:
-            self._events[slot].synchronize()  # its previous read has run (normally long ago)
+        self._events[slot].synchronize()  # its previous read has run (normally long ago)
         self._rows_np[slot, :n] = values
         out = torch.empty(n, dtype=torch.int64, device=self.device)
         mapped_read_triton(self._rows[slot, :n], out)
-        done = torch.cuda.Event()
-        done.record()
-        self._events[slot] = done
+        self._events[slot].record()
         return out

@@ -18,7 +18,7 @@ from infer_cluster.worker.context import DynamicContext
 from infer_cluster.worker.distributed.step_codec import (HEADER_LEN, STOP_HEADER, Op, StepFormatError,
                                                          StepHeader, is_decode_only, pack_step,
                                                          sampled_request_ids, unpack_step)
-from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 8

@@ -2,8 +2,8 @@
 Triton kernel. A kernel compiled mid-run stalls the step that needs it for 0.3-2 s: with an
 empty Triton cache the first workload-A run after start-up ran at 0.65 (int8 KV) and 0.75 (bf16)
 of the warm runs at 3d998ae (bench/RESULTS.md, "Cold start with an empty Triton cache").
-Triton's `jit_cache_hook` sees every specialization compiled in the process, cached on disk or
-not, so this test needs no cold cache. The traffic varies what specializations depend on: odd
+Triton's `jit_cache_hook` (`bench.cold_start.CompileLog`) sees every specialization compiled in
+the process, cached on disk or not, so this test needs no cold cache. The traffic varies what specializations depend on: odd
 and even token and sequence counts, 1 to 40 sequences, every sampling kind, prefix-cache hits,
 chunked prefills and block tables of every width class."""
 
@@ -36,6 +36,7 @@ def _params(rng: random.Random, i: int) -> SamplingParams:
 def test_no_kernel_compiles_after_start_up(checkpoints, kv_cache_dtype):
     import triton
 
+    from bench.cold_start import CompileLog
     from infer_cluster.worker import LLM
 
     if not hasattr(triton, "knobs"):
@@ -45,21 +46,15 @@ def test_no_kernel_compiles_after_start_up(checkpoints, kv_cache_dtype):
     vocab = llm.engine.spec.vocab_size
     rng = random.Random(11)
     shared = [rng.randrange(2, vocab) for _ in range(700)]
-    compiled = []
-
-    def hook(*args, **kw):
-        compiled.append(str(kw.get("repr", args[:1]))[:200])
-        return None  # never skip a compile
-
-    triton.knobs.runtime.jit_cache_hook = hook
     try:
-        for batch in (1, 2, 3, 11, 16, 17, 40):
-            prompts = []
-            for j in range(batch):
-                n = rng.randint(1, 700)
-                prompts.append(shared[:n] if j % 3 == 0 else [rng.randrange(2, vocab) for _ in range(n)])
-            llm.generate(prompts, [_params(rng, j) for j in range(batch)], use_tqdm=False)
+        with CompileLog() as log:
+            for batch in (1, 2, 3, 11, 16, 17, 40):
+                prompts = []
+                for j in range(batch):
+                    n = rng.randint(1, 700)
+                    prompts.append(shared[:n] if j % 3 == 0 else [rng.randrange(2, vocab) for _ in range(n)])
+                llm.generate(prompts, [_params(rng, j) for j in range(batch)], use_tqdm=False)
     finally:
-        triton.knobs.runtime.jit_cache_hook = None
         llm.close()
+    compiled = log.take()
     assert compiled == [], f"{len(compiled)} kernels compiled after start-up: {compiled}"

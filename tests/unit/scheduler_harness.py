@@ -9,7 +9,8 @@ the harness checks the allocator's invariants after every step.
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker.block_allocator import BlockAllocator
 from infer_cluster.worker.request import Request
-from infer_cluster.worker.scheduler import Scheduler, SchedulerOutput
+from infer_cluster.worker.scheduler import Scheduler
+from infer_cluster.worker.scheduler_output import SchedulerOutput
 
 EOS = 0
 

@@ -5,7 +5,7 @@ specializes kernels on pointer alignment; an odd offset would compile a new vari
 import torch
 
 from infer_cluster.worker.context import DynamicContext
-from infer_cluster.worker.scheduler import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 def test_views_are_aligned_and_hold_their_values():

@@ -38,7 +38,7 @@ from infer_cluster.protocol.errors import ConfigError
 from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
 from .step_codec import STOP_HEADER, Op, is_decode_only, pack_step, sampled_request_ids

@@ -26,7 +26,7 @@ import torch
 
 from ..context import StepInputs
 from ..models.decoder import AttentionMetadata
-from ..scheduler import SchedulerOutput
+from ..scheduler_output import SchedulerOutput
 
 STEP_FORMAT = 2
 HEADER_LEN = 8
