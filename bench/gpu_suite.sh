@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -80,6 +80,15 @@ for stage in "$@"; do
           --kv-cache-dtype $kv --out "$OUT/workloadA_qwen3_kv_$kv.json" 2>&1 | tee "$OUT/workloadA_kv_$kv.log" \
           | grep -E "^model=|^infer-cluster|engine time|Error|error" | tail -4
       done ;;
+    int8trace)  # issue 14: workload A profiled whole, KV auto then int8: compute idle and gaps, GPU time by
+      # kernel family (where the int8 ratio is lost: attention vs what int8 does not change)
+      for kv in auto int8; do
+        timeout 240 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --kv-cache-dtype $kv --trace /tmp/int8trace --out "$OUT/int8trace_$kv.json" 2>&1 \
+          | grep -v "it/s\]" | grep -vE "^\s*$" | tail -24
+      done
+      cp /tmp/int8trace/*.summary.json "$OUT/" ;;
     gateway)  # issue 12: what the HTTP gateway adds over ZMQ on a quiet many-core host: the embedded
       # model on the CPU (the issue's setting), then qwen3-0.6b-shape on the GPU. Needs the gateway
       # dependencies (fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx) in the env.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -83,6 +84,10 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
             entry[0] += float(e["dur"]) / 1e3
             entry[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top_kernels]
+    from bench.step_kernels import family
+    families: dict[str, float] = defaultdict(float)
+    for name, (ms, _) in by_name.items():
+        families[family(name)] += ms
     causes = _gap_causes(events, gpu, compute)
     copy_iv = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu if e["cat"] == "gpu_memcpy"])
     host = defaultdict(lambda: {"ms": 0.0, "count": 0, "max_ms": 0.0})
@@ -108,6 +113,7 @@ def summarise(trace: dict, gap_ms: float = 0.5, top_kernels: int = 12) -> dict:
         "copy_overlapping_compute_ms": _intersection(copy_iv, cu) / 1e3,
         "host_runtime_calls": {k: dict(v) for k, v in host.items()},
         "top_compute_kernels": [{"name": k, "ms": round(v[0], 3), "count": v[1]} for k, v in top],
+        "compute_families_ms": {k: round(v, 3) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
         "gap_causes": causes,
     }
 
@@ -175,8 +181,46 @@ def print_summary(s: dict) -> None:
         print(f"  compute idle gaps: host late {gc['host_late']['count']} ({gc['host_late']['ms']:.1f} ms), "
               f"queued on the device {gc['queued']['count']} ({gc['queued']['ms']:.1f} ms): "
               + ", ".join(f"{n} {c}x {ms:.1f} ms" for n, (c, ms) in gc["queued"]["by_next_op"].items()))
+    fams = s.get("compute_families_ms")
+    if fams:
+        busy = sum(fams.values()) or 1.0
+        print("  compute kernels by family: " + ", ".join(f"{k} {v:.1f} ms ({v / busy:.0%})" for k, v in fams.items()))
     for k in s.get("top_compute_kernels", []):
         print(f"  kernel {k['ms']:9.1f} ms {k['count']:6d}x  {k['name']}")
+
+
+class ProfileWindow:
+    """Profile the block with torch.profiler when `trace_dir` is set (a no-op otherwise); on exit
+    write the Chrome trace as DIR/NAME.json, print its summary and save it as NAME.summary.json.
+    Used by bench/host_tier.py and bench/throughput.py `--trace`."""
+
+    def __init__(self, trace_dir, name: str):
+        self.trace_dir, self.name, self.prof = trace_dir, name, None
+
+    def __enter__(self):
+        if self.trace_dir:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+            # CUDA only: recording CPU ops too would slow the host 2x (without a GPU: CPU ops)
+            cuda = torch.cuda.is_available()
+            self.prof = profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU])
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.prof is None:
+            return False
+        self.prof.__exit__(*exc)
+        os.makedirs(self.trace_dir, exist_ok=True)
+        path = os.path.join(self.trace_dir, f"{self.name}.json")
+        self.prof.export_chrome_trace(path)
+        with open(path) as f:
+            summary = summarise(json.load(f))
+        print(f"--- GPU timeline, {self.name}")
+        print_summary(summary)
+        with open(path.replace(".json", ".summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        return False
 
 
 def main(argv=None):

@@ -26,6 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.gpu_timeline import ProfileWindow  # noqa: E402
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,7 +109,7 @@ def run(args, kv_offload_gib: float, num_kv_blocks: int, copy_mode: str = "kerne
             cprof = cProfile.Profile()
             cprof.enable()
         trace = args.trace if (kv_offload_gib or not getattr(args, "trace_on_only", False)) else None
-        with _maybe_profile(trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
+        with ProfileWindow(trace, f"tier_{'on' if kv_offload_gib else 'off'}_{copy_mode}"), \
                 _CopyTimers(args.time_copies) as timers, _maybe_timeline(args.timeline, llm) as tl:
             outs = llm.generate(prompts, params, use_tqdm=False)
             sync()
@@ -196,39 +198,6 @@ class _CopyTimers:
     def __exit__(self, *exc):
         for owner, name, fn in reversed(self._saved):
             setattr(owner, name, fn)
-        return False
-
-
-class _maybe_profile:
-    """Profile the block with torch.profiler when `trace_dir` is set; on exit write the Chrome
-    trace and print its GPU timeline summary."""
-
-    def __init__(self, trace_dir, name: str):
-        self.trace_dir, self.name, self.prof = trace_dir, name, None
-
-    def __enter__(self):
-        if self.trace_dir:
-            from torch.profiler import ProfilerActivity, profile
-            self.prof = profile(activities=[ProfilerActivity.CUDA])  # CPU ops would slow the host 2x
-            self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.prof is None:
-            return False
-        self.prof.__exit__(*exc)
-        import json
-
-        from bench.gpu_timeline import print_summary, summarise
-        os.makedirs(self.trace_dir, exist_ok=True)
-        path = os.path.join(self.trace_dir, f"{self.name}.json")
-        self.prof.export_chrome_trace(path)
-        with open(path) as f:
-            summary = summarise(json.load(f))
-        print(f"--- GPU timeline, {self.name}")
-        print_summary(summary)
-        with open(path.replace(".json", ".summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
         return False
 
 

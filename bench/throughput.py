@@ -36,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.gpu_timeline import ProfileWindow  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
@@ -88,6 +89,9 @@ def parse_args(argv=None):
                     help="sys.setswitchinterval for the run (Python's default 0.005 s)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads before start")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="profile the last timed run of each kind (torch.profiler), write its Chrome trace to "
+                         "DIR and print its GPU timeline: compute idle, gaps, kernels by family (bench/gpu_timeline.py)")
     ap.add_argument("--out", default="bench/results/throughput.json")
     return ap.parse_args(argv)
 
@@ -123,7 +127,9 @@ def run_ours(args, prompts, out_lens, kinds):
             _sync()
             phases0, gc0 = dict(llm.stats()["step_seconds"]), gc_timer.snapshot()
             t, c = time.perf_counter(), time.process_time()
-            outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
+            trace = args.trace if r == args.repeats - 1 else None
+            with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"):
+                outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
             _sync()
             elapsed, cpu = time.perf_counter() - t, time.process_time() - c
             n_tokens = sum(len(o.token_ids) for o in outs)
