@@ -29,8 +29,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import os
+import pstats
 import sys
 import time
 
@@ -92,6 +94,9 @@ def parse_args(argv=None):
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="profile the last timed run of each kind (torch.profiler), write its Chrome trace to "
                          "DIR and print its GPU timeline: compute idle, gaps, kernels by family (bench/gpu_timeline.py)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="cProfile the last timed run of each kind and print its N costliest functions "
+                         "by own time and by cumulative time (where the host's step time goes)")
     ap.add_argument("--out", default="bench/results/throughput.json")
     return ap.parse_args(argv)
 
@@ -128,8 +133,13 @@ def run_ours(args, prompts, out_lens, kinds):
             phases0, gc0 = dict(llm.stats()["step_seconds"]), gc_timer.snapshot()
             t, c = time.perf_counter(), time.process_time()
             trace = args.trace if r == args.repeats - 1 else None
+            prof = cProfile.Profile() if args.cprofile and r == args.repeats - 1 else None
             with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"):
+                if prof:
+                    prof.enable()
                 outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
+                if prof:
+                    prof.disable()
             _sync()
             elapsed, cpu = time.perf_counter() - t, time.process_time() - c
             n_tokens = sum(len(o.token_ids) for o in outs)
@@ -137,6 +147,10 @@ def run_ours(args, prompts, out_lens, kinds):
             phases = {k: round(v - phases0.get(k, 0.0), 3) for k, v in llm.stats()["step_seconds"].items()}
             phases["outside the step"] = round(elapsed - sum(phases.values()), 3)
             phases["gc (within the above)"] = [round(b - a, 3) for a, b in zip(gc0, gc_timer.snapshot())]
+            if prof:
+                print(f"--- cProfile, {kind} (host time per function; cProfile slows Python calls)")
+                for key in ("tottime", "cumulative"):
+                    pstats.Stats(prof).sort_stats(key).print_stats(args.cprofile)
             run = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
                    "cpu_seconds": cpu, "tokens_per_cpu_s": n_tokens / cpu, "phases": phases}
             best = runs.setdefault(kind, run)

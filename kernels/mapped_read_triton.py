@@ -19,7 +19,7 @@ import triton.language as tl
 BLOCK = 1024  # elements per program (8 KB of int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # the length changes every step: one compiled variant
 def _mapped_read_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

@@ -25,7 +25,7 @@ from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs, build_mixed_graphs
 from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
-from .step_upload import MappedUpload, step_capacity
+from .step_upload import MAPPED_UPLOAD, MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
 from .models.parallel import ParallelState
@@ -104,9 +104,10 @@ class ModelRunner:
             self.host_pool = build_host_pool(self.context.kv_caches, config.kv_offload_gib,
                                              self._bytes_per_block())
         self.num_host_blocks = self.host_pool.num_blocks if self.host_pool is not None else 0
-        # With a host tier, step inputs skip the copy engines its loads keep busy (step_upload.py).
+        # Step inputs through a mapped pinned ring: no per-step pinning, and with a host tier they
+        # skip the copy engines its loads keep busy (step_upload.py).
         self._upload: Optional[MappedUpload] = None
-        if self.host_pool is not None and self.device.type == "cuda":
+        if self.device.type == "cuda" and (self.host_pool is not None or MAPPED_UPLOAD):
             self._upload = MappedUpload(self.device, step_capacity(
                 config.max_num_batched_tokens, config.max_num_seqs, -(-max_model_len // config.block_size)))
         self.graphs: Optional[DecodeGraphs] = None
