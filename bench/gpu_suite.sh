@@ -86,7 +86,7 @@ for stage in "$@"; do
         timeout 240 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --kv-cache-dtype $kv --trace /tmp/int8trace --out "$OUT/int8trace_$kv.json" 2>&1 \
-          | grep -v "it/s\]" | grep -vE "^\s*$" | tail -24
+          | grep -v "it/s\]" | grep -vE "^\s*$" | tail -44
       done
       cp /tmp/int8trace/*.summary.json "$OUT/" ;;
     gateway)  # issue 12: what the HTTP gateway adds over ZMQ on a quiet many-core host: the embedded

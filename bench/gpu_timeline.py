@@ -132,9 +132,12 @@ def _gap_causes(events, gpu, compute: str, min_gap_ms: float = 0.2) -> dict:
                 launches[corr] = float(e["ts"])
     ops = sorted((e for e in gpu if str(e.get("args", {}).get("stream", e.get("tid"))) == compute),
                  key=lambda e: float(e["ts"]))
-    out = {"host_late": {"count": 0, "ms": 0.0}, "queued": {"count": 0, "ms": 0.0, "by_next_op": {}}}
+    out = {"host_late": {"count": 0, "ms": 0.0}, "queued": {"count": 0, "ms": 0.0, "by_next_op": {}},
+           "largest": []}
     threshold = min_gap_ms * 1e3  # us
     end = None
+    prev_name = None
+    pairs: dict[str, list] = {}
     for e in ops:
         ts, dur = float(e["ts"]), float(e["dur"])
         if end is not None and ts - end >= threshold:
@@ -152,9 +155,19 @@ def _gap_causes(events, gpu, compute: str, min_gap_ms: float = 0.2) -> dict:
                 entry = q["by_next_op"].setdefault(name, [0, 0.0])
                 entry[0] += 1
                 entry[1] += gap - late
+            out["largest"].append((round(gap, 3), round(late, 3), str(prev_name)[:40], e.get("name", "?")[:40]))
+        if end is not None and ts - end >= 20:  # every gap of 20 us or more, by the ops around it
+            key = f"{str(prev_name)[:36]} -> {e.get('name', '?')[:36]}"
+            pair = pairs.setdefault(key, [0, 0.0])
+            pair[0] += 1
+            pair[1] += (ts - end) / 1e3
+        if end is None or ts + dur >= end:
+            prev_name = e.get("name", "?")
         end = ts + dur if end is None else max(end, ts + dur)
     q = out["queued"]
     q["by_next_op"] = dict(sorted(q["by_next_op"].items(), key=lambda kv: -kv[1][1])[:6])
+    out["largest"] = sorted(out["largest"], reverse=True)[:12]  # (gap ms, host-late ms, op before, op after)
+    out["gaps_by_ops"] = dict(sorted(pairs.items(), key=lambda kv: -kv[1][1])[:10])  # >= 20 us
     return out
 
 
@@ -185,6 +198,10 @@ def print_summary(s: dict) -> None:
     if fams:
         busy = sum(fams.values()) or 1.0
         print("  compute kernels by family: " + ", ".join(f"{k} {v:.1f} ms ({v / busy:.0%})" for k, v in fams.items()))
+    for k, (c, ms) in (gc or {}).get("gaps_by_ops", {}).items():
+        print(f"  gaps >= 20 us {ms:8.1f} ms {c:6d}x  {k}")
+    for g in (gc or {}).get("largest", [])[:8]:
+        print(f"  gap {g[0]:.2f} ms (host late {g[1]:.2f}): after {g[2]} -> {g[3]}")
     for k in s.get("top_compute_kernels", []):
         print(f"  kernel {k['ms']:9.1f} ms {k['count']:6d}x  {k['name']}")
 
