@@ -3,8 +3,9 @@
 Owns: one table (case, variant, ms, speedup over the bf16 cache, max error vs
 `paged_attention_ref` on the same int8 cache) and a JSON file. Cases at the Qwen3-0.6B head shape
 (16 query / 8 KV heads, head_dim 128, page 16, pages shuffled): `fresh16`, 16 whole prompts of
-U[100, 1024] tokens (workload A's prompts, ~9k tokens per launch), and `chunk4`, 4 chunks of 512
-query tokens over 2,048-token contexts (chunked prefill over a cached prefix). Variants: the
+U[100, 1024] tokens (workload A's prompts, ~9k tokens per launch), `chunk4`, 4 chunks of 512
+query tokens over 2,048-token contexts (chunked prefill over a cached prefix), and `mixed`, 192
+decode rows (contexts U[100, 1500]) beside 8 whole prompts, as in workload A's prefill steps. Variants: the
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
@@ -27,7 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _RNG = random.Random(0)
 _PROMPTS = [_RNG.randint(100, 1024) for _ in range(16)]
-CASES = [("fresh16", _PROMPTS, _PROMPTS), ("chunk4", [512] * 4, [2048] * 4)]
+_DECODE_CTX = [_RNG.randint(100, 1500) for _ in range(192)]
+CASES = [("fresh16", _PROMPTS, _PROMPTS), ("chunk4", [512] * 4, [2048] * 4),
+         # a workload-A mixed step: decode rows of admitted requests beside whole prompts
+         ("mixed", [1] * 192 + _PROMPTS[:8], _DECODE_CTX + _PROMPTS[:8])]
 SMOKE_CASES = [("fresh2", [20, 9], [20, 9]), ("chunk1", [8], [40])]
 
 

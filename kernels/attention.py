@@ -17,9 +17,10 @@ int8 caches come with `k_scale`/`v_scale` float32 `[num_blocks, num_kv_heads, bl
 gathered blocks; the kernels dequantize inside, on read.
 
 Fresh K/V (optional `k_new`/`v_new`, `[num_tokens, num_kv_heads, head_dim]` in the model dtype,
-rows like q's): the step's own K (normed, rotated) and V, unquantized. Sequence i's positions
-`[seq_lens[i] - q_len_i, seq_lens[i])` are then read from rows `query_start_loc[i] + j` of them
-instead of the cache; the cached prefix still comes from the cache. With an int8 cache this keeps
+rows like q's): the step's own K (normed, rotated) and V, unquantized. For every sequence with
+more than one query token, positions `[seq_lens[i] - q_len_i, seq_lens[i])` are then read from
+rows `query_start_loc[i] + j` of them instead of the cache; the cached prefix still comes from
+the cache, and one-token queries (decode rows) read all of theirs from the cache. With an int8 cache this keeps
 a prompt's attention to itself exact and lets the prefill kernel skip the int8 conversion for
 those tiles; a float cache holds the same values, so the kernels ignore them there (and the
 decode kernel always does: its one position is as cheap from the cache).
@@ -74,7 +75,7 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
         blocks = block_tables[i, :num_blocks].long()
         k = _gather(k_cache, k_scale, blocks, ctx_len)
         v = _gather(v_cache, v_scale, blocks, ctx_len)
-        if k_new is not None:  # the step's own positions, unquantized
+        if k_new is not None and q_len > 1:  # the step's own positions, unquantized
             k[ctx_len - q_len:] = k_new[start:end].float()
             v[ctx_len - q_len:] = v_new[start:end].float()
         if group > 1:

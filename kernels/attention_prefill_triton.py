@@ -233,8 +233,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, bt_ptr,
     if FRESH:
         # The cached prefix [0, new0) from the int8 cache: every row sees all of it (no causal
         # mask), only its last tile may end inside; then the step's own positions [new0, hi)
-        # from k_new/v_new, unquantized, with q re-read in its own dtype.
-        new0 = ctx - q_len
+        # from k_new/v_new, unquantized, with q re-read in its own dtype. A one-token query (a
+        # decode row of a mixed step) reads everything from the cache, as the decode kernel
+        # does: a fresh tile for its one position would add a whole tile's work.
+        new0 = tl.where(q_len > 1, ctx - q_len, ctx)
         c_hi = tl.minimum(hi_split, new0)
         c_full = lo + (tl.maximum(c_hi - lo, 0) // BLOCK_N) * BLOCK_N
         for start in range(lo, c_full, BLOCK_N):

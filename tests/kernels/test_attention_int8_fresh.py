@@ -45,8 +45,8 @@ def _dtype_id(d):
 
 # -- helpers --------------------------------------------------------------------------------------
 
-def step_slots(qsl, seq_lens, block_tables, block_size):
-    """(block ids, offsets) `[num_tokens]` of the cache row at each query row's own position."""
+def own_slots(qsl, seq_lens, block_tables, block_size):
+    """(block ids, offsets) `[num_tokens]` of the cache row at every query row's own position."""
     blocks, offs = [], []
     starts, lens = qsl.tolist(), seq_lens.tolist()
     for i, ctx in enumerate(lens):
@@ -56,6 +56,24 @@ def step_slots(qsl, seq_lens, block_tables, block_size):
             offs.append(p % block_size)
     as_long = dict(dtype=torch.long, device=qsl.device)
     return torch.tensor(blocks, **as_long), torch.tensor(offs, **as_long)
+
+
+def step_slots(qsl, seq_lens, block_tables, block_size):
+    """(block ids, offsets, query rows) of the cache row at each query row's own position, for
+    the sequences whose positions come from k_new/v_new: those with more than one query token
+    (one-token rows read the cache, like decode)."""
+    blocks, offs, rows = [], [], []
+    starts, lens = qsl.tolist(), seq_lens.tolist()
+    for i, ctx in enumerate(lens):
+        q_len = starts[i + 1] - starts[i]
+        if q_len < 2:
+            continue
+        for j, p in enumerate(range(ctx - q_len, ctx)):
+            blocks.append(int(block_tables[i, p // block_size]))
+            offs.append(p % block_size)
+            rows.append(starts[i] + j)
+    as_long = dict(dtype=torch.long, device=qsl.device)
+    return torch.tensor(blocks, **as_long), torch.tensor(offs, **as_long), torch.tensor(rows, **as_long)
 
 
 def fresh_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_size):
@@ -71,8 +89,8 @@ def fresh_batch(device, dtype, q_lens, ctx_lens, heads, kv_heads, dim, block_siz
 def spliced(cache, scales, k_new, qsl, seq_lens, block_tables):
     """float32 copy of an (int8, dequantized) cache whose rows at the step's positions are k_new."""
     out = (_dequantized(cache, scales) if cache.dtype == torch.int8 else cache).float().clone()
-    blk, off = step_slots(qsl, seq_lens, block_tables, cache.shape[1])
-    out[blk, off] = k_new.float()
+    blk, off, rows = step_slots(qsl, seq_lens, block_tables, cache.shape[1])
+    out[blk, off] = k_new[rows].float()
     return out
 
 
@@ -167,7 +185,7 @@ def test_float_cache_fresh_rows_match(device, dtype):
     # ignores them) and the reference (which uses them) agree with the plain reference.
     batch = make_batch(device, dtype, [9, 1, 0, 4], [30, 17, 3, 4], 4, 2, 32, 16)
     q, kc, vc, bt, qsl, sl = batch
-    blk, off = step_slots(qsl, sl, bt, kc.shape[1])
+    blk, off = own_slots(qsl, sl, bt, kc.shape[1])
     k_new, v_new = kc[blk, off].clone(), vc[blk, off].clone()
     got = paged_attention_triton(q, kc, vc, bt, qsl, sl, 0.15, 9, k_new=k_new, v_new=v_new)
     plain = paged_attention_ref(q, kc, vc, bt, qsl, sl, 0.15)
@@ -183,7 +201,7 @@ def test_float_cache_fresh_rows_match(device, dtype):
 def test_ref_fresh_rows_equal_to_cache_change_nothing(dtype):
     batch = make_batch("cpu", dtype, [5, 0, 1, 17, 3], [70, 4, 23, 17, 20], 4, 2, 64, 16)
     q, kc, vc, bt, qsl, sl = batch
-    blk, off = step_slots(qsl, sl, bt, kc.shape[1])
+    blk, off = own_slots(qsl, sl, bt, kc.shape[1])
     k_new, v_new = kc[blk, off].clone(), vc[blk, off].clone()
     plain = paged_attention_ref(q, kc, vc, bt, qsl, sl, 0.125)
     fresh = paged_attention_ref(q, kc, vc, bt, qsl, sl, 0.125, max(5, 17), k_new=k_new,
@@ -214,7 +232,7 @@ def test_ref_fresh_is_closer_to_float_attention():
     batch = make_batch("cpu", torch.float32, q_lens, ctx_lens, 4, 2, 64, 16)
     q, fk, fv, bt, qsl, sl = batch
     ib = int8_batch(batch)
-    blk, off = step_slots(qsl, sl, bt, fk.shape[1])
+    blk, off = own_slots(qsl, sl, bt, fk.shape[1])
     k_new, v_new = fk[blk, off].clone(), fv[blk, off].clone()
     exact = paged_attention_ref(q, fk, fv, bt, qsl, sl, 0.125)
     err_fresh = (ref_fresh(ib, k_new, v_new, 0.125) - exact).abs()
