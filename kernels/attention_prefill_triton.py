@@ -315,7 +315,7 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
              mask=d_mask)
 
 
-def _tiles(q, block_d, kv_int8=False):
+def _tiles(q, block_d, kv_int8=False, fresh=False):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
     operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
@@ -327,7 +327,10 @@ def _tiles(q, block_d, kv_int8=False):
     if q.dtype == torch.float32:
         return 32, 16, 8, 2
     if block_d <= 128:
-        return 64, 64, 4, 3
+        # Fresh K/V compiles two pipelined loop families (int8 and bf16 tiles), each with its
+        # own shared-memory stages: at 3 stages 115 KB and 239 registers at d128, one program
+        # per SM (bench/ptxas_check.py); 2 stages keep two.
+        return 64, 64, 4, (2 if fresh else 3)
     if kv_int8:
         return 32, 32, 8, 2
     return 64, 32, 8, 2
@@ -348,14 +351,14 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     kv_int8 = k_cache.dtype == torch.int8
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8)
+    fresh = kv_int8 and k_new is not None
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8, fresh)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     op_k, op_v = cvt_ops(cvt or prefill_int8_cvt(q), k_cache, v_cache)
-    fresh = kv_int8 and k_new is not None
     if fresh:
         news, n_strides = (k_new, v_new), (*k_new.stride(), *v_new.stride())
     else:  # never read: FRESH is off
