@@ -9,8 +9,7 @@ decode rows (contexts U[100, 1500]) beside 8 whole prompts, as in workload A's p
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
-cores), and the default method with fresh K/V (`fresh`: the step's own positions read from
-unquantized k_new/v_new rows, what the model does; `--no-fresh` leaves it out). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
+cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
   python bench/int8_prefill.py [--cvt words add] [--out bench/results/int8_prefill.json]
@@ -57,17 +56,6 @@ def build(q_lens, ctx_lens, device, seed):
     return q, k, v, bt.to(device), qsl, lens
 
 
-def fresh_rows(cache, block_tables, q_lens, ctx_lens):
-    """`[sum(q_lens), kv_heads, D]`: each sequence's rows at its last q_len positions, from `cache`."""
-    import torch
-    rows = []
-    for i, (n, c) in enumerate(zip(q_lens, ctx_lens)):
-        pos = torch.arange(c - n, c, device=cache.device)
-        blocks = block_tables[i].long()[pos // cache.shape[1]]
-        rows.append(cache[blocks, pos % cache.shape[1]])
-    return torch.cat(rows)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cvt", nargs="+", default=None,
@@ -76,8 +64,6 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_prefill.json")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny batches")
-    ap.add_argument("--fresh", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the default method with fresh K/V (k_new/v_new)")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
@@ -122,20 +108,7 @@ def main(argv=None):
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
-        if args.fresh:  # the step's own rows, exact: gathered from the bf16 cache
-            k_new, v_new = (fresh_rows(c, bt, q_lens, ctx_lens) for c in (k, v))
-            # The fresh tiles take q unquantized; an int8-MMA default rounds it only for the
-            # cached prefix (chunk cases), well inside the check's tolerance.
-            ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs,
-                                      k_new=k_new, v_new=v_new)
-            fresh = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs, k_new, v_new)])
-
-            def fn(b, o):
-                prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], k_new=b[8], v_new=b[9])
-            err, ok = tc.check(fn, fresh, ref)
-            ms = tc.time_graph(fn, fresh, out, args.reps, iters)[0] if ok else float("inf")
-            rows.append(dict(case=name, variant="int8 fresh", ms=ms, speedup=base / ms, max_err=err, ok=ok))
-        for r in rows[-len(cvts) - 1 - args.fresh:]:
+        for r in rows[-len(cvts) - 1:]:
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")
             print(f"{name:<10}{sum(q_lens):>8}  {r['variant']:<22}{r['ms']:>9.4f}"
                   f"{r['speedup']:>9.2f}{err:>9}" + ("" if r["ok"] else "  WRONG (vs reference)"),

@@ -144,26 +144,18 @@ def variants():
                                     cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
-            cvts = tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)
-            # int8: also the default method with fresh K/V (the step's own rows from bf16 k_new/v_new)
-            for cvt, fresh in [(c, False) for c in cvts] + ([(PREFILL_INT8_CVT, True)] if int8 else []):
-                bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8, fresh)
+            bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
+            for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True,
-                              FRESH=fresh, FRESH_LOWP=fresh, FRESH_DOT=tl.bfloat16 if fresh else tl.float32,
                               PACK=H // HK)  # GQA packing, the default
                 if int8:
                     consts.update(_cvt_consts(dict(cvt=cvt)))
-                name = (f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps} s{stages}" + (f" {cvt}" if int8 else "")
-                        + (" fresh" if fresh else ""))
+                name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps} s{stages}" + (f" {cvt}" if int8 else "")
                 # One split (the grid of prompts); the partial strides are then never read.
                 ints = dict(_strides(d, int8), page_size=PAGE, spo_s=0, spo_t=0, spo_h=0,
                             spl_s=0, spl_t=0)
-                row = (H + 2 * HK) * d if fresh else 0  # k_new/v_new are column views of qkv
-                ints.update(skn_t=row, skn_h=d if fresh else 0, skn_d=1 if fresh else 0,
-                            svn_t=row, svn_h=d if fresh else 0, svn_d=1 if fresh else 0)
-                fresh_ptrs = dict(ptrs, kn_ptr="*bf16" if fresh else kv, vn_ptr="*bf16" if fresh else kv)
-                rows.append((name, _prefill_kernel, fresh_ptrs, ints, dict(consts, NUM_SPLITS=1),
+                rows.append((name, _prefill_kernel, ptrs, ints, dict(consts, NUM_SPLITS=1),
                              dict(num_warps=warps, num_stages=stages), ()))
     ints = dict(num_kv_heads=HK, head_dim=128, block_size=PAGE, sk_t=3 * H * 128, sk_h=128,
                 sk_d=1, sv_t=3 * H * 128, sv_h=128, sv_d=1, skc_b=PAGE * HK * 128,
@@ -233,7 +225,7 @@ def _qkv_prep_variants():
                     **{f"skc_{k}": v for k, v in cache.items()},
                     **{f"svc_{k}": v for k, v in cache.items()},
                     **dict(zip(("sks_b", "sks_h", "sks_s", "svs_b", "svs_h", "svs_s"), sc * 2)))
-        consts = dict(HAS_NORM=norm, KV_INT8=int8, BLOCK_H=block_h, BLOCK_D=block_d, STORE_K=int8)  # int8: prefill stores k back
+        consts = dict(HAS_NORM=norm, KV_INT8=int8, BLOCK_H=block_h, BLOCK_D=block_d)
         rows.append((f"qkv_prep {kv[1:]} norm={norm} d128", _qkv_prep_kernel, ptrs, ints, consts,
                      dict(num_warps=4 if block_h * block_d <= 2048 else 8,
                           enable_fp_fusion=False), ()))

@@ -14,11 +14,11 @@ from .gemv import linear_small, linear_small_ref, silu_mul_linear_small, silu_mu
 from .kv_append import kv_append, kv_append_ref
 from .kv_swap import SwapLayout, kv_swap, kv_swap_ref
 from .norm import rms_norm, rms_norm_ref
-from .qkv_prep import qkv_prep, qkv_prep_ref, split_qkv
+from .qkv_prep import qkv_prep, qkv_prep_ref
 from .rotary import apply_rotary, apply_rotary_ref, build_rope_cache
 
 __all__ = ["silu_and_mul", "silu_and_mul_ref", "paged_attention", "paged_attention_ref",
            "kv_append", "kv_append_ref", "SwapLayout", "kv_swap", "kv_swap_ref", "rms_norm",
-           "rms_norm_ref", "qkv_prep", "qkv_prep_ref", "split_qkv", "apply_rotary", "apply_rotary_ref",
+           "rms_norm_ref", "qkv_prep", "qkv_prep_ref", "apply_rotary", "apply_rotary_ref",
            "build_rope_cache", "linear_small", "linear_small_ref", "silu_mul_linear_small",
            "silu_mul_linear_small_ref"]

@@ -15,15 +15,6 @@ The reference computes in float32; the Triton kernels live beside it.
 int8 caches come with `k_scale`/`v_scale` float32 `[num_blocks, num_kv_heads, block_size]`
 (see `kernels/kv_append.py`): a cached row is `code * scale`. The reference dequantizes the
 gathered blocks; the kernels dequantize inside, on read.
-
-Fresh K/V (optional `k_new`/`v_new`, `[num_tokens, num_kv_heads, head_dim]` in the model dtype,
-rows like q's): the step's own K (normed, rotated) and V, unquantized. For every sequence with
-more than one query token, positions `[seq_lens[i] - q_len_i, seq_lens[i])` are then read from
-rows `query_start_loc[i] + j` of them instead of the cache; the cached prefix still comes from
-the cache, and one-token queries (decode rows) read all of theirs from the cache. With an int8 cache this keeps
-a prompt's attention to itself exact and lets the prefill kernel skip the int8 conversion for
-those tiles; a float cache holds the same values, so the kernels ignore them there (and the
-decode kernel always does: its one position is as cheap from the cache).
 """
 
 from __future__ import annotations
@@ -42,23 +33,9 @@ def _gather(cache, scales, blocks, ctx_len):
     return rows.reshape(-1, *cache.shape[2:])[:ctx_len]
 
 
-def check_fresh(q, k_cache, k_new, v_new) -> None:
-    """`k_new`/`v_new` come together, shaped `[num_tokens, num_kv_heads, head_dim]`."""
-    if (k_new is None) != (v_new is None):
-        raise ValueError("k_new and v_new go together: give both or neither")
-    if k_new is None:
-        return
-    want = (q.shape[0], k_cache.shape[2], k_cache.shape[3])
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        if tuple(t.shape) != want:
-            raise ValueError(f"{name} must be [num_tokens, num_kv_heads, head_dim] = {want}, "
-                             f"got {tuple(t.shape)}")
-
-
 def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                        max_query_len=None, k_scale=None, v_scale=None, k_new=None, v_new=None):
+                        max_query_len=None, k_scale=None, v_scale=None):
     check_int8_scales(k_cache, k_scale, v_scale)
-    check_fresh(q, k_cache, k_new, v_new)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -75,9 +52,6 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
         blocks = block_tables[i, :num_blocks].long()
         k = _gather(k_cache, k_scale, blocks, ctx_len)
         v = _gather(v_cache, v_scale, blocks, ctx_len)
-        if k_new is not None and q_len > 1:  # the step's own positions, unquantized
-            k[ctx_len - q_len:] = k_new[start:end].float()
-            v[ctx_len - q_len:] = v_new[start:end].float()
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
@@ -93,13 +67,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None, k_scale=None, v_scale=None, k_new=None, v_new=None):
+                    max_query_len=None, k_scale=None, v_scale=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
     Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
-    `v_scale` only with int8 caches; `k_new`/`v_new`: fresh K/V (module docstring)."""
+    `v_scale` only with int8 caches."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len, k_scale, v_scale, k_new, v_new)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                               k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new)
+                               k_scale=k_scale, v_scale=v_scale)

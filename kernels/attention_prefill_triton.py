@@ -25,12 +25,7 @@ An empty slice writes lse = -inf (weight 0).
 
 int8 caches (KV_INT8 constexpr; float caches compile without that code): `_attend_tile` loads
 codes and per-token scales and folds the scales into score and probability columns, like the
-decode kernel (see `attention_common_triton`). Fresh K/V (FRESH, int8 caches given `k_new`/
-`v_new`): the step's own positions come unquantized from those rows (`_attend_fresh_tile`, the
-float path's arithmetic on contiguous rows) and only the cached prefix from the int8 cache,
-which every query row sees whole (no causal mask there). A fresh prompt's attention then runs at
-bf16 speed: the int8 tiles' operand conversion made prefill 0.77-0.93x of bf16 (see
-`PREFILL_INT8_CVT`), and the prompt's own K/V are exact.
+decode kernel (see `attention_common_triton`).
 
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_attend_tile`, loop bounds into `_prefill_kernel`; keep `_decode_tile` (decode) and the
@@ -77,44 +72,6 @@ def prefill_splits(max_query_len: int) -> int:
 
 
 @triton.jit
-def _online_softmax(s, m_i, l_i):
-    """One tile's scores `s` (log2 units) into the running max and sum: (p, alpha, m, l)."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    # A row with nothing visible yet keeps m = -inf; subtract 0 instead so it stays NaN-free.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
-
-
-@triton.jit
-def _attend_fresh_tile(acc, m_i, l_i, q, kn_head, vn_head, row_of_pos0, start, hi, q_pos,
-                       skn_t, skn_d, svn_t, svn_d, scale_log2, offs_d, d_mask,
-                       MASKED: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
-    """Fold positions [start, start+BLOCK_N) of the step's own tokens, read unquantized from
-    k_new/v_new (row of position p: row_of_pos0 + p; contiguous, so tiles need no page
-    alignment). MASKED: positions may reach `hi` or pass a row's own position (causal)."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    if MASKED:
-        n_mask = offs_n < hi
-    else:
-        n_mask = offs_n >= 0
-    rows = (row_of_pos0 + offs_n).to(tl.int64)
-    kt = tl.load(kn_head + rows[None, :] * skn_t + offs_d[:, None] * skn_d,
-                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-    s = _dot(q, kt, LOWP, DOT_DTYPE) * scale_log2
-    if MASKED:
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
-    p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i)
-    v = tl.load(vn_head + rows[:, None] * svn_t + offs_d[None, :] * svn_d,
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, start, hi, q_pos,
                  page_size, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                  scale_log2, offs_d, d_mask,
@@ -155,7 +112,12 @@ def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, 
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-    p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A row with nothing visible yet keeps m = -inf; subtract 0 instead so it stays NaN-free.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
     rows_v = v_ptr + blk * sv_b + pos * sv_s
     if KV_INT8:
         v = _kv_operand(rows_v, offs_d, n_mask, n_mask[:, None] & d_mask[None, :], sv_d, MASKED,
@@ -170,17 +132,16 @@ def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, 
 
 
 @triton.jit(do_not_specialize=["s_bt"])  # block-table width varies per step (as in decode)
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, bt_ptr, qsl_ptr, lens_ptr,
-                    out_ptr, po_ptr, plse_ptr, scale_log2, page_size,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr,
+                    po_ptr, plse_ptr, scale_log2, page_size,
                     sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
-                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, skn_t, skn_h, skn_d, svn_t, svn_h,
-                    svn_d, s_bt, so_t, so_h, so_d, spo_s, spo_t, spo_h, spl_s, spl_t,
+                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt, so_t, so_h, so_d,
+                    spo_s, spo_t, spo_h, spl_s, spl_t,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
                     OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
-                    PACK: tl.constexpr = 1, FRESH: tl.constexpr = False,
-                    FRESH_LOWP: tl.constexpr = False, FRESH_DOT: tl.constexpr = tl.float32):
+                    PACK: tl.constexpr = 1):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
@@ -230,56 +191,18 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, bt_ptr,
     v_head = v_ptr + kvh * sv_h
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
-    if FRESH:
-        # The cached prefix [0, new0) from the int8 cache: every row sees all of it (no causal
-        # mask), only its last tile may end inside; then the step's own positions [new0, hi)
-        # from k_new/v_new, unquantized, with q re-read in its own dtype. A one-token query (a
-        # decode row of a mixed step) reads everything from the cache, as the decode kernel
-        # does: a fresh tile for its one position would add a whole tile's work.
-        new0 = tl.where(q_len > 1, ctx - q_len, ctx)
-        c_hi = tl.minimum(hi_split, new0)
-        c_full = lo + (tl.maximum(c_hi - lo, 0) // BLOCK_N) * BLOCK_N
-        for start in range(lo, c_full, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head,
-                                         bt_row, start, c_hi, q_pos, page_size, sk_b, sk_s, sk_d,
-                                         sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2,
-                                         offs_d, d_mask, False, False, LOWP, DOT_DTYPE, BLOCK_N,
-                                         KV_INT8, EVEN_D, OP_K, OP_V, ASM)
-        for start in range(c_full, c_hi, BLOCK_N):  # at most one tile
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head,
-                                         bt_row, start, c_hi, q_pos, page_size, sk_b, sk_s, sk_d,
-                                         sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2,
-                                         offs_d, d_mask, True, False, LOWP, DOT_DTYPE, BLOCK_N,
-                                         KV_INT8, EVEN_D, OP_K, OP_V, ASM)
-        qf = tl.load(q_ptr + rows[:, None] * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
-                     mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-        kn_head = kn_ptr + kvh * skn_h
-        vn_head = vn_ptr + kvh * svn_h
-        row_of_pos0 = row0 - new0
-        f_lo = tl.maximum(lo, new0)
-        # Tiles wholly at or below the block's first query position need no mask.
-        f_full = f_lo + (tl.maximum(tl.minimum(first_pos + 1, hi_split) - f_lo, 0) // BLOCK_N) * BLOCK_N
-        for start in range(f_lo, f_full, BLOCK_N):
-            acc, m_i, l_i = _attend_fresh_tile(acc, m_i, l_i, qf, kn_head, vn_head, row_of_pos0, start,
-                                               hi_split, q_pos, skn_t, skn_d, svn_t, svn_d, scale_log2,
-                                               offs_d, d_mask, False, FRESH_LOWP, FRESH_DOT, BLOCK_N)
-        for start in range(f_full, hi_split, BLOCK_N):
-            acc, m_i, l_i = _attend_fresh_tile(acc, m_i, l_i, qf, kn_head, vn_head, row_of_pos0, start,
-                                               hi_split, q_pos, skn_t, skn_d, svn_t, svn_d, scale_log2,
-                                               offs_d, d_mask, True, FRESH_LOWP, FRESH_DOT, BLOCK_N)
-    else:
-        for start in range(lo, tl.minimum(full_hi, hi_split), BLOCK_N):
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head,
-                                         bt_row, start, hi, q_pos, page_size, sk_b, sk_s, sk_d,
-                                         sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2,
-                                         offs_d, d_mask, False, True, LOWP, DOT_DTYPE, BLOCK_N,
-                                         KV_INT8, EVEN_D, OP_K, OP_V, ASM)
-        for start in range(tl.maximum(full_hi, lo), hi_split, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head,
-                                         bt_row, start, hi, q_pos, page_size, sk_b, sk_s, sk_d,
-                                         sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2,
-                                         offs_d, d_mask, True, True, LOWP, DOT_DTYPE, BLOCK_N,
-                                         KV_INT8, EVEN_D, OP_K, OP_V, ASM)
+    for start in range(lo, tl.minimum(full_hi, hi_split), BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head, bt_row,
+                                     start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
+                                     sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
+                                     False, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,
+                                     OP_K, OP_V, ASM)
+    for start in range(tl.maximum(full_hi, lo), hi_split, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_scl, k_head, v_head, ks_head, vs_head, bt_row,
+                                     start, hi, q_pos, page_size, sk_b, sk_s, sk_d, sv_b, sv_s,
+                                     sv_d, sks_b, sks_s, svs_b, svs_s, scale_log2, offs_d, d_mask,
+                                     True, True, LOWP, DOT_DTYPE, BLOCK_N, KV_INT8, EVEN_D,
+                                     OP_K, OP_V, ASM)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + rows[:, None] * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d,
@@ -315,7 +238,7 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
              mask=d_mask)
 
 
-def _tiles(q, block_d, kv_int8=False, fresh=False):
+def _tiles(q, block_d, kv_int8=False):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
     operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
@@ -327,10 +250,7 @@ def _tiles(q, block_d, kv_int8=False, fresh=False):
     if q.dtype == torch.float32:
         return 32, 16, 8, 2
     if block_d <= 128:
-        # Fresh K/V compiles two pipelined loop families (int8 and bf16 tiles), each with its
-        # own shared-memory stages: at 3 stages 115 KB and 239 registers at d128, one program
-        # per SM (bench/ptxas_check.py); 2 stages keep two.
-        return 64, 64, 4, (2 if fresh else 3)
+        return 64, 64, 4, 3
     if kv_int8:
         return 32, 32, 8, 2
     return 64, 32, 8, 2
@@ -338,32 +258,24 @@ def _tiles(q, block_d, kv_int8=False, fresh=False):
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
-                      pack_gqa=None, k_new=None, v_new=None):
+                      pack_gqa=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
     default `prefill_splits(max_query_len)`) slices each query's keys (split KV). `pack_gqa`
-    (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program.
-    `k_new`/`v_new` (int8 caches; see kernels/attention.py): the step's own positions are read
-    from them, unquantized, and only the cached prefix from the int8 cache."""
+    (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     kv_int8 = k_cache.dtype == torch.int8
-    fresh = kv_int8 and k_new is not None
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8, fresh)
+    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     op_k, op_v = cvt_ops(cvt or prefill_int8_cvt(q), k_cache, v_cache)
-    if fresh:
-        news, n_strides = (k_new, v_new), (*k_new.stride(), *v_new.stride())
-    else:  # never read: FRESH is off
-        news, n_strides = (k_cache, v_cache), (0,) * 6
-    fresh_lowp, fresh_dot = _dot_mode(q)
     splits = prefill_splits(max_query_len) if num_splits is None else num_splits
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {splits}")
@@ -379,13 +291,12 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     pack = group if (PREFILL_PACK_GQA if pack_gqa is None else pack_gqa) else 1
     grid = (num_seqs, num_heads // pack, triton.cdiv(max_query_len * pack, block_m) * splits)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, *scales, *news, block_tables, query_start_loc, seq_lens, out, part_out,
-        part_lse, scale * _LOG2E, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(),
-        *s_strides, *n_strides, block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
+        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
+        scale * _LOG2E, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+        block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,
-        NUM_SPLITS=splits, FRESH=fresh, FRESH_LOWP=fresh_lowp, FRESH_DOT=fresh_dot,
-        num_warps=num_warps, num_stages=num_stages)
+        NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _split_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, *p_strides, *out.stride(), HEAD_DIM=head_dim, NUM_SPLITS=splits,

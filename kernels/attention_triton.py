@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 
-from .attention import check_fresh  # the contract module; it imports this one only lazily
 from .attention_common_triton import _TL_DTYPES
 from .attention_decode_triton import (DECODE_INT8, DECODE_TUNED, decode_attention,
                                       decode_config, plan_decode_splits)
@@ -77,9 +76,8 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                           max_query_len=None, k_scale=None, v_scale=None, k_new=None, v_new=None):
+                           max_query_len=None, k_scale=None, v_scale=None):
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
-    check_fresh(q, k_cache, k_new, v_new)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if seq_lens.shape[0] == 0 or q.shape[0] == 0:
         return out
@@ -93,8 +91,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
                          k_scale=k_scale, v_scale=v_scale)
     else:
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                          max_query_len, out, k_scale=k_scale, v_scale=v_scale, k_new=k_new,
-                          v_new=v_new)
+                          max_query_len, out, k_scale=k_scale, v_scale=v_scale)
     return out
 
 

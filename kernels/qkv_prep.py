@@ -7,10 +7,7 @@ then v, head-major), and
   (Qwen3) when given, then rotated (rotate-half layout, `kernels/rotary.py`);
 - writes k (normed with `k_norm_weight` when given, rotated) and v into the paged caches at
   `slot_mapping` (-1 = padding: nothing written), quantized to int8 with per-row float32 scales
-  when the cache is int8 (rule and shapes in `kernels/kv_append.py`);
-- with `store_k=True`, also writes that k (in qkv's dtype, before any quantization) back into
-  qkv's k columns of every token with a slot, so `split_qkv(qkv)[1:]` are the step's fresh K/V
-  for attention (kernels/attention.py); qkv must then be contiguous in its last dim.
+  when the cache is int8 (rule and shapes in `kernels/kv_append.py`).
 
 The reference below IS the composition the decoder used before the fusion (`rms_norm_ref`,
 `apply_rotary_ref`, `kv_append_ref`), so CPU runs keep their exact numerics; the Triton kernel
@@ -54,27 +51,23 @@ def _check_norms(q_norm_weight, k_norm_weight, head_dim: int) -> None:
 
 def qkv_prep_ref(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache,
                  q_norm_weight=None, k_norm_weight=None, eps=1e-6, k_scale=None, v_scale=None, *,
-                 num_heads: int, num_kv_heads: int, head_dim: int, store_k: bool = False):
+                 num_heads: int, num_kv_heads: int, head_dim: int):
     _check_norms(q_norm_weight, k_norm_weight, head_dim)
     q, k, v = split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    k_cols = k
     if q_norm_weight is not None:
         q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
     apply_rotary_ref(q, k, positions, cos_cache, sin_cache)
     kv_append_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    if store_k and k is not k_cols:  # without norms k was rotated in place already
-        keep = slot_mapping >= 0
-        k_cols[keep] = k[keep]
     return q
 
 
 def qkv_prep(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache,
              q_norm_weight=None, k_norm_weight=None, eps=1e-6, k_scale=None, v_scale=None, *,
-             num_heads: int, num_kv_heads: int, head_dim: int, store_k: bool = False):
+             num_heads: int, num_kv_heads: int, head_dim: int):
     """Dispatch: one Triton launch on CUDA, the old three-to-four-op composition elsewhere."""
     args = (qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache,
             q_norm_weight, k_norm_weight, eps, k_scale, v_scale)
-    shape = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, store_k=store_k)
+    shape = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
     if use_triton(qkv):
         from .qkv_prep_triton import qkv_prep_triton
         return qkv_prep_triton(*args, **shape)

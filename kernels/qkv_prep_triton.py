@@ -63,7 +63,7 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
                      s_tok, s_cos, s_sin, skc_b, skc_s, skc_h, skc_d, svc_b, svc_s, svc_h, svc_d,
                      sks_b, sks_h, sks_s, svs_b, svs_h, svs_s,
                      HAS_NORM: tl.constexpr, KV_INT8: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr = False):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     act = qkv_ptr.dtype.element_ty
@@ -96,9 +96,6 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
                             kw_ptr, head_dim, eps, HAS_NORM)
         v = tl.load(row + (num_heads + num_kv_heads) * head_dim + heads[:, None] * head_dim
                     + dims[None, :], mask=mask, other=0.0)
-        if STORE_K:  # the prepared k back into qkv, for attention's fresh K/V
-            tl.store(row + num_heads * head_dim + heads[:, None] * head_dim + dims[None, :], k.to(act),
-                     mask=mask)
         k_dst = kc_ptr + blk * skc_b + off * skc_s + heads[:, None] * skc_h + dims[None, :] * skc_d
         v_dst = vc_ptr + blk * svc_b + off * svc_s + heads[:, None] * svc_h + dims[None, :] * svc_d
         if KV_INT8:
@@ -151,15 +148,12 @@ def _check(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache,
 
 def qkv_prep_triton(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache,
                     q_norm_weight=None, k_norm_weight=None, eps=1e-6, k_scale=None, v_scale=None,
-                    *, num_heads: int, num_kv_heads: int, head_dim: int, block_h=None,
-                    store_k: bool = False):
+                    *, num_heads: int, num_kv_heads: int, head_dim: int, block_h=None):
     split_qkv(qkv, num_heads, num_kv_heads, head_dim)  # shape check
     _check(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache, q_norm_weight,
            k_norm_weight, num_kv_heads, head_dim)
     check_int8_scales(k_cache, k_scale, v_scale)
     if qkv.stride(1) != 1:
-        if store_k:
-            raise ValueError("store_k needs qkv with unit stride in its last dim (k is written back into it)")
         qkv = qkv.contiguous()  # not on the model's path: the projection output is contiguous
     q = split_qkv(qkv, num_heads, num_kv_heads, head_dim)[0]
     n = qkv.shape[0]
@@ -180,6 +174,6 @@ def qkv_prep_triton(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache,
         num_heads, num_kv_heads, head_dim, k_cache.shape[1], q_groups, eps,
         qkv.stride(0), cos_cache.stride(0), sin_cache.stride(0), *k_cache.stride(),
         *v_cache.stride(), *s_strides, HAS_NORM=has_norm, KV_INT8=kv_int8, BLOCK_H=block_h,
-        BLOCK_D=block_d, STORE_K=store_k, num_warps=4 if block_h * block_d <= 2048 else 8,
+        BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 2048 else 8,
         enable_fp_fusion=False)  # no FMA: rounding as the separate ops and the int8 rule
     return q

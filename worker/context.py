@@ -16,6 +16,7 @@ previous step's sampled ids (`prev_ids[prev_rows[j]]`), with no host round trip.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -70,38 +71,50 @@ class DynamicContext:
         bs = self.block_size
         reqs = out.requests
         num_seqs = len(reqs)
-        input_ids, positions, slots, sample_rows, sample_ids, fill = [], [], [], [], [], []
-        seq_lens = np.empty(num_seqs, dtype=np.int32)
-        qsl = np.zeros(num_seqs + 1, dtype=np.int32)
-        tables = np.zeros((num_seqs, max(len(r.block_ids) for r in reqs)), dtype=np.int32)
-        max_q = 0
-        end = 0
-        for i, r in enumerate(reqs):
-            n = len(r.token_ids)
-            start = r.start_position
-            blocks = r.block_ids
-            tables[i, :len(blocks)] = blocks
-            input_ids.extend(r.token_ids)
-            if n == 1:  # decode: the common case, kept free of per-token loops
-                positions.append(start)
-                slots.append(blocks[start // bs] * bs + start % bs)
-            else:
-                positions.extend(range(start, start + n))
-                slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-            end += n
-            if r.pending_input:
-                fill.append(end - 1)
-            seq_lens[i] = start + n
-            qsl[i + 1] = end
-            if n > max_q:
-                max_q = n
-            if r.needs_sample:
-                sample_rows.append(end - 1)
-                sample_ids.append(r.request_id)
+        block_lists = [r.block_ids for r in reqs]
+        widths = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
+        tables = np.zeros((num_seqs, int(widths.max())), dtype=np.int64)
+        # Every row's block ids in one pass: a flat array scattered under a row-length mask
+        # (a per-row assignment cost ~4 us a row, 1 ms per step at 256 rows).
+        tables[np.arange(tables.shape[1]) < widths[:, None]] = np.fromiter(
+            chain.from_iterable(block_lists), dtype=np.int64, count=int(widths.sum()))
+        starts = [r.start_position for r in reqs]
+        lens = [len(r.token_ids) for r in reqs]
+        max_q = max(lens)
+        if max_q == 1:  # decode-only: one token per row, no per-token loops
+            input_ids = [r.token_ids[0] for r in reqs]
+            positions = starts
+            slots = [b[p // bs] * bs + p % bs for b, p in zip(block_lists, starts)]
+            qsl = np.arange(num_seqs + 1, dtype=np.int64)
+            seq_lens = np.asarray(starts, dtype=np.int64) + 1
+            fill = [i for i, r in enumerate(reqs) if r.pending_input]
+            sample = [(i, r.request_id) for i, r in enumerate(reqs) if r.needs_sample]
+        else:
+            input_ids, positions, slots, fill, sample = [], [], [], [], []
+            end = 0
+            for i, r in enumerate(reqs):
+                n, start, blocks = lens[i], starts[i], block_lists[i]
+                input_ids.extend(r.token_ids)
+                if n == 1:
+                    positions.append(start)
+                    slots.append(blocks[start // bs] * bs + start % bs)
+                else:
+                    positions.extend(range(start, start + n))
+                    slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
+                end += n
+                if r.pending_input:
+                    fill.append(end - 1)
+                if r.needs_sample:
+                    sample.append((end - 1, r.request_id))
+            qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+            np.cumsum(lens, out=qsl[1:])
+            seq_lens = np.asarray(starts, dtype=np.int64) + np.asarray(lens, dtype=np.int64)
+        sample_rows = [row for row, _ in sample]
+        sample_ids = [rid for _, rid in sample]
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
         parts = [np.asarray(input_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64),
                  np.asarray(slots, dtype=np.int64), np.asarray(sample_rows, dtype=np.int64),
-                 seq_lens.astype(np.int64), qsl.astype(np.int64), tables.reshape(-1).astype(np.int64),
+                 seq_lens, qsl, tables.reshape(-1),
                  np.asarray(fill, dtype=np.int64), np.asarray(prev_rows, dtype=np.int64)]
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "

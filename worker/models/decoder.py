@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm, split_qkv
+from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 
 from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
@@ -152,18 +152,11 @@ class Attention(nn.Module):
         # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
         qn, kn = self.q_norm, self.k_norm
         norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
-        # An int8 cache's prefill reads the step's own K/V unquantized from qkv (fresh K/V,
-        # kernels/attention.py): exact for the prompt itself, and faster than int8 tiles.
-        fresh = k_scale is not None and meta.max_query_len != 1
         q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
                      k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                     head_dim=self.head_dim, store_k=fresh)
-        k_new = v_new = None
-        if fresh:
-            _, k_new, v_new = split_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+                     head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
-                              k_new, v_new)
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
