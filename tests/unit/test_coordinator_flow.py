@@ -152,6 +152,14 @@ def test_cancel_aborts_on_the_replica_and_ends_once(cluster):
     r.wait_for_requests(1)
     attempt = next(iter(r.requests))
     r.step(1)
+    # The token must reach the client before the cancel is sent: the coordinator reads the two
+    # sockets in no fixed order, and a token handled after the cancel would be a second stale delta.
+    first: dict = {}
+    while "k" not in first:
+        msg = c.recv(5.0)
+        assert msg is not None, "the first token never reached the client"
+        if msg.KIND.name == "DELTA":
+            first = {d.request_id: [d] for d in msg.deltas}
     c.send(CancelRequest(request_id="k"))
     assert wait_until(lambda: (r.pump(0.02), attempt in r.aborted)[1])
     # the replica's own abort final (and a straggling token) arrive after the cancel: ignored
