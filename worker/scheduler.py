@@ -265,6 +265,8 @@ class Scheduler:
         """Make room for `num_new` more tokens of a running request, preempting from the tail
         of `running`. Returns False if `req` itself had to be preempted."""
         need = _cdiv(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
+        if need <= 0:  # most decode steps: the last block still has room
+            return True
         while not self.allocator.can_allocate(need):
             victim = self.running[-1]
             self._preempt(victim, out)
@@ -386,12 +388,13 @@ class Scheduler:
         if pending_input:
             tokens.append(0)
         needs_sample = start + num_new == req.num_tokens + req.num_pending
-        out.requests.append(ScheduledRequest(
-            request_id=req.request_id, token_ids=tokens, start_position=start,
-            block_ids=list(req.block_ids), needs_sample=needs_sample, pending_input=pending_input))
+        rid = req.request_id
+        out.requests.append(ScheduledRequest(rid, tokens, start, req.block_ids[:], needs_sample,
+                                             pending_input))
         req.num_computed_tokens = start + num_new
         req.num_pending += needs_sample
-        self._busy[req.request_id] = self._busy.get(req.request_id, 0) + 1
+        busy = self._busy
+        busy[rid] = busy.get(rid, 0) + 1
 
     # -- after the forward pass ---------------------------------------------------------------
 
@@ -399,20 +402,26 @@ class Scheduler:
         """Advance computed counts, cache newly full blocks, append sampled tokens and apply the
         token-level stop rules. Returns (requests that got a token, requests that finished)."""
         advanced, finished = [], []
+        requests, rewind, running = self.requests, self._rewind, RequestStatus.RUNNING
+        # Blocks fill every block_size tokens: skip the call when no new block is full.
+        caching, bs = self.allocator.enable_prefix_caching, self.block_size
         for s in out.requests:
-            self.settle(s.request_id)
-            req = self.requests.get(s.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            rid = s.request_id
+            self.settle(rid)
+            req = requests.get(rid)
+            if req is None or req.status is not running:
                 continue  # ended after scheduling: this step's token (if any) is dropped
             if s.needs_sample:
                 req.num_pending -= 1
-                if s.request_id in self._rewind:  # computed from a wrong input: redo that position
-                    self._rewind.discard(s.request_id)
+                if rewind and rid in rewind:  # computed from a wrong input: redo that position
+                    rewind.discard(rid)
                     req.num_computed_tokens = s.start_position + len(s.token_ids) - 1
                     self._cache_full_blocks(req, req.num_computed_tokens)
                     continue
-                req.append_token(sampled[s.request_id])
-            self._cache_full_blocks(req, s.start_position + len(s.token_ids))
+                req.append_token(sampled[rid])
+            computed = s.start_position + len(s.token_ids)
+            if caching and computed // bs > req.num_registered_blocks:
+                self._cache_full_blocks(req, computed)
             if not s.needs_sample:
                 continue
             token = req.output_token_ids[-1]
