@@ -61,7 +61,7 @@ _NEG_INF = float("-inf")
 _KEY_RANGE = 2 ** 63 - 1
 
 
-@dataclass
+@dataclass(slots=True)  # one per row per step
 class SamplingRequestState:
     """One row of the batch, as the engine sees that request before this step."""
 
@@ -149,12 +149,19 @@ class Sampler:
             empty = torch.empty(0, dtype=torch.long, device=logits.device)
             return DeviceDraw(empty, empty, None, len(rows))
 
-        penalty_rows = [i for i, r in enumerate(rows) if r.params.has_penalties]
-        min_tokens_rows = [i for i, r in enumerate(rows)
-                           if len(r.output_token_ids) + r.num_pending < r.params.min_tokens
-                           and (r.eos_token_ids or r.params.stop_token_ids)]
-        logprob_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        # One pass over the rows (every step at batch 256: four comprehensions cost twice this).
+        penalty_rows, min_tokens_rows, logprob_rows, random_rows = [], [], [], []
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.has_penalties:
+                penalty_rows.append(i)
+            if (p.min_tokens and len(r.output_token_ids) + r.num_pending < p.min_tokens
+                    and (r.eos_token_ids or p.stop_token_ids)):
+                min_tokens_rows.append(i)
+            if p.logprobs is not None:
+                logprob_rows.append(i)
+            if not p.is_greedy:
+                random_rows.append(i)
 
         if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
