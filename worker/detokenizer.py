@@ -126,7 +126,16 @@ class IncrementalDetokenizer:
         """Add tokens; return (text to emit now, stopped by a stop string)."""
         if self._utf8 is not None:
             table = self.byte_table
-            data = b"".join(table[t] for t in token_ids if t < len(table))
+            if len(token_ids) == 1:  # the usual delta: one token
+                t = token_ids[0]
+                data = table[t] if t < len(table) else b""
+            else:
+                data = b"".join(table[t] for t in token_ids if t < len(table))
+            if not self._utf8.buffer:  # nothing held back: whole characters decode in C
+                try:
+                    return self._accept(data.decode("utf-8"), final)
+                except UnicodeDecodeError:
+                    pass  # a split or invalid character: the incremental decoder's rules
             return self._accept(self._utf8.decode(data, final=final), final)
         self.tokens.extend(t for t in token_ids if t < self.vocab_limit)
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
@@ -141,6 +150,10 @@ class IncrementalDetokenizer:
 
     def _accept(self, new: str, final: bool) -> tuple[str, bool]:
         """Append decoded text, apply stop strings and the hold-back rule."""
+        if not self.stop:  # no stop strings, so no hold-back: everything goes out now
+            self.text += new
+            self.num_emitted = len(self.text)
+            return new, False
         start_search = max(0, len(self.text) - self.hold)
         self.text += new
         stopped = False
