@@ -6,7 +6,8 @@ K and V in the model dtype, or int8 plus float32 scales `[num_blocks, num_kv_hea
 for K and V (`kv_cache_dtype="int8"`; the scales sit beside the blocks under the same block ids,
 so prefix caching and preemption need nothing extra), their size per block, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
-tables, sequence lengths, query start offsets) plus the rows whose logits are sampled. Host
+tables, sequence lengths, query start offsets) plus the rows whose logits are sampled, from the
+token-level rows of worker/step_rows.py. Host
 lists are packed into one buffer and sent to the device at once: a non-blocking pinned copy, or
 the caller's `upload` (with a host KV tier: a zero-copy read, worker/step_upload.py).
 Rows marked `pending_input` (async scheduling) take their input id on the device from the
@@ -16,7 +17,6 @@ previous step's sampled ids (`prev_ids[prev_rows[j]]`), with no host round trip.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -24,6 +24,7 @@ import torch
 
 from .models.decoder import AttentionMetadata, LayerKV
 from .scheduler_output import SchedulerOutput
+from .step_rows import step_rows
 from .step_upload import dma_upload
 
 
@@ -68,53 +69,12 @@ class DynamicContext:
         """`prev_ids` / `prev_rows`: the previous step's sampled ids (device) and, for each
         `pending_input` row in order, its row there. `upload(values)`: how the packed int64
         inputs reach the device (default: a pinned non-blocking copy; worker/step_upload.py)."""
-        bs = self.block_size
-        reqs = out.requests
-        num_seqs = len(reqs)
-        block_lists = [r.block_ids for r in reqs]
-        widths = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
-        tables = np.zeros((num_seqs, int(widths.max())), dtype=np.int64)
-        # Every row's block ids in one pass: a flat array scattered under a row-length mask
-        # (a per-row assignment cost ~4 us a row, 1 ms per step at 256 rows).
-        tables[np.arange(tables.shape[1]) < widths[:, None]] = np.fromiter(
-            chain.from_iterable(block_lists), dtype=np.int64, count=int(widths.sum()))
-        starts = [r.start_position for r in reqs]
-        lens = [len(r.token_ids) for r in reqs]
-        max_q = max(lens)
-        if max_q == 1:  # decode-only: one token per row, no per-token loops
-            input_ids = [r.token_ids[0] for r in reqs]
-            positions = starts
-            slots = [b[p // bs] * bs + p % bs for b, p in zip(block_lists, starts)]
-            qsl = np.arange(num_seqs + 1, dtype=np.int64)
-            seq_lens = np.asarray(starts, dtype=np.int64) + 1
-            fill = [i for i, r in enumerate(reqs) if r.pending_input]
-            sample = [(i, r.request_id) for i, r in enumerate(reqs) if r.needs_sample]
-        else:
-            input_ids, positions, slots, fill, sample = [], [], [], [], []
-            end = 0
-            for i, r in enumerate(reqs):
-                n, start, blocks = lens[i], starts[i], block_lists[i]
-                input_ids.extend(r.token_ids)
-                if n == 1:
-                    positions.append(start)
-                    slots.append(blocks[start // bs] * bs + start % bs)
-                else:
-                    positions.extend(range(start, start + n))
-                    slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-                end += n
-                if r.pending_input:
-                    fill.append(end - 1)
-                if r.needs_sample:
-                    sample.append((end - 1, r.request_id))
-            qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-            np.cumsum(lens, out=qsl[1:])
-            seq_lens = np.asarray(starts, dtype=np.int64) + np.asarray(lens, dtype=np.int64)
-        sample_rows = [row for row, _ in sample]
-        sample_ids = [rid for _, rid in sample]
+        rows = step_rows(out, self.block_size)
+        fill, tables, max_q, sample_ids = rows.pending_rows, rows.block_tables, rows.max_query_len, rows.sample_ids
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
-        parts = [np.asarray(input_ids, dtype=np.int64), np.asarray(positions, dtype=np.int64),
-                 np.asarray(slots, dtype=np.int64), np.asarray(sample_rows, dtype=np.int64),
-                 seq_lens, qsl, tables.reshape(-1),
+        parts = [np.asarray(rows.input_ids, dtype=np.int64), np.asarray(rows.positions, dtype=np.int64),
+                 np.asarray(rows.slots, dtype=np.int64), np.asarray(rows.sample_rows, dtype=np.int64),
+                 rows.seq_lens, rows.query_start, tables.reshape(-1),
                  np.asarray(fill, dtype=np.int64), np.asarray(prev_rows, dtype=np.int64)]
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "

@@ -27,6 +27,7 @@ import torch
 from ..context import StepInputs
 from ..models.decoder import AttentionMetadata
 from ..scheduler_output import SchedulerOutput
+from ..step_rows import step_rows
 
 STEP_FORMAT = 2
 HEADER_LEN = 8
@@ -91,36 +92,15 @@ def pack_step(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.nda
     """Header (op RUN) and int32 payload of `out` (rank 0). Values are those
     `DynamicContext.prepare` computes; the caller guarantees that slots fit int32 (the shard
     checks the pool size)."""
-    reqs = out.requests
-    n = len(reqs)
-    width = max(len(r.block_ids) for r in reqs)
-    ids, positions, slots, sample_rows = [], [], [], []
-    seq_lens = np.empty(n, dtype=np.int32)
-    qsl = np.zeros(n + 1, dtype=np.int32)
-    tables = np.zeros((n, width), dtype=np.int32)
-    max_q = end = 0
-    for i, r in enumerate(reqs):
-        q = len(r.token_ids)
-        start, blocks = r.start_position, r.block_ids
-        tables[i, :len(blocks)] = blocks
-        ids.extend(r.token_ids)
-        if q == 1:
-            positions.append(start)
-            slots.append(blocks[start // block_size] * block_size + start % block_size)
-        else:
-            positions.extend(range(start, start + q))
-            slots.extend(blocks[p // block_size] * block_size + p % block_size
-                         for p in range(start, start + q))
-        end += q
-        seq_lens[i] = start + q
-        qsl[i + 1] = end
-        max_q = max(max_q, q)
-        if r.needs_sample:
-            sample_rows.append(end - 1)
+    rows = step_rows(out, block_size)
+    tables = rows.block_tables
+    n, width = tables.shape
+    end, max_q, sample_rows = len(rows.input_ids), rows.max_query_len, rows.sample_rows
     header = StepHeader(Op.RUN, end, n, len(sample_rows), width, max_q)
     payload = np.zeros(header.payload_len, dtype=np.int32)
     offset = 0
-    for part in (ids, positions, slots, sample_rows, seq_lens, qsl, tables.reshape(-1)):
+    for part in (rows.input_ids, rows.positions, rows.slots, sample_rows, rows.seq_lens,
+                 rows.query_start, tables.reshape(-1)):
         payload[offset:offset + len(part)] = part
         offset += _pad4(len(part))
     return header, payload
