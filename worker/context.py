@@ -70,7 +70,7 @@ class DynamicContext:
         `pending_input` row in order, its row there. `upload(values)`: how the packed int64
         inputs reach the device (default: a pinned non-blocking copy; worker/step_upload.py)."""
         rows = step_rows(out, self.block_size)
-        fill, tables, max_q, sample_ids = rows.pending_rows, rows.block_tables, rows.max_query_len, rows.sample_ids
+        fill, tables = rows.pending_rows, rows.block_tables
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
         parts = [np.asarray(rows.input_ids, dtype=np.int64), np.asarray(rows.positions, dtype=np.int64),
                  np.asarray(rows.slots, dtype=np.int64), np.asarray(rows.sample_rows, dtype=np.int64),
@@ -96,6 +96,6 @@ class DynamicContext:
             views[0][views[7]] = prev_ids[views[8]]
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape).to(torch.int32),
                                  seq_lens=views[4].to(torch.int32), query_start_loc=views[5].to(torch.int32),
-                                 max_query_len=max_q)
+                                 max_query_len=rows.max_query_len)
         return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
-                          sample_request_ids=sample_ids)
+                          sample_request_ids=rows.sample_ids)

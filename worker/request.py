@@ -1,7 +1,8 @@
 """`Request`: one sequence's state inside a replica. Plain Python.
 
-Owns: the token lists, the KV block table, how many tokens have KV computed, and the lifecycle
-status (moved only through `transition`, checked against `REQUEST_TRANSITIONS`).
+Owns: the token lists, the KV block table, how many tokens have KV computed, the lifecycle
+status (moved only through `transition`, checked against `REQUEST_TRANSITIONS`), and the
+token-level stop rule (`stop_reason`, which the scheduler applies after each sampled token).
 `output_token_ids` starts with any `resume_token_ids` (tokens a dead replica already delivered):
 they count as generated but `num_emitted_tokens` skips them when building deltas.
 Timing (`RequestMetrics`, wall clock): `arrival_time` at creation, `first_scheduled_time` on the
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from infer_cluster.protocol import REQUEST_TRANSITIONS, RequestStatus, SamplingParams
+from infer_cluster.protocol import REQUEST_TRANSITIONS, FinishReason, RequestStatus, SamplingParams
 
 
 class Request:
@@ -61,6 +62,18 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def stop_reason(self, token: int, max_model_len: int) -> Optional[str]:
+        """The token-level stop rule after `token` was appended: "stop" (EOS unless ignored, or a
+        stop token, once min_tokens are out), "length" (max_tokens or max_model_len), else None."""
+        p = self.params
+        num_out = len(self.output_token_ids)
+        if num_out >= p.min_tokens:
+            if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+                return FinishReason.STOP.value
+        if num_out >= p.max_tokens or len(self.all_token_ids) >= max_model_len:
+            return FinishReason.LENGTH.value
+        return None
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -426,7 +426,7 @@ class Scheduler:
                 continue
             token = req.output_token_ids[-1]
             advanced.append(req)
-            reason = self._stop_reason(req, token)
+            reason = req.stop_reason(token, self.max_model_len)
             if reason is not None:
                 self.finish(req, RequestStatus.FINISHED, reason)
                 finished.append(req)
@@ -448,13 +448,3 @@ class Scheduler:
         for idx in range(req.num_registered_blocks, num_full):
             self.allocator.register(req.block_ids[idx], hashes[idx])
         req.num_registered_blocks = num_full
-
-    def _stop_reason(self, req: Request, token: int) -> Optional[str]:
-        p = req.params
-        num_out = len(req.output_token_ids)
-        if num_out >= p.min_tokens:
-            if (not p.ignore_eos and token in req.eos_token_ids) or token in p.stop_token_ids:
-                return FinishReason.STOP.value
-        if num_out >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH.value
-        return None
