@@ -100,11 +100,13 @@ def time_op(fn, weights, replays=6):
     return best / per_graph
 
 
-def _inputs(model, shape, m, dtype):
+def _inputs(model, shape, m, dtype, l2_hot=False):
     import torch
     n, k = SHAPES[model][shape]
     el = torch.tensor([], dtype=dtype).element_size()
-    copies = max(1, min(32, -(-_ROTATE_BYTES // (n * k * el))))
+    # --l2-hot: one copy, so a weight that fits in L2 is read from it (as after the L2 prefetch,
+    # worker/models/l2_prefetch.py).
+    copies = 1 if l2_hot else max(1, min(32, -(-_ROTATE_BYTES // (n * k * el))))
     weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5 for _ in range(copies)]
     width = 2 * k if shape == "down" else k
     x = torch.randn(m, width, device="cuda", dtype=dtype)
@@ -145,7 +147,7 @@ def precompile(jobs, workers):
     print(f"precompiled {len(jobs)} variants with {workers} processes in {time.time() - t0:.1f} s", flush=True)
 
 
-def sweep(models, ms, dtype, workers, budget_s):
+def sweep(models, ms, dtype, workers, budget_s, l2_hot=False):
     import torch
     deadline = time.time() + budget_s
     jobs = {}
@@ -163,7 +165,7 @@ def sweep(models, ms, dtype, workers, budget_s):
                 if time.time() > deadline:
                     print(f"    # {model} {shape} M={m}: not swept (--budget-s {budget_s:.0f} spent)")
                     continue
-                n, k, x, weights, nbytes = _inputs(model, shape, m, dtype)
+                n, k, x, weights, nbytes = _inputs(model, shape, m, dtype, l2_hot)
                 silu = shape == "down"
                 base = time_op(_op("silu_cublas" if silu else "cublas", x, None), weights)
                 timed = []
@@ -198,13 +200,13 @@ def load_tuned(path):
     return {(r["n"], r["k"], r["m"]): GemvConfig(**r["use"]) if r["use"] else None for r in rows}
 
 
-def compare(models, ms, dtype, tuned=None):
+def compare(models, ms, dtype, tuned=None, l2_hot=False):
     import torch
     rows = []
     for model in models:
         for shape in ("qkv", "o", "gate_up", "down", "lm_head"):
             for m in ms:
-                n, k, x, weights, nbytes = _inputs(model, shape, m, dtype)
+                n, k, x, weights, nbytes = _inputs(model, shape, m, dtype, l2_hot)
                 silu = shape == "down"
                 t_ref = time_op(_op("silu_cublas" if silu else "cublas", x, None), weights)
                 if tuned is not None and (n, k, m) in tuned:  # the sweep's pick; None = cuBLAS
@@ -245,6 +247,8 @@ def main(argv=None):
                     help="sweep: stop starting new (shape, M) cells after this many seconds")
     ap.add_argument("--tuned", default=None,
                     help="compare: use the picks of this --sweep JSON instead of kernels/gemv_tuned.py")
+    ap.add_argument("--l2-hot", action="store_true",
+                    help="time one copy of each weight (read from L2 when it fits), not rotating copies")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args(argv)
     import torch
@@ -255,15 +259,15 @@ def main(argv=None):
         ap.error("--m values must be in 1..16")
     t0 = time.time()
     if args.sweep:
-        rows = sweep(args.models, args.m, torch.bfloat16, args.jobs, args.budget_s)
+        rows = sweep(args.models, args.m, torch.bfloat16, args.jobs, args.budget_s, args.l2_hot)
     else:
         rows = compare(args.models, args.m, torch.bfloat16,
-                       load_tuned(args.tuned) if args.tuned else None)
+                       load_tuned(args.tuned) if args.tuned else None, args.l2_hot)
     print(f"({time.time() - t0:.0f} s on {torch.cuda.get_device_name()})")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "sweep": args.sweep, "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "sweep": args.sweep, "l2_hot": args.l2_hot, "rows": rows}, f, indent=1)
     return 0
 
 
