@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace l2prefetch l2ab
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace l2prefetch
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -221,14 +221,6 @@ for _ in range(600):
       timeout 100 python3 bench/gemv.py --models qwen3-0.6b --m 1 --l2-hot --out "$OUT/gemv_hot.json" 2>&1 | tail -8
       timeout 200 python3 bench/gemv.py --sweep --models qwen3-0.6b --m 1 2 4 --l2-hot --budget-s ${L2_SWEEP_S:-90} \
         --out "$OUT/gemv_sweep_hot.json" > "$OUT/gemv_sweep_hot.log" 2>&1; grep -E "^    \(" "$OUT/gemv_sweep_hot.log" | tail -15 ;;
-    l2ab)  # issue 11: batch-1 TPOT per L2-prefetch variant, "mode stream chunk" triples in L2AB
-      # (default: off; bulk side/inline at 16 KB and 4/64 KB; nop = the launches alone)
-      for v in ${L2AB:-off,side,16384 bulk,side,16384 bulk,inline,16384 bulk,inline,4096 bulk,side,65536 nop,side,16384 nop,inline,16384}; do
-        IFS=, read -r mode stream chunk <<< "$v"; echo "--- $mode $stream $chunk"
-        INFER_CLUSTER_L2_PREFETCH=$mode INFER_CLUSTER_L2_PREFETCH_STREAM=$stream INFER_CLUSTER_L2_PREFETCH_CHUNK=$chunk \
-          timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
-          --out "$OUT/tpot_l2_${mode}_${stream}_$chunk.json" 2>&1 | grep -E "tpot_ms_p50|ttft_ms\""
-      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

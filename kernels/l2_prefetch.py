@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-MODES = ("off", "bulk", "lines", "nop")  # nop: launches, requests nothing (A/B of the launch cost)
+MODES = ("off", "bulk", "lines")
 _ENV = "INFER_CLUSTER_L2_PREFETCH"
 
 
@@ -29,19 +29,17 @@ def l2_prefetch_mode(device: torch.device) -> str:
     if device.type != "cuda" or asked == "off":
         return "off"
     major, _ = torch.cuda.get_device_capability(device)
-    need = 9 if asked in ("auto", "bulk") else 8
+    need = 8 if asked == "lines" else 9
     if major < need:
         return "off"
     return "bulk" if asked == "auto" else asked
 
 
-def l2_prefetch(tensors: Sequence[torch.Tensor], dummy: torch.Tensor, mode: str, chunk: int = 16384) -> None:
+def l2_prefetch(tensors: Sequence[torch.Tensor], dummy: torch.Tensor, mode: str) -> None:
     """Ask for every byte of `tensors` (contiguous, 16-byte aligned, on one CUDA device) to be
     pulled into L2. Returns at once; the bytes arrive while later kernels run."""
     if mode not in MODES or mode == "off":
         raise ValueError(f"l2_prefetch mode must be one of {', '.join(MODES[1:])}, got {mode!r}")
-    if chunk < 16 or chunk % 16 or chunk & (chunk - 1):
-        raise ValueError(f"l2_prefetch chunk must be a power of two >= 16 bytes, got {chunk}")
     ranges = []
     for t in tensors:
         nbytes = t.numel() * t.element_size()
@@ -52,4 +50,4 @@ def l2_prefetch(tensors: Sequence[torch.Tensor], dummy: torch.Tensor, mode: str,
             ranges.append((t.data_ptr(), nbytes))
     from .l2_prefetch_triton import MAX_RANGES, l2_prefetch_triton
     for i in range(0, len(ranges), MAX_RANGES):
-        l2_prefetch_triton(ranges[i:i + MAX_RANGES], dummy, mode, chunk)
+        l2_prefetch_triton(ranges[i:i + MAX_RANGES], dummy, mode)

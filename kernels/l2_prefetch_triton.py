@@ -74,11 +74,9 @@ def _l2_prefetch_kernel(dummy_ptr, a0, n0, a1, n1, a2, n2, a3, n3, never,
         tl.store(dummy_ptr + lanes, r, mask=lanes < never)
 
 
-def l2_prefetch_triton(ranges: list[tuple[int, int]], dummy: torch.Tensor, mode: str = "bulk",
-                       chunk: int = CHUNK) -> None:
-    """Prefetch up to `MAX_RANGES` `(device address, nbytes)` ranges into L2, `chunk` bytes per
-    lane. `dummy` is a device int32 tensor of at least `LANES` elements (never written). Mode
-    "nop" launches the same grid and issues nothing (measures what the launch alone costs)."""
+def l2_prefetch_triton(ranges: list[tuple[int, int]], dummy: torch.Tensor, mode: str = "bulk") -> None:
+    """Prefetch up to `MAX_RANGES` `(device address, nbytes)` ranges into L2. `dummy` is a device
+    int32 tensor of at least `LANES` elements (never written)."""
     if not 0 < len(ranges) <= MAX_RANGES:
         raise ValueError(f"l2_prefetch takes 1..{MAX_RANGES} ranges, got {len(ranges)}")
     # Unused slots repeat the first address with no bytes: every launch has one signature.
@@ -86,9 +84,7 @@ def l2_prefetch_triton(ranges: list[tuple[int, int]], dummy: torch.Tensor, mode:
     most = max(n for _, n in padded)
     if most == 0:
         return
-    grid = (triton.cdiv(most, LANES * chunk), len(ranges))
+    grid = (triton.cdiv(most, LANES * CHUNK), len(ranges))
     flat = [v for addr, n in padded for v in (addr, n)]
-    if mode == "nop":  # every range empty: the programs start, find nothing to do and end
-        flat = [v if i % 2 == 0 else 0 for i, v in enumerate(flat)]
-    _l2_prefetch_kernel[grid](dummy, *flat, 0, BULK=mode != "lines", LANES=LANES, CHUNK=chunk,
+    _l2_prefetch_kernel[grid](dummy, *flat, 0, BULK=mode == "bulk", LANES=LANES, CHUNK=CHUNK,
                               LINE=LINE, num_warps=1)

@@ -27,18 +27,13 @@ import torch
 from infer_cluster.kernels.l2_prefetch import l2_prefetch, l2_prefetch_mode
 
 _MAX_TOKENS_ENV = "INFER_CLUSTER_L2_PREFETCH_MAX_TOKENS"
-_STREAM_ENV = "INFER_CLUSTER_L2_PREFETCH_STREAM"  # side (default) | inline: A/B of the fork
-_CHUNK_ENV = "INFER_CLUSTER_L2_PREFETCH_CHUNK"  # bytes per lane request
 DEFAULT_MAX_TOKENS = 16  # the small-batch GEMV path's rows (kernels/gemv_config.MAX_M)
 
 
 class WeightPrefetcher:
-    def __init__(self, layers, device: torch.device, mode: str, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 inline: bool = False, chunk: int = 16384):
+    def __init__(self, layers, device: torch.device, mode: str, max_tokens: int = DEFAULT_MAX_TOKENS):
         self.mode = mode
         self.max_tokens = max_tokens
-        self.inline = inline  # launch on the compute stream itself: no fork / join in the graph
-        self.chunk = chunk
         self.stream = torch.cuda.Stream(device)
         self._fork = torch.cuda.Event()
         self._done = torch.cuda.Event()
@@ -61,13 +56,7 @@ class WeightPrefetcher:
         raw = os.environ.get(_MAX_TOKENS_ENV, str(DEFAULT_MAX_TOKENS)).strip()
         if not raw.isdigit():
             raise ValueError(f"{_MAX_TOKENS_ENV} must be a non-negative integer, got {raw!r}")
-        where = os.environ.get(_STREAM_ENV, "side").strip().lower()
-        if where not in ("side", "inline"):
-            raise ValueError(f"{_STREAM_ENV} must be side or inline, got {where!r}")
-        chunk = os.environ.get(_CHUNK_ENV, "16384").strip()
-        if not chunk.isdigit():
-            raise ValueError(f"{_CHUNK_ENV} must be a number of bytes, got {chunk!r}")
-        return cls(model.layers, device, mode, int(raw), where == "inline", int(chunk))
+        return cls(model.layers, device, mode, int(raw))
 
     def wants(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_tokens
@@ -75,13 +64,10 @@ class WeightPrefetcher:
     def after_qkv(self, layer_index: int) -> None:
         """Queue layer `layer_index`'s prefetch on the side stream, after what the compute stream
         has queued so far (its qkv GEMV)."""
-        if self.inline:
-            l2_prefetch(self.plan[layer_index], self._dummy, self.mode, self.chunk)
-            return
         self._fork.record(torch.cuda.current_stream())
         self.stream.wait_event(self._fork)
         with torch.cuda.stream(self.stream):
-            l2_prefetch(self.plan[layer_index], self._dummy, self.mode, self.chunk)
+            l2_prefetch(self.plan[layer_index], self._dummy, self.mode)
         self._pending = True
 
     def join(self) -> None:
