@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace l2prefetch
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -208,19 +208,6 @@ for _ in range(600):
         INFER_CLUSTER_NORM_FUSE=$f timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
           --max-model-len 4096 --out "$OUT/tpot_qwen3_normfuse$f.json" 2>&1 | tail -8
       done ;;
-    l2prefetch)  # issue 11: each layer's next weights pulled into L2 during its attention (worker/models/
-      # l2_prefetch.py). GPU tests (kernel eager and in a graph, outputs unchanged), batch-1 TPOT with
-      # INFER_CLUSTER_L2_PREFETCH=off / bulk / lines, then the Qwen3 GEMVs at M = 1 read from L2 (--l2-hot),
-      # with the table's picks and swept (L2_SWEEP_S budget)
-      timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_l2_prefetch.py -p no:cacheprovider 2>&1 \
-        | tee "$OUT/gpu_l2_prefetch_tests.log" | tail -4
-      for mode in off bulk lines; do echo "--- INFER_CLUSTER_L2_PREFETCH=$mode"
-        INFER_CLUSTER_L2_PREFETCH=$mode timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
-          --max-model-len 4096 --out "$OUT/tpot_qwen3_l2_$mode.json" 2>&1 | tail -4
-      done
-      timeout 100 python3 bench/gemv.py --models qwen3-0.6b --m 1 --l2-hot --out "$OUT/gemv_hot.json" 2>&1 | tail -8
-      timeout 200 python3 bench/gemv.py --sweep --models qwen3-0.6b --m 1 2 4 --l2-hot --budget-s ${L2_SWEEP_S:-90} \
-        --out "$OUT/gemv_sweep_hot.json" > "$OUT/gemv_sweep_hot.log" 2>&1; grep -E "^    \(" "$OUT/gemv_sweep_hot.log" | tail -15 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

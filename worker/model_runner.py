@@ -19,7 +19,6 @@ from typing import Callable, Optional
 import torch
 
 from infer_cluster.protocol import OutOfMemoryError
-from infer_cluster.protocol.errors import ConfigError
 
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs
@@ -29,7 +28,6 @@ from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
 from .step_upload import MAPPED_UPLOAD, MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
-from .models.l2_prefetch import WeightPrefetcher
 from .models.parallel import ParallelState
 from .scheduler_output import SchedulerOutput
 
@@ -93,11 +91,6 @@ class ModelRunner:
         self._load_weights(model_path)
         self.model.eval()
         self.model.init_rope(max_model_len, self.device)
-        if self.ps.tp_size == 1 and self.model.is_first and self.model.is_last:
-            try:  # one rank: small steps stream each layer's next weights into L2
-                self.model.prefetcher = WeightPrefetcher.for_model(self.model, self.device)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
         self.num_layers = end - start
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 1
         self.num_kv_blocks = self._size_kv_pool()

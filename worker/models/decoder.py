@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -178,16 +178,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec, ps)
 
-    def forward(self, x, residual, positions, meta, kv_cache, rope_cache,
-                after_qkv: Optional[Callable[[], None]] = None):
+    def forward(self, x, residual, positions, meta, kv_cache, rope_cache):
         # Each add + norm runs in the projection after it (one launch on the small-batch path;
-        # residual None on the first layer: the input is the residual). `after_qkv` runs once the
-        # qkv projection is queued (the L2 weight prefetch, l2_prefetch.py).
+        # residual None on the first layer: the input is the residual).
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
-        if after_qkv is not None:
-            after_qkv()
         h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
         return mlp.down_proj.forward_silu_mul(gate_up), residual
@@ -212,9 +208,6 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if self.is_last else None
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps) if self.is_last else None
         self.rope_cache: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        # Set by the model runner on CUDA (l2_prefetch.WeightPrefetcher): small steps then pull
-        # each layer's next weights into L2 during its attention. None: no prefetch.
-        self.prefetcher = None
 
     def init_rope(self, max_positions: int, device) -> None:
         self.rope_cache = build_rope_cache(rope_inv_freq(self.spec).to(device), max_positions)
@@ -226,15 +219,8 @@ class DecoderModel(nn.Module):
         (rows selected alike), which runs the final add + norm inside the LM head's GEMV."""
         if self.is_first:
             hidden = self.embed_tokens(input_ids)
-        pf = self.prefetcher
-        if pf is not None and not pf.wants(hidden.shape[0]):
-            pf = None
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            after_qkv = (lambda i=i: pf.after_qkv(i)) if pf is not None else None
-            hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache,
-                                     after_qkv)
-        if pf is not None:
-            pf.join()
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache)
         if self.is_last and final_norm:
             hidden, _ = self.norm(hidden, residual)
         return hidden, residual
