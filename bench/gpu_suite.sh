@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -208,6 +208,8 @@ for _ in range(600):
         INFER_CLUSTER_NORM_FUSE=$f timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
           --max-model-len 4096 --out "$OUT/tpot_qwen3_normfuse$f.json" 2>&1 | tail -8
       done ;;
+    timeline)  # issue 11: one batch-1 decode step as the graph replays it: kernels in order, gaps between
+      timeout 200 python3 bench/decode_timeline.py --steps 10 --out "$OUT/decode_timeline.json" 2>&1 | tail -${TIMELINE_LINES:-290} ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
