@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -210,6 +210,16 @@ for _ in range(600):
       done ;;
     timeline)  # issue 11: one batch-1 decode step as the graph replays it: kernels in order, gaps between
       timeout 200 python3 bench/decode_timeline.py --steps 10 --out "$OUT/decode_timeline.json" 2>&1 | tail -${TIMELINE_LINES:-290} ;;
+    pdl)  # issue 11: programmatic dependent launch for the small-batch GEMVs, first W tile loaded before
+      # the wait (kernels/pdl.py). GPU tests of gemv / fused norm / decode attention, batch-1 TPOT with
+      # INFER_CLUSTER_PDL=0 then 1, then the step timeline with PDL on
+      timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py tests/kernels/test_gemv_norm.py \
+        tests/kernels/test_attention.py tests/kernels/test_qkv_prep.py tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_pdl_tests.log" | tail -4
+      for p in 0 1; do echo "--- INFER_CLUSTER_PDL=$p"
+        INFER_CLUSTER_PDL=$p timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
+          --out "$OUT/tpot_qwen3_pdl$p.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
+      done
+      timeout 200 python3 bench/decode_timeline.py --steps 10 --out "$OUT/decode_timeline_pdl.json" 2>&1 | head -${TIMELINE_LINES:-16} ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

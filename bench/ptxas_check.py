@@ -198,7 +198,7 @@ def gemv_variants():
             consts = dict(HAS_BIAS=False, SILU_MUL=silu, NORM=norm, HAS_RES=norm, PARTIAL=partial,
                           USE_DOT=cfg.use_dot, DOT_F32=False, EVEN_K=k % cfg.block_k == 0,
                           STAGES=cfg.num_stages, BLOCK_M=bm, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)))
+                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)), PDL=True)
             ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
                         out_ptr="*fp32" if partial else "*bf16", r_ptr="*bf16", nw_ptr="*bf16",
                         h_ptr="*bf16")
@@ -237,6 +237,8 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     names = list(inspect.signature(kernel.fn).parameters)
+    if "PDL" in names:  # the CUDA entry points launch with PDL on sm_90 (kernels/pdl.py)
+        consts = {"PDL": True, **consts}
     sig, values, attrs = {}, {}, {}
     for i, name in enumerate(names):
         if name in consts:

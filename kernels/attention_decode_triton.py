@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
+from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
 _MAX_SPLITS = 256
@@ -117,9 +118,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
-                   ASM: tl.constexpr = False):
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
-    one sequence, over one partition of its context."""
+    one sequence, over one partition of its context. PDL: launched early, waits for the KV
+    append before it (kernels/pdl.py)."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -190,9 +194,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
 def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
                    spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
     """Merge a head's partial outputs with log-sum-exp weights: grid (num_seqs, num_heads). Only
-    the partitions that hold tokens (recomputed from seq_lens as the decode kernel did) are read."""
+    the partitions that hold tokens (recomputed from seq_lens as the decode kernel did) are read.
+    With PDL the o projection after it may start loading its weights at once, and it waits for
+    the partials (kernels/pdl.py)."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
@@ -323,18 +331,19 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
+    pdl = pdl_enabled(q)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **_reg_cap(cfg))
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
             *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
-            BLOCK_D=block_d, BLOCK_N=block_n, num_warps=cfg["reduce_warps"])
+            BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
     return out

@@ -44,9 +44,61 @@ import triton
 import triton.language as tl
 
 from .gemv_config import MAX_M, GemvConfig
+from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 _DOT_M = 16  # tl.dot needs M >= 16
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _chunk_product(acc, acc3, w, k0, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_ptr, inv_rms,
+                   rows_m, mask_m, shm, pid_n, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                   HAS_RES: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+                   EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One BLOCK_K chunk of the product: x's chunk (through the fused prologue) times W's `w`."""
+    act_dtype = x_ptr.dtype.element_ty
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        x = tl.load(x_rows + offs_k[None, :])
+    else:
+        mask_k = offs_k < k_end
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+    if SILU_MUL:  # x holds the gate; up sits K columns further on
+        if EVEN_K:
+            up = tl.load(x_rows + (offs_k[None, :] + K))
+        else:
+            up = tl.load(x_rows + (offs_k[None, :] + K), mask=mask_k[None, :], other=0.0)
+        gate = x.to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
+        x = (act * up.to(tl.float32)).to(act_dtype)
+    if NORM:  # x holds the layer input; normalise it as rms_norm_ref does, rounding alike
+        in_k = offs_k[None, :] < k_end
+        h = x.to(tl.float32)
+        if HAS_RES:
+            r = tl.load(r_rows + offs_k[None, :], mask=in_k, other=0.0).to(tl.float32)
+            h = (h + r).to(act_dtype)
+            # The new residual, written once: by the programs of the first column block.
+            tl.store(h_ptr + rows_m[:, None] * shm + offs_k[None, :], h,
+                     mask=mask_m[:, None] & in_k & (pid_n == 0))
+            h = h.to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+        x = (nw[None, :] * (h * inv_rms[:, None]).to(act_dtype).to(tl.float32)).to(act_dtype)
+    if USE_DOT:
+        if DOT_F32:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc, acc3
+
+
+@triton.jit
+def _load_w(w_rows, k0, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        return tl.load(w_rows + offs_k[None, :])
+    return tl.load(w_rows + offs_k[None, :], mask=(offs_k < k_end)[None, :], other=0.0)
 
 
 @triton.jit(do_not_specialize=["M"])  # rows vary per step: one compile for every M (docs/kernels.md)
@@ -56,7 +108,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
                  HAS_RES: tl.constexpr, PARTIAL: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
+                 BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_release(PDL)  # the next small linear may start and load its weights (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,9 +123,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     x_rows = x_ptr + rows_m[:, None] * sxm
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
-    act_dtype = x_ptr.dtype.element_ty
+    # CUDA-core path: the first W chunk is loaded before anything that reads activations. W is
+    # never written by a step, so with PDL its HBM latency overlaps the previous kernel's tail,
+    # and the fused norm's pre-pass below runs while it is in flight either way. (The dot path's
+    # bigger tiles would spill registers holding it.)
+    PRELOAD: tl.constexpr = not USE_DOT
+    if PRELOAD:
+        w_first = _load_w(w_rows, k_begin, k_end, EVEN_K, BLOCK_K)
+    pdl_wait(PDL)
     r_rows = r_ptr + rows_m[:, None] * srm
+    inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # rms of the whole row of h = x (+ r), whatever K slice this program multiplies
+        act_dtype = x_ptr.dtype.element_ty
         sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for c0 in range(0, K, NORM_BLOCK):
             offs_c = c0 + tl.arange(0, NORM_BLOCK)
@@ -87,44 +149,19 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     # CUDA-core path: per-lane partial products, reduced across lanes once after the loop (a
     # reduction per chunk would shuffle, and sync warps, on every iteration).
     acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K] if not USE_DOT else [1, 1, 1], dtype=tl.float32)
+    k_rest = k_begin
+    if PRELOAD:
+        acc, acc3 = _chunk_product(acc, acc3, w_first, k_begin, k_end, K, x_ptr, x_rows, r_rows,
+                                   h_ptr, nw_ptr, inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL, NORM,
+                                   HAS_RES, USE_DOT, DOT_F32, EVEN_K, BLOCK_K)
+        k_rest = k_begin + BLOCK_K
     # The loop's own num_stages pipelines the W loads (cp.async) on the CUDA-core path too; the
     # launch option alone pipelines only loads that feed tl.dot. STAGES=1: plain vector loads.
-    for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGES):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :])
-            x = tl.load(x_rows + offs_k[None, :])
-        else:
-            mask_k = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
-        if SILU_MUL:  # x holds the gate; up sits K columns further on
-            if EVEN_K:
-                up = tl.load(x_rows + (offs_k[None, :] + K))
-            else:
-                up = tl.load(x_rows + (offs_k[None, :] + K), mask=mask_k[None, :], other=0.0)
-            gate = x.to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
-            x = (act * up.to(tl.float32)).to(act_dtype)
-        if NORM:  # x holds the layer input; normalise it as rms_norm_ref does, rounding alike
-            in_k = offs_k[None, :] < k_end
-            h = x.to(tl.float32)
-            if HAS_RES:
-                r = tl.load(r_rows + offs_k[None, :], mask=in_k, other=0.0).to(tl.float32)
-                h = (h + r).to(act_dtype)
-                # The new residual, written once: by the programs of the first column block.
-                tl.store(h_ptr + rows_m[:, None] * shm + offs_k[None, :], h,
-                         mask=mask_m[:, None] & in_k & (pid_n == 0))
-                h = h.to(tl.float32)
-            nw = tl.load(nw_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
-            x = (nw[None, :] * (h * inv_rms[:, None]).to(act_dtype).to(tl.float32)).to(act_dtype)
-        if USE_DOT:
-            if DOT_F32:
-                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    for k0 in tl.range(k_rest, k_end, BLOCK_K, num_stages=STAGES):
+        w = _load_w(w_rows, k0, k_end, EVEN_K, BLOCK_K)
+        acc, acc3 = _chunk_product(acc, acc3, w, k0, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_ptr,
+                                   inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL, NORM, HAS_RES,
+                                   USE_DOT, DOT_F32, EVEN_K, BLOCK_K)
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
     out_mask = mask_m[:, None] & mask_n[None, :]
@@ -139,7 +176,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
 
 @triton.jit(do_not_specialize=["M"])
 def _split_sum_kernel(part_ptr, b_ptr, out_ptr, M, N, SPLIT, sps, spm, som,
-                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_release(PDL)
     m = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -180,6 +218,7 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
     # The rms pre-pass reads x and residual in chunks of <= 4096 elements over all BLOCK_M rows
     # (one chunk per row at batch 1 up to K = 4096: its loads are serial L2 round trips).
     norm_block = max(16, min(triton.next_power_of_2(k), 4096 // block_m))
+    pdl = pdl_enabled(x)
     _gemv_kernel[grid](x, weight, b, target, r, norm_w, h, eps, m, n, k, k_per_split, x.stride(0),
                        weight.stride(0), target.stride(-2), target.stride(0) if partial else 0,
                        r.stride(0), h.stride(0),
@@ -187,12 +226,13 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
                        HAS_RES=residual is not None, PARTIAL=partial, USE_DOT=cfg.use_dot,
                        DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
                        STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-                       NORM_BLOCK=norm_block, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       NORM_BLOCK=norm_block, PDL=pdl, num_warps=cfg.num_warps,
+                       num_stages=cfg.num_stages, **pdl_launch(pdl))
     if partial:
         block = min(1024, triton.next_power_of_2(n))
         _split_sum_kernel[(triton.cdiv(n, block), m)](target, b, out, m, n, splits, target.stride(0),
                                                       target.stride(1), out.stride(0),
-                                                      HAS_BIAS=bias is not None, BLOCK=block)
+                                                      HAS_BIAS=bias is not None, BLOCK=block, PDL=pdl)
     return out
 
 

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from .kv_append import check_int8_scales
 from .kv_append_triton import _quantize_store
+from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 from .qkv_prep import _check_norms, split_qkv
 
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -63,7 +64,9 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
                      s_tok, s_cos, s_sin, skc_b, skc_s, skc_h, skc_d, svc_b, svc_s, svc_h, svc_d,
                      sks_b, sks_h, sks_s, svs_b, svs_h, svs_s,
                      HAS_NORM: tl.constexpr, KV_INT8: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_release(PDL)  # PDL: launched early, waits for the qkv projection (kernels/pdl.py)
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     act = qkv_ptr.dtype.element_ty
@@ -169,11 +172,12 @@ def qkv_prep_triton(qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache,
     else:
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     weights = (q_norm_weight.contiguous(), k_norm_weight.contiguous()) if has_norm else (qkv, qkv)
+    pdl = pdl_enabled(qkv)
     _qkv_prep_kernel[(n, q_groups + kv_groups)](
         qkv, positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache, *scales, *weights,
         num_heads, num_kv_heads, head_dim, k_cache.shape[1], q_groups, eps,
         qkv.stride(0), cos_cache.stride(0), sin_cache.stride(0), *k_cache.stride(),
         *v_cache.stride(), *s_strides, HAS_NORM=has_norm, KV_INT8=kv_int8, BLOCK_H=block_h,
-        BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 2048 else 8,
-        enable_fp_fusion=False)  # no FMA: rounding as the separate ops and the int8 rule
+        BLOCK_D=block_d, PDL=pdl, num_warps=4 if block_h * block_d <= 2048 else 8,
+        enable_fp_fusion=False, **pdl_launch(pdl))  # no FMA: rounding as the separate ops and the int8 rule
     return q
