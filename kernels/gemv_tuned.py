@@ -7,35 +7,33 @@ logic here.
 
 from .gemv_config import GemvConfig  # noqa: F401  (entries are GemvConfig(...) literals)
 
-# Sweep of 2026-11-24 (H100 80GB HBM3, torch 2.11 + CUDA 13, triton 3.6), commit cc1caca; the
-# Qwen3-0.6B rows again on 2026-11-25 at 80cdcc4, with PDL (kernels/pdl.py): each timed GEMV follows
-# another in the graph, as in a decode step, so the picks assume PDL (on by default on sm_90).
+# Sweep of 2026-11-24 (H100 80GB HBM3, torch 2.11 + CUDA 13, triton 3.6), commit cc1caca.
 TUNED: dict = {
-    (4096, 1024, 1): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b qkv: 4.1 us vs cuBLAS 5.3 us
-    (4096, 1024, 2): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b qkv: 4.6 us vs cuBLAS 5.7 us
-    (4096, 1024, 4): None,  # qwen3-0.6b qkv: 5.6 us vs cuBLAS 5.6 us
-    (4096, 1024, 8): None,  # qwen3-0.6b qkv: 5.5 us vs cuBLAS 5.6 us
-    (4096, 1024, 16): None,  # qwen3-0.6b qkv: 5.6 us vs cuBLAS 5.6 us
-    (1024, 2048, 1): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b o: 2.5 us vs cuBLAS 5.8 us
-    (1024, 2048, 2): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1, split_k=2, use_dot=False),  # qwen3-0.6b o: 3.0 us vs cuBLAS 5.8 us
-    (1024, 2048, 4): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b o: 4.1 us vs cuBLAS 5.8 us
-    (1024, 2048, 8): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # qwen3-0.6b o: 5.4 us vs cuBLAS 5.8 us
-    (1024, 2048, 16): GemvConfig(block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # qwen3-0.6b o: 5.4 us vs cuBLAS 5.8 us
-    (6144, 1024, 1): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b gate_up: 4.8 us vs cuBLAS 7.1 us
-    (6144, 1024, 2): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b gate_up: 6.9 us vs cuBLAS 7.1 us
-    (6144, 1024, 4): None,  # qwen3-0.6b gate_up: 6.9 us vs cuBLAS 7.0 us
-    (6144, 1024, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 6.7 us vs cuBLAS 7.0 us
-    (6144, 1024, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 6.6 us vs cuBLAS 7.1 us
-    (1024, 3072, 1): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b down: 4.0 us vs silu+cuBLAS 7.9 us
-    (1024, 3072, 2): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b down: 4.8 us vs silu+cuBLAS 8.0 us
-    (1024, 3072, 4): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b down: 5.8 us vs silu+cuBLAS 7.9 us
-    (1024, 3072, 8): None,  # qwen3-0.6b down: 11.7 us vs silu+cuBLAS 8.0 us
-    (1024, 3072, 16): None,  # qwen3-0.6b down: 11.8 us vs silu+cuBLAS 8.1 us
-    (151936, 1024, 1): GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b lm_head: 99.6 us vs cuBLAS 111.1 us
-    (151936, 1024, 2): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 104.8 us vs cuBLAS 111.4 us
-    (151936, 1024, 4): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 105.6 us vs cuBLAS 113.1 us
-    (151936, 1024, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 106.4 us vs cuBLAS 113.7 us
-    (151936, 1024, 16): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=2, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 107.2 us vs cuBLAS 115.5 us
+    (4096, 1024, 1): None,  # qwen3-0.6b qkv: 5.3 us vs cuBLAS 5.4 us (1585 GB/s)
+    (4096, 1024, 2): None,  # qwen3-0.6b qkv: 6.0 us vs cuBLAS 5.7 us (1412 GB/s)
+    (4096, 1024, 4): None,  # qwen3-0.6b qkv: 6.0 us vs cuBLAS 5.7 us (1401 GB/s)
+    (4096, 1024, 8): None,  # qwen3-0.6b qkv: 5.6 us vs cuBLAS 5.7 us (1516 GB/s)
+    (4096, 1024, 16): None,  # qwen3-0.6b qkv: 5.6 us vs cuBLAS 5.6 us (1528 GB/s)
+    (1024, 2048, 1): GemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1, split_k=2, use_dot=False),  # qwen3-0.6b o: 3.9 us vs cuBLAS 5.8 us (1074 GB/s)
+    (1024, 2048, 2): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b o: 4.2 us vs cuBLAS 5.8 us (1013 GB/s)
+    (1024, 2048, 4): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b o: 4.6 us vs cuBLAS 5.8 us (922 GB/s)
+    (1024, 2048, 8): None,  # qwen3-0.6b o: 6.1 us vs cuBLAS 5.8 us (695 GB/s)
+    (1024, 2048, 16): None,  # qwen3-0.6b o: 6.1 us vs cuBLAS 5.8 us (703 GB/s)
+    (6144, 1024, 1): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b gate_up: 6.5 us vs cuBLAS 7.2 us (1943 GB/s)
+    (6144, 1024, 2): None,  # qwen3-0.6b gate_up: 7.4 us vs cuBLAS 7.1 us (1715 GB/s)
+    (6144, 1024, 4): None,  # qwen3-0.6b gate_up: 7.3 us vs cuBLAS 7.1 us (1723 GB/s)
+    (6144, 1024, 8): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 7.0 us vs cuBLAS 7.1 us (1822 GB/s)
+    (6144, 1024, 16): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 6.9 us vs cuBLAS 7.2 us (1848 GB/s)
+    (1024, 3072, 1): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 5.0 us vs silu+cuBLAS 8.2 us (1272 GB/s)
+    (1024, 3072, 2): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 5.4 us vs silu+cuBLAS 8.1 us (1176 GB/s)
+    (1024, 3072, 4): GemvConfig(block_n=8, block_k=512, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 6.9 us vs silu+cuBLAS 8.0 us (920 GB/s)
+    (1024, 3072, 8): None,  # qwen3-0.6b down: 12.7 us vs silu+cuBLAS 8.0 us (504 GB/s)
+    (1024, 3072, 16): None,  # qwen3-0.6b down: 12.2 us vs silu+cuBLAS 8.2 us (534 GB/s)
+    (151936, 1024, 1): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b lm_head: 101.1 us vs cuBLAS 112.2 us (3082 GB/s)
+    (151936, 1024, 2): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b lm_head: 104.8 us vs cuBLAS 111.8 us (2974 GB/s)
+    (151936, 1024, 4): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 107.3 us vs cuBLAS 113.7 us (2912 GB/s)
+    (151936, 1024, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 108.1 us vs cuBLAS 114.8 us (2900 GB/s)
+    (151936, 1024, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=2, split_k=1, use_dot=True),  # qwen3-0.6b lm_head: 109.0 us vs cuBLAS 117.3 us (2899 GB/s)
     (6144, 4096, 1): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b qkv: 18.9 us vs cuBLAS 20.8 us (2667 GB/s)
     (6144, 4096, 2): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b qkv: 19.4 us vs cuBLAS 20.9 us (2592 GB/s)
     (6144, 4096, 4): None,  # llama-3-8b qkv: 21.5 us vs cuBLAS 20.8 us (2347 GB/s)
