@@ -24,6 +24,8 @@ Examples:
       --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024
   python bench/throughput.py --model small-random-151k --sampling all --hf none \\
       --num-seqs 64 --prompt-len 16 128 --output-len 32 64       # the CPU form of issue 10's table
+  python bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --hf none \
+      --pipeline-parallel-size 2 --pipeline-microbatches off    # A/B pipeline micro-batches (on)
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def parse_args(argv=None):
                     help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
+    ap.add_argument("--pipeline-microbatches", default="auto", choices=["auto", "on", "off"],
+                    help="with --pipeline-parallel-size P > 1: keep P micro-batches in flight (auto = on) "
+                         "or run one step at a time (off), to A/B the pipeline")
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
     ap.add_argument("--hf-max-seqs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -114,7 +119,8 @@ def run_ours(args, prompts, out_lens, kinds):
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
-              async_scheduling=ASYNC_MODES[args.async_scheduling])
+              async_scheduling=ASYNC_MODES[args.async_scheduling],
+              pipeline_microbatches=args.pipeline_microbatches)
     runs = {}
     gc_timer = GcTimer()
     if args.switch_interval:
@@ -163,6 +169,7 @@ def run_ours(args, prompts, out_lens, kinds):
                  "dtype": str(llm.engine.runner.dtype), "kv_cache_dtype": args.kv_cache_dtype,
                  "preemptions": llm.stats()["num_preemptions"],
                  "async_scheduling": llm.engine.async_scheduling,
+                 "pipeline_depth": llm.engine.pipeline_depth,
                  "step_seconds": llm.stats()["step_seconds"], "sampling": runs})
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()

@@ -17,6 +17,7 @@ from infer_cluster.protocol.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "int8")
+MICROBATCH_MODES = ("auto", "on", "off")
 LOAD_FORMATS = ("auto", "dummy")
 
 
@@ -51,6 +52,7 @@ class EngineConfig:
     warmup: Optional[bool] = field(default=None, metadata={"help": "serve a synthetic workload at start (largest shapes, every sampling path) so nothing compiles or allocates while serving; default: on for CUDA, off on CPU"})
     cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
     async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python (outputs are the same); unset = auto: on for a single-rank replica on CUDA, off on CPU and with tensor/pipeline parallel (which run synchronously)"})
+    pipeline_microbatches: str = field(default="auto", metadata={"help": "with pipeline_parallel_size P > 1, keep up to P steps in flight on disjoint groups of the running batch so that every stage works at once (outputs are the same): auto (on when P > 1), on, or off (one step at a time)"})
     kv_offload_gib: float = field(default=0.0, metadata={"help": "host-memory KV tier in GiB (pinned on CUDA; 0 = off): prefix blocks evicted from the device pool are kept there and copied back on a hit, and preempted requests are swapped there instead of recomputed when it has room"})
 
     def __post_init__(self):
@@ -98,6 +100,14 @@ class EngineConfig:
         if self.async_scheduling is True and self.world_size > 1:
             raise ConfigError("async_scheduling works on single-rank replicas only for now; leave it "
                               "at auto (or off) with tensor_parallel_size x pipeline_parallel_size > 1")
+        if isinstance(self.pipeline_microbatches, bool):  # a JSON/YAML true/false
+            self.pipeline_microbatches = "on" if self.pipeline_microbatches else "off"
+        if self.pipeline_microbatches not in MICROBATCH_MODES:
+            raise ConfigError(f"pipeline_microbatches must be one of {', '.join(MICROBATCH_MODES)}, "
+                              f"got {self.pipeline_microbatches!r}")
+        if self.pipeline_microbatches == "on" and self.pipeline_parallel_size == 1:
+            raise ConfigError("pipeline_microbatches 'on' needs pipeline_parallel_size > 1; leave it at "
+                              "auto (or off) with one pipeline stage")
         if self.kv_offload_gib and self.world_size > 1:
             raise ConfigError("kv_offload_gib (the host KV tier) works on single-rank replicas only; "
                               "set it to 0 or use tensor_parallel_size = pipeline_parallel_size = 1")
@@ -105,6 +115,13 @@ class EngineConfig:
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def microbatch_depth(self) -> int:
+        """Steps a replica keeps in flight on disjoint groups: P with pipeline micro-batches
+        (auto or on, P > 1), else 1 (one step at a time)."""
+        on = self.pipeline_microbatches != "off" and self.pipeline_parallel_size > 1
+        return self.pipeline_parallel_size if on else 1
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -10,6 +10,10 @@ the host), and settled-state cases: a schedule that needed preemption,
 a top-k / top-p row whose kept set did not fit its candidates) changed a token that the step in
 flight already used as a pending input, that step's token of the request is dropped and its
 position recomputed (`Scheduler.rewind`), so the step is collected before the next schedule.
+Pipeline micro-batches (a runner with `pipeline_depth` P > 1, worker/microbatch.py): up to P
+steps in flight, each on a disjoint group of about 1/P of the batch (`Scheduler.schedule(group=)`);
+after a submit the oldest is collected once P are in flight, so rank 0 samples group k while
+the later stages compute k+1; a schedule that finds every request in flight collects instead.
 Sampling itself never blocks the launch (sampled, penalties and logprobs rows included). Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text_stage.py) turns them
@@ -43,6 +47,7 @@ from .inflight import InFlightSteps
 from .kv_reset import reset_engine_cache
 from .loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from .logprob_rows import resolve_logprobs
+from .microbatch import group_size
 from .model_runner import ModelRunner
 from .models.decoder import ModelSpec
 from .request import Request
@@ -125,6 +130,7 @@ class DynamicEngine:
         mode = config.async_scheduling  # auto: on where the runner can (one rank, CUDA)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode
                                      ) and getattr(self.runner, "supports_async", False)
+        self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
 
     def _resolve_max_model_len(self) -> int:
         limit = self.spec.max_position_embeddings
@@ -222,13 +228,15 @@ class DynamicEngine:
         one final delta, even if the step failed."""
         deltas, self._pending = self._pending, []
         out, launched = None, False
+        depth = self.pipeline_depth
         try:
-            if self._inflight and self._inflight.drain_next:
+            while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
-            out = self._timed("schedule", self.scheduler.schedule, not self._inflight)
+            out = self._timed("schedule", self.scheduler.schedule, not self._inflight, self._group_size())
             self._inflight.drain_next = out.blocked
-            sync = not self.async_scheduling or bool(
-                self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests))
+            # Micro-batch groups are disjoint: no row waits for an id of a step in flight.
+            sync = depth == 1 and (not self.async_scheduling or bool(
+                self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests)))
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -236,10 +244,15 @@ class DynamicEngine:
             if out.has_swaps:
                 self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
-                self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
-                            self.scheduler.requests, self.eos_token_ids)
+                if depth > 1:
+                    self._timed("launch", self._inflight.submit, out, self.runner,
+                                self.scheduler.requests, self.eos_token_ids)
+                else:
+                    self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
+                                self.scheduler.requests, self.eos_token_ids)
                 launched = True
-            while len(self._inflight) > (0 if sync else 1):
+            keep = depth - 1 if depth > 1 else 1
+            while len(self._inflight) > (0 if sync else keep):
                 self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
@@ -264,6 +277,14 @@ class DynamicEngine:
         elif not self.defer_logprobs:
             resolve_logprobs(deltas)
         return deltas
+
+    def _group_size(self) -> Optional[int]:
+        """The next micro-batch's size (None: no micro-batches, the whole batch)."""
+        if self.pipeline_depth == 1:
+            return None
+        sched = self.scheduler
+        return group_size(len(sched.running), len(sched.waiting), self.config.max_num_seqs,
+                          self.pipeline_depth)
 
     def _collect(self, deltas: list) -> None:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""

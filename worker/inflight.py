@@ -14,6 +14,10 @@ come back so the engine can rewind a later step that used them). On the CPU the 
 ordinary one and there is no event, but the same code runs.
 Must never: change the scheduler or requests (the engine applies the results), or sync the
 device anywhere but `wait()` / `abandon()`.
+Pipeline micro-batches (worker/microbatch.py): `InFlightSteps.submit` hands a step to a
+runner with `submit` / `collect` (a pipeline-parallel `DistributedRunner`) and returns a
+`SubmittedStep`; its logits are collected, drawn and copied to the host in `wait()`, when the
+engine collects it. Its group never holds a `pending_input` row (groups are disjoint).
 To extend (more steps in flight): the engine's collect condition sets the depth; steps are
 always collected oldest first.
 """
@@ -101,19 +105,16 @@ class InFlightSteps:
             logits, row_ids = runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
         else:
             logits, row_ids = runner.execute(out)
-        rows = []
-        for rid in row_ids:
-            req = requests.get(rid)
-            if req is None:  # ended after scheduling (an id that arrived meanwhile)
-                rows.append(_DROPPED_ROW)
-                continue
-            # num_pending counts this step's own token; the others are drawn on the device
-            rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                             None, eos_token_ids, rid, req.num_pending - 1))
-        # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        self.last = LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True))
+        self.last = _draw(out, logits, row_ids, sampler, requests, eos_token_ids)
         self.steps.append(self.last)
         return self.last
+
+    def submit(self, out: SchedulerOutput, runner, requests: dict, eos_token_ids) -> "SubmittedStep":
+        """A micro-batch: the runner starts it on every stage and returns at once; its logits
+        are collected (and drawn) when the engine collects the step."""
+        step = SubmittedStep(out, runner, runner.submit(out), requests, eos_token_ids)
+        self.steps.append(step)
+        return step
 
     def abandon(self) -> list[SchedulerOutput]:
         """After a failure: wait until the device is done with every launched step (ignoring
@@ -123,3 +124,43 @@ class InFlightSteps:
             launched.abandon()
         self.steps, self.last, self.drain_next = [], None, False
         return outs
+
+
+class SubmittedStep:
+    """A micro-batch whose stages run on the ranks; `wait` collects its logits and samples."""
+
+    def __init__(self, out: SchedulerOutput, runner, ticket, requests: dict, eos_token_ids):
+        self.out = out
+        self._runner, self._ticket = runner, ticket
+        self._requests, self._eos = requests, eos_token_ids
+
+    def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
+        """`LaunchedStep.wait` of the step once its logits arrived (rows built now: a request
+        that ended meanwhile gets a dropped row)."""
+        logits, row_ids = self._runner.collect(self._ticket)
+        self._ticket = None
+        return _draw(self.out, logits, row_ids, sampler, self._requests, self._eos).wait(sampler)
+
+    def abandon(self) -> None:
+        """A failure elsewhere: let the runner take this step's logits (if the group is still
+        healthy), so that the next step's logits are not mistaken for them."""
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            self._runner.discard(ticket)
+
+
+def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
+          requests: dict, eos_token_ids) -> LaunchedStep:
+    """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
+    live requests by id."""
+    rows = []
+    for rid in row_ids:
+        req = requests.get(rid)
+        if req is None:  # ended after scheduling (an id that arrived meanwhile)
+            rows.append(_DROPPED_ROW)
+            continue
+        # num_pending counts this step's own token; the others are drawn on the device
+        rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
+                                         None, eos_token_ids, rid, req.num_pending - 1))
+    # The runner's logits are this step's own tensor: the sampler may edit them in place.
+    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True))

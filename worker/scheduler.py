@@ -30,6 +30,8 @@ max_model_len). While another step is uncollected, `schedule(can_preempt=False)`
 preempts: it stops at the first request that needs blocks it cannot get and sets `blocked`, and
 the engine settles before the next schedule. A request that ends while a step that computes it
 is uncollected keeps its blocks until that step's `update` (the device may still write them).
+Pipeline micro-batches (`schedule(group=n)`, worker/microbatch.py): at most n sequences, none
+with an uncollected step, so the groups in flight are disjoint and no row is `pending_input`.
 `rewind(id)`: the request's pending input in the uncollected step was wrong (the sampler redid
 the previous token): that step's `update` drops its token and takes back the position it
 computed (`num_computed_tokens`), so the next schedule recomputes it with the right id; the
@@ -211,13 +213,14 @@ class Scheduler:
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def schedule(self, can_preempt: bool = True) -> SchedulerOutput:
+    def schedule(self, can_preempt: bool = True, group: Optional[int] = None) -> SchedulerOutput:
         """The next step. `can_preempt=False` while another step is uncollected (see the
         module docstring): no preemption, and no admission after a request was left out.
+        `group`: a micro-batch of at most that many sequences, skipping busy requests.
         Blocks on the oldest load only when nothing else can run."""
         self._poll_loads()
         while True:
-            out = self._schedule(can_preempt)
+            out = self._schedule(can_preempt, group or self.max_num_seqs, group is not None)
             if out.requests or out.has_swaps or out.preempted_ids or out.blocked or not self.loads.waits:
                 return out
             oldest = next(iter(self.loads.members))  # every request left waits for a load
@@ -226,16 +229,17 @@ class Scheduler:
             self._land([oldest])
             self._poll_loads()
 
-    def _schedule(self, can_preempt: bool) -> SchedulerOutput:
+    def _schedule(self, can_preempt: bool, max_seqs: int, skip_busy: bool) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
         budget = self.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out.requests) < max_seqs:
             req = self.running[i]
-            if req.request_id in self.loads.waits or (req.num_pending and self._ends_by_length(req)):
-                i += 1  # its KV is still loading, or its pending token is its last
+            if (req.request_id in self.loads.waits or (req.num_pending and self._ends_by_length(req))
+                    or (skip_busy and req.request_id in self._busy)):
+                i += 1  # its KV is still loading, its pending token is its last, or it is in flight
                 continue
             num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
             if not can_preempt and not self._fits(req, num_new):
@@ -246,8 +250,8 @@ class Scheduler:
             self._emit(req, num_new, out)
             budget -= num_new
             i += 1
-        if not out.preempted_ids and not out.blocked:
-            budget = self._admit_waiting(budget, out)
+        if not out.preempted_ids and not out.blocked and len(out.requests) < max_seqs:
+            budget = self._admit_waiting(budget, out, max_seqs)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self.num_scheduled_tokens += out.num_batched_tokens
         return out
@@ -307,8 +311,9 @@ class Scheduler:
         out.preempted_ids.append(req.request_id)
         bisect.insort(self.waiting, req, key=lambda r: r.sort_key)
 
-    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _admit_waiting(self, budget: int, out: SchedulerOutput, max_seqs: int) -> int:
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(out.requests) < max_seqs):
             req = self.waiting[0]
             swapped = req.host_block_ids is not None
             if swapped:  # its KV waits on the host: all of it comes back, nothing is recomputed

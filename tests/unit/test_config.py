@@ -111,6 +111,10 @@ def test_sampling_params_from_dict_rejects_unknown_keys():
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, int8, got 'fp8'"),
     (dict(async_scheduling="yes"), "async_scheduling must be true, false or 'auto', got 'yes'"),
     (dict(async_scheduling=True, tensor_parallel_size=2), "async_scheduling works on single-rank"),
+    (dict(pipeline_microbatches="yes", pipeline_parallel_size=2),
+     "pipeline_microbatches must be one of auto, on, off, got 'yes'"),
+    (dict(pipeline_microbatches=2, pipeline_parallel_size=2), "pipeline_microbatches must be one of"),
+    (dict(pipeline_microbatches="on"), "pipeline_microbatches 'on' needs pipeline_parallel_size > 1"),
 ])
 def test_engine_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -133,6 +137,18 @@ def test_engine_config_accepts_good_values():
     assert EngineConfig(tensor_parallel_size=2, device_ids="0, 1").device_ids == [0, 1]
     with pytest.raises(ConfigError, match="device_ids lists 3 devices"):
         EngineConfig(tensor_parallel_size=2, device_ids="0,1,2")
+
+
+def test_pipeline_microbatches_depth():
+    """auto = on with P > 1; the depth (steps in flight) is P, or 1 without micro-batches."""
+    assert EngineConfig().microbatch_depth == 1
+    assert EngineConfig(pipeline_microbatches="off").microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2).microbatch_depth == 2
+    assert EngineConfig(pipeline_parallel_size=2, tensor_parallel_size=2,
+                        pipeline_microbatches="on").microbatch_depth == 2
+    assert EngineConfig(pipeline_parallel_size=2, pipeline_microbatches="off").microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2, pipeline_microbatches=True).pipeline_microbatches == "on"
+    assert EngineConfig(pipeline_microbatches=False).pipeline_microbatches == "off"
 
 
 def test_engine_config_replace_revalidates():

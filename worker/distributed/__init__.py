@@ -3,7 +3,8 @@
 Owns: `DistributedRunner` (rank 0's model runner, picked by `DynamicEngine` when
 `tensor_parallel_size x pipeline_parallel_size > 1`), the rank processes' entry point
 (`rank_main`), their layout and timeouts (`topology`), the per-step bytes (`step_codec`),
-process bookkeeping and failure detection (`launcher`), and one rank's shard (`shard`).
+process bookkeeping and failure detection (`launcher`), one rank's shard (`shard`), and the
+stage-to-stage messages of pipeline micro-batches (`relay`).
 See docs/parallel.md. Names load lazily: a rank process imports this package before torch.
 """
 

@@ -4,7 +4,8 @@ Owns: one rank process's life. Before torch loads (seconds), it starts the heart
 which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed),
 and a thread that ends it at EOF on stdin (rank 0 closed the pipe, or died). Then it joins the
 group, builds its `RankShard` (capturing decode graphs in lock step with the other ranks), and
-loops: wait for the next step on the step channel, run it. A STOP step ends the loop: graphs
+loops: wait for the next step (`RankShard.next_step`: the step channel, or with pipeline
+micro-batches the previous stage's relay), run it. A STOP step ends the loop: graphs
 are released, the group is left, and the process exits with code 0 (`os._exit`: torch's
 teardown is slow); any error ends it with code 1 after one logged traceback (rank 0's monitor
 turns that into the replica's failure).
@@ -57,7 +58,7 @@ def _serve(shard) -> None:
     from .step_codec import Op
 
     while True:
-        header, payload = shard.channel.recv()
+        header, payload = shard.next_step()
         if header.op is Op.STOP:
             return
         shard.run_step(header, payload)

@@ -12,7 +12,9 @@ eager for every rank (decode-only batches that fit the captured ladder replay), 
 rank died or hung, a collective raised) is fatal for the replica: every rank is killed, this
 step and every later one raise `RankFailedError` naming the rank and cause, and
 `on_fatal(reason)` (if given) is called from the monitor thread so a server can exit and let
-the coordinator re-route.
+the coordinator re-route. With pipeline micro-batches (`pipeline_depth` = P > 1, read by the
+engine) a step is `submit(out)` (pack, hand to stage 0's ranks and the next stage, run stage
+0's share, post the logits' receive) and later `collect(ticket)`; `execute` is both at once.
 
 Must never run a step after a failure (ranks could be mid-collective), never block forever
 (collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
@@ -41,7 +43,7 @@ from ..models.decoder import ModelSpec
 from ..scheduler_output import SchedulerOutput
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import STOP_HEADER, Op, is_decode_only, pack_step, sampled_request_ids
+from .step_codec import Op, is_decode_only, pack_step, sampled_request_ids
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,15 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
         raise ConfigError(f"tensor_parallel_size {tp} does not divide {', '.join(problems)}")
 
 
+@dataclasses.dataclass
+class StepTicket:
+    """A submitted micro-batch: the buffer its logits land in and the receive filling it."""
+    logits: torch.Tensor
+    work: object  # the logits' receive (None: the step samples nothing)
+    request_ids: list[str]
+    done: bool = False
+
+
 class DistributedRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
                  max_model_len: int, options: Optional[DistributedOptions] = None,
@@ -80,6 +91,8 @@ class DistributedRunner:
         self._step_lock = threading.Lock()  # one broadcast at a time: steps, then STOP
         self._bootstrap: Optional[threading.Thread] = None
         self._bootstrap_done = False
+        self.pipeline_depth = config.microbatch_depth  # micro-batches the engine keeps in flight
+        self._uncollected: list[StepTicket] = []  # submitted, not collected (STOP waits for them)
         self._shard: Optional[RankShard] = None
         self._ranks: list[RankProcess] = []
         device = resolve_device(config, 0)
@@ -133,14 +146,65 @@ class DistributedRunner:
         monitor = getattr(self, "_monitor", None)
         return monitor.error if monitor is not None else None
 
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
-        """One step on every rank; returns rank 0's logits `[num_sampled, vocab]` and request ids.
-        Raises `RankFailedError` if the group failed (now or before)."""
+    def _check_usable(self) -> None:
         if self._closed:
             raise RankFailedError("the tensor/pipeline-parallel runner is closed")
         if self.error is not None:
             self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
             raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
+
+    def submit(self, out: SchedulerOutput) -> "StepTicket":
+        """Micro-batches: start a step on every stage and return without its logits."""
+        self._check_usable()
+        shard = self._shard
+        try:
+            with self._step_lock:
+                header, payload = pack_step(out, shard.block_size)
+                logits, work = shard.submit_step(header, shard.send_step(header, payload))
+                ticket = StepTicket(logits, work, sampled_request_ids(out))
+                self._uncollected.append(ticket)
+        except Exception as exc:
+            raise self._step_failure(exc) from None
+        if self.error is not None:
+            raise self._step_failure(RuntimeError("the rank group failed during the step"))
+        return ticket
+
+    def collect(self, ticket: "StepTicket") -> tuple[torch.Tensor, list[str]]:
+        """The logits `[num_sampled, vocab]` and request ids of a submitted step (steps are
+        collected in submit order). Raises `RankFailedError` if the group failed."""
+        if ticket.done:
+            raise RuntimeError("this step was already collected")
+        ticket.done = True
+        try:
+            self._check_usable()
+            try:
+                if ticket.work is not None:
+                    self._shard.relay.wait(ticket.work)
+                if self.device.type == "cuda":  # see execute(): only logits of a healthy group
+                    torch.cuda.current_stream(self.device).synchronize()
+            except Exception as exc:
+                raise self._step_failure(exc) from None
+            if self.error is not None:
+                raise self._step_failure(RuntimeError("the rank group failed during the step"))
+        finally:
+            self._uncollected.remove(ticket)
+        return ticket.logits, ticket.request_ids
+
+    def discard(self, ticket: "StepTicket") -> None:
+        """Take a step's logits and drop them (the engine abandons it after a failure
+        elsewhere); nothing to take if the group failed."""
+        if not ticket.done:
+            try:
+                self.collect(ticket)
+            except RankFailedError:
+                pass
+
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
+        """One step on every rank; returns rank 0's logits `[num_sampled, vocab]` and request ids.
+        Raises `RankFailedError` if the group failed (now or before)."""
+        self._check_usable()
+        if self.pipeline_depth > 1:
+            return self.collect(self.submit(out))
         shard = self._shard
         try:
             with self._step_lock:
@@ -196,7 +260,10 @@ class DistributedRunner:
 
         def send():
             try:
-                self._shard.channel.send(STOP_HEADER)
+                for ticket in self._uncollected:  # micro-batches still in flight finish first
+                    if ticket.work is not None:
+                        self._shard.relay.wait(ticket.work)
+                self._shard.send_stop()
                 done.set()
             except Exception:
                 log.debug("STOP broadcast failed", exc_info=True)

@@ -10,7 +10,11 @@ torch requires), the `ModelRunner` for this rank's TP rank and layer range, the 
 lock step, with barriers on the CPU group before every size and after the ladder), and
 `run_step`: unpack the broadcast step tensor, replay the graph it names or run eagerly, take
 stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
-sampled rows' logits from the last stage's TP leader to rank 0.
+sampled rows' logits from the last stage's TP leader to rank 0. With pipeline micro-batches
+(`EngineConfig.microbatch_depth` > 1) the step goes stage to stage instead (`relay.py`): rank 0
+broadcasts it only to its own stage's TP ranks (a gloo group of their own), every stage passes
+it on to the next with the activations, and rank 0 `submit_step`s without waiting for the
+logits, which it receives later (`StageRelay.post_logits`).
 
 Must never sample, schedule, or decide anything on its own: every rank derives its tensors
 and its graph-or-eager choice from the same broadcast header and payload, so all ranks issue
@@ -25,6 +29,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,7 +41,8 @@ from ..model_runner import ModelRunner, resolve_device
 from ..models.decoder import ModelSpec
 from ..models.parallel import ParallelState
 from .channel import StepChannel
-from .step_codec import INT32_MAX, Op, StepHeader, unpack_step
+from .relay import StageRelay
+from .step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -49,7 +55,7 @@ class RankGroups:
     """The process groups of one rank; `control` is always gloo (CPU tensors)."""
 
     def __init__(self, layout: RankLayout, device: torch.device, options: DistributedOptions,
-                 store: dist.Store):
+                 store: dist.Store, pipelined: bool = False):
         timeout = datetime.timedelta(seconds=options.collective_timeout_s)
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group; "
@@ -70,6 +76,11 @@ class RankGroups:
             group = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
             if stage == layout.stage:
                 self.tp_group = group
+        # Micro-batches: stage 0's TP ranks wait for steps here (later stages get them by relay).
+        self.stage_wait = None
+        if pipelined and layout.tensor_parallel_size > 1:
+            group = dist.new_group(layout.tp_group_ranks(0), backend="gloo", timeout=WAIT_TIMEOUT)
+            self.stage_wait = group if layout.is_first_stage else None
 
     @staticmethod
     def abort() -> None:
@@ -104,7 +115,8 @@ class RankShard:
         device = resolve_device(config, layout.rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        self.groups = RankGroups(layout, device, options, store)
+        self.depth = config.microbatch_depth  # > 1: pipeline micro-batches (relay.py)
+        self.groups = RankGroups(layout, device, options, store, pipelined=self.depth > 1)
         ps = ParallelState(tp_rank=layout.tp_rank, tp_size=layout.tensor_parallel_size,
                            tp_group=self.groups.tp_group)
         self.runner = ModelRunner(config, spec, model_path, hf_config, max_model_len, ps=ps,
@@ -116,8 +128,16 @@ class RankShard:
         if self.runner.num_kv_blocks * config.block_size > INT32_MAX:
             raise ConfigError(f"{self.runner.num_kv_blocks} KV blocks of {config.block_size} tokens "
                               f"exceed the int32 slot ids of the step tensor; lower num_kv_blocks")
-        self.channel = StepChannel(self.groups.wait, dist.group.WORLD, self.device,
-                                   0 if self.device.type == "cuda" else CPU_INLINE_CAPACITY)
+        inline = 0 if self.device.type == "cuda" else CPU_INLINE_CAPACITY
+        self.relay: Optional[StageRelay] = None
+        if self.depth == 1:
+            self.channel = StepChannel(self.groups.wait, dist.group.WORLD, self.device, inline)
+        else:
+            stage_wait = self.groups.stage_wait
+            self.channel = (StepChannel(stage_wait, self.groups.tp_group, self.device, inline)
+                            if stage_wait is not None else None)
+            self.relay = StageRelay(layout, self.groups.wait, dist.group.WORLD, self.device,
+                                    options.collective_timeout_s, keep=self.depth)
         self.graphs: Optional[DecodeGraphs] = None
         if (self.device.type == "cuda" and not config.enforce_eager
                 and layout.pipeline_parallel_size == 1):
@@ -159,7 +179,70 @@ class RankShard:
         if graphs is not None:
             graphs.release()
 
+    # -- how steps arrive ---------------------------------------------------------------------
+
+    def send_step(self, header: StepHeader, payload: Optional[np.ndarray]) -> Optional[torch.Tensor]:
+        """Rank 0: hand the step to the ranks that need it from rank 0; returns the payload on
+        this rank's device."""
+        if self.relay is None:
+            return self.channel.send(header, payload)
+        if self.channel is not None:
+            data = self.channel.send(header, payload)
+        else:
+            data = None if payload is None else self._payload_on_device(payload)
+        self.relay.forward_step(header, data)  # rank 0 is never the last of P > 1 stages
+        return data
+
+    def _payload_on_device(self, payload: np.ndarray) -> torch.Tensor:
+        host = torch.from_numpy(payload)
+        return host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+
+    def next_step(self) -> tuple[StepHeader, Optional[torch.Tensor]]:
+        """Ranks 1..N-1: wait for the next step (with micro-batches: from rank 0's stage
+        broadcast or from the previous stage, and pass it on to the next stage at once)."""
+        if self.relay is None:
+            return self.channel.recv()
+        lay = self.layout
+        header, payload = self.channel.recv() if lay.is_first_stage else self.relay.recv_step()
+        if not lay.is_last_stage:
+            self.relay.forward_step(header, payload)
+        if header.op is Op.STOP:
+            self.relay.flush()
+        return header, payload
+
+    def send_stop(self) -> None:
+        """Rank 0: the STOP step to every rank (by the same path as steps)."""
+        self.send_step(STOP_HEADER, None)
+        if self.relay is not None:
+            self.relay.flush()
+
     # -- one step ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def submit_step(self, header: StepHeader, payload: torch.Tensor):
+        """Rank 0 with micro-batches: run stage 0's share, send the activations on, and post
+        the receive of the logits without waiting. Returns (logits buffer, work or None)."""
+        self._run_stage(header, payload)
+        relay, spec = self.relay, self.spec
+        if header.num_sampled:
+            logits, work = relay.post_logits(header.num_sampled, spec.vocab_size, self.dtype)
+        else:
+            logits, work = torch.empty(0, spec.vocab_size, dtype=self.dtype, device=self.device), None
+        relay.end_step()
+        return logits, work
+
+    def _run_stage(self, header: StepHeader, payload: torch.Tensor) -> None:
+        """Micro-batches, every rank: this stage's share; activations and logits go by relay."""
+        lay, relay = self.layout, self.relay
+        hidden = residual = None
+        if not lay.is_first_stage:
+            buf = relay.recv_activations(header.num_tokens, self.spec.hidden_size, self.dtype)
+            hidden, residual = buf[0], buf[1]
+        first, second = self.runner.execute_stage(unpack_step(header, payload), hidden, residual)
+        if not lay.is_last_stage:
+            relay.send_activations(first, second)
+        elif lay.rank == lay.last_stage_leader and header.num_sampled:
+            relay.send_logits(first)
 
     @torch.inference_mode()
     def run_step(self, header: StepHeader, payload: torch.Tensor) -> Optional[torch.Tensor]:
@@ -167,6 +250,10 @@ class RankShard:
         `[num_sampled, vocab]` (in payload row order); other ranks get whatever their stage
         produced (ignored)."""
         runner, lay = self.runner, self.layout
+        if self.relay is not None:  # ranks 1..N-1 with micro-batches (rank 0 uses submit_step)
+            self._run_stage(header, payload)
+            self.relay.end_step()
+            return None
         if header.op is Op.GRAPH:
             inputs = unpack_step(header, payload, widen=False)
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta,

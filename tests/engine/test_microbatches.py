@@ -1,0 +1,133 @@
+"""The engine's half of pipeline micro-batches, without processes: a single-process runner that
+poses as a pipeline of depth P (`submit` / `collect`) gives the same outputs as the synchronous
+loop for every finish rule, stop strings, seeded sampling, penalties, n-gram bans, logprobs,
+prefix-cache hits, chunked prefill and preemption; groups in flight are disjoint and up to P
+deep; aborts and failures with groups in flight end every request exactly once and free every
+block. The rank-side half is tests/distributed/test_microbatches.py."""
+
+import pytest
+
+import infer_cluster.worker.engine as engine_mod
+from infer_cluster.worker import LLM
+from infer_cluster.worker.model_runner import ModelRunner
+
+from .test_async_scheduling import PROMPTS, SETTINGS, drain, greedy, outputs, reference_params  # noqa: F401
+
+
+def pipelined_runner(depth, log):
+    class Pipelined(ModelRunner):
+        """Runs a step at submit (groups are disjoint, so when does not matter) and hands the
+        logits over at collect, checking the order and the disjointness of the groups."""
+        pipeline_depth = depth
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tickets = []
+
+        def submit(self, out):
+            ids = {s.request_id for s in out.requests}
+            for other in self.tickets:
+                assert not ids & other["ids"], "a request is in two groups in flight"
+            assert not any(s.pending_input for s in out.requests)
+            ticket = dict(ids=ids, result=self.execute(out))
+            self.tickets.append(ticket)
+            log.append(len(self.tickets))
+            assert len(self.tickets) <= depth
+            return ticket
+
+        def collect(self, ticket):
+            assert self.tickets[0] is ticket, "groups are collected in submit order"
+            return self.tickets.pop(0)["result"]
+
+        def discard(self, ticket):
+            self.tickets.remove(ticket)
+
+    return Pipelined
+
+
+@pytest.fixture
+def depth_llm(monkeypatch):
+    def make(depth, **kw):
+        log = []
+        monkeypatch.setattr(engine_mod, "ModelRunner", pipelined_runner(depth, log))
+        llm = LLM("tiny-random", **kw)
+        monkeypatch.setattr(engine_mod, "ModelRunner", ModelRunner)
+        assert llm.engine.pipeline_depth == depth
+        return llm, log
+    return make
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, depth):  # noqa: F811
+    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    sync = LLM("tiny-random", async_scheduling=False, **kw)
+    want = outputs(sync, reference_params)
+    llm, log = depth_llm(depth, **kw)
+    got = outputs(llm, reference_params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"{setting}: request {i} differs"
+        if b[3] is not None:
+            # groups differ from the whole batch: float32 sums may differ in the last bits
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-4)
+    assert max(log) == depth  # groups really overlapped, up to the depth
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+    assert stats["prefix_cache_hit_tokens"] > 0
+    if setting == "preemption":
+        assert stats["num_preemptions"] > 0
+
+
+def test_finish_and_abort_while_other_groups_are_in_flight(depth_llm):
+    kw = dict(block_size=8, num_kv_blocks=64)
+    ref = LLM("tiny-random", **kw)
+    lengths = (3, 15, 15, 6)
+    want = [o.token_ids for o in ref.generate(PROMPTS[:4], [greedy(n) for n in lengths], use_tqdm=False)]
+    llm, log = depth_llm(2, **kw)
+    rids = [llm.add_request(p, greedy(n)) for p, n in zip(PROMPTS[:4], lengths)]
+    got, early = {rid: [] for rid in rids}, {}
+    for _ in range(7):
+        for d in llm.step():
+            got[d.request_id] += d.token_ids
+            if d.finished:
+                early[d.request_id] = d
+    assert rids[0] in early and rids[1] not in early  # one ended while others were in flight
+    assert len(llm.engine._inflight) == 1 and max(log) == 2
+    in_flight = {s.request_id for s in llm.engine._inflight.steps[0].out.requests}
+    assert rids[1] in in_flight  # aborted while its group is in flight
+    assert llm.abort(rids[1])
+    finals, tokens = drain(llm, [r for r in rids if r not in early])
+    assert all(len(f) == 1 for f in finals.values())
+    finals.update({rid: [d] for rid, d in early.items()})
+    assert finals[rids[1]][0].finish_reason == "abort"
+    for i in (0, 2, 3):
+        assert got[rids[i]] + tokens.get(rids[i], []) == want[i]
+        assert finals[rids[i]][0].finish_reason == "length"
+    assert in_flight and in_flight != set(rids) - set(early)  # the batch really was split
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+
+
+@pytest.mark.parametrize("where", ["submit", "collect"])
+def test_failure_with_groups_in_flight_ends_every_request_once(depth_llm, monkeypatch, where):
+    llm, _ = depth_llm(2, block_size=8, num_kv_blocks=64)
+    runner = llm.engine.runner
+    rids = [llm.add_request(p, greedy(n)) for p, n in zip(PROMPTS[:4], (2, 12, 12, 3))]
+    real, calls = getattr(runner, where), {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            assert llm.engine._inflight  # another group is in flight: its requests end too
+            raise RuntimeError(f"injected failure in {where}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, where, flaky)
+    finals, _ = drain(llm, rids)
+    assert {rid: len(f) for rid, f in finals.items()} == {rid: 1 for rid in rids}
+    assert any(f[0].finish_reason == "error" for f in finals.values())
+    assert not runner.tickets  # the abandoned group's logits were taken (discard)
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+    out = llm.generate([[1, 2, 3]], greedy(4), use_tqdm=False)[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 4
