@@ -8,8 +8,14 @@ logic here.
 from .gemv_config import GemvConfig  # noqa: F401  (entries are GemvConfig(...) literals)
 
 # Sweep of 2026-11-24 (H100 80GB HBM3, torch 2.11 + CUDA 13, triton 3.6), commit cc1caca.
+# Two Qwen3-0.6B rows at one row (M = 1) were picked on 2026-11-25 by batch-1 TPOT in the whole
+# step, not by the sweep, once PDL (kernels/pdl.py) let each GEMV load its first W tile while the
+# kernel before it drains: a tile spanning all (qkv) or most (down) of K preloads the most. TPOT
+# p50 0.99 -> 0.93 ms (alternating runs in one H100 call at 1dc0720). A sweep repeated with PDL
+# (each GEMV timed after itself) picked other tiles for every row, and those were slower in the
+# step (1.016 vs 0.982 ms), so the other rows stay as swept at cc1caca.
 TUNED: dict = {
-    (4096, 1024, 1): None,  # qwen3-0.6b qkv: 5.3 us vs cuBLAS 5.4 us (1585 GB/s)
+    (4096, 1024, 1): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b qkv: picked in the step, see above (was cuBLAS: 5.4 us)
     (4096, 1024, 2): None,  # qwen3-0.6b qkv: 6.0 us vs cuBLAS 5.7 us (1412 GB/s)
     (4096, 1024, 4): None,  # qwen3-0.6b qkv: 6.0 us vs cuBLAS 5.7 us (1401 GB/s)
     (4096, 1024, 8): None,  # qwen3-0.6b qkv: 5.6 us vs cuBLAS 5.7 us (1516 GB/s)
@@ -24,7 +30,7 @@ TUNED: dict = {
     (6144, 1024, 4): None,  # qwen3-0.6b gate_up: 7.3 us vs cuBLAS 7.1 us (1723 GB/s)
     (6144, 1024, 8): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 7.0 us vs cuBLAS 7.1 us (1822 GB/s)
     (6144, 1024, 16): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # qwen3-0.6b gate_up: 6.9 us vs cuBLAS 7.2 us (1848 GB/s)
-    (1024, 3072, 1): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 5.0 us vs silu+cuBLAS 8.2 us (1272 GB/s)
+    (1024, 3072, 1): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # qwen3-0.6b down: picked in the step, see above (was 4x1024 w8 s3: 5.0 us)
     (1024, 3072, 2): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 5.4 us vs silu+cuBLAS 8.1 us (1176 GB/s)
     (1024, 3072, 4): GemvConfig(block_n=8, block_k=512, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # qwen3-0.6b down: 6.9 us vs silu+cuBLAS 8.0 us (920 GB/s)
     (1024, 3072, 8): None,  # qwen3-0.6b down: 12.7 us vs silu+cuBLAS 8.0 us (504 GB/s)
