@@ -142,12 +142,6 @@ def variants():
             rows.append(_decode_row(f"decode {kv[1:]} split={split} d128 n{cfg['block_n']}",
                                     int8, split, cfg["block_n"], cfg["num_warps"],
                                     cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
-        # split with the partials merged by the last program (decode graphs' counters)
-        name, kernel, rptrs, ints, consts, opts, dns = _decode_row(
-            f"decode {kv[1:]} split+merge d128 n{cfg['block_n']}", int8, True, cfg["block_n"],
-            cfg["num_warps"], cfg["num_stages"],
-            dict(_cvt_consts(cfg) if int8 else {}, MERGE=True, MERGE_S=32, MERGE_CHUNK=16))
-        rows.append((name, kernel, dict(rptrs, cnt_ptr="*i32"), ints, consts, opts, dns))
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
             bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
@@ -242,8 +236,7 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    params = inspect.signature(kernel.fn).parameters
-    names = list(params)
+    names = list(inspect.signature(kernel.fn).parameters)
     if "PDL" in names:  # the CUDA entry points launch with PDL on sm_90 (kernels/pdl.py)
         consts = {"PDL": True, **consts}
     sig, values, attrs = {}, {}, {}
@@ -254,8 +247,6 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
             sig[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
         elif name in ("scale_log2", "eps"):
             sig[name] = "fp32"
-        elif name not in ints and params[name].default is not inspect.Parameter.empty:
-            sig[name], values[(i,)] = "constexpr", params[name].default  # e.g. cnt_ptr=None
         elif name not in dns and ints[name] == 1:
             sig[name], values[(i,)] = "constexpr", 1
         else:

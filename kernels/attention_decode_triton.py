@@ -118,14 +118,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
-                   ASM: tl.constexpr = False, PDL: tl.constexpr = False, cnt_ptr=None,
-                   MERGE: tl.constexpr = False, MERGE_S: tl.constexpr = 1,
-                   MERGE_CHUNK: tl.constexpr = 1):
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
-    append before it (kernels/pdl.py). MERGE (with SPLIT): the last of a (sequence, KV head)'s
-    split programs to finish, counted in `cnt_ptr`, merges the partials itself (no reduce
-    kernel) and sets its counter back to 0."""
+    append before it (kernels/pdl.py)."""
     pdl_release(PDL)
     pdl_wait(PDL)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -188,19 +184,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                  mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
                  m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
-        if MERGE:
-            # Every thread's partial stores come before the count (barrier), and the count is
-            # acq_rel at GPU scope: the program that sees num_splits - 1 before it sees every
-            # partial of this (sequence, KV head), read past L1 below.
-            tl.debug_barrier()
-            cnt = cnt_ptr + seq * tl.num_programs(1) + kvh
-            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-                used = tl.cdiv(ctx, part)
-                for g in tl.static_range(GROUP):
-                    _merge_head(po_ptr, plse_ptr, out_ptr, seq, kvh * GROUP + g, row, has_query,
-                                used, spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
-                                HEAD_DIM, MERGE_S, MERGE_CHUNK, BLOCK_D, True)
-                tl.store(cnt, 0)  # ready for the next launch (kernels run in stream order)
     else:
         dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
@@ -224,23 +207,10 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
     ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
     used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
-    _merge_head(po_ptr, plse_ptr, out_ptr, seq, head, row, has_query, used, spo_s, spo_h, spo_p,
-                spl_s, spl_h, so_t, so_h, so_d, HEAD_DIM, BLOCK_S, CHUNK, BLOCK_D, False)
-
-
-@triton.jit
-def _merge_head(po_ptr, plse_ptr, out_ptr, seq, head, row, has_query, used, spo_s, spo_h, spo_p,
-                spl_s, spl_h, so_t, so_h, so_d, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Out row of one head: its `used` partial outputs merged with log-sum-exp weights. The
-    reduce kernel and the decode kernel's last program (`MERGE`) run this same arithmetic.
-    BYPASS_L1: read the partials from L2 (other programs of the same kernel wrote them)."""
     plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
     po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
-    cache: tl.constexpr = ".cg" if BYPASS_L1 else ""
     offs_s = tl.arange(0, BLOCK_S)
-    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf"), cache_modifier=cache),
-               axis=0)
+    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -249,9 +219,9 @@ def _merge_head(po_ptr, plse_ptr, out_ptr, seq, head, row, has_query, used, spo_
     for s0 in range(0, used, CHUNK):
         offs = s0 + tl.arange(0, CHUNK)
         s_mask = offs < used
-        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf"), cache_modifier=cache) - m)
+        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
         o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=cache)
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
         acc += tl.sum(w[:, None] * o, axis=0)
         denom += tl.sum(w, axis=0)
     out = acc / tl.where(denom == 0.0, 1.0, denom)
@@ -327,13 +297,10 @@ def _reg_cap(cfg) -> dict:
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None, counters=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
-    `k_scale`/`v_scale` go with an int8 cache. `counters` (int32, zeros, at least num_seqs x
-    num_kv_heads, owned by the caller and used by one stream): split programs count themselves
-    there and the last one merges the partials, so no reduce kernel runs; the counters are zero
-    again when the kernel ends."""
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -365,23 +332,16 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     pdl = pdl_enabled(q)
-    merge = splits > 1 and counters is not None
-    if merge and (counters.dtype != torch.int32 or not counters.is_contiguous()
-                  or counters.numel() < num_seqs * num_kv_heads or counters.device != q.device):
-        raise ValueError(f"decode counters must be a contiguous int32 tensor of at least "
-                         f"{num_seqs * num_kv_heads} elements on {q.device}, got "
-                         f"{tuple(counters.shape)} {counters.dtype} on {counters.device}")
-    block_s = triton.next_power_of_2(splits)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, cnt_ptr=counters if merge else out,
-        MERGE=merge, MERGE_S=block_s, MERGE_CHUNK=min(block_s, 16), num_warps=cfg["num_warps"],
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
-    if splits > 1 and not merge:
+    if splits > 1:
+        block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
             *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),

@@ -42,13 +42,11 @@ def capture_sizes(max_batch: int) -> list[int]:
 class DecodeGraphs:
     def __init__(self, forward_logits, kv_caches, max_batch: int, max_blocks_per_seq: int,
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
-                 capture_error_mode: str = "global", decode_counters: Optional[torch.Tensor] = None):
+                 capture_error_mode: str = "global"):
         """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured.
         `before_capture(bs)` runs before each size's warm-up (ranks of one replica: a barrier);
         `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
-        from invalidating the capture. `decode_counters` (`AttentionMetadata.decode_counters`,
-        zeros for `max_batch` x KV heads, allocated by the caller outside the graph pool): decode
-        attention merges its split partials without a reduce kernel."""
+        from invalidating the capture."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -67,7 +65,7 @@ class DecodeGraphs:
             if before_capture is not None:
                 before_capture(bs)
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
-                                     self.query_start_loc[:bs + 1], 1, decode_counters)
+                                     self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             forward_logits(*args)  # warm-up: Triton compiles/autotunes outside the capture
             graph = torch.cuda.CUDAGraph()

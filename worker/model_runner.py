@@ -114,7 +114,6 @@ class ModelRunner:
         self.mixed_graphs: Optional[MixedGraphs] = None  # small steps that are not decode-only
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
-        self._decode_counters: Optional[torch.Tensor] = None  # split decode's merge (cuda_graphs.py)
         self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
                              and self.ps.tp_size == 1 and self.model.is_last and self.model.is_first)
         self._capture_graphs()
@@ -124,12 +123,8 @@ class ModelRunner:
         addresses, so a new pool needs new graphs."""
         if self._uses_graphs:
             max_blocks = -(-self.max_model_len // self.config.block_size)
-            max_batch = min(self.config.max_num_seqs, 512)
-            if self._decode_counters is None:  # outside any graph pool; zero between kernels
-                self._decode_counters = torch.zeros(max_batch * self.num_kv_heads, dtype=torch.int32,
-                                                    device=self.device)
-            self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches, max_batch,
-                                       max_blocks, self.device, decode_counters=self._decode_counters)
+            self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
+                                       min(self.config.max_num_seqs, 512), max_blocks, self.device)
             self.mixed_graphs = build_mixed_graphs(
                 self._forward_sampled, self.context.kv_caches,
                 min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),

@@ -93,37 +93,6 @@ def test_decode_split_k_matches_ref(device, dtype, num_splits, heads, kv_heads, 
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits,heads,kv_heads,dim,block_size", [
-    (3, 4, 2, 64, 16), (8, 4, 2, 64, 16), (5, 8, 2, 80, 32)])
-def test_decode_merge_in_kernel_equals_the_reduce_kernel(device, dtype, num_splits, heads, kv_heads,
-                                                         dim, block_size):
-    """With counters, the last split program of each (sequence, KV head) merges the partials
-    (no reduce kernel): the same values bit for bit, and the counters are zero again after
-    every launch (two launches over the same counters)."""
-    batch = make_batch(device, dtype, [1, 1, 0], [130, 20, 9], heads, kv_heads, dim, block_size)
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
-    want = torch.full_like(q, 7.0)
-    decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, want, num_splits=num_splits)
-    counters = torch.zeros(3 * kv_heads + 5, dtype=torch.int32, device=device)
-    for _ in range(2):
-        out = torch.full_like(q, 7.0)
-        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
-                         num_splits=num_splits, counters=counters)
-        assert torch.equal(out, want)
-        assert not counters.any()
-
-
-def test_decode_counters_are_checked():
-    batch = make_batch("cpu", torch.float32, [1, 1], [40, 20], 4, 2, 32, 16)
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
-    out = torch.empty_like(q)
-    for bad in (torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)):
-        with pytest.raises(ValueError, match="decode counters must be a contiguous int32 tensor"):
-            decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
-                             num_splits=2, counters=bad)
-
-
 def test_decode_long_context_plans_a_split(device):
     # Through the public entry: a few programs and a long context must split (flash-decoding).
     batch = make_batch(device, torch.float32, [1], [601], 4, 2, 32, 32)
