@@ -49,19 +49,21 @@ for stage in "$@"; do
     profile) python3 bench/step_profile.py --out "$OUT/step_profile.json" 2>&1 | tail -3 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
-      # P=1 vs P=2 (8B shape). Each run gets at most what is left of a 570 s budget.
+      # P=1 vs P=2 (8B shape; micro-batches on, the default, then off). Each run gets at most what
+      # is left of a 570 s budget.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never multicast
       par_end=$((SECONDS + 570))
       par_left() { local l=$((par_end - SECONDS)); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }
       timeout "$(par_left 240)" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_dist_tests.log" | tail -6
-      for run in "qwen3-0.6b-shape 1 1" "qwen3-0.6b-shape 2 1" "llama-3-8b-shape 1 1" "llama-3-8b-shape 2 1" \
-                 "llama-3-8b-shape 1 2"; do
-        read -r model tp pp <<< "$run"
-        echo "--- $model T=$tp P=$pp (limit $(par_left 120) s)"
+      for run in "qwen3-0.6b-shape 1 1 auto" "qwen3-0.6b-shape 2 1 auto" "llama-3-8b-shape 1 1 auto" \
+                 "llama-3-8b-shape 2 1 auto" "llama-3-8b-shape 1 2 auto" "llama-3-8b-shape 1 2 off"; do
+        read -r model tp pp mb <<< "$run"
+        echo "--- $model T=$tp P=$pp micro-batches $mb (limit $(par_left 120) s)"
         timeout "$(par_left 120)" python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --out "$OUT/par_t${tp}_p${pp}_$model.json" 2>&1 \
+          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" --pipeline-microbatches "$mb" \
+          --out "$OUT/par_t${tp}_p${pp}_${mb}_$model.json" 2>&1 \
           | grep -E "^infer-cluster|^model=|Error|error" | tail -4
       done ;;
     int8)  # issue 14 part 1: int8 KV cache. GPU tests, decode bf16 vs int8 in graphs, int8 kernel rows (float rows: stage kernels), workload A auto vs int8
