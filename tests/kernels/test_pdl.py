@@ -1,0 +1,57 @@
+"""Programmatic dependent launch (kernels/pdl.py): when it is on, and what the sm_90 build of the
+small-batch GEMV does with it. The build check runs without a GPU (ahead-of-time compile in a
+child process: the interpreter this test directory turns on cannot compile) and reads the PTX:
+the kernel releases its dependents first, and on the CUDA-core path it issues its first weight
+load before it waits for the previous kernel, while every load of an activation comes after the
+wait. GPU runs with PDL on are the kernel and parity tests (it is the default on sm_90)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from infer_cluster.kernels.pdl import pdl_enabled, pdl_launch
+
+
+def test_off_without_cuda_and_with_the_switch(monkeypatch):
+    t = torch.zeros(2)
+    assert not pdl_enabled(t)
+    monkeypatch.setenv("INFER_CLUSTER_PDL", "0")
+    assert not pdl_enabled(t)
+
+
+def test_launch_option_only_when_on():
+    assert pdl_launch(False) == {}  # the interpreter never sees an option it does not know
+    assert pdl_launch(True) == {"launch_pdl": True}
+
+
+PTX_ORDER = """
+from bench.ptxas_check import gemv_variants, compile_sm90
+for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
+    if "norm" not in name or "fma" not in name:
+        continue
+    lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"].splitlines()]
+    def first(key):
+        return next(i for i, l in enumerate(lines) if l.startswith(key))
+    loads = [i for i, l in enumerate(lines) if l.startswith("ld.global")]
+    print(name.replace(" ", "_"), first("griddepcontrol.launch_dependents"), first("griddepcontrol.wait"),
+          loads[0], loads[-1])
+"""
+
+
+def test_sm90_gemv_loads_weights_before_the_wait():
+    pytest.importorskip("triton.backends.nvidia")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", PTX_ORDER], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert rows, "no fused-norm CUDA-core GEMV variant was built"
+    for name, release, wait, first_load, last_load in rows:
+        assert int(release) < int(wait), name
+        # The weight tile's loads come first; the norm pre-pass reads x and the residual after.
+        assert int(first_load) < int(wait) < int(last_load), name
