@@ -27,11 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import env_switch
+
 
 def pdl_enabled(t: torch.Tensor) -> bool:
     if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
-    if os.environ.get("INFER_CLUSTER_PDL", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not env_switch("INFER_CLUSTER_PDL"):
         return False
     return torch.cuda.get_device_capability(t.device)[0] >= 9
 

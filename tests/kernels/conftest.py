@@ -41,6 +41,23 @@ def _seed():
     torch.manual_seed(0)
 
 
+def run_without_interpreter(code: str, timeout: float = 300) -> str:
+    """Run `code` in a child Python from the repository root without `TRITON_INTERPRET` (the
+    ahead-of-time sm_90 builds: this process's interpreter cannot compile) and return its stdout;
+    skips without Triton's NVIDIA backend, fails with the child's stderr if it fails."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def tol(dtype):
     """(atol, rtol) for comparing a kernel with its float32-computing reference."""
     return (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)

@@ -228,18 +228,8 @@ def test_sm90_build_of_the_picked_configs():
     """Every config `pick_config` gives the Qwen3-0.6B shapes compiles for an H100 ahead of time
     (no GPU needed; in a child process, as the interpreter cannot compile) without spills, with
     the K loop pipelined (cp.async) and the dot configs on tensor cores (mma)."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", SM90_GEMV_CHECK], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines()]
+    from tests.kernels.conftest import run_without_interpreter
+    rows = [line.split() for line in run_without_interpreter(SM90_GEMV_CHECK).splitlines()]
     assert rows
     for *name, spills, cp_async, mma in rows:
         assert int(spills) == 0, name

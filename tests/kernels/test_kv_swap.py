@@ -128,15 +128,5 @@ def test_sm90_build_moves_16_bytes_per_access():
     interpreter cannot compile): the K/V rows move with 128-bit loads and stores, which the
     offsets' alignment hint and the compile-time row sizes allow. A regression to 32-bit
     accesses would cost most of the link's rate."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", SM90_PTX_COUNTS], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["4", "4"]  # 4 x 16 B per thread each way: 8 KiB per program
+    from tests.kernels.conftest import run_without_interpreter
+    assert run_without_interpreter(SM90_PTX_COUNTS, timeout=240).split() == ["4", "4"]  # 4 x 16 B per thread each way: 8 KiB per program

@@ -5,14 +5,10 @@ the kernel releases its dependents first, and on the CUDA-core path it issues it
 load before it waits for the previous kernel, while every load of an activation comes after the
 wait. GPU runs with PDL on are the kernel and parity tests (it is the default on sm_90)."""
 
-import os
-import subprocess
-import sys
-
-import pytest
 import torch
 
 from infer_cluster.kernels.pdl import pdl_enabled, pdl_launch
+from tests.kernels.conftest import run_without_interpreter
 
 
 def test_off_without_cuda_and_with_the_switch(monkeypatch):
@@ -42,14 +38,7 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
 
 
 def test_sm90_gemv_loads_weights_before_the_wait():
-    pytest.importorskip("triton.backends.nvidia")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", PTX_ORDER], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines()]
+    rows = [line.split() for line in run_without_interpreter(PTX_ORDER).splitlines()]
     assert rows, "no fused-norm CUDA-core GEMV variant was built"
     for name, release, wait, first_load, last_load in rows:
         assert int(release) < int(wait), name
