@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -47,6 +47,18 @@ for stage in "$@"; do
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --tokenizer metaspace \
           --out "$OUT/coldstart_metaspace.json" 2>&1 | grep -v "it/s\]" | tail -7 ;;
     profile) python3 bench/step_profile.py --out "$OUT/step_profile.json" 2>&1 | tail -3 ;;
+    tp_quick)  # issue 11 when little device time is left (one 2-GPU call of ~3 min): workload A,
+      # Qwen3-0.6B shape, T=2 then T=1, then GPU parity at T=2 with graphs and the killed-rank test.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for tp in 2 1; do
+        echo "--- qwen3-0.6b-shape T=$tp"
+        timeout 100 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --out "$OUT/quick_t${tp}_qwen3.json" 2>&1 | tee "$OUT/quick_t$tp.log" \
+          | grep -E "^infer-cluster|^model=|Error|error" | tail -6
+      done
+      timeout 120 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -p no:cacheprovider \
+        -k "qwen3 and tp2_graphs or graphs and killed" 2>&1 | tee "$OUT/gpu_dist_quick.log" | tail -8 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
       # P=1 vs P=2 (8B shape; micro-batches on, the default, then off). Each run gets at most what
