@@ -48,14 +48,15 @@ for stage in "$@"; do
           --out "$OUT/coldstart_metaspace.json" 2>&1 | grep -v "it/s\]" | tail -7 ;;
     profile) python3 bench/step_profile.py --out "$OUT/step_profile.json" 2>&1 | tail -3 ;;
     tp_quick)  # issue 11 when little device time is left (one 2-GPU call of ~3 min): workload A,
-      # Qwen3-0.6B shape, T=2 then T=1, then GPU parity at T=2 with graphs and the killed-rank test.
+      # Qwen3-0.6B shape, T=2 (async scheduling on, then off) and T=1, then GPU parity at T=2 with graphs and the killed-rank test.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      for tp in 2 1; do
-        echo "--- qwen3-0.6b-shape T=$tp"
+      for run in "2 auto" "2 off" "1 auto"; do  # async scheduling auto (on) vs off at T=2
+        read -r tp async <<< "$run"
+        echo "--- qwen3-0.6b-shape T=$tp async scheduling $async"
         timeout 100 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-          --tensor-parallel-size $tp --out "$OUT/quick_t${tp}_qwen3.json" 2>&1 | tee "$OUT/quick_t$tp.log" \
-          | grep -E "^infer-cluster|^model=|Error|error" | tail -6
+          --tensor-parallel-size $tp --async-scheduling $async --out "$OUT/quick_t${tp}_${async}_qwen3.json" 2>&1 \
+          | tee "$OUT/quick_t${tp}_$async.log" | grep -E "^infer-cluster|^model=|Error|error" | tail -6
       done
       timeout 120 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -p no:cacheprovider \
         -k "qwen3 and tp2_graphs or graphs and killed" 2>&1 | tee "$OUT/gpu_dist_quick.log" | tail -8 ;;

@@ -127,7 +127,7 @@ class DynamicEngine:
         self._started = time.monotonic()
         self._inflight = InFlightSteps()
         self._ngram_ids: set[str] = set()  # live requests with no_repeat_ngram_size: synchronous
-        mode = config.async_scheduling  # auto: on where the runner can (one rank, CUDA)
+        mode = config.async_scheduling  # auto: on where the runner can (CUDA, one step at a time)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode
                                      ) and getattr(self.runner, "supports_async", False)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight

@@ -8,7 +8,9 @@ rows marked `pending_input` get their input id from the latest launch's draw, on
 `LaunchedStep` owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
 `token_ids` feed the next step's `pending_input` rows), and the copy of the draw to the host:
 into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
-`wait()` blocks on that event only, then builds the `SamplerOutput` (the sampler redoes the
+`wait()` blocks on that event only, asks the runner whether the step's device work can be
+trusted (`verify_step`: a tensor/pipeline-parallel group that failed during the step raises
+there; a single-rank runner has no such check), then builds the `SamplerOutput` (the sampler redoes the
 rare rows its candidate path flagged there: a sync, after the event anyway; the ids it changed
 come back so the engine can rewind a later step that used them). On the CPU the copy is an
 ordinary one and there is no event, but the same code runs.
@@ -24,7 +26,7 @@ always collected oldest first.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -47,8 +49,10 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 class LaunchedStep:
-    def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: DeviceDraw):
+    def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: DeviceDraw,
+                 verify: Optional[Callable[[], None]] = None):
         self.out = out
+        self._verify = verify  # the runner's check that the step's device work is trustworthy
         self.row_ids = row_ids
         self.row_of = {rid: i for i, rid in enumerate(row_ids)}
         self.draw = draw
@@ -70,6 +74,8 @@ class LaunchedStep:
         the sampler's redo changed (`SamplerOutput.redrawn`)."""
         if self._event is not None:
             self._event.synchronize()
+        if self._verify is not None:  # a rank group: did it stay healthy through the step?
+            self._verify()
         values = self._values.flatten().tolist() if self._values is not None else None
         result: SamplerOutput = sampler.finish(self.draw, self._ids.tolist(), values,
                                                defer_logprobs=True)
@@ -105,7 +111,8 @@ class InFlightSteps:
             logits, row_ids = runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
         else:
             logits, row_ids = runner.execute(out)
-        self.last = _draw(out, logits, row_ids, sampler, requests, eos_token_ids)
+        self.last = _draw(out, logits, row_ids, sampler, requests, eos_token_ids,
+                          getattr(runner, "verify_step", None))
         self.steps.append(self.last)
         return self.last
 
@@ -150,7 +157,7 @@ class SubmittedStep:
 
 
 def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
-          requests: dict, eos_token_ids) -> LaunchedStep:
+          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None) -> LaunchedStep:
     """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
     live requests by id."""
     rows = []
@@ -163,4 +170,4 @@ def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sample
         rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
                                          None, eos_token_ids, rid, req.num_pending - 1))
     # The runner's logits are this step's own tensor: the sampler may edit them in place.
-    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True))
+    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True), verify)

@@ -54,10 +54,12 @@ def engine_with_callback(path, calls, **options):
 
 
 @pytest.mark.timeout(60)
-def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints, async_scheduling):
     calls = []
-    engine = started.track(engine_with_callback(dist_checkpoints["llama"], calls,
-                                                tensor_parallel_size=2, **ENGINE))
+    engine = started.track(engine_with_callback(dist_checkpoints["llama"], calls, tensor_parallel_size=2,
+                                                async_scheduling=async_scheduling, **ENGINE))
+    assert engine.async_scheduling == async_scheduling  # async: a step is in flight at the kill
     rids = start_requests(engine)
     victim = engine.runner.rank_pids[0]
     killed_at = time.monotonic()

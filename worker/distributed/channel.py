@@ -13,19 +13,35 @@ can allocate the payload or pick a graph, and reading a header that arrived on t
 device sync that also waits for the rank's own previous step; an NCCL wait while the replica
 is idle would spin a GPU kernel and trip the NCCL watchdog after its timeout.
 
+Async scheduling (`PendingIds`): a step may be sent before the previous step's sampled ids
+reached the host. Rank 0 then copies the payload to its device together with the rows to fill,
+writes those ids in on the device (queued after the draw that makes them, so no host sync), and
+broadcasts the device payload; every rank, rank 0 included, runs from the filled copy. On the
+CPU (gloo, payload inline in the header message) the draw is already done and the same code
+fills the host copy.
+
 Must never decide anything: it moves rank 0's bytes. To change the transport (e.g. a shared
 memory ring), keep `send` / `recv` and their results.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .step_codec import HEADER_LEN, Op, StepHeader
+
+
+@dataclass(frozen=True)
+class PendingIds:
+    """Input ids still on rank 0's device: payload offset `offsets[i]` takes `ids[rows[i]]`."""
+    offsets: Sequence[int]
+    ids: torch.Tensor
+    rows: Sequence[int]
 
 
 class StepChannel:
@@ -41,21 +57,39 @@ class StepChannel:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host
 
-    def send(self, header: StepHeader, payload: Optional[np.ndarray] = None) -> Optional[torch.Tensor]:
-        """Rank 0: broadcast `header` and `payload`; returns the payload on this rank's device
-        (None for a payload-less op such as STOP)."""
+    def send(self, header: StepHeader, payload: Optional[np.ndarray] = None,
+             pending: Optional[PendingIds] = None) -> Optional[torch.Tensor]:
+        """Rank 0: broadcast `header` and `payload` (with the `pending` ids written in); returns
+        the payload on this rank's device (None for a payload-less op such as STOP)."""
         n = 0 if payload is None else len(payload)
         first = self._first
         first[:HEADER_LEN] = torch.from_numpy(header.to_array())
         inline = n <= self.inline_capacity
-        if n and inline:
-            first[HEADER_LEN:HEADER_LEN + n] = torch.from_numpy(payload)
+        data = None
+        if n and inline:  # the CPU path (no inline payload on CUDA): the copy below is no sync
+            data = self._on_device(payload, pending)
+            first[HEADER_LEN:HEADER_LEN + n] = data.cpu()
         dist.broadcast(first, src=0, group=self.wait_group)
         if not n:
             return None
-        data = self._to_device(torch.from_numpy(payload))
         if not inline:
+            data = self._on_device(payload, pending)
             dist.broadcast(data, src=0, group=self.data_group)
+        return data
+
+    def _on_device(self, payload: np.ndarray, pending: Optional[PendingIds]) -> torch.Tensor:
+        """`payload` on this rank's device with the pending ids written in: one transfer
+        carries the payload, the offsets and the rows, and the fill runs on the device."""
+        k = 0 if pending is None else len(pending.offsets)
+        if not k:
+            return self._to_device(torch.from_numpy(payload))
+        if len(pending.rows) != k:
+            raise ValueError(f"{k} pending offsets but {len(pending.rows)} rows of the previous draw")
+        n = len(payload)
+        flat = self._to_device(torch.from_numpy(np.concatenate(
+            [payload, np.asarray(pending.offsets, dtype=np.int32), np.asarray(pending.rows, dtype=np.int32)])))
+        data = flat[:n]
+        data[flat[n:n + k].long()] = pending.ids[flat[n + k:].long()].to(torch.int32)
         return data
 
     def recv(self) -> tuple[StepHeader, Optional[torch.Tensor]]:

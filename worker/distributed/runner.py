@@ -8,7 +8,11 @@ starting ranks 1..N-1, building rank 0's own shard while watching the others (a 
 during start-up fails the constructor at once instead of after a rendezvous timeout), and each
 step: pack the `SchedulerOutput` into the step tensor (`step_codec`), pick graph replay or
 eager for every rank (decode-only batches that fit the captured ladder replay), broadcast it
-(`channel`), run its own share, return the logits the last stage sends back. Any failure (a
+(`channel`), run its own share, return the logits the last stage sends back. `execute` only
+queues the step: with async scheduling (`supports_async`, one step at a time) the engine
+launches step n+1 while step n runs, its `pending_input` rows filled on the device from step
+n's draw (`PendingIds`); `verify_step()` after the sampled ids reached the host is where a
+failure during the step shows. Any failure (a
 rank died or hung, a collective raised) is fatal for the replica: every rank is killed, this
 step and every later one raise `RankFailedError` naming the rank and cause, and
 `on_fatal(reason)` (if given) is called from the monitor thread so a server can exit and let
@@ -30,7 +34,7 @@ import datetime
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,9 +45,10 @@ from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
 from ..scheduler_output import SchedulerOutput
+from .channel import PendingIds
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import Op, is_decode_only, pack_step, sampled_request_ids
+from .step_codec import Op, is_decode_only, pack_step, pack_step_pending, sampled_request_ids
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -199,31 +204,51 @@ class DistributedRunner:
             except RankFailedError:
                 pass
 
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
-        """One step on every rank; returns rank 0's logits `[num_sampled, vocab]` and request ids.
-        Raises `RankFailedError` if the group failed (now or before)."""
+    @property
+    def supports_async(self) -> bool:
+        """One step at a time (no micro-batches): the engine may launch step n+1 before step
+        n's ids reach the host; `execute` fills its pending rows on the device."""
+        return self.pipeline_depth == 1
+
+    def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
+                prev_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[str]]:
+        """Queue one step on every rank; returns rank 0's logits `[num_sampled, vocab]` and
+        request ids. `prev_ids` / `prev_rows`: the previous step's draw (on the device) and the
+        row there of each `pending_input` row, as for `ModelRunner.execute`. Nothing here waits
+        for the device: call `verify_step()` once results derived from the logits are on the
+        host. Raises `RankFailedError` if the group failed (now or before)."""
         self._check_usable()
         if self.pipeline_depth > 1:
+            if prev_rows:
+                raise ValueError("pipeline micro-batches take no pending input ids")
             return self.collect(self.submit(out))
         shard = self._shard
+        header, payload, fill = pack_step_pending(out, shard.block_size)
+        if len(fill) != len(prev_rows) or (fill and prev_ids is None):
+            raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
+                             f"previous rows were given")
+        pending = PendingIds(fill, prev_ids, prev_rows) if fill else None
         try:
             with self._step_lock:
-                header, payload = pack_step(out, shard.block_size)
                 graphs = shard.graphs
                 if graphs is not None and is_decode_only(header) and header.num_seqs <= graphs.max_batch:
                     header = dataclasses.replace(header, op=Op.GRAPH,
                                                  graph_batch=graphs.batch_for(header.num_seqs))
-                logits = shard.run_step(header, shard.channel.send(header, payload))
-                if self.device.type == "cuda":
-                    # NCCL returns before the data is there, and an aborted collective (a peer
-                    # died) leaves garbage rather than an error: only logits finished while the
-                    # group was still healthy may be sampled.
-                    torch.cuda.current_stream(self.device).synchronize()
+                logits = shard.run_step(header, shard.send_step(header, payload, pending))
         except Exception as exc:
             raise self._step_failure(exc) from None
         if self.error is not None:
             raise self._step_failure(RuntimeError("the rank group failed during the step"))
         return logits, sampled_request_ids(out)
+
+    def verify_step(self) -> None:
+        """Call after the device finished a step and its sampled ids are on the host: raises
+        `RankFailedError` if the group failed meanwhile. NCCL returns before the data is there,
+        and an aborted collective (a peer died) leaves garbage rather than an error, so only
+        results of a step that ended while the group was still healthy may be used (the abort
+        comes after the failure is recorded)."""
+        if self.error is not None:
+            raise self._step_failure(RuntimeError("the rank group failed during the step"))
 
     def close(self) -> None:
         """End every rank process (a STOP step, else EOF on its stdin; SIGKILL after a grace

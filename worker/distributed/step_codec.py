@@ -3,7 +3,10 @@
 Owns: the step's layout. A fixed header of `HEADER_LEN` int32 (format, `Op`, token / sequence
 / sampled-row counts, block-table width, longest query, the CUDA-graph batch to replay) and a
 payload of int32 sections, each padded to 4 values (16 bytes): input ids, positions, slot
-mapping, sampled rows, sequence lengths, query start offsets, block tables (row-major).
+mapping, sampled rows, sequence lengths, query start offsets, block tables (row-major). With
+async scheduling some input ids are not on the host when the step is packed (the previous
+step's draw is still on the device): `pack_step_pending` names their rows, and rank 0 writes
+them into its device copy of the payload before broadcasting it (worker/distributed/channel.py).
 `pack_step` builds both on the host from a `SchedulerOutput` (rank 0 only); `unpack_step` turns
 header + payload (on any device) into the same `StepInputs` that `DynamicContext.prepare`
 builds, with tensor views and dtype casts only: no per-request Python, no msgpack, no pickle.
@@ -91,7 +94,17 @@ STOP_HEADER = StepHeader(Op.STOP)
 def pack_step(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.ndarray]:
     """Header (op RUN) and int32 payload of `out` (rank 0). Values are those
     `DynamicContext.prepare` computes; the caller guarantees that slots fit int32 (the shard
-    checks the pool size)."""
+    checks the pool size). A `pending_input` row's input id is a placeholder here: see
+    `pack_step_pending`."""
+    header, payload, _ = pack_step_pending(out, block_size)
+    return header, payload
+
+
+def pack_step_pending(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.ndarray, list[int]]:
+    """`pack_step` plus the token rows whose input id is still on the device (async
+    scheduling: the previous step's draw). The input-id section starts the payload, so these
+    rows are also the payload offsets that rank 0 fills on the device before the payload's
+    broadcast (`StepChannel.send`'s `pending`)."""
     rows = step_rows(out, block_size)
     tables = rows.block_tables
     n, width = tables.shape
@@ -103,7 +116,7 @@ def pack_step(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.nda
                  rows.query_start, tables.reshape(-1)):
         payload[offset:offset + len(part)] = part
         offset += _pad4(len(part))
-    return header, payload
+    return header, payload, rows.pending_rows
 
 
 def unpack_step(header: StepHeader, payload: torch.Tensor, widen: bool = True) -> StepInputs:
