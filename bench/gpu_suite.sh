@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -60,6 +60,11 @@ for stage in "$@"; do
       done
       timeout 120 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -p no:cacheprovider \
         -k "qwen3 and tp2_graphs or graphs and killed" 2>&1 | tee "$OUT/gpu_dist_quick.log" | tail -8 ;;
+    dp)  # issue 11 item 5 on 2 GPUs: `serve -dp 1` vs `-dp 2` (T=1 replicas, a GPU each), workload A
+      # through InferenceClient, two rounds each (the first warms up), same call
+      timeout 560 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests 256 --input-len 100:1024 \
+        --output-len 100:1024 --log-dir "$OUT/dp_logs" --out "$OUT/dp_scaling.json" \
+        --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -8 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
       # P=1 vs P=2 (8B shape; micro-batches on, the default, then off). Each run gets at most what
