@@ -22,6 +22,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from .block_table import BlockTableMirror
 from .models.decoder import AttentionMetadata, LayerKV
 from .scheduler_output import SchedulerOutput
 from .step_rows import step_rows
@@ -54,6 +55,7 @@ class DynamicContext:
             return LayerKV(*kv)
 
         self.kv_caches = [layer() for _ in range(num_layers)]
+        self.block_mirror = BlockTableMirror()  # step block tables from what changed since the last
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype: torch.dtype) -> int:
@@ -69,7 +71,7 @@ class DynamicContext:
         """`prev_ids` / `prev_rows`: the previous step's sampled ids (device) and, for each
         `pending_input` row in order, its row there. `upload(values)`: how the packed int64
         inputs reach the device (default: a pinned non-blocking copy; worker/step_upload.py)."""
-        rows = step_rows(out, self.block_size)
+        rows = step_rows(out, self.block_size, self.block_mirror)
         fill, tables = rows.pending_rows, rows.block_tables
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it.
         parts = [np.asarray(rows.input_ids, dtype=np.int64), np.asarray(rows.positions, dtype=np.int64),

@@ -12,10 +12,15 @@ sets `first_token_time` and `finish_time`.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Optional
 
 from infer_cluster.protocol import REQUEST_TRANSITIONS, FinishReason, RequestStatus, SamplingParams
+
+# Values of `Request.block_epoch`, unique within the process: an id source, not state (only
+# equality is ever tested), so every engine in the process may share it.
+_BLOCK_EPOCHS = itertools.count(1)
 
 
 class Request:
@@ -34,7 +39,8 @@ class Request:
         self.all_token_ids: list[int] = self.prompt_token_ids + self.output_token_ids
         self.num_emitted_tokens = len(self.output_token_ids)
         self.status = RequestStatus.WAITING
-        self.block_ids: list[int] = []
+        self._block_ids: list[int] = []
+        self.block_epoch = 0  # a new value whenever block_ids is replaced (worker/block_table.py)
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0  # advanced when a step is scheduled (its KV is on the way)
         # Tokens sampled by scheduled steps whose ids are not on the host yet (async scheduling:
@@ -50,6 +56,19 @@ class Request:
         self.arrival_time = time.time()
         self.first_scheduled_time: Optional[float] = None
         self.first_token_time: Optional[float] = None
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The request's KV blocks in order. Invariant (the step's block-table mirror relies on
+        it): the list only grows in place (`extend`); any other change assigns a new list,
+        which gives `block_epoch` a value no list of any request had before (so a request id
+        used again after its first request ended never matches the old one's row)."""
+        return self._block_ids
+
+    @block_ids.setter
+    def block_ids(self, blocks: list[int]) -> None:
+        self._block_ids = blocks
+        self.block_epoch = next(_BLOCK_EPOCHS)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -395,7 +395,7 @@ class Scheduler:
         needs_sample = start + num_new == req.num_tokens + req.num_pending
         rid = req.request_id
         out.requests.append(ScheduledRequest(rid, tokens, start, req.block_ids[:], needs_sample,
-                                             pending_input))
+                                             pending_input, req.block_epoch))
         req.num_computed_tokens = start + num_new
         req.num_pending += needs_sample
         busy = self._busy

@@ -27,6 +27,10 @@ class ScheduledRequest:
     # The last input token is the pending draw of the previous step (its id here is a
     # placeholder; the runner copies the real one on the device).
     pending_input: bool = False
+    # `Request.block_epoch`: changes whenever block_ids stopped being an extension of the
+    # request's previous list (worker/block_table.py). Bookkeeping, not the step's content:
+    # left out of equality.
+    block_epoch: int = field(default=0, compare=False)
 
 
 @dataclass

@@ -8,18 +8,22 @@ device; the tensor-parallel step codec (worker/distributed/step_codec.py) packs 
 ranks. Plain Python and numpy, no torch.
 
 Cost matters: it runs on the step's critical path for up to `max_num_seqs` rows. Decode-only
-steps take a path with no per-token loops, and the block table is filled in one scatter (a
-per-row assignment cost ~4 us a row, 1 ms per step at 256 rows on the CPU this was written on).
+steps take a path with no per-token loops. The block table comes from the runner's
+`BlockTableMirror` (only blocks added since the last step are converted); without one it is
+filled in one scatter (a per-row assignment cost ~4 us a row, 1 ms per step at 256 rows on the
+CPU this was written on), which still converts every block id of every row.
 To extend: a new per-token or per-sequence field goes into `StepRows` and both loops.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 from itertools import chain
 
 import numpy as np
 
+from .block_table import BlockTableMirror
 from .scheduler_output import SchedulerOutput
 
 
@@ -37,15 +41,20 @@ class StepRows:
     pending_rows: list[int]   # token rows whose input id is the previous step's pending draw
 
 
-def step_rows(out: SchedulerOutput, block_size: int) -> StepRows:
+def step_rows(out: SchedulerOutput, block_size: int, mirror: Optional[BlockTableMirror] = None) -> StepRows:
+    """`mirror`: build the block table from what changed since the last step (a runner keeps
+    one across steps; worker/block_table.py). Without it the table is built from scratch."""
     bs = block_size
     reqs = out.requests
     num_seqs = len(reqs)
     block_lists = [r.block_ids for r in reqs]
-    widths = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
-    tables = np.zeros((num_seqs, int(widths.max())), dtype=np.int64)
-    tables[np.arange(tables.shape[1]) < widths[:, None]] = np.fromiter(
-        chain.from_iterable(block_lists), dtype=np.int64, count=int(widths.sum()))
+    if mirror is not None:
+        tables = mirror.gather(reqs)
+    else:
+        widths = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
+        tables = np.zeros((num_seqs, int(widths.max())), dtype=np.int64)
+        tables[np.arange(tables.shape[1]) < widths[:, None]] = np.fromiter(
+            chain.from_iterable(block_lists), dtype=np.int64, count=int(widths.sum()))
     starts = [r.start_position for r in reqs]
     lens = [len(r.token_ids) for r in reqs]
     max_q = max(lens)

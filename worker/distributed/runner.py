@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from infer_cluster.protocol.errors import ConfigError
 
+from ..block_table import BlockTableMirror
 from ..config import EngineConfig
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
@@ -48,7 +49,7 @@ from ..scheduler_output import SchedulerOutput
 from .channel import PendingIds
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import Op, is_decode_only, pack_step, pack_step_pending, sampled_request_ids
+from .step_codec import Op, is_decode_only, pack_step_pending, sampled_request_ids
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class DistributedRunner:
         self._bootstrap: Optional[threading.Thread] = None
         self._bootstrap_done = False
         self.pipeline_depth = config.microbatch_depth  # micro-batches the engine keeps in flight
+        self._block_mirror = BlockTableMirror()  # the step tables, built from what changed
         self._uncollected: list[StepTicket] = []  # submitted, not collected (STOP waits for them)
         self._shard: Optional[RankShard] = None
         self._ranks: list[RankProcess] = []
@@ -164,7 +166,7 @@ class DistributedRunner:
         shard = self._shard
         try:
             with self._step_lock:
-                header, payload = pack_step(out, shard.block_size)
+                header, payload, _ = pack_step_pending(out, shard.block_size, self._block_mirror)
                 logits, work = shard.submit_step(header, shard.send_step(header, payload))
                 ticket = StepTicket(logits, work, sampled_request_ids(out))
                 self._uncollected.append(ticket)
@@ -223,7 +225,7 @@ class DistributedRunner:
                 raise ValueError("pipeline micro-batches take no pending input ids")
             return self.collect(self.submit(out))
         shard = self._shard
-        header, payload, fill = pack_step_pending(out, shard.block_size)
+        header, payload, fill = pack_step_pending(out, shard.block_size, self._block_mirror)
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                              f"previous rows were given")

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
+from ..block_table import BlockTableMirror
 from ..context import StepInputs
 from ..models.decoder import AttentionMetadata
 from ..scheduler_output import SchedulerOutput
@@ -100,12 +102,14 @@ def pack_step(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.nda
     return header, payload
 
 
-def pack_step_pending(out: SchedulerOutput, block_size: int) -> tuple[StepHeader, np.ndarray, list[int]]:
+def pack_step_pending(out: SchedulerOutput, block_size: int, mirror: Optional[BlockTableMirror] = None
+                      ) -> tuple[StepHeader, np.ndarray, list[int]]:
     """`pack_step` plus the token rows whose input id is still on the device (async
     scheduling: the previous step's draw). The input-id section starts the payload, so these
     rows are also the payload offsets that rank 0 fills on the device before the payload's
-    broadcast (`StepChannel.send`'s `pending`)."""
-    rows = step_rows(out, block_size)
+    broadcast (`StepChannel.send`'s `pending`). `mirror`: rank 0's block-table mirror
+    (worker/block_table.py)."""
+    rows = step_rows(out, block_size, mirror)
     tables = rows.block_tables
     n, width = tables.shape
     end, max_q, sample_rows = len(rows.input_ids), rows.max_query_len, rows.sample_rows
