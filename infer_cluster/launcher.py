@@ -4,8 +4,10 @@ with `--http-port`, one HTTP gateway process.
 Owns: starting the children (own session, so a terminal Ctrl-C reaches only `serve`, and a
 parent-death signal, so they never outlive a killed `serve`), waiting until the cluster is ready,
 restarting a replica or gateway that dies (a replica registers again and takes load), and the
-ordered stop: gateway first (it stops taking HTTP requests), then the coordinator (it drains
-in-flight requests), then replicas (SIGTERM, then SIGKILL after a grace period). It never talks the wire protocol itself except through `InferenceClient.status`.
+ordered stop: gateway first (it stops taking HTTP requests), then the coordinator and the
+replicas together (SIGTERM: the coordinator refuses new work and waits for what is in flight,
+each replica finishes its requests and says goodbye), SIGKILL after a grace period. It never
+talks the wire protocol itself except through `InferenceClient.status`.
 Never imports torch: replicas are separate processes.
 """
 
@@ -184,8 +186,11 @@ class ClusterLauncher:
         return 0
 
     def stop(self, drain_timeout: float, grace: float = 10.0) -> None:
-        """Gateway, then coordinator (it drains in-flight requests), then replicas; SIGKILL
-        stragglers."""
+        """Gateway first; then the coordinator and the replicas drain together (the coordinator
+        refuses new work and waits for what is in flight; each replica finishes its requests,
+        whose outputs still reach the coordinator, then says goodbye); SIGKILL stragglers.
+        Stopping the replicas only after the coordinator exited would leave them heartbeating
+        into a closed port meanwhile."""
         self.stop_event.set()
         if self.gateway is not None:
             self.gateway.signal(signal.SIGTERM)
@@ -194,12 +199,12 @@ class ClusterLauncher:
                 self.gateway.signal(signal.SIGKILL)
                 self.gateway.wait(5)
         self.coordinator.signal(signal.SIGTERM)
+        for child in self.replicas:
+            child.signal(signal.SIGTERM)
         if not self.coordinator.wait(drain_timeout + grace):
             log.warning("coordinator still running after %g s; killing it", drain_timeout + grace)
             self.coordinator.signal(signal.SIGKILL)
             self.coordinator.wait(5)
-        for child in self.replicas:
-            child.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for child in self.replicas:
             if not child.wait(deadline - time.monotonic()):

@@ -100,6 +100,9 @@ class ReplicaIO(threading.Thread):
         self._last_heard = time.monotonic()
         self._rate_mark = (time.monotonic(), 0)
         self._stopped = False
+        # Set by the server once it drained to exit: a coordinator that stopped first (serve's
+        # shutdown order) only misses the state change and goodbye, so say so without a warning.
+        self.closing = False
 
     # -------------------------------------------------------------- engine-thread side
 
@@ -223,7 +226,12 @@ class ReplicaIO(threading.Thread):
             # Not connected (IMMEDIATE) or the coordinator stopped reading: it will declare this
             # replica dead and re-route, so dropping is safe; count it for the logs.
             self.num_dropped += 1
-            if self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
+            if self.closing:
+                if self.num_dropped == 1:
+                    log.info("coordinator %s already stopped; this replica's closing state change "
+                             "and goodbye were not delivered (no request was in flight)",
+                             self.config.coordinator)
+            elif self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
                 log.warning("coordinator %s unreachable: %d message(s) dropped",
                             self.config.coordinator, self.num_dropped)
 

@@ -352,6 +352,8 @@ class EngineServer:
 
     def _check_drained(self) -> None:
         if self.state is ReplicaState.DRAINING and not self.engine.has_unfinished_requests():
+            if self._exit_when_drained:  # nothing left to lose: only the closing notes can drop
+                self.io.closing = True
             self._set_state(ReplicaState.DRAINED, "no requests left")
             if self._exit_when_drained:
                 self.exit_reason = self.exit_reason or "drained"

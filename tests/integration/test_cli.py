@@ -97,6 +97,11 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
             time.sleep(0.1)
         assert not any(_pid_alive(p) for p in pids), "serve left a replica running"
         assert "stopped" in proc.stderr.read()
+        # A clean stop warns about nothing: the coordinator goes first (it drains), so the
+        # replica's closing notes find it gone, which its log states without a warning.
+        replica_log = (tmp_path / "replica-0.log").read_text()
+        assert "stopped: drained" in replica_log
+        assert " WARNING " not in replica_log and " ERROR " not in replica_log, replica_log[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
