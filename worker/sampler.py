@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from infer_cluster.kernels.dispatch import use_triton
@@ -53,8 +54,8 @@ from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
-from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
-                           topk, topk_by_blocks)
+from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, array_to_device, block_sums, draw_random_rows,
+                           to_device, topk, topk_by_blocks)
 from .sampling_state import SamplingState
 
 _NEG_INF = float("-inf")
@@ -321,14 +322,18 @@ class Sampler:
                                  device=gen.device if gen is not None else "cpu").tolist()
             for j, key in zip(drawn, keys):
                 seeds[j] = key
-        u = step_uniforms(seeds, steps)[:, 0]
-        top_k = [r.params.top_k if 0 < r.params.top_k < vocab else 0 for r in rows]
-        packed = to_device([[r.params.temperature, k, r.params.top_p, r.params.min_p, uj]
-                            for r, k, uj in zip(rows, top_k, u.tolist())], torch.float64, device)
-        return RandomRows(temperature=packed[:, 0].float(), top_k=packed[:, 1].long(),
-                          top_p=packed[:, 2].float(), min_p=packed[:, 3].float(), uniform=packed[:, 4],
-                          host_top_k=top_k, host_top_p=[r.params.top_p for r in rows],
-                          host_min_p=[r.params.min_p for r in rows])
+        params = [r.params for r in rows]
+        top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+        top_p, min_p = [p.top_p for p in params], [p.min_p for p in params]
+        # Columns filled from flat lists (a nested list through torch.tensor costs ~3x more).
+        packed = np.empty((5, len(rows)), dtype=np.float64)
+        packed[0] = [p.temperature for p in params]
+        packed[1], packed[2], packed[3] = top_k, top_p, min_p
+        packed[4] = step_uniforms(seeds, steps)[:, 0]
+        packed = array_to_device(packed, device)
+        return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
+                          min_p=packed[3].float(), uniform=packed[4], host_top_k=top_k,
+                          host_top_p=top_p, host_min_p=min_p)
 
 
 def banned_ngram_tokens(seq: list[int], n: int) -> set[int]:

@@ -242,3 +242,29 @@ def test_topk_by_blocks_equals_torch_topk(seed):
         assert torch.equal(vals, x.topk(k, dim=-1).values)
         assert torch.equal(x.gather(1, ids), vals)
         assert all(len(set(r)) == k for r in ids.tolist())
+
+
+def _philox_word_by_word(counter, key, rounds=10):
+    """Philox4x32 written out one 32-bit word at a time (the paper's round), for comparison."""
+    m = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & m for c in counter)
+    k0, k1 = (np.asarray(k, dtype=np.uint64) & m for k in key)
+    for _ in range(rounds):
+        p0, p2 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & m, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & m)
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m, (k1 + np.uint64(0xBB67AE85)) & m
+    return [c0, c1, c2, c3]
+
+
+def test_philox_equals_the_word_by_word_round_on_random_words():
+    rng = np.random.default_rng(0)
+    words = [rng.integers(0, 2**32, 500, dtype=np.uint64) for _ in range(6)]
+    for rounds in (1, 7, 10):
+        got = philox4x32(words[:4], words[4:], rounds)
+        want = _philox_word_by_word(words[:4], words[4:], rounds)
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)
+    # scalar key words broadcast against array counters (one seed, many offsets)
+    got = philox4x32(words[:4], [np.uint64(5), np.uint64(2**32 - 1)])
+    want = _philox_word_by_word(words[:4], [np.uint64(5), np.uint64(2**32 - 1)])
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
