@@ -3,7 +3,11 @@ n's ids reach rank 0's host, its pending input ids written into rank 0's device 
 payload (`StepChannel`'s `PendingIds`). Outputs equal the synchronous loop of the same layout
 for greedy, seeded sampling, penalties, logprobs, n-gram bans and min_tokens, with chunked
 prefill, a second round on the prefix cache, and preemption; greedy also equals T=1. (A killed
-rank with a step in flight: test_failures.py, async parametrization.)"""
+rank with a step in flight: test_failures.py, async parametrization; a stopped one: below.)"""
+
+import os
+import signal
+import time
 
 import pytest
 
@@ -11,7 +15,7 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 from infer_cluster.worker.distributed.channel import StepChannel
 
-from .conftest import ENGINE, GREEDY, make_prompts
+from .conftest import ENGINE, GREEDY, kill_pids, make_prompts, wait_gone
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12] * 7, [13] * 40, [5, 6, 7, 20, 21], [30, 31], [40] * 17]
 
@@ -81,3 +85,29 @@ def test_async_tp2_greedy_equals_one_rank(started, dist_checkpoints):
         want = [o.token_ids for o in one.generate(make_prompts(), GREEDY, use_tqdm=False)]
     llm = started.track(LLM(path, tensor_parallel_size=2, async_scheduling=True, **ENGINE))
     assert [o.token_ids for o in llm.generate(make_prompts(), GREEDY, use_tqdm=False)] == want
+
+
+@pytest.mark.timeout(60)
+def test_async_stopped_rank_fails_every_request_within_10s(started, dist_checkpoints):
+    """SIGSTOP (a hang, not an exit) while async steps are in flight: the heartbeat monitor
+    fails the group, every request ends with an error naming the rank, nothing hangs."""
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, async_scheduling=True,
+                            **ENGINE))
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    rids = {llm.add_request([5 + i, 6, 7], long) for i in range(3)}
+    for _ in range(4):
+        assert not any(d.finished for d in llm.step())
+    pid = llm.engine.runner.rank_pids[0]
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        finals = {}
+        while len(finals) < len(rids):
+            assert time.monotonic() - stopped_at < 10, "requests still running 10 s after the stop"
+            finals.update({d.request_id: d for d in llm.step() if d.finished})
+    finally:
+        kill_pids([pid])
+    assert set(finals) == rids
+    for d in finals.values():
+        assert d.finish_reason == "error" and "rank 1" in d.error["message"], d.error
+    assert wait_gone([pid], 5.0) == []
