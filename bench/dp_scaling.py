@@ -23,7 +23,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,41 +31,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infer_cluster.loadgen import Workload, run_load, summarize  # noqa: E402
+from bench.serving import _free_port as free_port  # noqa: E402
+from infer_cluster.loadgen import Workload, parse_range, run_load, summarize  # noqa: E402
 
 READY = "infer-cluster serving"
-
-
-def _range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free (serve's client and replica ports)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports found")
 
 
 class Cluster:
     """`infer-cluster serve` as a child process in its own process group."""
 
     def __init__(self, dp: int, engine_args: list[str], log_dir: Path, ready_timeout: float):
-        self.port = free_port_pair()
+        self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "infer_cluster", "serve", "-dp", str(dp), "--port", str(self.port),
-                "--no-restart", "--log-dir", str(log_dir), "--ready-timeout", str(ready_timeout),
-                *engine_args]
+                "--replica-port", str(free_port()), "--no-restart", "--log-dir", str(log_dir),
+                "--ready-timeout", str(ready_timeout), *engine_args]
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.output: list[str] = []
@@ -136,8 +116,8 @@ def main() -> None:
     args, engine_args = ap.parse_known_args()  # the rest goes to `infer-cluster serve`
     if any(n < 1 for n in args.dp) or args.rounds < 1:
         ap.error("--dp values and --rounds must be >= 1")
-    workload = Workload(args.num_requests, _range(args.input_len), _range(args.output_len),
-                        _range(args.token_id_range), args.seed)
+    workload = Workload(args.num_requests, parse_range(args.input_len), parse_range(args.output_len),
+                        parse_range(args.token_id_range), args.seed)
     requests = workload.build()
     runs = []
     for dp in args.dp:

@@ -32,13 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infer_cluster.loadgen import Workload, format_table, run_load, summarize  # noqa: E402
+from infer_cluster.loadgen import Workload, format_table, parse_range, run_load, summarize  # noqa: E402
 from infer_cluster.protocol import SamplingParams  # noqa: E402
-
-
-def _range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
 
 
 def _proc_cpu_seconds(pid: int) -> float:
@@ -214,8 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--json", default=str(REPO / "bench" / "results" / "serving.json"))
     args = p.parse_args(argv)
-    work = Workload(num_requests=args.num_requests, input_len=_range(args.input_len),
-                    output_len=_range(args.output_len), seed=args.seed)
+    work = Workload(num_requests=args.num_requests, input_len=parse_range(args.input_len),
+                    output_len=parse_range(args.output_len), seed=args.seed)
     requests = work.build()
     latency_prompt = requests[0][0][:16]
 

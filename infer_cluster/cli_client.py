@@ -231,9 +231,9 @@ def _generate_offline(prompts, params, engine) -> None:
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
+    from infer_cluster.loadgen import parse_range
     try:
-        lo, _, hi = text.partition(":")
-        return int(lo), int(hi or lo)
+        return parse_range(text)
     except ValueError:
         raise CliError(f"error: --{name} must be N or LO:HI, got {text!r}") from None
 

@@ -23,6 +23,13 @@ from typing import Optional
 from infer_cluster.protocol import SamplingParams
 
 
+def parse_range(text: str) -> tuple[int, int]:
+    """"N" or "LO:HI" (a length or id range on the command line) -> (LO, HI); ValueError if
+    either part is not an integer."""
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi or lo)
+
+
 @dataclass
 class Workload:
     num_requests: int = 200

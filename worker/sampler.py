@@ -54,9 +54,10 @@ from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
-from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, array_to_device, block_sums, draw_random_rows,
-                           to_device, topk, topk_by_blocks)
+from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
+                           topk, topk_by_blocks)
 from .sampling_state import SamplingState
+from .step_upload import dma_upload
 
 _NEG_INF = float("-inf")
 _KEY_RANGE = 2 ** 63 - 1
@@ -330,7 +331,7 @@ class Sampler:
         packed[0] = [p.temperature for p in params]
         packed[1], packed[2], packed[3] = top_k, top_p, min_p
         packed[4] = step_uniforms(seeds, steps)[:, 0]
-        packed = array_to_device(packed, device)
+        packed = dma_upload(packed, device)
         return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
                           min_p=packed[3].float(), uniform=packed[4], host_top_k=top_k,
                           host_top_p=top_p, host_min_p=min_p)

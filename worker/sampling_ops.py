@@ -38,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
@@ -361,14 +360,6 @@ def topk_by_blocks(x: torch.Tensor, k: int,
     cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))
     vals, pos = cand.topk(k, dim=-1)
     return vals, cols.gather(1, pos)
-
-
-def array_to_device(values: np.ndarray, device) -> torch.Tensor:
-    """`to_device` for a numpy array (its dtype kept): pinned, then an asynchronous copy."""
-    host = torch.from_numpy(values)
-    if torch.device(device).type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:

@@ -354,9 +354,8 @@ class EngineServer:
         if self.state is ReplicaState.DRAINING and not self.engine.has_unfinished_requests():
             if self._exit_when_drained:  # nothing left to lose: only the closing notes can drop
                 self.io.closing = True
-            self._set_state(ReplicaState.DRAINED, "no requests left")
-            if self._exit_when_drained:
                 self.exit_reason = self.exit_reason or "drained"
+            self._set_state(ReplicaState.DRAINED, "no requests left")
 
     def _shutdown(self) -> None:
         n = len(self._active_request_ids())

@@ -18,8 +18,8 @@ To extend: a new per-token or per-sequence field goes into `StepRows` and both l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 from itertools import chain
+from typing import Optional
 
 import numpy as np
 

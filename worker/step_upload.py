@@ -39,8 +39,12 @@ MAPPED_UPLOAD = env_switch("INFER_CLUSTER_MAPPED_UPLOAD")
 
 
 def dma_upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """The default path: pinned copy, non-blocking transfer on the current stream."""
-    return torch.from_numpy(values).pin_memory().to(device, non_blocking=True)
+    """The default path: pinned copy, non-blocking transfer on the current stream (dtype kept;
+    off CUDA, the array itself as a tensor)."""
+    host = torch.from_numpy(values)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def step_capacity(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:

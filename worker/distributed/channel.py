@@ -83,8 +83,6 @@ class StepChannel:
         k = 0 if pending is None else len(pending.offsets)
         if not k:
             return self._to_device(torch.from_numpy(payload))
-        if len(pending.rows) != k:
-            raise ValueError(f"{k} pending offsets but {len(pending.rows)} rows of the previous draw")
         n = len(payload)
         flat = self._to_device(torch.from_numpy(np.concatenate(
             [payload, np.asarray(pending.offsets, dtype=np.int32), np.asarray(pending.rows, dtype=np.int32)])))

@@ -236,7 +236,7 @@ class DistributedRunner:
                 if graphs is not None and is_decode_only(header) and header.num_seqs <= graphs.max_batch:
                     header = dataclasses.replace(header, op=Op.GRAPH,
                                                  graph_batch=graphs.batch_for(header.num_seqs))
-                logits = shard.run_step(header, shard.send_step(header, payload, pending))
+                logits = shard.run_step(header, shard.channel.send(header, payload, pending))
         except Exception as exc:
             raise self._step_failure(exc) from None
         if self.error is not None:

@@ -40,7 +40,7 @@ from ..cuda_graphs import DecodeGraphs, capture_sizes
 from ..model_runner import ModelRunner, resolve_device
 from ..models.decoder import ModelSpec
 from ..models.parallel import ParallelState
-from .channel import PendingIds, StepChannel
+from .channel import StepChannel
 from .relay import StageRelay
 from .step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
 from .topology import DistributedOptions, RankLayout
@@ -181,15 +181,11 @@ class RankShard:
 
     # -- how steps arrive ---------------------------------------------------------------------
 
-    def send_step(self, header: StepHeader, payload: Optional[np.ndarray],
-                  pending: Optional[PendingIds] = None) -> Optional[torch.Tensor]:
+    def send_step(self, header: StepHeader, payload: Optional[np.ndarray]) -> Optional[torch.Tensor]:
         """Rank 0: hand the step to the ranks that need it from rank 0; returns the payload on
-        this rank's device. `pending`: input ids still on the device (async scheduling, one
-        step at a time only: micro-batch groups never wait for another step's ids)."""
+        this rank's device."""
         if self.relay is None:
-            return self.channel.send(header, payload, pending)
-        if pending is not None:
-            raise ValueError("pipeline micro-batches take no pending input ids")
+            return self.channel.send(header, payload)
         if self.channel is not None:
             data = self.channel.send(header, payload)
         else:
