@@ -9,8 +9,7 @@ KV copies: cached blocks the allocator evicts are copied out (`swap_out`), host 
 swapped-out requests are copied back (`swap_in`), and a preemption victim is swapped out when the
 tier has room (else recomputed). The runner performs every swap-out, then issues the swap-ins,
 one *load* per admitted request (`SchedulerOutput.loads`), on a copy stream; `Loads`
-(worker/loads.py) keeps their book. A load may take
-several steps (a 4,000-token prefix is ~8 ms over PCIe): the request that needs it (and any
+(worker/loads.py, held by `InFlightBook`) keeps their book. A load may take several steps (a 4,000-token prefix is ~8 ms over PCIe): the request that needs it (and any
 request sharing blocks it fills) is admitted at once but computes only after the load landed,
 which the scheduler asks at each `schedule` without blocking (`loads_landed`, injected: CUDA
 events on the GPU, at once on CPU). Meanwhile the other requests keep running, so copies overlap
@@ -21,21 +20,9 @@ step) and its host blocks stay pinned (`HostTier.land`). The scheduler blocks on
 one. Its only product is a `SchedulerOutput`; the model runner sees nothing else of it. Must
 never import torch.
 
-Steps in flight (async scheduling, worker/inflight.py): `schedule` advances
-`num_computed_tokens` and counts the token a sampled row will produce as pending
-(`Request.num_pending`); `update` later appends the real id. A request whose last token is
-pending is scheduled as a one-token decode row marked `pending_input` (its input id is filled
-on the device from the previous step's draw), unless that token surely ends it (max_tokens,
-max_model_len). While another step is uncollected, `schedule(can_preempt=False)` never
-preempts: it stops at the first request that needs blocks it cannot get and sets `blocked`, and
-the engine settles before the next schedule. A request that ends while a step that computes it
-is uncollected keeps its blocks until that step's `update` (the device may still write them).
-Pipeline micro-batches (`schedule(group=n)`, worker/microbatch.py): at most n sequences, none
-with an uncollected step, so the groups in flight are disjoint and no row is `pending_input`.
-`rewind(id)`: the request's pending input in the uncollected step was wrong (the sampler redid
-the previous token): that step's `update` drops its token and takes back the position it
-computed (`num_computed_tokens`), so the next schedule recomputes it with the right id; the
-engine schedules nothing before that update. No block holding that position is registered.
+Steps in flight (async scheduling, pipeline micro-batches) and host-tier loads: what an
+uncollected step or a load still holds is kept by `InFlightBook` (worker/scheduler_inflight.py),
+which this class extends; its docstring says how scheduling honours it.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
 `Request.sort_key` so the preemption victim is always its tail.
@@ -50,8 +37,8 @@ from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
 from .block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 from .host_tier import HostTier
-from .loads import Loads
 from .request import Request
+from .scheduler_inflight import InFlightBook
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
@@ -59,25 +46,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _all_landed(load_ids: list[int]) -> list[int]:
-    return load_ids  # no runner with a copy stream (CPU, tests): copies are done when issued
-
-
-def _no_wait(load_id: int) -> None:
-    return None
-
-
-class Scheduler:
+class Scheduler(InFlightBook):
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, host: Optional[HostTier] = None,
                  loads_landed: Optional[Callable[[list[int]], Iterable[int]]] = None,
                  wait_load: Optional[Callable[[int], None]] = None):
         self.allocator = allocator
         self.host = host
-        # Loads: `loads_landed(ids)` -> the ids that finished (never blocks); `wait_load(id)`
-        # blocks until one did.
-        self.loads_landed = loads_landed or _all_landed
-        self.wait_load = wait_load or _no_wait
+        self._init_in_flight(loads_landed, wait_load)
         if host is not None:
             allocator.evicted = []
         self.block_size = allocator.block_size
@@ -90,14 +66,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_hit_tokens_host = 0
-        self.loads = Loads()  # host-tier loads in flight (worker/loads.py)
         self.num_load_waits = 0  # times the scheduler blocked on a load (nothing else could run)
         self.num_swapped_out = 0  # preemptions that kept their KV on the host tier
         self.num_scheduled_tokens = 0  # tokens whose KV was computed (prefill + decode)
         self.failed_at_admission: list[Request] = []  # ended by schedule(); the engine reports them
-        self._busy: dict[str, int] = {}  # request id -> scheduled steps not yet collected
-        self._deferred: dict[str, list[int]] = {}  # blocks of ended requests a busy step may write
-        self._rewind: set[str] = set()  # requests whose next collected token is dropped (`rewind`)
 
     # -- queue management ---------------------------------------------------------------------
 
@@ -149,67 +121,6 @@ class Scheduler:
         if req is not None:
             self.finish(req, RequestStatus.ABORTED, FinishReason.ABORT.value)
         return req
-
-    # -- scheduling -----------------------------------------------------------------------------
-
-    def settle(self, request_id: str) -> None:
-        """One scheduled step of the request was collected (or abandoned); blocks of an ended
-        request are freed once no uncollected step computes it."""
-        left = self._busy.get(request_id, 0) - 1
-        if left > 0:
-            self._busy[request_id] = left
-            return
-        self._busy.pop(request_id, None)
-        blocks = self._deferred.pop(request_id, None)
-        if blocks:
-            self.allocator.free(blocks)
-
-    def rewind(self, request_id: str) -> None:
-        """The uncollected step that computes the request used a wrong pending input: its
-        `update` drops the request's token and position (see the module docstring)."""
-        if request_id in self.requests and self._busy.get(request_id):
-            self._rewind.add(request_id)
-
-    def settle_all(self) -> None:
-        """Every uncollected step is gone (a failure): forget the loads in flight and free every
-        deferred block."""
-        self._rewind.clear()
-        self.loads.clear()
-        if self.host is not None:
-            self.host.land_all()
-        for rid in list(self._busy):
-            self._busy[rid] = 1
-            self.settle(rid)
-
-    # -- loads (host-tier swap-ins in flight) ---------------------------------------------------
-
-    @property
-    def has_loads(self) -> bool:
-        return bool(self.loads)
-
-    def land_all_loads(self) -> None:
-        """Block until every load in flight landed (before a resize, or a preemption of a
-        request that waits for one)."""
-        for load in list(self.loads.members):
-            self.wait_load(load)
-        self._land(list(self.loads.members))
-
-    def _poll_loads(self) -> None:
-        if self.loads:
-            self._land(self.loads_landed(list(self.loads.members)))
-
-    def _land(self, landed) -> None:
-        for load, members in self.loads.land(landed):
-            if self.host is not None:
-                self.host.land(load)
-            for rid in members:
-                self.settle(rid)
-
-    def _wait_for(self, req: Request, loads: set[int]) -> None:
-        """`req` computes only once every load in `loads` landed; until then it counts as busy
-        (an end meanwhile defers freeing its blocks, which a load may still write)."""
-        self.loads.wait(req.request_id, loads)
-        self._busy[req.request_id] = self._busy.get(req.request_id, 0) + len(loads)
 
     # -- scheduling -----------------------------------------------------------------------------
 
