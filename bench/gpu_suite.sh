@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -60,10 +60,12 @@ for stage in "$@"; do
       done
       timeout 120 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -p no:cacheprovider \
         -k "qwen3 and tp2_graphs or graphs and killed" 2>&1 | tee "$OUT/gpu_dist_quick.log" | tail -8 ;;
-    dp)  # issue 11 item 5 on 2 GPUs: `serve -dp 1` vs `-dp 2` (T=1 replicas, a GPU each), workload A
-      # through InferenceClient, two rounds each (the first warms up), same call
-      timeout 560 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests 256 --input-len 100:1024 \
-        --output-len 100:1024 --log-dir "$OUT/dp_logs" --out "$OUT/dp_scaling.json" \
+    dp)  # issue 11 item 5 on 2 GPUs: `serve -dp 1` vs `-dp 2` (T=1 replicas, a GPU each), workload A's
+      # request shape through InferenceClient, two rounds each (the first warms up), same call. 1,024
+      # requests by default: 256 leave each of 2 replicas a half batch whose round ends with its
+      # longest request (2026-11-26: 1.56x at 256), so they measure the tail, not the cluster.
+      timeout 560 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests "${DP_REQUESTS:-1024}" --input-len 100:1024 \
+        --output-len 100:1024 --log-dir "${DP_LOG_DIR:-$OUT/dp_logs}" --out "$OUT/dp_scaling.json" \
         --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -8 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
@@ -240,6 +242,24 @@ for _ in range(600):
           --out "$OUT/tpot_qwen3_pdl$p.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
       done
       timeout 200 python3 bench/decode_timeline.py --steps 10 --out "$OUT/decode_timeline_pdl.json" 2>&1 | head -${TIMELINE_LINES:-16} ;;
+    allreduce)  # issue 11: symmetric-memory TP all-reduce (symm_allreduce.py). GPU sum test, the latency
+      # table per path and size, workload A at T=2 with NCCL then symmetric memory (INFER_CLUSTER_TP_ALLREDUCE)
+      # and T=1, both shapes; then the distributed GPU tests.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 150 python3 -m pytest -q -m gpu tests/distributed/test_gpu_allreduce.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_allreduce_tests.log" | tail -4
+      timeout 150 python3 bench/allreduce.py --out "$OUT/allreduce.json" 2>&1 | tail -20
+      for run in "qwen3-0.6b-shape 2 nccl" "qwen3-0.6b-shape 2 ${AR_MODE:-auto}" "qwen3-0.6b-shape 1 nccl" \
+                 "llama-3-8b-shape 2 nccl" "llama-3-8b-shape 2 ${AR_MODE:-auto}" "llama-3-8b-shape 1 nccl"; do
+        read -r model tp ar <<< "$run"
+        echo "--- $model T=$tp INFER_CLUSTER_TP_ALLREDUCE=$ar"
+        INFER_CLUSTER_TP_ALLREDUCE=$ar timeout 110 python3 bench/throughput.py --model "$model" --load-format dummy \
+          --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size "$tp" --out "$OUT/ar_t${tp}_${ar}_$model.json" 2>&1 \
+          | grep -E "^infer-cluster|^model=|Error|error|WARNING" | tail -4
+      done
+      timeout "${DIST_LIMIT:-150}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_dist_tests_ar.log" | tail -6 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

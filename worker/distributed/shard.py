@@ -6,7 +6,8 @@ Owns: joining the `torch.distributed` world (gloo on CPU; NCCL on CUDA plus a gl
 control traffic), the step channel's wait group (gloo, no practical timeout: idle ranks wait
 there), one TP group per pipeline stage (every rank creates every group, in the same order, as
 torch requires), the `ModelRunner` for this rank's TP rank and layer range, the KV pool size
-(MIN over all ranks), the decode CUDA graphs (P = 1: captured at start-up on every TP rank in
+(MIN over all ranks), the symmetric-memory buffer of small TP all-reduces
+(`symm_allreduce.py`), the decode CUDA graphs (P = 1: captured at start-up on every TP rank in
 lock step, with barriers on the CPU group before every size and after the ladder), and
 `run_step`: unpack the broadcast step tensor, replay the graph it names or run eagerly, take
 stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
@@ -42,6 +43,7 @@ from ..models.decoder import ModelSpec
 from ..models.parallel import ParallelState
 from .channel import StepChannel
 from .relay import StageRelay
+from .symm_allreduce import SymmAllReduce
 from .step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
 from .topology import DistributedOptions, RankLayout
 
@@ -119,6 +121,9 @@ class RankShard:
         self.groups = RankGroups(layout, device, options, store, pipelined=self.depth > 1)
         ps = ParallelState(tp_rank=layout.tp_rank, tp_size=layout.tensor_parallel_size,
                            tp_group=self.groups.tp_group)
+        # Before the model: the buffer is a collective over every rank, and the KV pool is sized
+        # from what memory is left.
+        ps.fast_all_reduce = SymmAllReduce.create(self.groups.tp_group, device, self.groups.control)
         self.runner = ModelRunner(config, spec, model_path, hf_config, max_model_len, ps=ps,
                                   layer_range=layout.layer_range, local_rank=layout.rank,
                                   agree_num_kv_blocks=self._agree_num_kv_blocks)

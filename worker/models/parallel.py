@@ -3,7 +3,7 @@ LM head. With `tp_size == 1` they are plain matmuls (no communication).
 
 Owns: how a full checkpoint tensor is cut into this rank's shard (`weight_loader`) and the
 collective each layer needs (all-reduce after a row-parallel linear or the embedding, all-gather
-of logits). `ParallelState` carries the rank, size and process group explicitly: there is no
+of logits; small all-reduces may go through `ParallelState.fast_all_reduce`). `ParallelState` carries the rank, size and process group explicitly: there is no
 module-level state. To add a sharded layer: give every parameter a `weight_loader(param,
 loaded, shard_id)` that copies this rank's slice.
 
@@ -42,9 +42,16 @@ class ParallelState:
     tp_rank: int = 0
     tp_size: int = 1
     tp_group: Optional[object] = None
+    # A faster sum for tensors it `fits` (worker/distributed/symm_allreduce.py); None: NCCL/gloo only.
+    fast_all_reduce: Optional[object] = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of x over the TP group: x itself, summed in place, or a new tensor (use the
+        return value)."""
         if self.tp_size > 1:
+            fast = self.fast_all_reduce
+            if fast is not None and fast.fits(x):
+                return fast(x)
             dist.all_reduce(x, group=self.tp_group)
         return x
 

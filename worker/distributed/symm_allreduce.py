@@ -1,0 +1,125 @@
+"""The tensor-parallel all-reduce of mid-sized tensors through torch's symmetric memory, as an
+opt-in next to NCCL.
+
+Owns: one symmetric buffer per TP group (`torch.distributed._symmetric_memory`, CUDA only) and
+the choice, per call, between torch's one-shot and two-shot symmetric-memory all-reduces and the
+NCCL group's own `all_reduce`. The one-shot kernel copies the local input into this rank's
+buffer, meets the peers at a signal-pad barrier and sums every peer's buffer (read over NVLink)
+into the output; two-shot reduces one half per rank and gathers. Only non-multicast ops are used:
+NVLink multicast (the `multimem_*` ops) stays off (see the device notes in docs/parallel.md).
+
+`INFER_CLUSTER_TP_ALLREDUCE` picks the path when a replica's groups are built: `nccl` (the
+default), `auto` (two-shot for tensors of `TWO_SHOT_MIN_BYTES` up to the buffer, NCCL for the
+rest), `one_shot` / `two_shot` (that kernel for every size that fits the buffer). NCCL is the
+default because it measured as fast or faster where decode lives: in CUDA graphs on 2x H100
+(bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up to 1 MiB, one-shot 9-17 us, two-shot
+12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2 MiB). Workload A at T=2 with one-shot
+up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape 1.01x. A symmetric-memory kernel
+also waits for its peers at a barrier that the NCCL abort of a failed replica does not reach
+(docs/parallel.md, "Failure handling"). Tensors larger than the buffer (long prefill chunks)
+always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
+group), so a rank that cannot set the buffer up turns the feature off everywhere instead of
+leaving the ranks in different collectives.
+
+To tune: run `bench/allreduce.py` on a 2-GPU machine and set `TWO_SHOT_MIN_BYTES` /
+`BUFFER_BYTES` from its table. To add an algorithm: a name in `MODES` and a branch in `__call__`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from infer_cluster.protocol.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENV = "INFER_CLUSTER_TP_ALLREDUCE"
+MODES = ("nccl", "auto", "one_shot", "two_shot")
+BUFFER_BYTES = 8 << 20  # largest tensor the symmetric path takes; larger ones use NCCL
+TWO_SHOT_MIN_BYTES = 2 << 20  # auto: NCCL below this, two-shot from here up (bench/allreduce.py)
+
+
+def tp_allreduce_mode() -> str:
+    """The mode `INFER_CLUSTER_TP_ALLREDUCE` asks for (`nccl` when unset)."""
+    mode = os.environ.get(ENV, "nccl").strip().lower() or "nccl"
+    if mode not in MODES:
+        raise ConfigError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def _symm_mem():
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError:
+        return None
+    return symm_mem
+
+
+class SymmAllReduce:
+    """Sum of a CUDA tensor over one TP group through a symmetric buffer. Call `create`."""
+
+    def __init__(self, group, buffer: torch.Tensor, mode: str):
+        self.group_name = group.group_name
+        self.buffer = buffer  # uint8, BUFFER_BYTES, rendezvoused on the group
+        self.mode = mode
+        self._copy_out = getattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out", None)
+
+    @classmethod
+    def create(cls, group, device: torch.device, control_group, mode: Optional[str] = None
+               ) -> Optional["SymmAllReduce"]:
+        """Set the buffer up on every rank of `group` (a collective: every rank calls it), or
+        return None everywhere when the mode is `nccl`, the device is not CUDA, or any rank
+        could not set it up."""
+        mode = mode or tp_allreduce_mode()
+        if group is None or device.type != "cuda" or mode == "nccl":
+            return None
+        buffer, error = None, ""
+        symm_mem = _symm_mem()
+        if symm_mem is None or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
+            error = "this torch has no symmetric-memory all-reduce"
+        else:
+            try:
+                with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
+                    warnings.simplefilter("ignore")
+                    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                        symm_mem.enable_symm_mem_for_group(group.group_name)
+                buffer = symm_mem.empty(BUFFER_BYTES, dtype=torch.uint8, device=device)
+                symm_mem.rendezvous(buffer, group.group_name)
+            except Exception as exc:  # unsupported driver/topology: NCCL still works
+                buffer, error = None, f"{type(exc).__name__}: {exc}"
+        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int64)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=control_group)
+        if not int(ok.item()):
+            if error:
+                log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL", error)
+            return None
+        return cls(group, buffer, mode)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether this path takes x (False: the caller uses the group's own all-reduce)."""
+        nbytes = x.numel() * x.element_size()
+        low = TWO_SHOT_MIN_BYTES if self.mode == "auto" else 0
+        return x.is_contiguous() and low <= nbytes <= BUFFER_BYTES
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the group, in a new tensor (x is left as it was). x must `fit`."""
+        nbytes = x.numel() * x.element_size()
+        symm = self.buffer[:nbytes].view(x.dtype).view(x.shape)
+        if self.mode in ("auto", "two_shot"):
+            symm.copy_(x)
+            out = torch.empty_like(x)
+            torch.ops.symm_mem.two_shot_all_reduce_out(symm, "sum", self.group_name, out)
+            return out
+        out = torch.empty_like(x)
+        if self._copy_out is not None:
+            self._copy_out(symm, x, "sum", self.group_name, out)
+        else:
+            symm.copy_(x)
+            torch.ops.symm_mem.one_shot_all_reduce_out(symm, "sum", self.group_name, out)
+        return out
