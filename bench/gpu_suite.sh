@@ -69,7 +69,7 @@ for stage in "$@"; do
         --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -8 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
-      # P=1 vs P=2 (8B shape; micro-batches on, the default, then off). Each run gets at most what
+      # P=1 vs P=2 (8B shape; micro-batches on, then off, the default). Each run gets at most what
       # is left of a 570 s budget.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never multicast
       par_end=$((SECONDS + 570))
@@ -77,7 +77,7 @@ for stage in "$@"; do
       timeout "$(par_left 240)" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_dist_tests.log" | tail -6
       for run in "qwen3-0.6b-shape 1 1 auto" "qwen3-0.6b-shape 2 1 auto" "llama-3-8b-shape 1 1 auto" \
-                 "llama-3-8b-shape 2 1 auto" "llama-3-8b-shape 1 2 auto" "llama-3-8b-shape 1 2 off"; do
+                 "llama-3-8b-shape 2 1 auto" "llama-3-8b-shape 1 2 on" "llama-3-8b-shape 1 2 off"; do
         read -r model tp pp mb <<< "$run"
         echo "--- $model T=$tp P=$pp micro-batches $mb (limit $(par_left 120) s)"
         timeout "$(par_left 120)" python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \

@@ -25,7 +25,7 @@ Examples:
   python bench/throughput.py --model small-random-151k --sampling all --hf none \\
       --num-seqs 64 --prompt-len 16 128 --output-len 32 64       # the CPU form of issue 10's table
   python bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --hf none \
-      --pipeline-parallel-size 2 --pipeline-microbatches off    # A/B pipeline micro-batches (on)
+      --pipeline-parallel-size 2 --pipeline-microbatches on     # A/B pipeline micro-batches (auto = off)
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def parse_args(argv=None):
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-microbatches", default="auto", choices=["auto", "on", "off"],
-                    help="with --pipeline-parallel-size P > 1: keep P micro-batches in flight (auto = on) "
-                         "or run one step at a time (off), to A/B the pipeline")
+                    help="with --pipeline-parallel-size P > 1: keep P micro-batches in flight (on) "
+                         "or run one step at a time (off; auto = off), to A/B the pipeline")
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
     ap.add_argument("--hf-max-seqs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)

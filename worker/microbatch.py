@@ -1,7 +1,7 @@
 """Pipeline micro-batches, the engine's plain-Python half: how many sequences the next group
 may take. No torch.
 
-With `pipeline_parallel_size` P > 1 (and `pipeline_microbatches` auto or on) the runner has a
+With `pipeline_parallel_size` P > 1 (and `pipeline_microbatches` on) the runner has a
 `pipeline_depth` of P: `DynamicEngine` keeps up to P steps in flight, each on its own group of
 the running batch, so that while rank 0 samples group k the later stages work on k+1. Groups
 are disjoint: `Scheduler.schedule(group=n)` skips every request that an uncollected step still

@@ -83,7 +83,7 @@ def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints, async_s
 def test_stopped_rank_counts_as_hung_within_10s(started, dist_checkpoints):
     """SIGSTOP: the process exists but answers nothing (a hang); its heartbeat stops."""
     llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2,
-                            pipeline_parallel_size=2, **ENGINE))
+                            pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     rids = start_requests(llm)
     pids = llm.engine.runner.rank_pids
     stopped_at = time.monotonic()

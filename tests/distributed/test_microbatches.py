@@ -64,7 +64,7 @@ def check_overlap(submits):
 def test_microbatch_greedy_matches(started, dist_checkpoints, single_process, submits, family, tp):
     prompts, params = prompts_and_params()
     llm = started.track(LLM(dist_checkpoints[family], tensor_parallel_size=tp,
-                            pipeline_parallel_size=2, **ENGINE))
+                            pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     assert llm.engine.pipeline_depth == 2
     tokens = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens == single_process[family]
@@ -86,7 +86,7 @@ def test_microbatches_off_is_the_one_step_pipeline(started, dist_checkpoints, si
 @pytest.mark.timeout(120)
 def test_finish_and_abort_while_the_other_group_is_in_flight(started, dist_checkpoints, single_process):
     prompts, params = prompts_and_params()
-    llm = started.track(LLM(dist_checkpoints["qwen2"], pipeline_parallel_size=2, **ENGINE))
+    llm = started.track(LLM(dist_checkpoints["qwen2"], pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     rids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
     tokens, finals = {rid: [] for rid in rids}, {}
     victim = None
@@ -123,7 +123,7 @@ def test_preemption_with_microbatches(started, dist_checkpoints, submits):
     tight = dict(ENGINE, num_kv_blocks=8, max_num_batched_tokens=64)
     with LLM(dist_checkpoints["llama"], **tight) as ref:
         want = [o.token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
-    llm = started.track(LLM(dist_checkpoints["llama"], pipeline_parallel_size=2, **tight))
+    llm = started.track(LLM(dist_checkpoints["llama"], pipeline_parallel_size=2, pipeline_microbatches="on", **tight))
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
     stats = llm.stats()
     assert stats["num_preemptions"] > 0
@@ -140,7 +140,7 @@ def test_killed_rank_with_groups_in_flight(started, dist_checkpoints, tp, victim
     """Rank 1 of P=2 is the last stage; of T=2 x P=2 a stage-0 TP rank (fed by rank 0's stage
     broadcast); rank 2 is a later-stage rank fed by the relay."""
     llm = started.track(LLM(dist_checkpoints["llama"], tensor_parallel_size=tp,
-                            pipeline_parallel_size=2, **ENGINE))
+                            pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     rids = [llm.add_request([5 + i, 6, 7], LONG) for i in range(4)]
     for _ in range(6):
         assert not any(d.finished for d in llm.step())
@@ -169,7 +169,7 @@ def test_killed_rank_with_groups_in_flight(started, dist_checkpoints, tp, victim
 @pytest.mark.timeout(60)
 def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints):
     llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2,
-                            pipeline_parallel_size=2, **ENGINE))
+                            pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     for i in range(3):
         llm.add_request([5 + i, 6, 7], LONG)
     for _ in range(5):
@@ -184,7 +184,7 @@ def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints
 @pytest.mark.timeout(90)
 def test_idle_pipeline_outlives_the_collective_timeout(started, dist_checkpoints, monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_DIST_TIMEOUT_S", "6")
-    llm = started.track(LLM(dist_checkpoints["qwen3"], pipeline_parallel_size=2, **ENGINE))
+    llm = started.track(LLM(dist_checkpoints["qwen3"], pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14]]
     short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     first = [o.token_ids for o in llm.generate(prompts, short, use_tqdm=False)]

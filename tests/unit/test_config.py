@@ -110,7 +110,8 @@ def test_sampling_params_from_dict_rejects_unknown_keys():
     (dict(cpu_kv_cache_gib=0), "cpu_kv_cache_gib must be > 0"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, int8, got 'fp8'"),
     (dict(async_scheduling="yes"), "async_scheduling must be true, false or 'auto', got 'yes'"),
-    (dict(async_scheduling=True, pipeline_parallel_size=2), "async_scheduling true conflicts with pipeline micro-batches"),
+    (dict(async_scheduling=True, pipeline_parallel_size=2, pipeline_microbatches="on"),
+         "async_scheduling true conflicts with pipeline micro-batches"),
     (dict(pipeline_microbatches="yes", pipeline_parallel_size=2),
      "pipeline_microbatches must be one of auto, on, off, got 'yes'"),
     (dict(pipeline_microbatches=2, pipeline_parallel_size=2), "pipeline_microbatches must be one of"),
@@ -140,10 +141,12 @@ def test_engine_config_accepts_good_values():
 
 
 def test_pipeline_microbatches_depth():
-    """auto = on with P > 1; the depth (steps in flight) is P, or 1 without micro-batches."""
+    """auto = off (the faster measured); the depth (steps in flight) is P with micro-batches on,
+    else 1."""
     assert EngineConfig().microbatch_depth == 1
     assert EngineConfig(pipeline_microbatches="off").microbatch_depth == 1
-    assert EngineConfig(pipeline_parallel_size=2).microbatch_depth == 2
+    assert EngineConfig(pipeline_parallel_size=2).microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2, pipeline_microbatches="on").microbatch_depth == 2
     assert EngineConfig(pipeline_parallel_size=2, tensor_parallel_size=2,
                         pipeline_microbatches="on").microbatch_depth == 2
     assert EngineConfig(pipeline_parallel_size=2, pipeline_microbatches="off").microbatch_depth == 1
