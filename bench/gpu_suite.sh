@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -260,6 +260,20 @@ for _ in range(600):
       done
       timeout "${DIST_LIMIT:-150}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_dist_tests_ar.log" | tail -6 ;;
+    stagegraphs)  # issue 11: decode graphs per pipeline stage (INFER_CLUSTER_STAGE_GRAPHS=1). GPU parity at P=2
+      # (one step at a time and micro-batches), then workload A, Llama-3-8B shape: P=1, then P=2 micro-batches
+      # off / on with stage graphs, and P=2 off without them (the eager baseline), same call.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 200 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -k "stage_graphs or pp2" \
+        -p no:cacheprovider 2>&1 | tee "$OUT/gpu_stage_graphs_tests.log" | tail -4
+      for run in "1 off 0" "2 off 1" "2 on 1" "2 off 0"; do
+        read -r pp mb sg <<< "$run"
+        echo "--- llama-3-8b-shape P=$pp micro-batches $mb INFER_CLUSTER_STAGE_GRAPHS=$sg"
+        INFER_CLUSTER_STAGE_GRAPHS=$sg timeout 110 python3 bench/throughput.py --model llama-3-8b-shape \
+          --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
+          --max-model-len 4096 --hf none --pipeline-parallel-size "$pp" --pipeline-microbatches "$mb" \
+          --out "$OUT/sg_p${pp}_${mb}_$sg.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -3
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -15,6 +15,12 @@ names its batch (`run(..., batch=)`), which rank 0 broadcasts, so ranks never pi
 `release()` destroys the graphs: NCCL cannot destroy or abort a communicator while a captured
 graph still holds it, so graphs go before the process group does.
 
+Pipeline stages (P > 1, `stage_hidden`): a stage after the first also reads the previous stage's
+`(hidden, residual)` from a static `[max_batch, 2, hidden]` buffer, which the caller fills by
+receiving into `stage_input(rows)` before `run`; the captured body returns what the stage sends
+on (`[rows, 2, hidden]`, or the logits on the last stage). The sends and receives stay outside the
+graphs.
+
 Must never run a collective, a host sync or an allocation outside the graph pool while capturing.
 """
 
@@ -42,8 +48,11 @@ def capture_sizes(max_batch: int) -> list[int]:
 class DecodeGraphs:
     def __init__(self, forward_logits, kv_caches, max_batch: int, max_blocks_per_seq: int,
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
-                 capture_error_mode: str = "global"):
-        """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured.
+                 capture_error_mode: str = "global", stage_hidden: int = 0,
+                 stage_dtype: Optional[torch.dtype] = None):
+        """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured (with
+        `stage_hidden` > 0: `forward_logits(..., kv_caches, stage_in)`, `stage_in` a
+        `[rows, 2, stage_hidden]` view of the static stage input, see the module docstring).
         `before_capture(bs)` runs before each size's warm-up (ranks of one replica: a barrier);
         `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
         from invalidating the capture."""
@@ -56,6 +65,8 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, **i32)
         self.seq_lens = torch.ones(max_batch, **i32)
         self.query_start_loc = torch.arange(max_batch + 1, **i32)
+        self.stage_in = (torch.zeros(max_batch, 2, stage_hidden, dtype=stage_dtype, device=device)
+                         if stage_hidden else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps served by a graph (tests check that graphs really ran)
         self.outputs: dict[int, torch.Tensor] = {}
@@ -67,6 +78,8 @@ class DecodeGraphs:
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
                                      self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
+            if self.stage_in is not None:
+                args += (self.stage_in[:bs],)
             forward_logits(*args)  # warm-up: Triton compiles/autotunes outside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
@@ -84,6 +97,11 @@ class DecodeGraphs:
     def batch_for(self, num_seqs: int) -> int:
         """The captured size a batch of `num_seqs` decodes replays (padded up)."""
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def stage_input(self, rows: int) -> torch.Tensor:
+        """The first `rows` rows of the static stage input (contiguous): receive the previous
+        stage's `[rows, 2, hidden]` here before `run`."""
+        return self.stage_in[:rows]
 
     def run(self, input_ids, positions, meta: AttentionMetadata, batch: Optional[int] = None) -> torch.Tensor:
         """Replay for `input_ids.shape[0]` rows; `batch` (a captured size) is the graph to use,

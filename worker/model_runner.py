@@ -315,6 +315,18 @@ class ModelRunner:
         hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
         return self.model.compute_logits(hidden, residual)
 
+    def _forward_stage_decode(self, input_ids, positions, meta, kv_caches, stage_in=None):
+        """Decode-only forward of a pipeline stage (the body of its CUDA graphs at P > 1):
+        `stage_in` `[rows, 2, hidden]` from the previous stage (None on the first). Returns
+        `[rows, 2, hidden]` for the next stage, or the logits on the last stage."""
+        hidden = residual = None
+        if stage_in is not None:
+            hidden, residual = stage_in[:, 0].contiguous(), stage_in[:, 1].contiguous()
+        hidden, residual = self.model(input_ids, positions, meta, kv_caches, hidden, residual, final_norm=False)
+        if self.model.is_last:
+            return self.model.compute_logits(hidden, residual)
+        return torch.stack([hidden, residual], dim=1)
+
     def _forward_sampled(self, input_ids, positions, meta, kv_caches, sample_indices):
         """Any step: the logits of the rows at `sample_indices` (the body of the mixed graphs and
         of eager steps); the final norm runs on the sampled rows only."""

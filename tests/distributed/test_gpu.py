@@ -4,6 +4,7 @@ and without decode CUDA graphs (at P = 1 every TP rank captures the same ladder 
 decode steps must really replay; at P > 1 graph mode runs eagerly and must still match); a
 killed rank fails the replica within 10 s in eager and graph mode (the NCCL abort path, which
 must not wait for the captured graphs), and close() ends every rank after graphs were captured.
+With INFER_CLUSTER_STAGE_GRAPHS=1, P = 2 replays per-stage graphs and still matches.
 T=4 and T=2 x P=2 need 4 devices.
 Run: `pytest -m gpu tests/distributed`."""
 
@@ -78,3 +79,15 @@ def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager):
     closed_at = time.monotonic()
     llm.close()
     assert time.monotonic() - closed_at < 10, "close() after the failure took too long"
+
+
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("microbatches", ["off", "on"])
+def test_gpu_stage_graphs_greedy_matches(started, dist_checkpoints, gpu_single, monkeypatch, microbatches):
+    """INFER_CLUSTER_STAGE_GRAPHS=1: at P = 2 each stage replays its own decode graphs (the
+    activations and logits go between them outside the graphs), one step at a time and with
+    micro-batches, and greedy tokens still equal T=1's."""
+    monkeypatch.setenv("INFER_CLUSTER_STAGE_GRAPHS", "1")  # the rank processes inherit it
+    options = dict(GPU, enforce_eager=False, pipeline_microbatches=microbatches)
+    llm = check_parallel_greedy(started, dist_checkpoints["qwen3"], 1, 2, options, [gpu_single["qwen3"]])
+    assert llm.engine.runner.graph_replays > 0

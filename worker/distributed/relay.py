@@ -81,6 +81,14 @@ class StageRelay:
     def send_activations(self, hidden: torch.Tensor, residual: torch.Tensor) -> None:
         self._isend(torch.stack([hidden, residual]), self.layout.next_rank, self.data_group)
 
+    def recv_into(self, buf: torch.Tensor) -> None:
+        """A stage's graph input (`[rows, 2, hidden]`, a decode step replayed from graphs)."""
+        dist.recv(buf, src=self.layout.prev_rank, group=self.data_group)
+
+    def send_packed(self, packed: torch.Tensor) -> None:
+        """A stage graph's `[rows, 2, hidden]` output to the next stage."""
+        self._isend(packed, self.layout.next_rank, self.data_group)
+
     def send_logits(self, logits: torch.Tensor) -> None:
         """The last stage's TP leader: the sampled rows' logits to rank 0."""
         self._isend(logits.contiguous(), 0, self.data_group)

@@ -49,7 +49,7 @@ from ..scheduler_output import SchedulerOutput
 from .channel import PendingIds
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import Op, is_decode_only, pack_step_pending, sampled_request_ids
+from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending, sampled_request_ids
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class DistributedRunner:
         try:
             with self._step_lock:
                 header, payload, _ = pack_step_pending(out, shard.block_size, self._block_mirror)
+                header = self._graph_or_eager(header)
                 logits, work = shard.submit_step(header, shard.send_step(header, payload))
                 ticket = StepTicket(logits, work, sampled_request_ids(out))
                 self._uncollected.append(ticket)
@@ -232,16 +233,21 @@ class DistributedRunner:
         pending = PendingIds(fill, prev_ids, prev_rows) if fill else None
         try:
             with self._step_lock:
-                graphs = shard.graphs
-                if graphs is not None and is_decode_only(header) and header.num_seqs <= graphs.max_batch:
-                    header = dataclasses.replace(header, op=Op.GRAPH,
-                                                 graph_batch=graphs.batch_for(header.num_seqs))
+                header = self._graph_or_eager(header)
                 logits = shard.run_step(header, shard.channel.send(header, payload, pending))
         except Exception as exc:
             raise self._step_failure(exc) from None
         if self.error is not None:
             raise self._step_failure(RuntimeError("the rank group failed during the step"))
         return logits, sampled_request_ids(out)
+
+    def _graph_or_eager(self, header: StepHeader) -> StepHeader:
+        """Rank 0 decides for every rank: a decode-only step that fits the captured ladder
+        replays the graph of the smallest captured batch that holds it."""
+        graphs = self._shard.graphs
+        if graphs is not None and is_decode_only(header) and header.num_seqs <= graphs.max_batch:
+            return dataclasses.replace(header, op=Op.GRAPH, graph_batch=graphs.batch_for(header.num_seqs))
+        return header
 
     def verify_step(self) -> None:
         """Call after the device finished a step and its sampled ids are on the host: raises

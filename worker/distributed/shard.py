@@ -7,8 +7,9 @@ control traffic), the step channel's wait group (gloo, no practical timeout: idl
 there), one TP group per pipeline stage (every rank creates every group, in the same order, as
 torch requires), the `ModelRunner` for this rank's TP rank and layer range, the KV pool size
 (MIN over all ranks), the symmetric-memory buffer of small TP all-reduces
-(`symm_allreduce.py`), the decode CUDA graphs (P = 1: captured at start-up on every TP rank in
-lock step, with barriers on the CPU group before every size and after the ladder), and
+(`symm_allreduce.py`), the decode CUDA graphs (captured at start-up on every TP rank in lock
+step, with barriers on the CPU group before every size and after the ladder; at P > 1 one ladder
+per stage, opt-in by `INFER_CLUSTER_STAGE_GRAPHS=1`, with the stage transfers outside), and
 `run_step`: unpack the broadcast step tensor, replay the graph it names or run eagerly, take
 stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
 sampled rows' logits from the last stage's TP leader to rank 0. With pipeline micro-batches
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -48,6 +50,14 @@ from .step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
+
+STAGE_GRAPHS_ENV = "INFER_CLUSTER_STAGE_GRAPHS"
+
+
+def stage_graphs_enabled() -> bool:
+    """`INFER_CLUSTER_STAGE_GRAPHS=1`: capture decode graphs per pipeline stage at P > 1."""
+    return os.environ.get(STAGE_GRAPHS_ENV, "0").strip() == "1"
+
 
 WAIT_TIMEOUT = datetime.timedelta(days=365)
 CPU_INLINE_CAPACITY = 16384  # int32 values of payload carried in the header broadcast (gloo)
@@ -144,9 +154,19 @@ class RankShard:
             self.relay = StageRelay(layout, self.groups.wait, dist.group.WORLD, self.device,
                                     options.collective_timeout_s, keep=self.depth)
         self.graphs: Optional[DecodeGraphs] = None
-        if (self.device.type == "cuda" and not config.enforce_eager
-                and layout.pipeline_parallel_size == 1):
+        if self.device.type == "cuda" and not config.enforce_eager and self._agree_graphs():
             self.graphs = self._capture_graphs(config, max_model_len)
+
+    def _agree_graphs(self) -> bool:
+        """Decode graphs at P = 1 always; at P > 1 per stage when `INFER_CLUSTER_STAGE_GRAPHS=1`
+        (not measured on GPUs yet, so off by default). Every rank must agree: one MIN over the
+        control group, so a rank that would not capture turns capture off everywhere."""
+        want = self.layout.pipeline_parallel_size == 1 or stage_graphs_enabled()
+        if self.layout.world_size == 1:
+            return want
+        flag = torch.tensor([int(want)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.groups.control)
+        return bool(flag.item())
 
     def _agree_num_kv_blocks(self, num_blocks: int) -> int:
         """Every rank's pool must hold the same block ids: take the smallest."""
@@ -168,9 +188,12 @@ class RankShard:
         if not torch.equal(lo, hi):
             raise RuntimeError(f"rank {self.layout.rank}: decode-graph ladders differ between ranks "
                                f"(min {lo.tolist()}, max {hi.tolist()}); all ranks must capture alike")
-        graphs = DecodeGraphs(self.runner._forward_logits, self.runner.context.kv_caches, max_batch,
-                              width, self.device, before_capture=self._barrier,
-                              capture_error_mode="thread_local")
+        staged = self.layout.pipeline_parallel_size > 1
+        forward = self.runner._forward_stage_decode if staged else self.runner._forward_logits
+        stage_hidden = self.spec.hidden_size if staged and not self.layout.is_first_stage else 0
+        graphs = DecodeGraphs(forward, self.runner.context.kv_caches, max_batch, width, self.device,
+                              before_capture=self._barrier, capture_error_mode="thread_local",
+                              stage_hidden=stage_hidden, stage_dtype=self.dtype)
         self._barrier()
         return graphs
 
@@ -239,6 +262,13 @@ class RankShard:
     def _run_stage(self, header: StepHeader, payload: torch.Tensor) -> None:
         """Micro-batches, every rank: this stage's share; activations and logits go by relay."""
         lay, relay = self.layout, self.relay
+        if header.op is Op.GRAPH:
+            out = self._replay_stage(header, payload, relay.recv_into)
+            if not lay.is_last_stage:
+                relay.send_packed(out)
+            elif lay.rank == lay.last_stage_leader:
+                relay.send_logits(out)
+            return
         hidden = residual = None
         if not lay.is_first_stage:
             buf = relay.recv_activations(header.num_tokens, self.spec.hidden_size, self.dtype)
@@ -259,10 +289,16 @@ class RankShard:
             self._run_stage(header, payload)
             self.relay.end_step()
             return None
-        if header.op is Op.GRAPH:
+        if header.op is Op.GRAPH and lay.pipeline_parallel_size == 1:
             inputs = unpack_step(header, payload, widen=False)
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
                                    batch=header.graph_batch)
+        if header.op is Op.GRAPH:  # P > 1, one step at a time: blocking sends, as below
+            out = self._replay_stage(header, payload, lambda buf: dist.recv(buf, src=lay.prev_rank))
+            if not lay.is_last_stage:
+                dist.send(out, dst=lay.next_rank)
+                out = None
+            return self._logits_to_rank0(out, header.num_sampled)
         inputs = unpack_step(header, payload)
         num_tokens, num_sampled = header.num_tokens, header.num_sampled
         hidden = residual = None
@@ -273,7 +309,12 @@ class RankShard:
         first, second = runner.execute_stage(inputs, hidden, residual)
         if not lay.is_last_stage:
             dist.send(torch.stack([first, second]), dst=lay.next_rank)
-        logits = first if lay.is_last_stage else None
+        return self._logits_to_rank0(first if lay.is_last_stage else None, num_sampled)
+
+    def _logits_to_rank0(self, logits: Optional[torch.Tensor], num_sampled: int) -> Optional[torch.Tensor]:
+        """One step at a time: the last stage's TP leader sends the sampled rows' logits to
+        rank 0, which returns them (an empty tensor when nothing was sampled)."""
+        lay = self.layout
         if lay.pipeline_parallel_size > 1 and num_sampled:
             if lay.rank == lay.last_stage_leader:
                 dist.send(logits.contiguous(), dst=0)
@@ -283,3 +324,16 @@ class RankShard:
         if lay.rank == 0 and not num_sampled:
             logits = torch.empty(0, self.spec.vocab_size, dtype=self.dtype, device=self.device)
         return logits
+
+    def _replay_stage(self, header: StepHeader, payload: torch.Tensor, recv) -> torch.Tensor:
+        """P > 1, a decode step on this stage's graph: `recv(buf)` fills the stage input with the
+        previous stage's `[rows, 2, hidden]` (not on the first stage), then the replay. Returns a
+        copy of what the stage produced for its real rows (the next replay overwrites the graph's
+        output while an `isend` of this one may still read it): `[rows, 2, hidden]`, or the logits
+        on the last stage."""
+        inputs = unpack_step(header, payload, widen=False)
+        rows = header.num_seqs
+        if not self.layout.is_first_stage:
+            recv(self.graphs.stage_input(rows))
+        out = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta, batch=header.graph_batch)
+        return out.clone()
