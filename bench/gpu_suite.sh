@@ -258,7 +258,7 @@ for _ in range(600):
           --tensor-parallel-size "$tp" --out "$OUT/ar_t${tp}_${ar}_$model.json" 2>&1 \
           | grep -E "^infer-cluster|^model=|Error|error|WARNING" | tail -4
       done
-      timeout "${DIST_LIMIT:-150}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
+      timeout "${DIST_LIMIT:-240}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_dist_tests_ar.log" | tail -6 ;;
     stagegraphs)  # issue 11: decode graphs per pipeline stage (INFER_CLUSTER_STAGE_GRAPHS=1). GPU parity at P=2
       # (one step at a time and micro-batches), then workload A, Llama-3-8B shape: P=1, then P=2 micro-batches
