@@ -5,7 +5,7 @@ two-shot all-reduces through `worker/distributed/symm_allreduce.py`.
 Each rank captures `--calls` back-to-back all-reduces of a bf16 `[rows, hidden]` tensor in one
 graph and replays it; the figure is the median replay time over `--calls`. Before timing, every
 symmetric path's sum is checked against NCCL's (exact for 2 ranks: a two-operand sum rounds once
-either way). The table sets `ONE_SHOT_MAX_BYTES` / `BUFFER_BYTES` in symm_allreduce.py.
+either way). The table sets `TWO_SHOT_MIN_BYTES` / `BUFFER_BYTES` in symm_allreduce.py.
 
     python bench/allreduce.py --gpus 2 --out bench/results/allreduce.json
 """
