@@ -9,6 +9,12 @@ reported but not timed unless --rounds 1), stop it with SIGTERM (the coordinator
 make sure every process is gone. Reports output tokens/s per N and the ratio to the first N;
 issue 11's target is -dp 2 >= 1.9x one replica on 2 GPUs. Writes JSON.
 
+Two ways to size the load. By default every N gets the same --num-requests (a fixed job:
+how much faster N replicas finish it). Too few requests leave each of N replicas a part batch
+whose round ends with its longest request; a deep backlog makes one replica's steps mix
+prefills into full decode batches. `--per-replica` sends N x --num-requests to N replicas
+instead (the same load per GPU), which isolates what a replica loses to the cluster around it.
+
     python bench/dp_scaling.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
         --num-requests 256 --input-len 100:1024 --output-len 100:1024 --max-model-len 4096
 
@@ -105,6 +111,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dp", type=int, nargs="+", default=[1, 2], help="replica counts, in run order")
     ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--per-replica", action="store_true",
+                    help="send N x --num-requests to N replicas (the same load per replica)")
     ap.add_argument("--input-len", default="100:1024", help="prompt tokens, LO:HI (uniform)")
     ap.add_argument("--output-len", default="100:1024", help="output tokens, LO:HI (uniform, ignore_eos)")
     ap.add_argument("--token-id-range", default="10:30000")
@@ -116,12 +124,17 @@ def main() -> None:
     args, engine_args = ap.parse_known_args()  # the rest goes to `infer-cluster serve`
     if any(n < 1 for n in args.dp) or args.rounds < 1:
         ap.error("--dp values and --rounds must be >= 1")
-    workload = Workload(args.num_requests, parse_range(args.input_len), parse_range(args.output_len),
-                        parse_range(args.token_id_range), args.seed)
-    requests = workload.build()
+
+    def requests_for(dp: int) -> list:
+        n = args.num_requests * (dp if args.per_replica else 1)
+        return Workload(n, parse_range(args.input_len), parse_range(args.output_len),
+                        parse_range(args.token_id_range), args.seed).build()
+
     runs = []
     for dp in args.dp:
-        print(f"--- -dp {dp}: starting serve {' '.join(engine_args)}", flush=True)
+        requests = requests_for(dp)
+        print(f"--- -dp {dp}: {len(requests)} requests a round; starting serve {' '.join(engine_args)}",
+              flush=True)
         started = time.monotonic()
         cluster = Cluster(dp, engine_args, Path(args.log_dir) / f"dp{dp}", args.ready_timeout)
         ready_s = time.monotonic() - started
@@ -131,7 +144,8 @@ def main() -> None:
             code = cluster.stop()
         timed = rounds[1:] or rounds
         best = max(timed, key=lambda r: r["output_tokens_per_s"])
-        runs.append(dict(dp=dp, ready_s=round(ready_s, 1), rounds=rounds, serve_exit_code=code,
+        runs.append(dict(dp=dp, num_requests=len(requests), ready_s=round(ready_s, 1), rounds=rounds,
+                         serve_exit_code=code,
                          serve_pid=cluster.proc.pid,
                          output_tokens_per_s=best["output_tokens_per_s"]))
         print(f"-dp {dp}: ready in {ready_s:.1f} s; output tok/s per round "
@@ -139,9 +153,9 @@ def main() -> None:
     base = runs[0]["output_tokens_per_s"]
     for r in runs:
         r["ratio"] = round(r["output_tokens_per_s"] / base, 3)
-    print(f"\n{'replicas':<10}{'output tok/s':>14}{'ratio':>8}")
+    print(f"\n{'replicas':<10}{'requests':>9}{'output tok/s':>14}{'ratio':>8}")
     for r in runs:
-        print(f"{r['dp']:<10}{r['output_tokens_per_s']:>14,.1f}{r['ratio']:>8.2f}")
+        print(f"{r['dp']:<10}{r['num_requests']:>9}{r['output_tokens_per_s']:>14,.1f}{r['ratio']:>8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(workload=vars(args) | dict(serve_args=engine_args), runs=runs), indent=2))

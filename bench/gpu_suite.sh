@@ -63,10 +63,14 @@ for stage in "$@"; do
     dp)  # issue 11 item 5 on 2 GPUs: `serve -dp 1` vs `-dp 2` (T=1 replicas, a GPU each), workload A's
       # request shape through InferenceClient, two rounds each (the first warms up), same call. 1,024
       # requests by default: 256 leave each of 2 replicas a half batch whose round ends with its
-      # longest request (2026-11-26: 1.56x at 256), so they measure the tail, not the cluster.
-      timeout 560 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests "${DP_REQUESTS:-1024}" --input-len 100:1024 \
+      # longest request (2026-11-26: 1.56x at 256), so they measure the tail, not the cluster. Then the
+      # same load per replica (--per-replica: 256 requests to one replica, 512 to two).
+      timeout 300 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests "${DP_REQUESTS:-1024}" --input-len 100:1024 \
         --output-len 100:1024 --log-dir "${DP_LOG_DIR:-$OUT/dp_logs}" --out "$OUT/dp_scaling.json" \
-        --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -8 ;;
+        --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -5
+      timeout 250 python3 bench/dp_scaling.py --dp 1 2 --rounds 2 --num-requests 256 --per-replica --input-len 100:1024 \
+        --output-len 100:1024 --log-dir "${DP_LOG_DIR:-$OUT/dp_logs}" --out "$OUT/dp_scaling_per_replica.json" \
+        --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -5 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
       # P=1 vs P=2 (8B shape; micro-batches on, then off, the default). Each run gets at most what
