@@ -162,8 +162,6 @@ class RankShard:
         (not measured on GPUs yet, so off by default). Every rank must agree: one MIN over the
         control group, so a rank that would not capture turns capture off everywhere."""
         want = self.layout.pipeline_parallel_size == 1 or stage_graphs_enabled()
-        if self.layout.world_size == 1:
-            return want
         flag = torch.tensor([int(want)], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.groups.control)
         return bool(flag.item())
@@ -263,11 +261,13 @@ class RankShard:
         """Micro-batches, every rank: this stage's share; activations and logits go by relay."""
         lay, relay = self.layout, self.relay
         if header.op is Op.GRAPH:
+            # A copy: the next group's replay rewrites the graph's output while this `isend`
+            # may still read it (the blocking sends of run_step need none).
             out = self._replay_stage(header, payload, relay.recv_into)
             if not lay.is_last_stage:
-                relay.send_packed(out)
+                relay.send_packed(out.clone())
             elif lay.rank == lay.last_stage_leader:
-                relay.send_logits(out)
+                relay.send_logits(out.clone())
             return
         hidden = residual = None
         if not lay.is_first_stage:
@@ -327,13 +327,10 @@ class RankShard:
 
     def _replay_stage(self, header: StepHeader, payload: torch.Tensor, recv) -> torch.Tensor:
         """P > 1, a decode step on this stage's graph: `recv(buf)` fills the stage input with the
-        previous stage's `[rows, 2, hidden]` (not on the first stage), then the replay. Returns a
-        copy of what the stage produced for its real rows (the next replay overwrites the graph's
-        output while an `isend` of this one may still read it): `[rows, 2, hidden]`, or the logits
-        on the last stage."""
+        previous stage's `[rows, 2, hidden]` (not on the first stage), then the replay. Returns
+        the graph's output for the real rows (valid until the next replay): `[rows, 2, hidden]`,
+        or the logits on the last stage."""
         inputs = unpack_step(header, payload, widen=False)
-        rows = header.num_seqs
         if not self.layout.is_first_stage:
-            recv(self.graphs.stage_input(rows))
-        out = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta, batch=header.graph_batch)
-        return out.clone()
+            recv(self.graphs.stage_input(header.num_seqs))
+        return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta, batch=header.graph_batch)

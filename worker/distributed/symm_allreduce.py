@@ -111,13 +111,11 @@ class SymmAllReduce:
         """The sum over the group, in a new tensor (x is left as it was). x must `fit`."""
         nbytes = x.numel() * x.element_size()
         symm = self.buffer[:nbytes].view(x.dtype).view(x.shape)
+        out = torch.empty_like(x)
         if self.mode in ("auto", "two_shot"):
             symm.copy_(x)
-            out = torch.empty_like(x)
             torch.ops.symm_mem.two_shot_all_reduce_out(symm, "sum", self.group_name, out)
-            return out
-        out = torch.empty_like(x)
-        if self._copy_out is not None:
+        elif self._copy_out is not None:
             self._copy_out(symm, x, "sum", self.group_name, out)
         else:
             symm.copy_(x)
