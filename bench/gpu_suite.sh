@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -277,6 +277,21 @@ for _ in range(600):
           --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
           --max-model-len 4096 --hf none --pipeline-parallel-size "$pp" --pipeline-microbatches "$mb" \
           --out "$OUT/sg_p${pp}_${mb}_$sg.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -3
+      done ;;
+    pipeline)  # issue 11, P=2 with stage graphs (the default since 2026-11-26): every GPU distributed test
+      # (T=2 and P=2 parity with graphs, micro-batches with async scheduling, kill paths), then workload A,
+      # Llama-3-8B shape: P=1, P=2 micro-batches on with async scheduling (auto) and off, P=2 one step at a time.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout "${PIPE_TEST_LIMIT:-200}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_dist_tests.log" | tail -4
+      for run in "1 off auto" "2 on auto" "2 on off" "2 off auto"; do
+        read -r pp mb async <<< "$run"
+        echo "--- llama-3-8b-shape P=$pp micro-batches $mb async scheduling $async"
+        timeout 100 python3 bench/throughput.py --model llama-3-8b-shape \
+          --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
+          --max-model-len 4096 --hf none --pipeline-parallel-size "$pp" --pipeline-microbatches "$mb" \
+          --async-scheduling "$async" --out "$OUT/pipe_p${pp}_${mb}_$async.json" 2>&1 \
+          | grep -E "^infer-cluster|Error|error" | tail -3
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -51,7 +51,7 @@ class EngineConfig:
     device_ids: Optional[list[int]] = field(default=None, metadata={"help": "GPUs this replica uses, e.g. 2,3 (one per rank)"})
     warmup: Optional[bool] = field(default=None, metadata={"help": "serve a synthetic workload at start (largest shapes, every sampling path) so nothing compiles or allocates while serving; default: on for CUDA, off on CPU"})
     cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
-    async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python (outputs are the same); unset = auto: on for CUDA (tensor parallel included), off on CPU; with pipeline micro-batches they keep steps in flight instead"})
+    async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python (outputs are the same); unset = auto: on for CUDA (tensor and pipeline parallel included), off on CPU; with pipeline micro-batches a group's next step is launched before its draw reaches the host"})
     pipeline_microbatches: str = field(default="auto", metadata={"help": "with pipeline_parallel_size P > 1, keep up to P steps in flight on disjoint groups of the running batch so that every stage works at once (outputs are the same): on, off (one step at a time), or auto (off: on 2x H100 at P=2 micro-batches measured 0.6x of one step at a time while stages run eagerly; see docs/parallel.md)"})
     kv_offload_gib: float = field(default=0.0, metadata={"help": "host-memory KV tier in GiB (pinned on CUDA; 0 = off): prefix blocks evicted from the device pool are kept there and copied back on a hit, and preempted requests are swapped there instead of recomputed when it has room"})
 
@@ -105,10 +105,6 @@ class EngineConfig:
         if self.pipeline_microbatches == "on" and self.pipeline_parallel_size == 1:
             raise ConfigError("pipeline_microbatches 'on' needs pipeline_parallel_size > 1; leave it at "
                               "auto (or off) with one pipeline stage")
-        if self.async_scheduling is True and self.microbatch_depth > 1:
-            raise ConfigError("async_scheduling true conflicts with pipeline micro-batches, which keep "
-                              "up to P steps in flight themselves; leave async_scheduling at auto or "
-                              "set pipeline_microbatches off")
         if self.kv_offload_gib and self.world_size > 1:
             raise ConfigError("kv_offload_gib (the host KV tier) works on single-rank replicas only; "
                               "set it to 0 or use tensor_parallel_size = pipeline_parallel_size = 1")

@@ -232,9 +232,9 @@ class DynamicEngine:
         try:
             while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
-            out = self._timed("schedule", self.scheduler.schedule, not self._inflight, self._group_size())
+            out = self._schedule_next()
             self._inflight.drain_next = out.blocked
-            # Micro-batch groups are disjoint: no row waits for an id of a step in flight.
+            # Micro-batches: a row waits only for the draw of the oldest step, queued already.
             sync = depth == 1 and (not self.async_scheduling or bool(
                 self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests)))
             if self._inflight and (out.is_empty or sync):
@@ -251,7 +251,7 @@ class DynamicEngine:
                     self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
                                 self.scheduler.requests, self.eos_token_ids)
                 launched = True
-            keep = depth - 1 if depth > 1 else 1
+            keep = depth - 1 + self.async_scheduling if depth > 1 else 1
             while len(self._inflight) > (0 if sync else keep):
                 self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
@@ -277,6 +277,23 @@ class DynamicEngine:
         elif not self.defer_logprobs:
             resolve_logprobs(deltas)
         return deltas
+
+    def _schedule_next(self) -> SchedulerOutput:
+        """The next step. Async micro-batches: once P groups are in flight (or no request is
+        free), queue the oldest group's draw and let the schedule continue that group with
+        `pending_input` rows; the engine collects the oldest right after that submit."""
+        sched, inflight, group = self.scheduler, self._inflight, self._group_size()
+        can_preempt = not inflight
+        if group is None or not self.async_scheduling or not inflight:
+            return self._timed("schedule", sched.schedule, can_preempt, group)
+        if len(inflight) < self.pipeline_depth:
+            out = self._timed("schedule", sched.schedule, can_preempt, group)
+            if not out.is_empty or out.blocked:
+                return out
+        oldest = inflight.steps[0]
+        self._timed("launch", oldest.queue_draw, self.sampler)
+        ids = {s.request_id for s in oldest.out.requests if s.request_id not in self._ngram_ids}
+        return self._timed("schedule", sched.schedule, can_preempt, group, ids)
 
     def _group_size(self) -> Optional[int]:
         """The next micro-batch's size (None: no micro-batches, the whole batch)."""

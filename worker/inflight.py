@@ -19,7 +19,9 @@ device anywhere but `wait()` / `abandon()`.
 Pipeline micro-batches (worker/microbatch.py): `InFlightSteps.submit` hands a step to a
 runner with `submit` / `collect` (a pipeline-parallel `DistributedRunner`) and returns a
 `SubmittedStep`; its logits are collected, drawn and copied to the host in `wait()`, when the
-engine collects it. Its group never holds a `pending_input` row (groups are disjoint).
+engine collects it. With async scheduling the engine first queues the oldest step's draw
+(`SubmittedStep.queue_draw`: the stream waits for the logits, the host does not), then schedules
+that group's next step, whose `pending_input` rows read those ids on the device.
 To extend (more steps in flight): the engine's collect condition sets the depth; steps are
 always collected oldest first.
 """
@@ -118,8 +120,19 @@ class InFlightSteps:
 
     def submit(self, out: SchedulerOutput, runner, requests: dict, eos_token_ids) -> "SubmittedStep":
         """A micro-batch: the runner starts it on every stage and returns at once; its logits
-        are collected (and drawn) when the engine collects the step."""
-        step = SubmittedStep(out, runner, runner.submit(out), requests, eos_token_ids)
+        are collected (and drawn) when the engine collects the step, or earlier by
+        `queue_draw`. Rows marked `pending_input` continue the oldest step's group: their ids
+        come from its queued draw, on the device."""
+        pending = [s.request_id for s in out.requests if s.pending_input]
+        if pending:
+            prev = self.steps[0].launched
+            if prev is None or any(r not in prev.row_of for r in pending):
+                raise RuntimeError("pending rows of a micro-batch must continue the oldest step in "
+                                   "flight, whose draw is queued")
+            ticket = runner.submit(out, prev.token_ids, [prev.row_of[r] for r in pending])
+        else:
+            ticket = runner.submit(out)
+        step = SubmittedStep(out, runner, ticket, requests, eos_token_ids)
         self.steps.append(step)
         return step
 
@@ -134,16 +147,32 @@ class InFlightSteps:
 
 
 class SubmittedStep:
-    """A micro-batch whose stages run on the ranks; `wait` collects its logits and samples."""
+    """A micro-batch whose stages run on the ranks; `wait` collects its logits and samples.
+    With async scheduling the engine calls `queue_draw` first (the group's next step reads the
+    ids), and `wait` then only waits for them."""
 
     def __init__(self, out: SchedulerOutput, runner, ticket, requests: dict, eos_token_ids):
         self.out = out
         self._runner, self._ticket = runner, ticket
         self._requests, self._eos = requests, eos_token_ids
+        self.launched: Optional[LaunchedStep] = None  # the queued draw (`queue_draw`)
+
+    def queue_draw(self, sampler: Sampler) -> LaunchedStep:
+        """Queue the draw of this step's logits behind their receive on the device; nothing
+        waits on the host. Rows are built now: call it before the group's next schedule."""
+        if self.launched is None:
+            ticket = self._ticket
+            logits, row_ids = self._runner.collect_queued(ticket)
+            self.launched = _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
+                                  lambda: self._runner.settle(ticket))
+        return self.launched
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
         """`LaunchedStep.wait` of the step once its logits arrived (rows built now: a request
         that ended meanwhile gets a dropped row)."""
+        if self.launched is not None:
+            self._ticket = None
+            return self.launched.wait(sampler)
         logits, row_ids = self._runner.collect(self._ticket)
         self._ticket = None
         return _draw(self.out, logits, row_ids, sampler, self._requests, self._eos).wait(sampler)
@@ -151,6 +180,8 @@ class SubmittedStep:
     def abandon(self) -> None:
         """A failure elsewhere: let the runner take this step's logits (if the group is still
         healthy), so that the next step's logits are not mistaken for them."""
+        if self.launched is not None:
+            self.launched.abandon()
         ticket, self._ticket = self._ticket, None
         if ticket is not None:
             self._runner.discard(ticket)

@@ -31,7 +31,7 @@ To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running`
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Iterable, Optional
+from typing import Callable, Collection, Iterable, Optional
 
 from infer_cluster.protocol import FinishReason, OutOfMemoryError, RequestStatus
 
@@ -124,14 +124,17 @@ class Scheduler(InFlightBook):
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def schedule(self, can_preempt: bool = True, group: Optional[int] = None) -> SchedulerOutput:
+    def schedule(self, can_preempt: bool = True, group: Optional[int] = None,
+                 pending_on: Collection[str] = ()) -> SchedulerOutput:
         """The next step. `can_preempt=False` while another step is uncollected (see the
         module docstring): no preemption, and no admission after a request was left out.
-        `group`: a micro-batch of at most that many sequences, skipping busy requests.
+        `group`: a micro-batch of at most that many sequences, skipping busy requests except
+        those in `pending_on` with one uncollected step (async micro-batches: the requests of
+        the step in flight whose draw is queued; they become `pending_input` rows).
         Blocks on the oldest load only when nothing else can run."""
         self._poll_loads()
         while True:
-            out = self._schedule(can_preempt, group or self.max_num_seqs, group is not None)
+            out = self._schedule(can_preempt, group or self.max_num_seqs, group is not None, pending_on)
             if out.requests or out.has_swaps or out.preempted_ids or out.blocked or not self.loads.waits:
                 return out
             oldest = next(iter(self.loads.members))  # every request left waits for a load
@@ -140,7 +143,8 @@ class Scheduler(InFlightBook):
             self._land([oldest])
             self._poll_loads()
 
-    def _schedule(self, can_preempt: bool, max_seqs: int, skip_busy: bool) -> SchedulerOutput:
+    def _schedule(self, can_preempt: bool, max_seqs: int, skip_busy: bool,
+                  pending_on: Collection[str] = ()) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.host is not None:
             self.host.begin_step()
@@ -148,8 +152,9 @@ class Scheduler(InFlightBook):
         i = 0
         while i < len(self.running) and budget > 0 and len(out.requests) < max_seqs:
             req = self.running[i]
-            if (req.request_id in self.loads.waits or (req.num_pending and self._ends_by_length(req))
-                    or (skip_busy and req.request_id in self._busy)):
+            rid = req.request_id
+            if (rid in self.loads.waits or (req.num_pending and self._ends_by_length(req))
+                    or (skip_busy and rid in self._busy and not (rid in pending_on and self._busy[rid] == 1))):
                 i += 1  # its KV is still loading, its pending token is its last, or it is in flight
                 continue
             num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)

@@ -18,7 +18,9 @@ preempts: it stops at the first request that needs blocks it cannot get and sets
 the engine settles before the next schedule. A request that ends while a step that computes it
 is uncollected keeps its blocks until that step's `update` (the device may still write them).
 Pipeline micro-batches (`schedule(group=n)`, worker/microbatch.py): at most n sequences, none
-with an uncollected step, so the groups in flight are disjoint and no row is `pending_input`.
+with an uncollected step, so the groups in flight are disjoint; with async scheduling the
+engine names the requests of the oldest step in flight (`pending_on`), whose draw it has
+queued, and those may be scheduled once more as `pending_input` rows (the group's next step).
 `rewind(id)`: the request's pending input in the uncollected step was wrong (the sampler redid
 the previous token): that step's `update` drops its token and takes back the position it
 computed (`num_computed_tokens`), so the next schedule recomputes it with the right id; the

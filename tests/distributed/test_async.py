@@ -1,6 +1,8 @@
 """Async scheduling on a rank group (CPU, gloo): step n+1 is packed and broadcast before step
 n's ids reach rank 0's host, its pending input ids written into rank 0's device copy of the
-payload (`StepChannel`'s `PendingIds`). Outputs equal the synchronous loop of the same layout
+payload (`StepChannel`'s `PendingIds`); with pipeline micro-batches, a group's next step is
+submitted, its pending ids filled from the group's queued draw, before the group is collected.
+Outputs equal the synchronous loop of the same layout
 for greedy, seeded sampling, penalties, logprobs, n-gram bans and min_tokens, with chunked
 prefill, a second round on the prefix cache, and preemption; greedy also equals T=1. (A killed
 rank with a step in flight: test_failures.py, async parametrization; a stopped one: below.)"""
@@ -13,7 +15,8 @@ import pytest
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
-from infer_cluster.worker.distributed.channel import StepChannel
+import infer_cluster.worker.distributed.channel as channel_mod
+import infer_cluster.worker.distributed.shard as shard_mod
 
 from .conftest import ENGINE, GREEDY, kill_pids, make_prompts, wait_gone
 
@@ -32,9 +35,9 @@ PARAMS = [
     SamplingParams(temperature=1.0, max_tokens=7, seed=3, logprobs=3, ignore_eos=True),
     greedy(12, min_tokens=6),
 ]
-# (T, P, micro-batches): P = 2 one step at a time is the layout async scheduling can serve;
-# with micro-batches the groups keep P steps in flight instead.
-LAYOUTS = {"tp2": (2, 1, "auto"), "pp2_one_step": (1, 2, "off")}
+# (T, P, micro-batches): with micro-batches a group's next step is submitted (pending rows)
+# before the group is collected.
+LAYOUTS = {"tp2": (2, 1, "auto"), "pp2_one_step": (1, 2, "off"), "pp2_microbatches": (1, 2, "on")}
 SETTINGS = {"chunked": dict(ENGINE), "preemption": dict(ENGINE, num_kv_blocks=12, max_num_batched_tokens=64)}
 
 
@@ -57,13 +60,14 @@ def test_async_outputs_equal_sync(started, dist_checkpoints, monkeypatch, layout
         preemptions = sync.stats()["num_preemptions"]
 
     filled = []
-    real = StepChannel._on_device
+    real = channel_mod.payload_on_device
 
-    def spy(self, payload, pending):
+    def spy(payload, pending, device):
         filled.append(0 if pending is None else len(pending.offsets))
-        return real(self, payload, pending)
+        return real(payload, pending, device)
 
-    monkeypatch.setattr(StepChannel, "_on_device", spy)
+    monkeypatch.setattr(channel_mod, "payload_on_device", spy)  # the stage-0 broadcast (T > 1)
+    monkeypatch.setattr(shard_mod, "payload_on_device", spy)  # micro-batches at T = 1
     llm = started.track(LLM(path, async_scheduling=True, **kw))
     assert llm.engine.async_scheduling
     got = outputs(llm)

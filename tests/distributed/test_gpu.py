@@ -1,10 +1,11 @@
 """On 2+ CUDA devices (NCCL): tensor / pipeline parallel greedy output equals T=1 on the same
 GPU type for the tiny float32 checkpoints (T=1 on GPU vs HF is tests/parity/test_gpu.py), with
-and without decode CUDA graphs (at P = 1 every TP rank captures the same ladder in lock step and
-decode steps must really replay; at P > 1 graph mode runs eagerly and must still match); a
-killed rank fails the replica within 10 s in eager and graph mode (the NCCL abort path, which
-must not wait for the captured graphs), and close() ends every rank after graphs were captured.
-With INFER_CLUSTER_STAGE_GRAPHS=1, P = 2 replays per-stage graphs and still matches.
+and without decode CUDA graphs (every TP rank captures the same ladder in lock step, one per
+pipeline stage at P > 1, and decode steps must really replay); a killed rank fails the replica
+within 10 s in eager and graph mode (the NCCL abort path, which must not wait for the captured
+graphs), and close() ends every rank after graphs were captured. P = 2 with stage graphs also
+matches with micro-batches, synchronous and with async scheduling (a group's next step
+launched before its draw reaches the host).
 T=4 and T=2 x P=2 need 4 devices.
 Run: `pytest -m gpu tests/distributed`."""
 
@@ -50,9 +51,9 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
     llm = check_parallel_greedy(started, dist_checkpoints[family], tp, pp, dict(GPU, enforce_eager=eager),
                                 [gpu_single[family]])
     replays = llm.engine.runner.graph_replays
-    if eager or pp > 1:
+    if eager:
         assert replays == 0
-    else:  # pure decode steps (<= 8 sequences) replay a graph on every rank
+    else:  # pure decode steps (<= 8 sequences) replay a graph on every rank (every stage)
         assert replays > 0
 
 
@@ -82,12 +83,13 @@ def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager):
 
 
 @pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("microbatches", ["off", "on"])
-def test_gpu_stage_graphs_greedy_matches(started, dist_checkpoints, gpu_single, monkeypatch, microbatches):
-    """INFER_CLUSTER_STAGE_GRAPHS=1: at P = 2 each stage replays its own decode graphs (the
-    activations and logits go between them outside the graphs), one step at a time and with
-    micro-batches, and greedy tokens still equal T=1's."""
-    monkeypatch.setenv("INFER_CLUSTER_STAGE_GRAPHS", "1")  # the rank processes inherit it
-    options = dict(GPU, enforce_eager=False, pipeline_microbatches=microbatches)
+@pytest.mark.parametrize("microbatches,async_", [("off", "auto"), ("on", False), ("on", "auto")])
+def test_gpu_stage_graphs_greedy_matches(started, dist_checkpoints, gpu_single, monkeypatch, microbatches, async_):
+    """At P = 2 each stage replays its own decode graphs (the activations and logits go between
+    them outside the graphs), one step at a time and with micro-batches (async scheduling off,
+    and on: a group's next step reads its ids from the queued draw on the device), and greedy
+    tokens still equal T=1's."""
+    monkeypatch.setenv("INFER_CLUSTER_STAGE_GRAPHS", "1")  # the default; the rank processes inherit it
+    options = dict(GPU, enforce_eager=False, pipeline_microbatches=microbatches, async_scheduling=async_)
     llm = check_parallel_greedy(started, dist_checkpoints["qwen3"], 1, 2, options, [gpu_single["qwen3"]])
     assert llm.engine.runner.graph_replays > 0

@@ -135,11 +135,12 @@ LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("tp,victim_rank", [(1, 1), (2, 1), (2, 2)])
-def test_killed_rank_with_groups_in_flight(started, dist_checkpoints, tp, victim_rank):
+@pytest.mark.parametrize("tp,victim_rank,async_", [(1, 1, False), (2, 1, False), (2, 2, False), (1, 1, True)])
+def test_killed_rank_with_groups_in_flight(started, dist_checkpoints, tp, victim_rank, async_):
     """Rank 1 of P=2 is the last stage; of T=2 x P=2 a stage-0 TP rank (fed by rank 0's stage
-    broadcast); rank 2 is a later-stage rank fed by the relay."""
-    llm = started.track(LLM(dist_checkpoints["llama"], tensor_parallel_size=tp,
+    broadcast); rank 2 is a later-stage rank fed by the relay. Async: a group's next step and
+    its queued draw are in flight too."""
+    llm = started.track(LLM(dist_checkpoints["llama"], tensor_parallel_size=tp, async_scheduling=async_,
                             pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     rids = [llm.add_request([5 + i, 6, 7], LONG) for i in range(4)]
     for _ in range(6):
@@ -167,8 +168,9 @@ def test_killed_rank_with_groups_in_flight(started, dist_checkpoints, tp, victim
 
 
 @pytest.mark.timeout(60)
-def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints):
-    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2,
+@pytest.mark.parametrize("tp,async_", [(2, False), (1, True)])
+def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints, tp, async_):
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=tp, async_scheduling=async_,
                             pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     for i in range(3):
         llm.add_request([5 + i, 6, 7], LONG)
@@ -178,7 +180,7 @@ def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints
     ranks = llm.engine.runner._ranks
     llm.close()
     assert wait_gone([r.pid for r in ranks], 5.0) == []
-    assert [r.popen.returncode for r in ranks] == [0, 0, 0]  # each took the STOP step
+    assert [r.popen.returncode for r in ranks] == [0] * (2 * tp - 1)  # each took the STOP step
 
 
 @pytest.mark.timeout(90)

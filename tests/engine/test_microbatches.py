@@ -3,7 +3,8 @@ poses as a pipeline of depth P (`submit` / `collect`) gives the same outputs as 
 loop for every finish rule, stop strings, seeded sampling, penalties, n-gram bans, logprobs,
 prefix-cache hits, chunked prefill and preemption; groups in flight are disjoint and up to P
 deep; aborts and failures with groups in flight end every request exactly once and free every
-block. The rank-side half is tests/distributed/test_microbatches.py."""
+block. With async scheduling as well, the same outputs with groups continued early (pending
+rows from the oldest group's queued draw). The rank-side half is tests/distributed/test_microbatches.py."""
 
 import pytest
 
@@ -16,20 +17,26 @@ from .test_async_scheduling import PROMPTS, SETTINGS, drain, greedy, outputs, re
 
 def pipelined_runner(depth, log):
     class Pipelined(ModelRunner):
-        """Runs a step at submit (groups are disjoint, so when does not matter) and hands the
-        logits over at collect, checking the order and the disjointness of the groups."""
+        """Runs a step at submit and hands the logits over at collect, checking the order and
+        the disjointness of the groups. With async scheduling the engine takes the oldest
+        group's logits early (`collect_queued`) and submits that group's next step with
+        `pending_input` rows read from its draw (on the CPU the draw is already done)."""
         pipeline_depth = depth
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.tickets = []
+            self.pending_rows = self.settled = 0
 
-        def submit(self, out):
+        def submit(self, out, prev_ids=None, prev_rows=()):
             ids = {s.request_id for s in out.requests}
             for other in self.tickets:
                 assert not ids & other["ids"], "a request is in two groups in flight"
-            assert not any(s.pending_input for s in out.requests)
-            ticket = dict(ids=ids, result=self.execute(out))
+            pending = sum(s.pending_input for s in out.requests)
+            assert pending == len(prev_rows)
+            self.pending_rows += pending
+            result = self.execute(out, prev_ids, prev_rows) if pending else self.execute(out)
+            ticket = dict(ids=ids, result=result)
             self.tickets.append(ticket)
             log.append(len(self.tickets))
             assert len(self.tickets) <= depth
@@ -39,8 +46,15 @@ def pipelined_runner(depth, log):
             assert self.tickets[0] is ticket, "groups are collected in submit order"
             return self.tickets.pop(0)["result"]
 
+        def collect_queued(self, ticket):
+            return self.collect(ticket)
+
+        def settle(self, ticket):
+            assert all(t is not ticket for t in self.tickets)
+            self.settled += 1
+
         def discard(self, ticket):
-            self.tickets.remove(ticket)
+            self.tickets = [t for t in self.tickets if t is not ticket]
 
     return Pipelined
 
@@ -76,6 +90,59 @@ def test_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, dep
     assert stats["prefix_cache_hit_tokens"] > 0
     if setting == "preemption":
         assert stats["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_async_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, depth):  # noqa: F811
+    """Async scheduling with micro-batches: once P groups are in flight, the oldest group's
+    draw is queued and its next step submitted (pending rows) before it is collected."""
+    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    sync = LLM("tiny-random", async_scheduling=False, **kw)
+    want = outputs(sync, reference_params)
+    llm, log = depth_llm(depth, async_scheduling=True, **kw)
+    assert llm.engine.async_scheduling
+    got = outputs(llm, reference_params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"{setting}: request {i} differs"
+        if b[3] is not None:
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-4)
+    runner = llm.engine.runner
+    assert runner.pending_rows > 0 and runner.settled > 0  # groups really continued early
+    assert max(log) == depth
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+    assert not runner.tickets
+    if setting == "preemption":
+        assert stats["num_preemptions"] > 0
+
+
+def test_async_microbatch_abort_and_failure_end_every_request_once(depth_llm, monkeypatch):
+    llm, _ = depth_llm(2, async_scheduling=True, block_size=8, num_kv_blocks=64)
+    runner = llm.engine.runner
+    rids = [llm.add_request(p, greedy(n)) for p, n in zip(PROMPTS[:4], (2, 12, 12, 3))]
+    for _ in range(4):
+        llm.step()
+    assert runner.pending_rows > 0
+    in_flight = [s.request_id for st in llm.engine._inflight.steps for s in st.out.requests]
+    victim = next(r for r in rids if r in in_flight)
+    assert llm.abort(victim)
+    real, calls = runner.collect_queued, {"n": 0}
+
+    def flaky(ticket):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure in collect_queued")
+        return real(ticket)
+
+    monkeypatch.setattr(runner, "collect_queued", flaky)
+    finals, _ = drain(llm, [r for r in rids if r != victim])
+    assert calls["n"] >= 2  # the failure was injected with groups in flight
+    assert {rid: len(f) for rid, f in finals.items()} == {r: 1 for r in rids if r != victim}
+    assert any(f[0].finish_reason == "error" for f in finals.values())
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+    assert not runner.tickets
 
 
 def test_finish_and_abort_while_other_groups_are_in_flight(depth_llm):

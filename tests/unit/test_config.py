@@ -110,8 +110,6 @@ def test_sampling_params_from_dict_rejects_unknown_keys():
     (dict(cpu_kv_cache_gib=0), "cpu_kv_cache_gib must be > 0"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype must be one of auto, int8, got 'fp8'"),
     (dict(async_scheduling="yes"), "async_scheduling must be true, false or 'auto', got 'yes'"),
-    (dict(async_scheduling=True, pipeline_parallel_size=2, pipeline_microbatches="on"),
-         "async_scheduling true conflicts with pipeline micro-batches"),
     (dict(pipeline_microbatches="yes", pipeline_parallel_size=2),
      "pipeline_microbatches must be one of auto, on, off, got 'yes'"),
     (dict(pipeline_microbatches=2, pipeline_parallel_size=2), "pipeline_microbatches must be one of"),

@@ -44,6 +44,28 @@ class PendingIds:
     rows: Sequence[int]
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` (pinned, non-blocking on CUDA; itself on the CPU)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host
+
+
+def payload_on_device(payload: np.ndarray, pending: Optional[PendingIds], device: torch.device) -> torch.Tensor:
+    """`payload` on `device` with the `pending` ids written in: one transfer carries the
+    payload, the offsets and the rows, and the fill runs on the device (queued after the draw
+    that made the ids, so nothing waits on the host)."""
+    k = 0 if pending is None else len(pending.offsets)
+    if not k:
+        return to_device(torch.from_numpy(payload), device)
+    n = len(payload)
+    flat = to_device(torch.from_numpy(np.concatenate(
+        [payload, np.asarray(pending.offsets, dtype=np.int32), np.asarray(pending.rows, dtype=np.int32)])), device)
+    data = flat[:n]
+    data[flat[n:n + k].long()] = pending.ids[flat[n + k:].long()].to(torch.int32)
+    return data
+
+
 class StepChannel:
     def __init__(self, wait_group, data_group, device: torch.device, inline_capacity: int):
         self.wait_group = wait_group
@@ -53,9 +75,7 @@ class StepChannel:
         self._first = torch.zeros(HEADER_LEN + inline_capacity, dtype=torch.int32)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cuda":
-            return host.pin_memory().to(self.device, non_blocking=True)
-        return host
+        return to_device(host, self.device)
 
     def send(self, header: StepHeader, payload: Optional[np.ndarray] = None,
              pending: Optional[PendingIds] = None) -> Optional[torch.Tensor]:
@@ -78,17 +98,7 @@ class StepChannel:
         return data
 
     def _on_device(self, payload: np.ndarray, pending: Optional[PendingIds]) -> torch.Tensor:
-        """`payload` on this rank's device with the pending ids written in: one transfer
-        carries the payload, the offsets and the rows, and the fill runs on the device."""
-        k = 0 if pending is None else len(pending.offsets)
-        if not k:
-            return self._to_device(torch.from_numpy(payload))
-        n = len(payload)
-        flat = self._to_device(torch.from_numpy(np.concatenate(
-            [payload, np.asarray(pending.offsets, dtype=np.int32), np.asarray(pending.rows, dtype=np.int32)])))
-        data = flat[:n]
-        data[flat[n:n + k].long()] = pending.ids[flat[n + k:].long()].to(torch.int32)
-        return data
+        return payload_on_device(payload, pending, self.device)
 
     def recv(self) -> tuple[StepHeader, Optional[torch.Tensor]]:
         """Ranks 1..N-1: wait for the next step; returns its header and payload (on device)."""

@@ -19,6 +19,9 @@ step and every later one raise `RankFailedError` naming the rank and cause, and
 the coordinator re-route. With pipeline micro-batches (`pipeline_depth` = P > 1, read by the
 engine) a step is `submit(out)` (pack, hand to stage 0's ranks and the next stage, run stage
 0's share, post the logits' receive) and later `collect(ticket)`; `execute` is both at once.
+With async scheduling too, the engine takes a group's logits with `collect_queued` (a stream
+wait, no host wait), queues their draw, and submits the group's next step with its pending
+rows filled from that draw; `settle(ticket)` after the ids reached the host checks the group.
 
 Must never run a step after a failure (ranks could be mid-collective), never block forever
 (collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
@@ -71,7 +74,16 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
         raise ConfigError(f"tensor_parallel_size {tp} does not divide {', '.join(problems)}")
 
 
-@dataclasses.dataclass
+def _pending_ids(fill: Sequence[int], prev_ids: Optional[torch.Tensor],
+                 prev_rows: Sequence[int]) -> Optional[PendingIds]:
+    """The payload offsets `fill` (from `pack_step_pending`) paired with the previous draw's rows."""
+    if len(fill) != len(prev_rows) or (fill and prev_ids is None):
+        raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
+                         f"previous rows were given")
+    return PendingIds(fill, prev_ids, prev_rows) if fill else None
+
+
+@dataclasses.dataclass(eq=False)  # compared by identity (`in`, `remove` on the uncollected list)
 class StepTicket:
     """A submitted micro-batch: the buffer its logits land in and the receive filling it."""
     logits: torch.Tensor
@@ -160,15 +172,20 @@ class DistributedRunner:
             self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
             raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
 
-    def submit(self, out: SchedulerOutput) -> "StepTicket":
-        """Micro-batches: start a step on every stage and return without its logits."""
+    def submit(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
+               prev_rows: Sequence[int] = ()) -> "StepTicket":
+        """Micro-batches: start a step on every stage and return without its logits.
+        `prev_ids` / `prev_rows`: with async scheduling, the draw (on the device) of the step
+        in flight whose group this step continues, and the row there of each `pending_input`
+        row, as for `execute`."""
         self._check_usable()
         shard = self._shard
+        header, payload, fill = pack_step_pending(out, shard.block_size, self._block_mirror)
+        pending = _pending_ids(fill, prev_ids, prev_rows)
         try:
             with self._step_lock:
-                header, payload, _ = pack_step_pending(out, shard.block_size, self._block_mirror)
                 header = self._graph_or_eager(header)
-                logits, work = shard.submit_step(header, shard.send_step(header, payload))
+                logits, work = shard.submit_step(header, shard.send_step(header, payload, pending))
                 ticket = StepTicket(logits, work, sampled_request_ids(out))
                 self._uncollected.append(ticket)
         except Exception as exc:
@@ -198,6 +215,30 @@ class DistributedRunner:
             self._uncollected.remove(ticket)
         return ticket.logits, ticket.request_ids
 
+    def collect_queued(self, ticket: "StepTicket") -> tuple[torch.Tensor, list[str]]:
+        """`collect` without waiting on the host (async scheduling with micro-batches): the
+        current stream waits for the logits' receive, so a draw queued next runs once they are
+        in, while the host goes on to schedule the group's next step. The logits may be used
+        only after `settle(ticket)`, called once the draw's ids reached the host: it raises
+        `RankFailedError` if the group failed meanwhile (see `verify_step`)."""
+        if ticket.done:
+            raise RuntimeError("this step was already collected")
+        self._check_usable()
+        ticket.done = True
+        try:
+            if ticket.work is not None:
+                ticket.work.wait()  # NCCL: a stream wait; gloo (CPU): the receive itself
+        except Exception as exc:
+            raise self._step_failure(exc) from None
+        return ticket.logits, ticket.request_ids
+
+    def settle(self, ticket: "StepTicket") -> None:
+        """A step taken by `collect_queued` is done on the device: forget it, then
+        `verify_step()`."""
+        if ticket in self._uncollected:
+            self._uncollected.remove(ticket)
+        self.verify_step()
+
     def discard(self, ticket: "StepTicket") -> None:
         """Take a step's logits and drop them (the engine abandons it after a failure
         elsewhere); nothing to take if the group failed."""
@@ -206,12 +247,20 @@ class DistributedRunner:
                 self.collect(ticket)
             except RankFailedError:
                 pass
+        elif ticket in self._uncollected:  # queued by collect_queued: let its receive land
+            try:
+                if self.error is None and ticket.work is not None:
+                    self._shard.relay.wait(ticket.work)
+            except Exception:
+                log.debug("a discarded step's receive failed", exc_info=True)
+            self._uncollected.remove(ticket)
 
     @property
     def supports_async(self) -> bool:
-        """One step at a time (no micro-batches): the engine may launch step n+1 before step
-        n's ids reach the host; `execute` fills its pending rows on the device."""
-        return self.pipeline_depth == 1
+        """The engine may launch a step before the previous step's ids reach the host: one
+        step at a time through `execute`, with micro-batches through `submit` (the step that
+        continues a group in flight); either fills its pending rows on the device."""
+        return True
 
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
                 prev_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[str]]:
@@ -222,15 +271,10 @@ class DistributedRunner:
         host. Raises `RankFailedError` if the group failed (now or before)."""
         self._check_usable()
         if self.pipeline_depth > 1:
-            if prev_rows:
-                raise ValueError("pipeline micro-batches take no pending input ids")
-            return self.collect(self.submit(out))
+            return self.collect(self.submit(out, prev_ids, prev_rows))
         shard = self._shard
         header, payload, fill = pack_step_pending(out, shard.block_size, self._block_mirror)
-        if len(fill) != len(prev_rows) or (fill and prev_ids is None):
-            raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
-                             f"previous rows were given")
-        pending = PendingIds(fill, prev_ids, prev_rows) if fill else None
+        pending = _pending_ids(fill, prev_ids, prev_rows)
         try:
             with self._step_lock:
                 header = self._graph_or_eager(header)
