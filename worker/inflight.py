@@ -161,10 +161,12 @@ class SubmittedStep:
         """Queue the draw of this step's logits behind their receive on the device; nothing
         waits on the host. Rows are built now: call it before the group's next schedule."""
         if self.launched is None:
-            ticket = self._ticket
-            logits, row_ids = self._runner.collect_queued(ticket)
+            runner, ticket = self._runner, self._ticket
+            logits, row_ids = runner.collect_queued(ticket)
+            # The check closes over the runner and ticket, not self: a cycle through the
+            # launched step would keep its device tensors alive until a GC pass.
             self.launched = _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
-                                  lambda: self._runner.settle(ticket))
+                                  lambda: runner.settle(ticket))
         return self.launched
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:

@@ -6,10 +6,13 @@ deep; aborts and failures with groups in flight end every request exactly once a
 block. With async scheduling as well, the same outputs with groups continued early (pending
 rows from the oldest group's queued draw). The rank-side half is tests/distributed/test_microbatches.py."""
 
+import gc
+
 import pytest
 
 import infer_cluster.worker.engine as engine_mod
 from infer_cluster.worker import LLM
+from infer_cluster.worker.inflight import LaunchedStep, SubmittedStep
 from infer_cluster.worker.model_runner import ModelRunner
 
 from .test_async_scheduling import PROMPTS, SETTINGS, drain, greedy, outputs, reference_params  # noqa: F401
@@ -115,6 +118,21 @@ def test_async_microbatch_outputs_equal_sync(reference_params, depth_llm, settin
     assert not runner.tickets
     if setting == "preemption":
         assert stats["num_preemptions"] > 0
+
+
+def test_async_microbatch_steps_are_freed_without_a_gc_pass(depth_llm):
+    """A collected step (its logits and draw on the device) must go when the engine drops it:
+    a reference cycle would keep device memory until the cyclic GC runs (an OOM on GPUs)."""
+    llm, _ = depth_llm(2, async_scheduling=True, block_size=8, num_kv_blocks=64)
+    gc.collect()
+    gc.disable()
+    try:
+        llm.generate(PROMPTS, greedy(12), use_tqdm=False)
+        assert llm.engine.runner.pending_rows > 0
+        left = [o for o in gc.get_objects() if type(o) in (LaunchedStep, SubmittedStep)]
+    finally:
+        gc.enable()
+    assert left == []
 
 
 def test_async_microbatch_abort_and_failure_end_every_request_once(depth_llm, monkeypatch):
