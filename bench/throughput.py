@@ -25,7 +25,7 @@ Examples:
   python bench/throughput.py --model small-random-151k --sampling all --hf none \\
       --num-seqs 64 --prompt-len 16 128 --output-len 32 64       # the CPU form of issue 10's table
   python bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --hf none \
-      --pipeline-parallel-size 2 --pipeline-microbatches on     # A/B pipeline micro-batches (auto = off)
+      --pipeline-parallel-size 2 --pipeline-microbatches off    # A/B pipeline micro-batches (auto = on on CUDA)
 """
 
 from __future__ import annotations
@@ -82,12 +82,13 @@ def parse_args(argv=None):
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
-                    help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
+                    help="schedule step n+1 while step n runs (auto: on on CUDA, any T and P)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-microbatches", default="auto", choices=["auto", "on", "off"],
                     help="with --pipeline-parallel-size P > 1: keep P micro-batches in flight (on) "
-                         "or run one step at a time (off; auto = off), to A/B the pipeline")
+                         "or run one step at a time (off; auto = on where stages replay CUDA graphs), "
+                         "to A/B the pipeline")
     ap.add_argument("--hf", default="auto", choices=["auto", "sequential", "continuous", "none"])
     ap.add_argument("--hf-max-seqs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)

@@ -52,7 +52,7 @@ class EngineConfig:
     warmup: Optional[bool] = field(default=None, metadata={"help": "serve a synthetic workload at start (largest shapes, every sampling path) so nothing compiles or allocates while serving; default: on for CUDA, off on CPU"})
     cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": "KV pool size on CPU when num_kv_blocks is not set"})
     async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python (outputs are the same); unset = auto: on for CUDA (tensor and pipeline parallel included), off on CPU; with pipeline micro-batches a group's next step is launched before its draw reaches the host"})
-    pipeline_microbatches: str = field(default="auto", metadata={"help": "with pipeline_parallel_size P > 1, keep up to P steps in flight on disjoint groups of the running batch so that every stage works at once (outputs are the same): on, off (one step at a time), or auto (off: on 2x H100 at P=2 micro-batches measured 0.6x of one step at a time while stages run eagerly; see docs/parallel.md)"})
+    pipeline_microbatches: str = field(default="auto", metadata={"help": "with pipeline_parallel_size P > 1, keep up to P steps in flight on disjoint groups of the running batch so that every stage works at once (outputs are the same): on, off (one step at a time), or auto (on where stages replay CUDA graphs, i.e. on CUDA without enforce_eager; off on CPU: at P=2 on 2x H100 with stage graphs and async scheduling, 1.32x one step at a time; see docs/parallel.md)"})
     kv_offload_gib: float = field(default=0.0, metadata={"help": "host-memory KV tier in GiB (pinned on CUDA; 0 = off): prefix blocks evicted from the device pool are kept there and copied back on a hit, and preempted requests are swapped there instead of recomputed when it has room"})
 
     def __post_init__(self):
@@ -116,9 +116,20 @@ class EngineConfig:
     @property
     def microbatch_depth(self) -> int:
         """Steps a replica keeps in flight on disjoint groups: P with pipeline micro-batches
-        (`on`, P > 1), else 1 (one step at a time; `auto` picks this, the faster one measured)."""
-        on = self.pipeline_microbatches == "on" and self.pipeline_parallel_size > 1
-        return self.pipeline_parallel_size if on else 1
+        (`on`, or `auto` where stages replay CUDA graphs), else 1 (one step at a time)."""
+        pp, mode = self.pipeline_parallel_size, self.pipeline_microbatches
+        if pp == 1 or mode == "off":
+            return 1
+        return pp if mode == "on" or self._replays_graphs() else 1
+
+    def _replays_graphs(self) -> bool:
+        """CUDA without enforce_eager (eager stages are host-bound: micro-batches lose there)."""
+        if self.enforce_eager or self.device == "cpu":
+            return False
+        if self.device == "cuda":
+            return True
+        import torch  # device auto: only the worker asks, with torch loaded already
+        return torch.cuda.is_available()
 
     @classmethod
     def field_names(cls) -> list[str]:

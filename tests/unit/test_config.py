@@ -139,11 +139,14 @@ def test_engine_config_accepts_good_values():
 
 
 def test_pipeline_microbatches_depth():
-    """auto = off (the faster measured); the depth (steps in flight) is P with micro-batches on,
-    else 1."""
+    """auto = on where stages replay CUDA graphs (CUDA, not enforce_eager), else off; the depth
+    (steps in flight) is P with micro-batches on, else 1."""
     assert EngineConfig().microbatch_depth == 1
     assert EngineConfig(pipeline_microbatches="off").microbatch_depth == 1
-    assert EngineConfig(pipeline_parallel_size=2).microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2, device="cpu").microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2, device="cuda").microbatch_depth == 2
+    assert EngineConfig(pipeline_parallel_size=3, device="cuda", enforce_eager=True).microbatch_depth == 1
+    assert EngineConfig(pipeline_parallel_size=2, device="cuda", pipeline_microbatches="off").microbatch_depth == 1
     assert EngineConfig(pipeline_parallel_size=2, pipeline_microbatches="on").microbatch_depth == 2
     assert EngineConfig(pipeline_parallel_size=2, tensor_parallel_size=2,
                         pipeline_microbatches="on").microbatch_depth == 2
