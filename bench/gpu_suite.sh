@@ -73,7 +73,7 @@ for stage in "$@"; do
         --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 --max-model-len 4096 2>&1 | tail -5 ;;
     parallel)  # issue 11 on nvidia-h200-x2, inside one 10-minute call: GPU distributed tests (graph
       # mode at T=2, P=2 parity, kill paths), then workload A at T=1 vs T=2 (both shapes) and
-      # P=1 vs P=2 (8B shape; micro-batches on, then off, the default). Each run gets at most what
+      # P=1 vs P=2 (8B shape; micro-batches on, the default on CUDA, then off). Each run gets at most what
       # is left of a 570 s budget.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never multicast
       par_end=$((SECONDS + 570))
@@ -264,7 +264,7 @@ for _ in range(600):
       done
       timeout "${DIST_LIMIT:-240}" python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_dist_tests_ar.log" | tail -6 ;;
-    stagegraphs)  # issue 11: decode graphs per pipeline stage (INFER_CLUSTER_STAGE_GRAPHS=1). GPU parity at P=2
+    stagegraphs)  # issue 11: decode graphs per pipeline stage (the default; INFER_CLUSTER_STAGE_GRAPHS=0 is the eager A/B). GPU parity at P=2
       # (one step at a time and micro-batches), then workload A, Llama-3-8B shape: P=1, then P=2 micro-batches
       # off / on with stage graphs, and P=2 off without them (the eager baseline), same call.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -15,7 +15,8 @@ from infer_cluster.worker import LLM
 from infer_cluster.worker.inflight import LaunchedStep, SubmittedStep
 from infer_cluster.worker.model_runner import ModelRunner
 
-from .test_async_scheduling import PROMPTS, SETTINGS, drain, greedy, outputs, reference_params  # noqa: F401
+from .test_async_scheduling import (PROMPTS, SETTINGS, drain, greedy, outputs, reference_params,  # noqa: F401
+                                    unresolved_params)
 
 
 def pipelined_runner(depth, log):
@@ -118,6 +119,32 @@ def test_async_microbatch_outputs_equal_sync(reference_params, depth_llm, settin
     assert not runner.tickets
     if setting == "preemption":
         assert stats["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_async_microbatch_redone_rows_rewind_the_next_step_of_their_group(depth_llm, monkeypatch, depth):
+    """The sampler's redo (rows the candidate path could not settle) changes ids that the
+    group's next step, submitted before the collect, already used as pending inputs: those
+    requests are rewound and still get the synchronous loop's tokens."""
+    from infer_cluster.worker import sampling_ops
+    from infer_cluster.worker.scheduler import Scheduler
+
+    kw = dict(block_size=8, num_kv_blocks=64)
+    params = unresolved_params()
+    monkeypatch.setattr(sampling_ops, "TOP_P_CANDIDATES", 2)
+    monkeypatch.setattr(sampling_ops, "TOP_K_TIE_MARGIN", 0)  # every top-k row is flagged
+    want = outputs(LLM("tiny-random", async_scheduling=False, **kw), params)
+    rewinds = []
+    real_rewind = Scheduler.rewind
+    monkeypatch.setattr(Scheduler, "rewind", lambda self, rid: (rewinds.append(rid), real_rewind(self, rid)))
+    llm, _ = depth_llm(depth, async_scheduling=True, **kw)
+    got = outputs(llm, params)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"request {i % len(params)} differs"
+        assert len(a[0]) == 10
+    assert rewinds and llm.engine.runner.pending_rows > 0  # the rare path really ran
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
 
 
 def test_async_microbatch_steps_are_freed_without_a_gc_pass(depth_llm):
