@@ -10,7 +10,7 @@ rows marked `pending_input` get their input id from the latest launch's draw, on
 into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
 `wait()` blocks on that event only, asks the runner whether the step's device work can be
 trusted (`verify_step`: a tensor/pipeline-parallel group that failed during the step raises
-there; a single-rank runner has no such check), then builds the `SamplerOutput` (the sampler redoes the
+there; a single-rank runner's is a no-op), then builds the `SamplerOutput` (the sampler redoes the
 rare rows its candidate path flagged there: a sync, after the event anyway; the ids it changed
 come back so the engine can rewind a later step that used them). On the CPU the copy is an
 ordinary one and there is no event, but the same code runs.
@@ -114,7 +114,7 @@ class InFlightSteps:
         else:
             logits, row_ids = runner.execute(out)
         self.last = _draw(out, logits, row_ids, sampler, requests, eos_token_ids,
-                          getattr(runner, "verify_step", None))
+                          runner.verify_step)
         self.steps.append(self.last)
         return self.last
 

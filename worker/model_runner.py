@@ -351,6 +351,10 @@ class ModelRunner:
     # scheduling): `execute` fills `pending_input` rows from `prev_ids` on the device.
     supports_async = True
 
+    def verify_step(self) -> None:
+        """Called once a step's ids reached the host: a tensor/pipeline-parallel runner raises
+        there if its rank group failed during the step; one rank has nothing to check."""
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
                 prev_rows: tuple = ()) -> tuple[torch.Tensor, list[str]]:
