@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -292,6 +292,18 @@ for _ in range(600):
           --max-model-len 4096 --hf none --pipeline-parallel-size "$pp" --pipeline-microbatches "$mb" \
           --async-scheduling "$async" --out "$OUT/pipe_p${pp}_${mb}_$async.json" 2>&1 \
           | grep -E "^infer-cluster|Error|error" | tail -3
+      done ;;
+    backlog)  # steady serving with a backlog (docs/parallel.md, "Noticed"): 1,024 requests against max_num_seqs 256
+      # keep every step a mix of one new prompt's prefill and a full decode batch, over graph_max_tokens (512), so
+      # those steps run eagerly. Qwen3-0.6B shape, one GPU: the 256-request drain, then the backlog with the default,
+      # with mixed-step graphs up to 2,048 tokens, and with the step's token budget capped at 512 (every step in a graph).
+      for run in "256 512 8192" "1024 512 8192" "1024 2048 8192" "1024 512 512"; do
+        read -r seqs gmt mbt <<< "$run"
+        echo "--- $seqs seqs, graph_max_tokens $gmt, max_num_batched_tokens $mbt"
+        timeout 150 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs "$seqs" --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --graph-max-tokens "$gmt" --max-num-batched-tokens "$mbt" --out "$OUT/backlog_${seqs}_${gmt}_$mbt.json" 2>&1 \
+          | grep -E "^infer-cluster|^phases|Error|error" | tail -3
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

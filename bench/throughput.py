@@ -80,6 +80,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--graph-max-tokens", type=int, default=None,
+                    help="EngineConfig.graph_max_tokens: steps of up to this many tokens that are not "
+                         "decode-only replay CUDA graphs too (default: the engine's)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
                     help="schedule step n+1 while step n runs (auto: on on CUDA, any T and P)")
@@ -118,6 +121,7 @@ def run_ours(args, prompts, out_lens, kinds):
               kv_cache_dtype=args.kv_cache_dtype,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+              **({} if args.graph_max_tokens is None else {"graph_max_tokens": args.graph_max_tokens}),
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
               async_scheduling=ASYNC_MODES[args.async_scheduling],

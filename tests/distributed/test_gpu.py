@@ -28,7 +28,8 @@ if NUM_GPUS < 2:
 GPU = dict(device="cuda", dtype="float32", block_size=16, num_kv_blocks=256,
            max_num_batched_tokens=24, max_num_seqs=8)
 LAYOUTS = {"tp2_eager": (2, 1, True), "tp2_graphs": (2, 1, False), "pp2": (1, 2, True),
-           "pp2_graphs": (1, 2, False), "tp2_pp2": (2, 2, True), "tp4_graphs": (4, 1, False)}
+           "pp2_graphs": (1, 2, False), "tp2_pp2": (2, 2, True), "tp2_pp2_graphs": (2, 2, False),
+           "tp4_graphs": (4, 1, False)}
 
 
 @pytest.fixture(scope="module")
