@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -305,6 +305,25 @@ for _ in range(600):
           --graph-max-tokens "$gmt" --max-num-batched-tokens "$mbt" --out "$OUT/backlog_${seqs}_${gmt}_$mbt.json" 2>&1 \
           | grep -E "^infer-cluster|^phases|Error|error" | tail -3
       done ;;
+    ncclsweep)  # issue 11, the 8B T=2 gap: a decode step's 2 MiB all-reduce takes ~30 us in NCCL inside graphs (~70 GB/s
+      # on NVLink). NCCL's own knobs, no code of ours: the NCCL column of bench/allreduce.py (Llama hidden, decode rows)
+      # under each setting, then workload A, Llama-3-8B shape, T=2 with the default and two settings, and T=1.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for env in "" "NCCL_PROTO=LL128" "NCCL_PROTO=LL" "NCCL_MIN_NCHANNELS=16" "NCCL_MIN_NCHANNELS=32 NCCL_PROTO=LL128"; do
+        echo "--- all-reduce latency, ${env:-NCCL defaults}"
+        env $env timeout 90 python3 bench/allreduce.py --hidden 4096 --rows 32 128 256 512 2>&1 | grep -E "^ *[0-9]|rows|Error" | tail -6
+      done
+      for env in "" "${NCCL_A:-NCCL_PROTO=LL128}" "${NCCL_B:-NCCL_MIN_NCHANNELS=16}"; do
+        echo "--- llama-3-8b-shape T=2, ${env:-NCCL defaults}"
+        env $env timeout 100 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size 2 --out "$OUT/nccl_t2_$(echo "${env:-default}" | tr ' =' '__').json" 2>&1 \
+          | grep -E "^infer-cluster|Error|error" | tail -2
+      done
+      echo "--- llama-3-8b-shape T=1"
+      timeout 100 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+        --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+        --out "$OUT/nccl_t1.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
