@@ -1,5 +1,5 @@
 """The body of the per-stage decode graphs (`ModelRunner._forward_stage_decode`, what
-`INFER_CLUSTER_STAGE_GRAPHS=1` captures at P > 1) on the CPU, without graphs or processes: stage 0
+every stage captures at P > 1) on the CPU, without graphs or processes: stage 0
 of a two-stage split hands its packed `[rows, 2, hidden]` to stage 1, whose logits equal the whole
 model's decode forward (`_forward_logits`, the body of the P = 1 graphs), over several decode
 steps that read the KV each stage wrote. The GPU test with real graphs and transfers is
