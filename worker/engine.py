@@ -97,6 +97,9 @@ class DynamicEngine:
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
         self._reset_bookkeeping()
         log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
+        if config.pipeline_parallel_size > 1:
+            log.info("pipeline micro-batches: %s", f"on, {self.pipeline_depth} groups in flight"
+                     if self.pipeline_depth > 1 else "off (one step at a time)")
         self.warmup_stats: Optional[dict] = None
         warmup = config.warmup if config.warmup is not None else self.runner.device.type == "cuda"
         if warmup:
