@@ -42,6 +42,7 @@ from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestErr
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
+from .engine_stats import engine_capacity, engine_stats, request_phase
 from .host_tier import HostTier
 from .inflight import InFlightSteps
 from .kv_reset import reset_engine_cache
@@ -130,9 +131,8 @@ class DynamicEngine:
         self._started = time.monotonic()
         self._inflight = InFlightSteps()
         self._ngram_ids: set[str] = set()  # live requests with no_repeat_ngram_size: synchronous
-        mode = config.async_scheduling  # auto: on where the runner can (CUDA, one step at a time)
-        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode
-                                     ) and getattr(self.runner, "supports_async", False)
+        mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
+        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
 
     def _resolve_max_model_len(self) -> int:
@@ -415,52 +415,17 @@ class DynamicEngine:
         reset_engine_cache(self, num_kv_blocks, kv_cache_dtype)
         return self.capacity()
 
-    def request_phase(self, request_id: str) -> str:
-        """`waiting` (queued or preempted), `prefilling` (its prompt, or a recompute, is being
-        computed), `generating`, or `finished` (ended, or never known here)."""
-        req = self.scheduler.requests.get(request_id)
-        if req is None:
-            return "finished"
-        if req.status is not RequestStatus.RUNNING:
-            return "waiting"
-        return "prefilling" if _is_prefilling(req) else "generating"
+    # -- introspection (worker/engine_stats.py) ------------------------------------------------
 
-    # -- introspection --------------------------------------------------------------------------
+    def request_phase(self, request_id: str) -> str:
+        """`waiting`, `prefilling`, `generating` or `finished` (see `engine_stats.request_phase`)."""
+        return request_phase(self, request_id)
 
     def stats(self) -> dict:
-        elapsed = max(1e-9, time.monotonic() - self._started)
-        num_prefilling = sum(1 for r in self.scheduler.running if _is_prefilling(r))
-        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
-                "num_prefilling": num_prefilling,
-                "num_generating": len(self.scheduler.running) - num_prefilling,
-                "num_preemptions": self.scheduler.num_preemptions,
-                "num_scheduled_tokens": self.scheduler.num_scheduled_tokens,
-                "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
-                "num_free_blocks": self.allocator.num_free_blocks,
-                "num_total_blocks": self.allocator.num_blocks,
-                "num_generated_tokens": self._num_generated,
-                "generated_tokens_per_s": self._num_generated / elapsed,
-                "max_num_seqs": self.config.max_num_seqs,
-                "warmup_seconds": self.warmup_stats["seconds"] if self.warmup_stats else 0.0,
-                "step_seconds": dict(self._phase_seconds),
-                **self._host_tier_stats()}
-
-    def _host_tier_stats(self) -> dict:
-        """The host KV tier's use (all zero when it is off)."""
-        tier = self.host_tier
-        stats = tier.stats() if tier is not None else HostTier.empty_stats()
-        stats["prefix_cache_hit_tokens_host"] = self.scheduler.prefix_cache_hit_tokens_host
-        stats["num_swapped_out"] = self.scheduler.num_swapped_out
-        return stats
+        return engine_stats(self)
 
     def capacity(self) -> dict:
-        return {"model": self.model_name, "num_total_blocks": self.allocator.num_blocks,
-                "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
-                "max_model_len": self.max_model_len, "kv_cache_dtype": self.config.kv_cache_dtype}
-
-
-def _is_prefilling(req: Request) -> bool:
-    return req.first_token_time is None or req.num_computed_tokens < req.num_tokens - 1
+        return engine_capacity(self)
 
 
 def _metrics(req: Request, finish_time: Optional[float]) -> RequestMetrics:

@@ -347,10 +347,6 @@ class ModelRunner:
         if self.host_pool is not None:
             self.host_pool.wait_load(load_id)
 
-    # The engine may schedule a step before the previous one's ids reach the host (async
-    # scheduling): `execute` fills `pending_input` rows from `prev_ids` on the device.
-    supports_async = True
-
     def verify_step(self) -> None:
         """Called once a step's ids reached the host: a tensor/pipeline-parallel runner raises
         there if its rank group failed during the step; one rank has nothing to check."""

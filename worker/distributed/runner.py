@@ -9,7 +9,7 @@ during start-up fails the constructor at once instead of after a rendezvous time
 step: pack the `SchedulerOutput` into the step tensor (`step_codec`), pick graph replay or
 eager for every rank (decode-only batches that fit the captured ladder replay), broadcast it
 (`channel`), run its own share, return the logits the last stage sends back. `execute` only
-queues the step: with async scheduling (`supports_async`, one step at a time) the engine
+queues the step: with async scheduling the engine
 launches step n+1 while step n runs, its `pending_input` rows filled on the device from step
 n's draw (`PendingIds`); `verify_step()` after the sampled ids reached the host is where a
 failure during the step shows. Any failure (a
@@ -81,6 +81,13 @@ def _pending_ids(fill: Sequence[int], prev_ids: Optional[torch.Tensor],
         raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                          f"previous rows were given")
     return PendingIds(fill, prev_ids, prev_rows) if fill else None
+
+
+def _take(ticket: "StepTicket") -> None:
+    """A step's logits are taken once (`collect` or `collect_queued`)."""
+    if ticket.done:
+        raise RuntimeError("this step was already collected")
+    ticket.done = True
 
 
 @dataclasses.dataclass(eq=False)  # compared by identity (`in`, `remove` on the uncollected list)
@@ -197,9 +204,7 @@ class DistributedRunner:
     def collect(self, ticket: "StepTicket") -> tuple[torch.Tensor, list[str]]:
         """The logits `[num_sampled, vocab]` and request ids of a submitted step (steps are
         collected in submit order). Raises `RankFailedError` if the group failed."""
-        if ticket.done:
-            raise RuntimeError("this step was already collected")
-        ticket.done = True
+        _take(ticket)
         try:
             self._check_usable()
             try:
@@ -221,10 +226,8 @@ class DistributedRunner:
         in, while the host goes on to schedule the group's next step. The logits may be used
         only after `settle(ticket)`, called once the draw's ids reached the host: it raises
         `RankFailedError` if the group failed meanwhile (see `verify_step`)."""
-        if ticket.done:
-            raise RuntimeError("this step was already collected")
         self._check_usable()
-        ticket.done = True
+        _take(ticket)
         try:
             if ticket.work is not None:
                 ticket.work.wait()  # NCCL: a stream wait; gloo (CPU): the receive itself
@@ -254,13 +257,6 @@ class DistributedRunner:
             except Exception:
                 log.debug("a discarded step's receive failed", exc_info=True)
             self._uncollected.remove(ticket)
-
-    @property
-    def supports_async(self) -> bool:
-        """The engine may launch a step before the previous step's ids reach the host: one
-        step at a time through `execute`, with micro-batches through `submit` (the step that
-        continues a group in flight); either fills its pending rows on the device."""
-        return True
 
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
                 prev_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[str]]:
