@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -324,6 +324,16 @@ for _ in range(600):
       timeout 100 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
         --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
         --out "$OUT/nccl_t1.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2 ;;
+    t2timeline)  # issue 11, the 8B T=2 gap: where rank 0's GPU time goes per step kind and batch size, and how
+      # long it idles between steps (CUDA events, no profiler: bench/throughput.py --step-timeline), T=1 and T=2.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for tp in 1 2; do
+        echo "--- llama-3-8b-shape T=$tp ${T2_EXTRA:-}"
+        timeout 120 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --step-timeline ${T2_EXTRA:-} --out "$OUT/t2tl_t$tp.json" 2>&1 \
+          | grep -E "^infer-cluster|^--- step timeline|^phases|Error|error" | tail -4
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

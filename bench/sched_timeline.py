@@ -121,11 +121,27 @@ class SchedTimeline:
                 idle += max(0.0, prev_end.elapsed_time(start))
             prev_end = end
         span = self.gpu_steps[0][2].elapsed_time(self.gpu_steps[-1][3])
-        return {"steps_decode": len(busy[True]), "steps_mixed": len(busy[False]),
+        return {"by_kind_and_rows": self._buckets(),"steps_decode": len(busy[True]), "steps_mixed": len(busy[False]),
                 "ms_per_decode_step": round(mean(busy[True]), 3) if busy[True] else None,
                 "ms_per_mixed_step": round(mean(busy[False]), 3) if busy[False] else None,
                 "gpu_step_ms_total": round(sum(busy[True]) + sum(busy[False]), 1),
                 "gpu_idle_between_steps_ms": round(idle, 1), "span_ms": round(span, 1)}
+
+    def _buckets(self) -> dict:
+        """Per (step kind, rows bucket): steps, device ms in the steps, and device ms idle just
+        before them (waiting for the host to queue them): where a batch size leaves the GPU idle."""
+        out: dict = {}
+        prev_end = None
+        for decode, rows, start, end in self.gpu_steps:
+            size = ">=128" if rows >= 128 else "32-127" if rows >= 32 else "<32"
+            b = out.setdefault(f"{'decode' if decode else 'mixed'} rows {size}", [0, 0.0, 0.0])
+            b[0] += 1
+            b[1] += start.elapsed_time(end)
+            if prev_end is not None:
+                b[2] += max(0.0, prev_end.elapsed_time(start))
+            prev_end = end
+        return {k: {"steps": n, "busy_ms": round(busy, 1), "idle_before_ms": round(idle, 1)}
+                for k, (n, busy, idle) in sorted(out.items())}
 
     def summary(self) -> dict:
         def phase(a, b):

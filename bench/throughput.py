@@ -106,6 +106,10 @@ def parse_args(argv=None):
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="cProfile the last timed run of each kind and print its N costliest functions "
                          "by own time and by cumulative time (where the host's step time goes)")
+    ap.add_argument("--step-timeline", action="store_true",
+                    help="CUDA events around each step of the last timed run of each kind (rank 0's stream): "
+                         "device time per step kind and batch size, and the device's idle time between steps "
+                         "(bench/sched_timeline.py); costs no profiler overhead")
     ap.add_argument("--out", default="bench/results/throughput.json")
     return ap.parse_args(argv)
 
@@ -145,7 +149,8 @@ def run_ours(args, prompts, out_lens, kinds):
             t, c = time.perf_counter(), time.process_time()
             trace = args.trace if r == args.repeats - 1 else None
             prof = cProfile.Profile() if args.cprofile and r == args.repeats - 1 else None
-            with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"):
+            timeline = _step_timeline(llm, args.step_timeline and r == args.repeats - 1)
+            with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"), timeline as tl:
                 if prof:
                     prof.enable()
                 outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
@@ -158,6 +163,8 @@ def run_ours(args, prompts, out_lens, kinds):
             phases = {k: round(v - phases0.get(k, 0.0), 3) for k, v in llm.stats()["step_seconds"].items()}
             phases["outside the step"] = round(elapsed - sum(phases.values()), 3)
             phases["gc (within the above)"] = [round(b - a, 3) for a, b in zip(gc0, gc_timer.snapshot())]
+            if tl is not None:
+                print(f"--- step timeline, {kind}: {tl.gpu_summary()}")
             if prof:
                 print(f"--- cProfile, {kind} (host time per function; cProfile slows Python calls)")
                 for key in ("tottime", "cumulative"):
@@ -179,6 +186,16 @@ def run_ours(args, prompts, out_lens, kinds):
     path, dtype, device = llm.engine.model_path, llm.engine.runner.dtype, llm.engine.runner.device
     llm.close()
     return info, path, dtype, device
+
+
+def _step_timeline(llm, on: bool):
+    """`SchedTimeline` with the engine's per-step CUDA events when `on` (CUDA only), else a no-op."""
+    import contextlib
+
+    if not on or llm.engine.runner.device.type != "cuda":
+        return contextlib.nullcontext()
+    from bench.sched_timeline import SchedTimeline
+    return SchedTimeline(llm.engine.scheduler, llm.engine)
 
 
 class GcTimer:
