@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -334,6 +334,16 @@ for _ in range(600):
           --tensor-parallel-size $tp --step-timeline ${T2_EXTRA:-} --out "$OUT/t2tl_t$tp.json" 2>&1 \
           | grep -E "^infer-cluster|^--- step timeline|^phases|Error|error" | tail -4
       done ;;
+    t2tail)  # issue 11: workload A's tail alone (16 long sequences, decode only after the prefill): T=1 vs T=2
+      # tok/s, then each again with a torch.profiler trace of rank 0 (kernels by family; bench/gpu_timeline.py).
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for tp in 1 2; do for trace in "" "--trace /tmp/t2tail"; do
+        echo "--- llama-3-8b-shape tail T=$tp ${trace:+(profiled)} ${T2_EXTRA:-}"
+        timeout 120 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs ${TAIL_SEQS:-16} --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --step-timeline $trace ${T2_EXTRA:-} --out "$OUT/t2tail_t$tp${trace:+_prof}.json" 2>&1 \
+          | grep -vE "it/s\]|^ *$" | grep -E "^infer-cluster|^--- step|^window|compute kernels|^  kernel|^  stream|Error|error" | head -24
+      done; done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
