@@ -31,6 +31,11 @@ SHAPES = {
                    "down": (1024, 3072), "lm_head": (151936, 1024)},
     "llama-3-8b": {"layers": 32, "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                    "down": (4096, 14336), "lm_head": (128256, 4096)},
+    # one rank's shard at T=2: column-parallel N halves (qkv, gate_up, LM head), row-parallel K (o, down)
+    "qwen3-0.6b-tp2": {"layers": 28, "qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (3072, 1024),
+                       "down": (1024, 1536), "lm_head": (75968, 1024)},
+    "llama-3-8b-tp2": {"layers": 32, "qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096),
+                       "down": (4096, 7168), "lm_head": (64128, 4096)},
 }
 MS = (1, 2, 4, 8, 16)
 _ROTATE_BYTES = 256 << 20  # weight copies per graph cover this much (> the H100's 50 MB L2)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -344,6 +344,19 @@ for _ in range(600):
           --tensor-parallel-size $tp --step-timeline $trace ${T2_EXTRA:-} --out "$OUT/t2tail_t$tp${trace:+_prof}.json" 2>&1 \
           | grep -vE "it/s\]|^ *$" | grep -E "^infer-cluster|^--- step|^window|compute kernels|^  kernel|^  stream|Error|error" | head -24
       done; done ;;
+    t2gemv)  # issue 11: the T=2 tail with the small-batch linears off (cuBLAS) or the norm prologue off, T=1 with
+      # them off; then the small-path sweep of one rank's T=2 shard shapes (bench/gemv.py --models ...-tp2).
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for run in "2 INFER_CLUSTER_GEMV=0" "2 INFER_CLUSTER_NORM_FUSE=0" "1 INFER_CLUSTER_GEMV=0" "1 INFER_CLUSTER_NORM_FUSE=0"; do
+        read -r tp env <<< "$run"
+        echo "--- llama-3-8b-shape tail T=$tp $env"
+        env $env timeout 120 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs ${TAIL_SEQS:-16} --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --step-timeline --out "$OUT/t2gemv_t${tp}_$env.json" 2>&1 \
+          | grep -E "^infer-cluster|^--- step|Error|error" | tail -3
+      done
+      timeout 300 python3 bench/gemv.py --sweep --models ${GEMV_SWEEP_MODELS:-llama-3-8b-tp2} --budget-s ${GEMV_SWEEP_S:-150} \
+        --out "$OUT/gemv_sweep_tp2.json" 2>&1 | grep -E "^    \(|not swept|s on" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
