@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -357,6 +357,22 @@ for _ in range(600):
       done
       timeout 300 python3 bench/gemv.py --sweep --models ${GEMV_SWEEP_MODELS:-llama-3-8b-tp2} --budget-s ${GEMV_SWEEP_S:-150} \
         --out "$OUT/gemv_sweep_tp2.json" 2>&1 | grep -E "^    \(|not swept|s on" ;;
+    t2verify)  # issue 11 after the T=2 shard table and the fused-norm limit: the tail at 16 rows (T=1, T=2), the
+      # norm prologue at 4 rows on and off (T=1), then workload A at T=1 and T=2 for Llama-3-8B and Qwen3-0.6B.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for run in "1 16" "2 16" "1 4" "1 4 INFER_CLUSTER_NORM_FUSE=0"; do
+        read -r tp seqs env <<< "$run"
+        echo "--- llama-3-8b-shape tail T=$tp, $seqs seqs ${env:-}"
+        env $env timeout 100 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+          --num-seqs $seqs --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --out "$OUT/t2v_tail_t${tp}_$seqs${env:+_nofuse}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
+      done
+      for model in ${T2V_MODELS:-llama-3-8b-shape qwen3-0.6b-shape}; do for tp in 1 2; do
+        echo "--- $model workload A T=$tp"
+        timeout 110 python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
+          --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
+          --tensor-parallel-size $tp --out "$OUT/t2v_${model}_t$tp.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
+      done; done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -170,14 +170,17 @@ def variants():
 
 
 def gemv_variants():
-    """The small-batch linear at the configs `pick_config` gives the Qwen3-0.6B shapes (bf16;
+    """The small-batch linear at the configs `pick_config` gives the Qwen3-0.6B shapes and one
+    rank's Llama-3-8B shard at T=2 (bf16;
     the down projection with its fused SiLU; qkv and gate_up also with the fused add + RMSNorm
     prologue at `fused_norm_config`), one row per distinct compiled variant."""
     from infer_cluster.kernels.gemv import fused_norm_config, pick_config
     from infer_cluster.kernels.gemv_triton import _DOT_M, _gemv_kernel
     rows, seen = [], set()
     shapes = (("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate_up", (6144, 1024)),
-              ("down", (1024, 3072)), ("lm_head", (151936, 1024)))
+              ("down", (1024, 3072)), ("lm_head", (151936, 1024)),
+              ("qkv", (3072, 4096)), ("o", (4096, 2048)), ("gate_up", (14336, 4096)),
+              ("down", (4096, 7168)), ("lm_head", (64128, 4096)))
     cases = [(name, nk, False) for name, nk in shapes]
     cases += [(name + "+norm", nk, True) for name, nk in shapes if name in ("qkv", "gate_up")]
     for name, (n, k), norm in cases:

@@ -30,6 +30,15 @@ from .norm import add_rms_norm, rms_norm_ref
 GEMV_MAX_M = MAX_M  # batch rows up to which the model layers take the small path
 _TARGET_PROGRAMS = 256  # about two programs per SM on an H100 (132 SMs)
 _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuBLAS
+# Untuned shapes take the heuristic only up to this many rows (bucket); from 4 rows cuBLAS. Every
+# sweep so far (Qwen3-0.6B, Llama-3-8B and its T=2 shard, H100) had cuBLAS win or tie from 4 rows
+# wherever the heuristic's tiles were not the winners, and untuned 16-row GEMVs made a T=2 decode
+# step of the 8B shape 3.7x slower than cuBLAS (2026-11-26, bench/gpu_suite.sh t2gemv).
+_DEFAULT_MAX_M = 2
+# The add + RMSNorm prologue re-reads all rows of h in every program before its first weight tile:
+# fused only while rows x K stays this small (every Qwen3-0.6B row count; Llama's K=4096 up to 4
+# rows). At 16 rows x 4096 the prologue made the 8B shape's decode step 1.5x slower (same call).
+FUSED_NORM_MAX_ELEMS = 16384
 
 
 def gemv_enabled() -> bool:
@@ -53,8 +62,13 @@ def m_bucket(m: int) -> int:
 
 
 def default_config(m: int, n: int, k: int):
-    """Heuristic for shapes the table lacks: enough programs to cover the GPU twice, split-K
-    when N alone cannot, CUDA-core products up to 4 rows and tensor-core dots above."""
+    """For shapes the table lacks: the heuristic up to `_DEFAULT_MAX_M` rows, cuBLAS (None) above."""
+    return heuristic_config(m, n, k) if m_bucket(m) <= _DEFAULT_MAX_M else None
+
+
+def heuristic_config(m: int, n: int, k: int):
+    """Enough programs to cover the GPU twice, split-K when N alone cannot, CUDA-core products
+    up to 4 rows and tensor-core dots above (the fused-norm GEMV uses it at any row count)."""
     if m > GEMV_MAX_M or n > _MAX_DEFAULT_N:
         return None
     mb = m_bucket(m)
@@ -94,8 +108,11 @@ def _hopper(t: torch.Tensor) -> bool:
 def fused_norm_config(m: int, n: int, k: int, itemsize: int = 2, hopper: bool = True):
     """The config of the GEMV with the add + RMSNorm prologue: the tuned one, or the heuristic
     where the table chose cuBLAS (by < 0.5 us, less than the norm launch the fusion saves).
-    None (untuned outputs wider than an LM head's heuristic limit): norm and linear apart."""
-    return pick_config(m, n, k, itemsize, hopper) or default_config(m, n, k)
+    None: norm and linear apart (rows x K over `FUSED_NORM_MAX_ELEMS`, or untuned outputs
+    wider than an LM head's heuristic limit)."""
+    if m * k > FUSED_NORM_MAX_ELEMS:
+        return None
+    return pick_config(m, n, k, itemsize, hopper) or heuristic_config(m, n, k)
 
 
 def linear_small_ref(x, weight, bias: Optional[torch.Tensor] = None):

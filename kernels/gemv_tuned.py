@@ -65,4 +65,33 @@ TUNED: dict = {
     (128256, 4096, 4): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b lm_head: 344.8 us vs cuBLAS 373.6 us (3051 GB/s)
     (128256, 4096, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b lm_head: 349.3 us vs cuBLAS 374.8 us (3014 GB/s)
     (128256, 4096, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b lm_head: 349.6 us vs cuBLAS 378.0 us (3017 GB/s)
+    # One rank's shard of Llama-3-8B at T=2 (`bench/gemv.py --sweep --models llama-3-8b-tp2`), swept on
+    # 2026-11-26 on an H100 of a 2x H100 machine (torch 2.11 + CUDA 13, triton 3.6), kernels as at 5786f49.
+    # Before these, the shard shapes took the heuristic, and 16-row decode steps at T=2 ran 3.7x slower
+    # than with cuBLAS (bench/gpu_suite.sh t2gemv).
+    (3072, 4096, 1): GemvConfig(block_n=8, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b-tp2 qkv: 9.5 us vs cuBLAS 13.7 us (2646 GB/s)
+    (3072, 4096, 2): GemvConfig(block_n=4, block_k=512, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 qkv: 11.1 us vs cuBLAS 13.8 us (2264 GB/s)
+    (3072, 4096, 4): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # llama-3-8b-tp2 qkv: 12.0 us vs cuBLAS 13.6 us (2090 GB/s)
+    (3072, 4096, 8): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # llama-3-8b-tp2 qkv: 11.9 us vs cuBLAS 13.8 us (2107 GB/s)
+    (3072, 4096, 16): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # llama-3-8b-tp2 qkv: 12.0 us vs cuBLAS 13.7 us (2102 GB/s)
+    (4096, 2048, 1): GemvConfig(block_n=8, block_k=1024, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 o: 6.3 us vs cuBLAS 8.5 us (2655 GB/s)
+    (4096, 2048, 2): GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b-tp2 o: 7.2 us vs cuBLAS 8.5 us (2322 GB/s)
+    (4096, 2048, 4): None,  # llama-3-8b-tp2 o: 8.3 us vs cuBLAS 8.4 us (2012 GB/s)
+    (4096, 2048, 8): None,  # llama-3-8b-tp2 o: 8.3 us vs cuBLAS 8.3 us (2020 GB/s)
+    (4096, 2048, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 o: 8.3 us vs cuBLAS 8.5 us (2029 GB/s)
+    (14336, 4096, 1): GemvConfig(block_n=4, block_k=2048, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 gate_up: 38.5 us vs cuBLAS 42.0 us (3053 GB/s)
+    (14336, 4096, 2): None,  # llama-3-8b-tp2 gate_up: 41.4 us vs cuBLAS 42.0 us (2836 GB/s)
+    (14336, 4096, 4): None,  # llama-3-8b-tp2 gate_up: 43.2 us vs cuBLAS 42.0 us (2721 GB/s)
+    (14336, 4096, 8): None,  # llama-3-8b-tp2 gate_up: 42.9 us vs cuBLAS 42.0 us (2741 GB/s)
+    (14336, 4096, 16): None,  # llama-3-8b-tp2 gate_up: 42.9 us vs cuBLAS 42.5 us (2735 GB/s)
+    (4096, 7168, 1): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b-tp2 down: 21.0 us vs silu+cuBLAS 25.5 us (2797 GB/s)
+    (4096, 7168, 2): GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 down: 22.0 us vs silu+cuBLAS 25.6 us (2670 GB/s)
+    (4096, 7168, 4): None,  # llama-3-8b-tp2 down: 25.5 us vs silu+cuBLAS 25.6 us (2305 GB/s)
+    (4096, 7168, 8): None,  # llama-3-8b-tp2 down: 33.6 us vs silu+cuBLAS 25.9 us (1748 GB/s)
+    (4096, 7168, 16): None,  # llama-3-8b-tp2 down: 33.7 us vs silu+cuBLAS 26.4 us (1740 GB/s)
+    (64128, 4096, 1): GemvConfig(block_n=4, block_k=2048, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b-tp2 lm_head: 166.6 us vs cuBLAS 190.6 us (3154 GB/s)
+    (64128, 4096, 2): GemvConfig(block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 lm_head: 171.1 us vs cuBLAS 193.1 us (3071 GB/s)
+    (64128, 4096, 4): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 175.8 us vs cuBLAS 190.7 us (2989 GB/s)
+    (64128, 4096, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 176.2 us vs cuBLAS 192.0 us (2982 GB/s)
+    (64128, 4096, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 178.0 us vs cuBLAS 192.1 us (2951 GB/s)
 }

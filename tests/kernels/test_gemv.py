@@ -203,7 +203,7 @@ def test_model_layers_take_the_small_path(monkeypatch):
             p.data.normal_()
         return layers
 
-    x, h = torch.randn(3, 48), torch.randn(3, 40)
+    x, h = torch.randn(2, 48), torch.randn(2, 40)  # untuned shapes take the small path up to 2 rows
     outs = {}
     for gemv_on in (False, True):
         col, row, mlp, head = build(gemv_on)
@@ -245,6 +245,25 @@ def test_tuned_table_is_for_two_byte_dtypes_only():
     n, k, m = key
     assert gemv.pick_config(m, n, k) == gemv.TUNED[key]
     assert gemv.pick_config(m, n, k, itemsize=4) == gemv.default_config(m, n, k)
+
+
+def test_untuned_shapes_take_cublas_from_four_rows():
+    """The heuristic serves untuned shapes up to 2 rows; from 4 rows they go to cuBLAS (None)."""
+    from infer_cluster.kernels import gemv
+    n, k = 5000, 3000  # in no table
+    assert all((n, k, m) not in gemv.TUNED for m in (1, 2, 4, 8, 16))
+    for m in (1, 2):
+        assert gemv.pick_config(m, n, k) == gemv.heuristic_config(m, n, k) is not None
+    for m in (3, 4, 8, 16):
+        assert gemv.pick_config(m, n, k) is None
+        assert gemv.heuristic_config(m, n, k) is not None  # what the fused-norm GEMV may still use
+
+
+def test_llama_tp2_shard_shapes_are_tuned():
+    from infer_cluster.kernels import gemv
+    for n, k in [(3072, 4096), (4096, 2048), (14336, 4096), (4096, 7168), (64128, 4096)]:
+        assert all((n, k, m) in gemv.TUNED for m in (1, 2, 4, 8, 16)), (n, k)
+    assert gemv.pick_config(16, 14336, 4096) is None  # gate_up shard at 16 rows: cuBLAS won
 
 
 def test_tuned_table_is_for_the_gpu_it_was_tuned_on():

@@ -126,6 +126,17 @@ def test_fused_config_takes_the_gemv_where_the_table_chose_cublas():
     assert gemv.fused_norm_config(1, 200000, 1024, itemsize=4) is None
 
 
+def test_fused_prologue_only_while_rows_times_k_is_small():
+    # Every program re-reads all rows of h first: the 8B shape (K = 4096) fuses up to 4 rows, and
+    # from 8 rows the norm runs apart (its GEMV then per the table: cuBLAS where it chose None).
+    assert gemv.fused_norm_config(16, 4096, 1024) is not None  # qwen3-0.6b qkv, 16 rows
+    assert gemv.fused_norm_config(4, 6144, 4096) is not None   # llama-3-8b qkv, 4 rows
+    for m in (8, 16):
+        assert m * 4096 > gemv.FUSED_NORM_MAX_ELEMS
+        assert gemv.fused_norm_config(m, 6144, 4096) is None
+        assert gemv.fused_norm_config(m, 14336, 4096) is None
+
+
 def test_rejects_mismatched_norm_inputs():
     x, r, nw, w, _ = _inputs("cpu", torch.float32, 2, 8, 16, True, False)
     with pytest.raises(ValueError, match="norm weight"):
