@@ -360,14 +360,17 @@ for _ in range(600):
     t2verify)  # issue 11 after the T=2 shard table and the fused-norm limit: the tail at 16 rows (T=1, T=2), the
       # norm prologue at 4 rows on and off (T=1), then workload A at T=1 and T=2 for Llama-3-8B and Qwen3-0.6B.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      for run in "1 16" "2 16" "1 4" "1 4 INFER_CLUSTER_NORM_FUSE=0"; do
-        read -r tp seqs env <<< "$run"
-        echo "--- llama-3-8b-shape tail T=$tp, $seqs seqs ${env:-}"
-        env $env timeout 100 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
+      # T2V_TAILS: "model T seqs [ENV=VALUE]" runs, comma-separated
+      IFS=, read -ra tails <<< "${T2V_TAILS:-llama-3-8b-shape 1 16,llama-3-8b-shape 2 16,llama-3-8b-shape 1 4,llama-3-8b-shape 1 4 INFER_CLUSTER_NORM_FUSE=0}"
+      for run in "${tails[@]}"; do
+        read -r model tp seqs env <<< "$run"
+        echo "--- $model tail T=$tp, $seqs seqs ${env:-}"
+        env $env timeout 100 python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
           --num-seqs $seqs --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
-          --tensor-parallel-size $tp --out "$OUT/t2v_tail_t${tp}_$seqs${env:+_nofuse}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
+          --tensor-parallel-size $tp --out "$OUT/t2v_tail_${model%%-*}_t${tp}_$seqs${env:+_nofuse}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
       done
-      for model in ${T2V_MODELS:-llama-3-8b-shape qwen3-0.6b-shape}; do for tp in 1 2; do
+      [ -n "${T2V_GEMV_TESTS:-}" ] && timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py tests/kernels/test_gemv_norm.py -p no:cacheprovider 2>&1 | tail -2
+      for model in ${T2V_MODELS-llama-3-8b-shape qwen3-0.6b-shape}; do for tp in 1 2; do
         echo "--- $model workload A T=$tp"
         timeout 110 python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \

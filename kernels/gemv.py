@@ -38,6 +38,8 @@ _DEFAULT_MAX_M = 2
 # The add + RMSNorm prologue re-reads all rows of h in every program before its first weight tile:
 # fused only while rows x K stays this small (every Qwen3-0.6B row count; Llama's K=4096 up to 4
 # rows). At 16 rows x 4096 the prologue made the 8B shape's decode step 1.5x slower (same call).
+# It also takes only the table's GEMV: the heuristic in the table's None cells (the earlier
+# fallback) made 4-row T=1 decode of the 8B shape 1.3x slower than norm + cuBLAS.
 FUSED_NORM_MAX_ELEMS = 16384
 
 
@@ -68,7 +70,7 @@ def default_config(m: int, n: int, k: int):
 
 def heuristic_config(m: int, n: int, k: int):
     """Enough programs to cover the GPU twice, split-K when N alone cannot, CUDA-core products
-    up to 4 rows and tensor-core dots above (the fused-norm GEMV uses it at any row count)."""
+    up to 4 rows and tensor-core dots above."""
     if m > GEMV_MAX_M or n > _MAX_DEFAULT_N:
         return None
     mb = m_bucket(m)
@@ -106,13 +108,11 @@ def _hopper(t: torch.Tensor) -> bool:
 
 
 def fused_norm_config(m: int, n: int, k: int, itemsize: int = 2, hopper: bool = True):
-    """The config of the GEMV with the add + RMSNorm prologue: the tuned one, or the heuristic
-    where the table chose cuBLAS (by < 0.5 us, less than the norm launch the fusion saves).
-    None: norm and linear apart (rows x K over `FUSED_NORM_MAX_ELEMS`, or untuned outputs
-    wider than an LM head's heuristic limit)."""
+    """The config of the GEMV with the add + RMSNorm prologue: the one `pick_config` gives.
+    None: norm and linear apart (rows x K over `FUSED_NORM_MAX_ELEMS`, or the linear on cuBLAS)."""
     if m * k > FUSED_NORM_MAX_ELEMS:
         return None
-    return pick_config(m, n, k, itemsize, hopper) or heuristic_config(m, n, k)
+    return pick_config(m, n, k, itemsize, hopper)
 
 
 def linear_small_ref(x, weight, bias: Optional[torch.Tensor] = None):

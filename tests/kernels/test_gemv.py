@@ -1,6 +1,7 @@
 """Small-batch linear (`kernels/gemv*.py`): Triton vs the `F.linear` reference, the fused SiLU
 variant, the dispatch rule and the launch-config table. CPU cases run under the interpreter on
-odd shapes; the `gpu` cases use the real Qwen3-0.6B shapes and a CUDA graph."""
+odd shapes; the `gpu` cases use the real Qwen3-0.6B shapes, one rank's Llama-3-8B shard at T=2 and a
+CUDA graph."""
 
 import pytest
 import torch
@@ -138,10 +139,24 @@ def test_configs_are_valid_for_served_shapes(m):
         assert cfg is None or isinstance(cfg, GemvConfig)
 
 
+LLAMA8B_TP2 = {"qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096), "down": (4096, 7168),
+               "lm_head": (64128, 4096)}  # one rank's shard at T=2 (its own entries in the table)
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16])
 @pytest.mark.parametrize("name", list(QWEN3))
 def test_qwen3_shapes_on_gpu(gpu_device, name, m):
-    n, k = QWEN3[name]
+    _check_shape_on_gpu(gpu_device, name, *QWEN3[name], m)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("name", list(LLAMA8B_TP2))
+def test_llama_tp2_shard_shapes_on_gpu(gpu_device, name, m):
+    _check_shape_on_gpu(gpu_device, name, *LLAMA8B_TP2[name], m)
+
+
+def _check_shape_on_gpu(gpu_device, name, n, k, m):
+    """The dispatched op (the table's config, or cuBLAS) against a float32 reference."""
     dt = torch.bfloat16
     w = torch.randn(n, k, device=gpu_device, dtype=dt) / k ** 0.5
     if name == "down":
@@ -256,7 +271,7 @@ def test_untuned_shapes_take_cublas_from_four_rows():
         assert gemv.pick_config(m, n, k) == gemv.heuristic_config(m, n, k) is not None
     for m in (3, 4, 8, 16):
         assert gemv.pick_config(m, n, k) is None
-        assert gemv.heuristic_config(m, n, k) is not None  # what the fused-norm GEMV may still use
+        assert gemv.heuristic_config(m, n, k) is not None  # the heuristic itself covers 16 rows
 
 
 def test_llama_tp2_shard_shapes_are_tuned():

@@ -119,9 +119,12 @@ def test_norm_fuse_switch(monkeypatch):
         assert not gemv.norm_fuse_enabled()
 
 
-def test_fused_config_takes_the_gemv_where_the_table_chose_cublas():
+def test_fused_config_is_the_tables():
+    # Where the table chose cuBLAS the norm runs on its own: the heuristic there was slower.
     assert gemv.pick_config(4, 4096, 1024) is None  # qwen3-0.6b qkv at 4 rows: cuBLAS by 0.3 us
-    assert gemv.fused_norm_config(4, 4096, 1024) is not None
+    assert gemv.fused_norm_config(4, 4096, 1024) is None
+    assert gemv.fused_norm_config(4, 6144, 4096) is None  # llama-3-8b qkv at 4 rows
+    assert gemv.fused_norm_config(1, 4096, 1024) == gemv.TUNED[(4096, 1024, 1)] is not None
     assert gemv.fused_norm_config(1, 151936, 1024) == gemv.pick_config(1, 151936, 1024)
     assert gemv.fused_norm_config(1, 200000, 1024, itemsize=4) is None
 
@@ -129,8 +132,8 @@ def test_fused_config_takes_the_gemv_where_the_table_chose_cublas():
 def test_fused_prologue_only_while_rows_times_k_is_small():
     # Every program re-reads all rows of h first: the 8B shape (K = 4096) fuses up to 4 rows, and
     # from 8 rows the norm runs apart (its GEMV then per the table: cuBLAS where it chose None).
-    assert gemv.fused_norm_config(16, 4096, 1024) is not None  # qwen3-0.6b qkv, 16 rows
-    assert gemv.fused_norm_config(4, 6144, 4096) is not None   # llama-3-8b qkv, 4 rows
+    assert gemv.fused_norm_config(16, 6144, 1024) is not None  # qwen3-0.6b gate_up, 16 rows
+    assert gemv.fused_norm_config(4, 3072, 4096) is not None   # llama-3-8b qkv shard at T=2, 4 rows
     for m in (8, 16):
         assert m * 4096 > gemv.FUSED_NORM_MAX_ELEMS
         assert gemv.fused_norm_config(m, 6144, 4096) is None
