@@ -36,11 +36,13 @@ _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuB
 # step of the 8B shape 3.7x slower than cuBLAS (2026-11-26, bench/gpu_suite.sh t2gemv).
 _DEFAULT_MAX_M = 2
 # The add + RMSNorm prologue re-reads all rows of h in every program before its first weight tile:
-# fused only while rows x K stays this small (every Qwen3-0.6B row count; Llama's K=4096 up to 4
-# rows). At 16 rows x 4096 the prologue made the 8B shape's decode step 1.5x slower (same call).
+# fused only while rows x K stays this small, which keeps it where it was measured to win (batch-1
+# decode: Qwen3-0.6B TPOT) and drops it where it was measured to lose (2x H100, 2026-11-26):
+# at rows x K = 65,536 (16 rows of the 8B shape) a decode step was 1.5x slower than norm apart,
+# at 16,384 9-10% slower (16 rows of Qwen3-0.6B at T=1; 4 rows of the 8B shape at T=2).
 # It also takes only the table's GEMV: the heuristic in the table's None cells (the earlier
 # fallback) made 4-row T=1 decode of the 8B shape 1.3x slower than norm + cuBLAS.
-FUSED_NORM_MAX_ELEMS = 16384
+FUSED_NORM_MAX_ELEMS = 4096
 
 
 def gemv_enabled() -> bool:
