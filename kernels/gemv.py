@@ -33,7 +33,8 @@ _MAX_DEFAULT_N = 65536  # untuned outputs wider than this (LM heads) stay on cuB
 # Untuned shapes take the heuristic only up to this many rows (bucket); from 4 rows cuBLAS. Every
 # sweep so far (Qwen3-0.6B, Llama-3-8B and its T=2 shard, H100) had cuBLAS win or tie from 4 rows
 # wherever the heuristic's tiles were not the winners, and untuned 16-row GEMVs made a T=2 decode
-# step of the 8B shape 3.7x slower than cuBLAS (2026-11-26, bench/gpu_suite.sh t2gemv).
+# step of the 8B shape 1.6x slower than cuBLAS with the norm apart, 3.7x with the fused norm
+# (2026-11-26, bench/gpu_suite.sh t2gemv).
 _DEFAULT_MAX_M = 2
 # The add + RMSNorm prologue re-reads all rows of h in every program before its first weight tile:
 # fused only while rows x K stays this small, which keeps it where it was measured to win (batch-1

@@ -67,8 +67,8 @@ TUNED: dict = {
     (128256, 4096, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b lm_head: 349.6 us vs cuBLAS 378.0 us (3017 GB/s)
     # One rank's shard of Llama-3-8B at T=2 (`bench/gemv.py --sweep --models llama-3-8b-tp2`), swept on
     # 2026-11-26 on an H100 of a 2x H100 machine (torch 2.11 + CUDA 13, triton 3.6), kernels as at 5786f49.
-    # Before these, the shard shapes took the heuristic, and 16-row decode steps at T=2 ran 3.7x slower
-    # than with cuBLAS (bench/gpu_suite.sh t2gemv).
+    # Before these, the shard shapes took the heuristic, and 16-row decode steps at T=2 ran 1.6x slower
+    # than with cuBLAS (3.7x with the fused norm prologue; bench/gpu_suite.sh t2gemv).
     (3072, 4096, 1): GemvConfig(block_n=8, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # llama-3-8b-tp2 qkv: 9.5 us vs cuBLAS 13.7 us (2646 GB/s)
     (3072, 4096, 2): GemvConfig(block_n=4, block_k=512, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # llama-3-8b-tp2 qkv: 11.1 us vs cuBLAS 13.8 us (2264 GB/s)
     (3072, 4096, 4): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True),  # llama-3-8b-tp2 qkv: 12.0 us vs cuBLAS 13.6 us (2090 GB/s)
