@@ -1,5 +1,6 @@
 """Small-batch linear benchmark: cuBLAS (`F.linear`) vs `linear_small`, and the fused MLP down
-projection vs `silu_and_mul` + `F.linear`, on the Qwen3-0.6B and Llama-3-8B shapes, M = 1..16.
+projection vs `silu_and_mul` + `F.linear`, on the Qwen3-0.6B and Llama-3-8B shapes and one rank's
+shard of each at T=2 (`--models ...-tp2`), M = 1..16.
 
 Owns: timing inside CUDA graphs (each graph replays the op many times over rotating copies of
 the weight, so the 50 MB L2 never holds it: the decode step streams every weight from HBM once;
