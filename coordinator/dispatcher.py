@@ -40,7 +40,8 @@ class CoordinatorStats:
     num_overloaded: int = 0
     num_reroutes: int = 0        # dispatch attempts after a replica was lost
     num_resumed: int = 0         # re-routes that carried already-delivered tokens
-    num_replica_deaths: int = 0
+    num_replica_deaths: int = 0       # lost without a goodbye (heartbeat timeout, socket gone, re-registered)
+    num_replica_departures: int = 0   # left on purpose (GOODBYE: drained, resized away, stopped)
     num_stale_deltas: int = 0    # deltas from an attempt that was given up on (ignored)
     num_bad_frames: int = 0
     num_delivered_tokens: int = 0
@@ -134,7 +135,10 @@ class Dispatcher:
                 replica.num_requests)
         self.registry.remove(replica, now, reason)
         self.policy.forget(replica.key)
-        self.stats.num_replica_deaths += 1
+        if expected:
+            self.stats.num_replica_departures += 1
+        else:
+            self.stats.num_replica_deaths += 1
         orphans = [self.table.by_attempt(a) for a in sorted(replica.request_ids)]
         replica.request_ids.clear()
         replica.outstanding_tokens = 0

@@ -28,7 +28,8 @@ log = logging.getLogger("infer_cluster.metrics")
 _COORDINATOR_COUNTERS = [
     ("infer_cluster_coordinator_reroutes", "num_reroutes", "Dispatch attempts after a replica was lost"),
     ("infer_cluster_coordinator_resumed_requests", "num_resumed", "Re-routes that resumed after already-delivered tokens"),
-    ("infer_cluster_coordinator_replica_deaths", "num_replica_deaths", "Replicas lost (heartbeat timeout, socket gone, goodbye)"),
+    ("infer_cluster_coordinator_replica_deaths", "num_replica_deaths", "Replicas lost without a goodbye (heartbeat timeout, socket gone)"),
+    ("infer_cluster_coordinator_replica_departures", "num_replica_departures", "Replicas that left on purpose (goodbye)"),
     ("infer_cluster_coordinator_submitted_requests", "num_submitted", "Requests accepted by the coordinator"),
     ("infer_cluster_coordinator_rejected_requests", "num_rejected", "Requests refused at admission (invalid, overloaded, draining)"),
     ("infer_cluster_coordinator_delivered_tokens", "num_delivered_tokens", "Generated tokens forwarded to clients"),

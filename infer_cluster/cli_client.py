@@ -69,7 +69,7 @@ def render_status(status: dict) -> str:
         f"{c.get('num_aborted', 0) + c.get('num_client_gone_aborts', 0)} aborted, "
         f"{c.get('num_timeouts', 0)} timed out, {c.get('num_rejected', 0)} rejected; "
         f"re-routes {c.get('num_reroutes', 0)} ({c.get('num_resumed', 0)} resumed), "
-        f"replica deaths {c.get('num_replica_deaths', 0)}",
+        f"replica deaths {c.get('num_replica_deaths', 0)}, departures {c.get('num_replica_departures', 0)}",
         "",
     ]
     header = ["NAME", "STATE", "HOST", "PID", "REQS", "RUNNING", "WAITING", "KV USED", "HOST KV",

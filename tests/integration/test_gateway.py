@@ -224,6 +224,7 @@ def test_metrics_parse_and_count(gateway_cluster, oai):
                  "infer_cluster_e2e_request_latency_seconds", "infer_cluster_prompt_tokens",
                  "infer_cluster_generation_tokens", "infer_cluster_gateway_requests_in_flight",
                  "infer_cluster_coordinator_reroutes", "infer_cluster_coordinator_replica_deaths",
+                 "infer_cluster_coordinator_replica_departures",
                  "infer_cluster_coordinator_requests_in_flight", "infer_cluster_replica_num_running",
                  "infer_cluster_replica_num_waiting", "infer_cluster_replica_kv_blocks_used",
                  "infer_cluster_replica_preemptions", "infer_cluster_replica_prefix_cache_hit_tokens"):

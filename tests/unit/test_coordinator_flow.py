@@ -118,7 +118,7 @@ def test_replica_loss_resumes_streams_without_duplicates(cluster):
         assert tokens == fake_tokens(f"prompt {i}", 6), f"q{i}"
         assert sum(d.finish_reason is not None for d in got[f"q{i}"]) == 1
     assert stats(cluster).num_reroutes == 3 and stats(cluster).num_resumed == 3
-    assert stats(cluster).num_replica_deaths == 1
+    assert stats(cluster).num_replica_deaths == 1 and stats(cluster).num_replica_departures == 0
 
 
 def test_silent_replica_is_declared_dead_and_its_late_deltas_ignored(cluster):
@@ -438,3 +438,5 @@ def test_resize_refusals_and_a_replica_dying_before_it_answers(cluster):
     assert reply is not None and not reply.ok
     assert reply.message == "replica r went away before answering the resize"
     assert len(cluster.coord.resizes) == 0
+    # A goodbye is a departure, not a death (the deaths counter is for alerting on failures).
+    assert stats(cluster).num_replica_departures == 1 and stats(cluster).num_replica_deaths == 0

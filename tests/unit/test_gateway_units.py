@@ -96,8 +96,8 @@ def _scrape(status) -> dict:
 
 
 def test_cluster_collector_reads_status_at_scrape_time():
-    status = {"coordinator": {"num_reroutes": 3, "num_replica_deaths": 1, "num_in_flight": 5,
-                              "num_completed": 7},
+    status = {"coordinator": {"num_reroutes": 3, "num_replica_deaths": 1, "num_replica_departures": 2,
+                              "num_in_flight": 5, "num_completed": 7},
               "replicas": [{"name": "r0", "state": "active", "num_running": 2, "num_waiting": 1,
                             "num_total_blocks": 100, "num_free_blocks": 60, "kv_used": 0.4,
                             "num_preemptions": 4, "prefix_cache_hit_tokens": 32},
@@ -106,6 +106,7 @@ def test_cluster_collector_reads_status_at_scrape_time():
     value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
     assert value[("infer_cluster_coordinator_reroutes_total", ())] == 3
     assert value[("infer_cluster_coordinator_replica_deaths_total", ())] == 1
+    assert value[("infer_cluster_coordinator_replica_departures_total", ())] == 2
     assert value[("infer_cluster_coordinator_requests_in_flight", ())] == 5
     assert value[("infer_cluster_coordinator_requests_total", (("outcome", "completed"),))] == 7
     r0 = (("replica", "r0"),)
