@@ -6,6 +6,17 @@ set -uo pipefail
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
+# Workload A's tail alone (issue 11): SEQS long sequences (prompts U[1500,1800], 300 tokens each),
+# decode-only after their prefill. tail_run MODEL T SEQS "ENV=VALUE ..." NAME [bench/throughput.py flags]
+tail_run() {
+  local model=$1 tp=$2 seqs=$3 env=$4 name=$5; shift 5
+  echo "--- $model tail T=$tp, $seqs seqs ${env} $*"
+  env $env timeout 120 python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
+    --num-seqs "$seqs" --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
+    --tensor-parallel-size "$tp" --out "$OUT/$name.json" "$@" 2>&1 \
+    | grep -E "^infer-cluster|^--- step|^window|compute kernels|^  kernel|Error|error" | head -24
+}
+tag() { echo "$1" | tr -c 'A-Za-z0-9\n' '_'; }  # an env assignment as a file-name part
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -334,40 +345,29 @@ for _ in range(600):
           --tensor-parallel-size $tp --step-timeline ${T2_EXTRA:-} --out "$OUT/t2tl_t$tp.json" 2>&1 \
           | grep -E "^infer-cluster|^--- step timeline|^phases|Error|error" | tail -4
       done ;;
-    t2tail)  # issue 11: workload A's tail alone (16 long sequences, decode only after the prefill): T=1 vs T=2
-      # tok/s, then each again with a torch.profiler trace of rank 0 (kernels by family; bench/gpu_timeline.py).
+    t2tail)  # issue 11: the tail at T=1 vs T=2 (TAIL_SEQS, 16), then each again with a torch.profiler trace of
+      # rank 0 (kernels by family; bench/gpu_timeline.py).
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      for tp in 1 2; do for trace in "" "--trace /tmp/t2tail"; do
-        echo "--- llama-3-8b-shape tail T=$tp ${trace:+(profiled)} ${T2_EXTRA:-}"
-        timeout 120 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
-          --num-seqs ${TAIL_SEQS:-16} --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
-          --tensor-parallel-size $tp --step-timeline $trace ${T2_EXTRA:-} --out "$OUT/t2tail_t$tp${trace:+_prof}.json" 2>&1 \
-          | grep -vE "it/s\]|^ *$" | grep -E "^infer-cluster|^--- step|^window|compute kernels|^  kernel|^  stream|Error|error" | head -24
-      done; done ;;
+      for tp in 1 2; do
+        tail_run llama-3-8b-shape $tp ${TAIL_SEQS:-16} "" t2tail_t$tp --step-timeline
+        tail_run llama-3-8b-shape $tp ${TAIL_SEQS:-16} "" t2tail_t${tp}_prof --step-timeline --trace /tmp/t2tail
+      done ;;
     t2gemv)  # issue 11: the T=2 tail with the small-batch linears off (cuBLAS) or the norm prologue off, T=1 with
       # them off; then the small-path sweep of one rank's T=2 shard shapes (bench/gemv.py --models ...-tp2).
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      for run in "2 INFER_CLUSTER_GEMV=0" "2 INFER_CLUSTER_NORM_FUSE=0" "1 INFER_CLUSTER_GEMV=0" "1 INFER_CLUSTER_NORM_FUSE=0"; do
-        read -r tp env <<< "$run"
-        echo "--- llama-3-8b-shape tail T=$tp $env"
-        env $env timeout 120 python3 bench/throughput.py --model llama-3-8b-shape --load-format dummy --dtype bfloat16 \
-          --num-seqs ${TAIL_SEQS:-16} --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
-          --tensor-parallel-size $tp --step-timeline --out "$OUT/t2gemv_t${tp}_$env.json" 2>&1 \
-          | grep -E "^infer-cluster|^--- step|Error|error" | tail -3
-      done
+      for tp in 2 1; do for env in INFER_CLUSTER_GEMV=0 INFER_CLUSTER_NORM_FUSE=0; do
+        tail_run llama-3-8b-shape $tp ${TAIL_SEQS:-16} "$env" "t2gemv_t${tp}_$(tag "$env")" --step-timeline
+      done; done
       timeout 300 python3 bench/gemv.py --sweep --models ${GEMV_SWEEP_MODELS:-llama-3-8b-tp2} --budget-s ${GEMV_SWEEP_S:-150} \
         --out "$OUT/gemv_sweep_tp2.json" 2>&1 | grep -E "^    \(|not swept|s on" ;;
-    t2verify)  # issue 11 after the T=2 shard table and the fused-norm limit: the tail at 16 rows (T=1, T=2), the
-      # norm prologue at 4 rows on and off (T=1), then workload A at T=1 and T=2 for Llama-3-8B and Qwen3-0.6B.
+    t2verify)  # issue 11 after the T=2 shard table and the fused-norm limit: tail runs (T2V_TAILS, comma-separated
+      # "model T seqs [ENV=VALUE]"; default the 8B tail at 16 rows, T=1 and T=2, and the norm prologue at 4 rows
+      # on and off), the GEMV GPU tests when T2V_GEMV_TESTS is set, then workload A at T=1 and T=2 (T2V_MODELS).
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      # T2V_TAILS: "model T seqs [ENV=VALUE]" runs, comma-separated
       IFS=, read -ra tails <<< "${T2V_TAILS:-llama-3-8b-shape 1 16,llama-3-8b-shape 2 16,llama-3-8b-shape 1 4,llama-3-8b-shape 1 4 INFER_CLUSTER_NORM_FUSE=0}"
       for run in "${tails[@]}"; do
         read -r model tp seqs env <<< "$run"
-        echo "--- $model tail T=$tp, $seqs seqs ${env:-}"
-        env $env timeout 100 python3 bench/throughput.py --model $model --load-format dummy --dtype bfloat16 \
-          --num-seqs $seqs --prompt-len 1500 1800 --output-len 300 300 --max-model-len 4096 --hf none \
-          --tensor-parallel-size $tp --out "$OUT/t2v_tail_${model%%-*}_t${tp}_$seqs${env:+_nofuse}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
+        tail_run "$model" "$tp" "$seqs" "${env:-}" "t2v_tail_${model%%-*}_t${tp}_$seqs${env:+_$(tag "$env")}"
       done
       [ -n "${T2V_GEMV_TESTS:-}" ] && timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py tests/kernels/test_gemv_norm.py -p no:cacheprovider 2>&1 | tail -2
       for model in ${T2V_MODELS-llama-3-8b-shape qwen3-0.6b-shape}; do for tp in 1 2; do

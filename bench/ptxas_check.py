@@ -174,13 +174,12 @@ def gemv_variants():
     rank's Llama-3-8B shard at T=2 (bf16;
     the down projection with its fused SiLU; qkv and gate_up also with the fused add + RMSNorm
     prologue at `fused_norm_config`), one row per distinct compiled variant."""
+    from bench.gemv import SHAPES
     from infer_cluster.kernels.gemv import fused_norm_config, pick_config
     from infer_cluster.kernels.gemv_triton import _DOT_M, _gemv_kernel
     rows, seen = [], set()
-    shapes = (("qkv", (4096, 1024)), ("o", (1024, 2048)), ("gate_up", (6144, 1024)),
-              ("down", (1024, 3072)), ("lm_head", (151936, 1024)),
-              ("qkv", (3072, 4096)), ("o", (4096, 2048)), ("gate_up", (14336, 4096)),
-              ("down", (4096, 7168)), ("lm_head", (64128, 4096)))
+    shapes = [(name, SHAPES[model][name]) for model in ("qwen3-0.6b", "llama-3-8b-tp2")
+              for name in ("qkv", "o", "gate_up", "down", "lm_head")]
     cases = [(name, nk, False) for name, nk in shapes]
     cases += [(name + "+norm", nk, True) for name, nk in shapes if name in ("qkv", "gate_up")]
     for name, (n, k), norm in cases:

@@ -109,39 +109,32 @@ class SchedTimeline:
         return False
 
     def gpu_summary(self) -> dict:
-        """Device ms per step kind and the device's idle ms between steps (call after a sync)."""
+        """Device ms per step kind and the device's idle ms between steps (call after a sync);
+        `by_kind_and_rows`: the same per (step kind, rows bucket), with the idle time just before
+        those steps (the device waiting for the host to queue them)."""
         if not self.gpu_steps:
             return {}
         busy = {True: [], False: []}
+        buckets: dict = {}
         idle = 0.0
         prev_end = None
         for decode, rows, start, end in self.gpu_steps:
-            busy[decode].append(start.elapsed_time(end))
-            if prev_end is not None:
-                idle += max(0.0, prev_end.elapsed_time(start))
+            ms = start.elapsed_time(end)
+            gap = max(0.0, prev_end.elapsed_time(start)) if prev_end is not None else 0.0
+            busy[decode].append(ms)
+            idle += gap
+            size = ">=128" if rows >= 128 else "32-127" if rows >= 32 else "<32"
+            b = buckets.setdefault(f"{'decode' if decode else 'mixed'} rows {size}", [0, 0.0, 0.0])
+            b[0], b[1], b[2] = b[0] + 1, b[1] + ms, b[2] + gap
             prev_end = end
         span = self.gpu_steps[0][2].elapsed_time(self.gpu_steps[-1][3])
-        return {"by_kind_and_rows": self._buckets(),"steps_decode": len(busy[True]), "steps_mixed": len(busy[False]),
+        return {"by_kind_and_rows": {k: {"steps": n, "busy_ms": round(ms, 1), "idle_before_ms": round(gap, 1)}
+                                     for k, (n, ms, gap) in sorted(buckets.items())},
+                "steps_decode": len(busy[True]), "steps_mixed": len(busy[False]),
                 "ms_per_decode_step": round(mean(busy[True]), 3) if busy[True] else None,
                 "ms_per_mixed_step": round(mean(busy[False]), 3) if busy[False] else None,
                 "gpu_step_ms_total": round(sum(busy[True]) + sum(busy[False]), 1),
                 "gpu_idle_between_steps_ms": round(idle, 1), "span_ms": round(span, 1)}
-
-    def _buckets(self) -> dict:
-        """Per (step kind, rows bucket): steps, device ms in the steps, and device ms idle just
-        before them (waiting for the host to queue them): where a batch size leaves the GPU idle."""
-        out: dict = {}
-        prev_end = None
-        for decode, rows, start, end in self.gpu_steps:
-            size = ">=128" if rows >= 128 else "32-127" if rows >= 32 else "<32"
-            b = out.setdefault(f"{'decode' if decode else 'mixed'} rows {size}", [0, 0.0, 0.0])
-            b[0] += 1
-            b[1] += start.elapsed_time(end)
-            if prev_end is not None:
-                b[2] += max(0.0, prev_end.elapsed_time(start))
-            prev_end = end
-        return {k: {"steps": n, "busy_ms": round(busy, 1), "idle_before_ms": round(idle, 1)}
-                for k, (n, busy, idle) in sorted(out.items())}
 
     def summary(self) -> dict:
         def phase(a, b):

@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import os
@@ -190,8 +191,6 @@ def run_ours(args, prompts, out_lens, kinds):
 
 def _step_timeline(llm, on: bool):
     """`SchedTimeline` with the engine's per-step CUDA events when `on` (CUDA only), else a no-op."""
-    import contextlib
-
     if not on or llm.engine.runner.device.type != "cuda":
         return contextlib.nullcontext()
     from bench.sched_timeline import SchedTimeline

@@ -9,13 +9,13 @@ loaded, shard_id)` that copies this rank's slice.
 
 At decode batch sizes (<= `kernels.gemv.GEMV_MAX_M` rows, on the Triton dispatch) the linears and
 the LM head run `kernels.gemv.linear_small` (the MLP down projection its fused SiLU twin), which
-takes a tuned Triton GEMV or cuBLAS per shape and row count; `INFER_CLUSTER_GEMV=0`, read when a layer is built, keeps them on `F.linear`. The
-collectives and the row-parallel bias (added once, after the all-reduce) are the same either way.
-There, `ColumnParallelLinear.forward_rms_norm` also runs the residual add + RMSNorm before the
-layer in the GEMV's prologue where `kernels.gemv.fused_norm_config` allows (batch 1;
-`kernels.gemv.rms_norm_linear_small`; the norm is over the full hidden, which every rank holds
-before a column-parallel linear); `INFER_CLUSTER_NORM_FUSE=0`
-keeps the norm a kernel of its own.
+takes a tuned Triton GEMV or cuBLAS per shape and row count; `INFER_CLUSTER_GEMV=0`, read when a
+layer is built, keeps them on `F.linear`. The collectives and the row-parallel bias (added once,
+after the all-reduce) are the same either way. There, `ColumnParallelLinear.forward_rms_norm`
+also runs the residual add + RMSNorm before the layer in the GEMV's prologue where
+`kernels.gemv.fused_norm_config` allows (batch 1; `kernels.gemv.rms_norm_linear_small`; the norm
+is over the full hidden, which every rank holds before a column-parallel linear);
+`INFER_CLUSTER_NORM_FUSE=0` keeps the norm a kernel of its own.
 """
 
 from __future__ import annotations
