@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -376,6 +376,10 @@ for _ in range(600):
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size $tp --out "$OUT/t2v_${model}_t$tp.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
       done; done ;;
+    ablation)  # issue 11, batch-1 TPOT: the step with one kernel of the chain left out (bench/tpot_ablation.py),
+      # the most a fusion could gain; ABLATION_VARIANTS picks the runs
+      python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
+        --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

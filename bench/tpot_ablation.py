@@ -1,0 +1,112 @@
+"""Batch-1 TPOT with one kernel of the decode chain left out: what fusing it away could gain at most.
+
+A measurement tool, not a model: each variant runs `bench/latency.py` in a fresh subprocess
+with one launch replaced by nothing (the step's results are then wrong, its timing is what is
+read), or with one GEMV table row replaced. The upper bound of a fusion is
+TPOT(base) - TPOT(kernel left out): a fused kernel still does the work, so it gains less.
+
+Variants (`--variants`, comma-separated, run in that order; repeat `base` to see the spread):
+  base       the engine as it is
+  prep       no qkv_prep launch (q/k norm, rotary, KV append)
+  reduce     no split-decode reduce launch
+  decode     no split-decode attention launch (the reduce still runs)
+  attn       no prep, decode or reduce: the whole attention chain
+  splitsum   no split-K sum after a GEMV (at batch 1: the o projection)
+  o_nosplit  the o projection's batch-1 row without split-K (4 x 2048, 4 warps): one launch
+Writes one JSON with every variant's p50 / p90 TPOT and its difference from the first `base`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+VARIANTS = ("base", "prep", "reduce", "decode", "attn", "splitsum", "o_nosplit")
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _apply(variant: str) -> None:
+    """Patch the kernels module for one variant, before the engine is built (and its graphs
+    captured)."""
+    from infer_cluster.kernels import attention_decode_triton as dec
+    from infer_cluster.kernels import attention_triton as att
+    from infer_cluster.kernels import gemv_triton, gemv_tuned, qkv_prep_triton
+    from infer_cluster.kernels.gemv_config import GemvConfig
+    from infer_cluster.kernels.qkv_prep import split_qkv
+
+    def no_prep(qkv, *args, num_heads, num_kv_heads, head_dim, **kwargs):
+        return split_qkv(qkv, num_heads, num_kv_heads, head_dim)[0]
+
+    if variant in ("prep", "attn"):
+        qkv_prep_triton.qkv_prep_triton = no_prep
+    if variant == "reduce":
+        dec._reduce_kernel = _NoLaunch()
+    if variant == "decode":
+        dec._decode_kernel = _NoLaunch()
+    if variant == "attn":
+        att.decode_attention = lambda q, *args, **kwargs: args[6]  # `out`, untouched
+    if variant == "splitsum":
+        gemv_triton._split_sum_kernel = _NoLaunch()
+    if variant == "o_nosplit":
+        gemv_tuned.TUNED[(1024, 2048, 1)] = GemvConfig(block_n=4, block_k=2048, num_warps=4,
+                                                      num_stages=1, split_k=1, use_dot=False)
+
+
+def _child(variant: str, out: str, latency_args: list) -> None:
+    _apply(variant)
+    from bench import latency
+    latency.main([*latency_args, "--out", out])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="base,prep,reduce,decode,attn,splitsum,o_nosplit,base")
+    ap.add_argument("--out", default="bench/results/tpot_ablation.json")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    args, latency_args = ap.parse_known_args(argv)
+    if args.child:
+        _child(args.child, args.child_out, latency_args)
+        return
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for i, variant in enumerate(variants):
+        child_out = os.path.join(out_dir, f"tpot_ablation_{i}_{variant}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--child-out", child_out,
+               *latency_args]
+        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+        if rc != 0:
+            print(f"{variant}: failed (rc {rc})", flush=True)
+            rows.append({"variant": variant, "error": rc})
+            continue
+        with open(child_out) as f:
+            res = json.load(f)
+        rows.append({"variant": variant, "tpot_ms_p50": res["tpot_ms_p50"], "tpot_ms_p90": res["tpot_ms_p90"]})
+        print(f"{variant:10s} TPOT p50 {res['tpot_ms_p50']:.3f} ms  p90 {res['tpot_ms_p90']:.3f}", flush=True)
+    base = next((r["tpot_ms_p50"] for r in rows if r["variant"] == "base" and "tpot_ms_p50" in r), None)
+    for r in rows:
+        if base is not None and "tpot_ms_p50" in r:
+            r["minus_base_ms"] = round(r["tpot_ms_p50"] - base, 4)
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+    print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
