@@ -380,18 +380,18 @@ for _ in range(600):
       # the most a fusion could gain; ABLATION_VARIANTS picks the runs
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
-    wla)  # workload A runs from WLA_RUNS (comma-separated "model T [ENV=VALUE ...]") in that order, so A/B runs
+    wla)  # workload A runs from WLA_RUNS (comma-separated "model T P [ENV=VALUE ...]") in that order, so A/B runs
       # alternate inside one call; default: the 8B shape at T=1 and T=2
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      IFS=, read -ra runs <<< "${WLA_RUNS:-llama-3-8b-shape 1,llama-3-8b-shape 2}"
+      IFS=, read -ra runs <<< "${WLA_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1}"
       i=0
       for run in "${runs[@]}"; do
-        read -r model tp env <<< "$run"; i=$((i + 1))
-        echo "--- $i: $model workload A T=$tp ${env:-}"
+        read -r model tp pp env <<< "$run"; i=$((i + 1))
+        echo "--- $i: $model workload A T=$tp P=$pp ${env:-}"
         env ${env:-} timeout 150 python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-          --tensor-parallel-size "$tp" --out "$OUT/wla_${i}_${model%%-*}_t$tp${env:+_$(tag "$env")}.json" 2>&1 \
-          | grep -E "^infer-cluster|Error|error" | tail -2
+          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" \
+          --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
       done ;;
     *) echo "unknown stage $stage" ;;
   esac
