@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla decodeprep
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -392,22 +392,6 @@ for _ in range(600):
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" \
           --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
-      done ;;
-    decodeprep)  # issue 11, batch-1 TPOT: q/k norm + rotary + KV append folded into decode attention
-      # (kernels/decode_prep.py). GPU tests, then TPOT and workload A (Qwen3-0.6B, T=1) with it on and off, alternating.
-      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_decode_prep.py tests/parity/test_decode_prep.py \
-        tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tail -3
-      timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_attention.py -k decode -p no:cacheprovider 2>&1 | tail -2
-      for on in 1 0 1 0; do
-        echo "--- INFER_CLUSTER_DECODE_PREP=$on"
-        INFER_CLUSTER_DECODE_PREP=$on python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
-          --out "$OUT/tpot_prep$on.json" 2>&1 | grep -E "tpot_ms|ttft"
-      done
-      for on in 1 0; do
-        echo "--- workload A, INFER_CLUSTER_DECODE_PREP=$on"
-        INFER_CLUSTER_DECODE_PREP=$on timeout 100 python3 bench/throughput.py --model qwen3-0.6b-shape --load-format dummy \
-          --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-          --out "$OUT/wla_prep$on.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -6,8 +6,7 @@ Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target)
 (16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
 the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
 add + RMSNorm prologue), and of the fused
-`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off) and `_decode_prep_kernel` (the
-decode attention with that prep folded in, bf16), with the launch tiles the
+`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
@@ -167,7 +166,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants() + _qkv_prep_variants() + _decode_prep_variants()
+    return rows + gemv_variants() + _qkv_prep_variants()
 
 
 def gemv_variants():
@@ -232,30 +231,6 @@ def _qkv_prep_variants():
         rows.append((f"qkv_prep {kv[1:]} norm={norm} d128", _qkv_prep_kernel, ptrs, ints, consts,
                      dict(num_warps=4 if block_h * block_d <= 2048 else 8,
                           enable_fp_fusion=False), ()))
-    return rows
-
-
-def _decode_prep_variants():
-    """Decode attention with the prep folded in (kernels/decode_prep_triton.py), bf16 cache, at
-    the Qwen3-0.6B layer shape, split or not, q/k norm on and off, the decode tiles."""
-    import triton.language as tl
-
-    from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED as cfg
-    from infer_cluster.kernels.decode_prep_triton import _decode_prep_kernel
-    ptrs = dict(qkv_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", slot_ptr="*i64",
-                qw_ptr="*bf16", kw_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32",
-                qsl_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
-    rows = []
-    for split, norm in ((False, True), (True, True), (True, False)):
-        ints = dict(_strides(128, False), s_tok=(H + 2 * HK) * 128, s_cos=64, s_sin=64, spo_s=0,
-                    spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0)
-        consts = dict(NUM_HEADS=H, NUM_KV_HEADS=HK, GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE,
-                      BLOCK_G=16, BLOCK_D=128, BLOCK_N=cfg["block_n"], SPLIT=split, LOWP=True,
-                      DOT_DTYPE=tl.bfloat16, HAS_NORM=norm)
-        rows.append((f"decode_prep bf16 split={split} norm={norm} d128 n{cfg['block_n']}",
-                     _decode_prep_kernel, ptrs, ints, consts,
-                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                          enable_fp_fusion=False), DECODE_DNS))
     return rows
 
 

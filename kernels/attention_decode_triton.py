@@ -160,23 +160,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     v_head = v_ptr + kvh * sv_h
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
-    acc, m_i, l_i = _decode_span(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
-                                 vs_head, bt_row, lo, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
-                                 sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s, EVEN_D, PAGE,
-                                 BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K, OP_V, ASM)
-    _decode_store(acc, l_i, m_i, seq, row, split, heads, offs_d, g_mask, d_mask, has_query,
-                  lo < hi, out_ptr, po_ptr, plse_ptr, so_t, so_h, so_d, spo_s, spo_h, spo_p,
-                  spl_s, spl_h, SPLIT)
-
-
-@triton.jit
-def _decode_span(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, vs_head, bt_row,
-                 lo, hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sks_b, sks_s, svs_b,
-                 svs_s, EVEN_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr,
-                 OP_K: tl.constexpr, OP_V: tl.constexpr, ASM: tl.constexpr):
-    """Fold cached positions [lo, hi) into the softmax state: whole tiles without masks, then at
-    most one clipped tile (the span's end)."""
+    # Whole tiles without masks, then at most one clipped tile (the context's end).
     full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
     for start in range(lo, full_hi, BLOCK_N):
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
@@ -190,24 +174,16 @@ def _decode_span(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
                                      OP_V, ASM)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _decode_store(acc, l_i, m_i, seq, row, split, heads, offs_d, g_mask, d_mask, has_query,
-                  nonempty, out_ptr, po_ptr, plse_ptr, so_t, so_h, so_d, spo_s, spo_h, spo_p,
-                  spl_s, spl_h, SPLIT: tl.constexpr):
-    """Write one program's result: the output rows, or (SPLIT) a normalised partial output and
-    its log2-sum-exp. Empty partitions (`nonempty` false) write nothing: the reduce reads only
-    the partitions that hold tokens."""
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT:
+        # Normalised partial output + its log2-sum-exp. Empty partitions (lo >= ctx) write
+        # nothing: the reduce reads only the partitions that hold tokens.
         po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
         tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
-                 mask=g_mask[:, None] & d_mask[None, :] & nonempty)
+                 mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
-                 m_i + tl.log2(l_safe), mask=g_mask & nonempty)
+                 m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
     else:
         dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
@@ -338,7 +314,16 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     splits = plan_decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * page_size,
                                 q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"],
                                 cfg.get("small_per_sm"), cfg.get("small_programs", 0))
-    part_out, part_lse, po_strides, pl_strides = split_buffers(out, num_seqs, splits)
+    if splits > 1:
+        n_out = num_seqs * num_heads * splits * head_dim
+        scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,
+                              device=q.device)
+        part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
+        part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
+        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
+    else:
+        part_out = part_lse = out  # never touched when SPLIT is off
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
     op_k, op_v = cvt_ops(cfg["cvt"], k_cache, v_cache)
@@ -356,30 +341,9 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
-        launch_reduce(part_out, part_lse, query_start_loc, seq_lens, out, splits, block_n, cfg, pdl)
+        block_s = triton.next_power_of_2(splits)
+        _reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
+            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
+            BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
     return out
-
-
-def split_buffers(out, num_seqs: int, splits: int):
-    """(part_out, part_lse, their strides) for a split decode launch writing `out`
-    `[tokens, heads, head_dim]`: float32 scratch, or `out` itself (never touched) at one split."""
-    if splits == 1:
-        return out, out, (0, 0, 0), (0, 0)
-    num_heads, head_dim = out.shape[1], out.shape[2]
-    n_out = num_seqs * num_heads * splits * head_dim
-    scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32, device=out.device)
-    part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
-    part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
-    return part_out, part_lse, part_out.stride()[:3], part_lse.stride()[:2]
-
-
-def launch_reduce(part_out, part_lse, query_start_loc, seq_lens, out, splits: int, block_n: int,
-                  cfg: dict, pdl: bool) -> None:
-    """Merge the partitions of a split decode launch into `out` (`_reduce_kernel`)."""
-    num_seqs, num_heads, head_dim = part_out.shape[0], out.shape[1], out.shape[2]
-    block_s = triton.next_power_of_2(splits)
-    _reduce_kernel[(num_seqs, num_heads)](
-        part_out, part_lse, query_start_loc, seq_lens, out, splits, *part_out.stride()[:3],
-        *part_lse.stride()[:2], *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s,
-        CHUNK=min(block_s, 16), BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=block_n,
-        PDL=pdl, num_warps=cfg["reduce_warps"], **pdl_launch(pdl))

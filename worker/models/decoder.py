@@ -20,8 +20,7 @@ from typing import Iterable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from infer_cluster.kernels import build_rope_cache, rms_norm
-from infer_cluster.kernels.decode_prep import decode_prep_enabled, prep_attention
+from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 
 from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
@@ -142,7 +141,6 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
-        self.fuse_decode_prep = decode_prep_enabled()
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
@@ -151,15 +149,14 @@ class Attention(nn.Module):
         """Everything after the qkv projection: prep, attention, o_proj."""
         n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
-        # q/k norm (Qwen3), rotary and the KV append, then attention: one kernel at decode
-        # steps, two otherwise (kernels/decode_prep.py).
+        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
         qn, kn = self.q_norm, self.k_norm
         norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
-        out = prep_attention(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache,
-                             meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale,
-                             meta.max_query_len, *norm_args, k_scale, v_scale,
-                             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                             head_dim=self.head_dim, fuse=self.fuse_decode_prep)
+        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
+                     k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                     head_dim=self.head_dim)
+        out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
