@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,11 +85,13 @@ def main(argv=None):
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    # Each child's JSON goes to a scratch folder: only the summary lands beside --out (the
+    # device machine sends back a limited number of files).
+    scratch = tempfile.mkdtemp(prefix="tpot_ablation_")
     rows = []
     for i, variant in enumerate(variants):
-        child_out = os.path.join(out_dir, f"tpot_ablation_{i}_{variant}.json")
+        child_out = os.path.join(scratch, f"{i}_{variant}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--child-out", child_out,
                *latency_args]
         rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
@@ -99,6 +103,7 @@ def main(argv=None):
             res = json.load(f)
         rows.append({"variant": variant, "tpot_ms_p50": res["tpot_ms_p50"], "tpot_ms_p90": res["tpot_ms_p90"]})
         print(f"{variant:10s} TPOT p50 {res['tpot_ms_p50']:.3f} ms  p90 {res['tpot_ms_p90']:.3f}", flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     base = next((r["tpot_ms_p50"] for r in rows if r["variant"] == "base" and "tpot_ms_p50" in r), None)
     for r in rows:
         if base is not None and "tpot_ms_p50" in r:
