@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla tpoverlap
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -393,6 +393,13 @@ for _ in range(600):
           --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" \
           --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
       done ;;
+    tpoverlap)  # issue 11, T=2: decode steps as two half-batches whose all-reduces overlap the other half
+      # (INFER_CLUSTER_TP_OVERLAP, worker/models/overlap.py). GPU parity first, then workload A, alternating.
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 200 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -k "overlapped or tp2_graphs" \
+        -p no:cacheprovider 2>&1 | tail -3
+      WLA_RUNS="${OVERLAP_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=64,qwen3-0.6b-shape 2 1,qwen3-0.6b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128}" \
+        OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
