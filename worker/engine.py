@@ -424,6 +424,21 @@ class DynamicEngine:
     def stats(self) -> dict:
         return engine_stats(self)
 
+    @property
+    def started_at(self) -> float:
+        """`time.monotonic()` when the engine was built (rates in `stats` are since then)."""
+        return self._started
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens sampled since start, every request together."""
+        return self._num_generated
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds spent per step phase since start (a copy)."""
+        return dict(self._phase_seconds)
+
     def capacity(self) -> dict:
         return engine_capacity(self)
 

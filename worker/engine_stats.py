@@ -35,7 +35,7 @@ def request_phase(engine, request_id: str) -> str:
 
 def engine_stats(engine) -> dict:
     sched = engine.scheduler
-    elapsed = max(1e-9, time.monotonic() - engine._started)
+    elapsed = max(1e-9, time.monotonic() - engine.started_at)
     num_prefilling = sum(1 for r in sched.running if is_prefilling(r))
     return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
             "num_prefilling": num_prefilling,
@@ -45,11 +45,11 @@ def engine_stats(engine) -> dict:
             "prefix_cache_hit_tokens": sched.prefix_cache_hit_tokens,
             "num_free_blocks": engine.allocator.num_free_blocks,
             "num_total_blocks": engine.allocator.num_blocks,
-            "num_generated_tokens": engine._num_generated,
-            "generated_tokens_per_s": engine._num_generated / elapsed,
+            "num_generated_tokens": engine.num_generated,
+            "generated_tokens_per_s": engine.num_generated / elapsed,
             "max_num_seqs": engine.config.max_num_seqs,
             "warmup_seconds": engine.warmup_stats["seconds"] if engine.warmup_stats else 0.0,
-            "step_seconds": dict(engine._phase_seconds),
+            "step_seconds": engine.phase_seconds,
             **_host_tier_stats(engine)}
 
 
