@@ -380,25 +380,29 @@ for _ in range(600):
       # the most a fusion could gain; ABLATION_VARIANTS picks the runs
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
-    wla)  # workload A runs from WLA_RUNS (comma-separated "model T P [ENV=VALUE ...]") in that order, so A/B runs
-      # alternate inside one call; default: the 8B shape at T=1 and T=2
+    wla)  # workload A runs from WLA_RUNS (comma-separated "model T P [ENV=VALUE ...] [--flag ...]") in that order,
+      # so A/B runs alternate inside one call; default: the 8B shape at T=1 and T=2
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       IFS=, read -ra runs <<< "${WLA_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1}"
       i=0
       for run in "${runs[@]}"; do
-        read -r model tp pp env <<< "$run"; i=$((i + 1))
-        echo "--- $i: $model workload A T=$tp P=$pp ${env:-}"
-        env ${env:-} timeout 150 python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
+        read -r model tp pp rest <<< "$run"; i=$((i + 1))
+        env_words=(); flags=()
+        for w in $rest; do case $w in --*) flags+=("$w") ;; *) env_words+=("$w") ;; esac; done
+        env=${env_words[*]:-}
+        echo "--- $i: $model workload A T=$tp P=$pp ${rest:-}"
+        env ${env} timeout 150 python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
-          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" \
-          --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -2
+          --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" "${flags[@]}" \
+          --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 \
+          | grep -E "^infer-cluster|^--- step timeline|Error|error" | tail -3
       done ;;
     tpoverlap)  # issue 11, T=2: decode steps as two half-batches whose all-reduces overlap the other half
       # (INFER_CLUSTER_TP_OVERLAP, worker/models/overlap.py). GPU parity first, then workload A, alternating.
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 200 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -k "overlapped or tp2_graphs" \
         -p no:cacheprovider 2>&1 | tail -3
-      WLA_RUNS="${OVERLAP_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=64,qwen3-0.6b-shape 2 1,qwen3-0.6b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128}" \
+      WLA_RUNS="${OVERLAP_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128 --step-timeline,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=64,qwen3-0.6b-shape 2 1,qwen3-0.6b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128}" \
         OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac
