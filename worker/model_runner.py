@@ -28,7 +28,7 @@ from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
 from .step_upload import MAPPED_UPLOAD, MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
-from .models.overlap import forward_overlapped, overlap_min_rows
+from .models.overlap import forward_overlapped, overlap_min_rows, split_point
 from .models.parallel import ParallelState
 from .scheduler_output import SchedulerOutput
 
@@ -323,17 +323,10 @@ class ModelRunner:
     def _forward_unnormed(self, input_ids, positions, meta, kv_caches):
         """`model(..., final_norm=False)`; a decode step of `overlap_rows` rows or more runs as two
         overlapped half-batches (worker/models/overlap.py)."""
-        if self._overlaps(input_ids, meta):
-            n = input_ids.shape[0]
-            return forward_overlapped(self.model, input_ids, positions, meta, kv_caches, n // 2)
+        split = split_point(input_ids.shape[0], meta, self.overlap_rows)
+        if split:
+            return forward_overlapped(self.model, input_ids, positions, meta, kv_caches, split)
         return self.model(input_ids, positions, meta, kv_caches, final_norm=False)
-
-    def _overlaps(self, input_ids, meta) -> bool:
-        """Whether a step runs as two overlapped half-batches: a decode step (one row per
-        sequence) of at least `overlap_rows` rows (never when 0: T=1, or P > 1)."""
-        n = input_ids.shape[0]
-        return bool(self.overlap_rows and n >= self.overlap_rows and meta.max_query_len == 1
-                    and meta.seq_lens.shape[0] == n)
 
     def _forward_stage_decode(self, input_ids, positions, meta, kv_caches, stage_in=None):
         """Decode-only forward of a pipeline stage (the body of its CUDA graphs at P > 1):
@@ -396,11 +389,9 @@ class ModelRunner:
         """Run this shard's layers on prepared inputs (pipeline parallel); a later stage takes
         the previous stage's `(hidden, residual)`. Returns `(hidden, residual)` on a stage that
         is not the last, and `(logits [num_sampled, vocab], None)` on the last."""
-        if hidden is None and self._overlaps(inputs.input_ids, inputs.meta):  # T > 1, P = 1
-            hidden, residual = self._forward_unnormed(inputs.input_ids, inputs.positions, inputs.meta,
-                                                      self.context.kv_caches)
-            rows = inputs.sample_indices
-            return self.model.compute_logits(hidden[rows], residual[rows]), None
+        if hidden is None and split_point(inputs.input_ids.shape[0], inputs.meta, self.overlap_rows):
+            return self._forward_sampled(inputs.input_ids, inputs.positions, inputs.meta,  # T > 1, P = 1
+                                         self.context.kv_caches, inputs.sample_indices), None
         hidden, residual = self.model(inputs.input_ids, inputs.positions, inputs.meta,
                                       self.context.kv_caches, hidden, residual)
         if not self.model.is_last:

@@ -8,7 +8,7 @@ import torch
 
 from infer_cluster.worker import LLM
 from infer_cluster.worker.models.decoder import AttentionMetadata
-from infer_cluster.worker.models.overlap import ENV, overlap_min_rows, split_meta
+from infer_cluster.worker.models.overlap import ENV, overlap_min_rows, split_meta, split_point
 
 from .conftest import ENGINE, FAMILIES, GREEDY, check_parallel_greedy, make_prompts
 
@@ -62,3 +62,14 @@ def test_split_meta_cuts_rows_and_rebases_query_starts():
     assert a.seq_lens.tolist() == [4, 7] and b.seq_lens.tolist() == [1, 9, 2]
     assert a.query_start_loc.tolist() == [0, 1, 2] and b.query_start_loc.tolist() == [0, 1, 2, 3]
     assert a.max_query_len == b.max_query_len == 1
+
+
+def test_split_point_only_for_decode_steps_of_enough_rows():
+    def meta(num_seqs, max_query_len):
+        return AttentionMetadata(torch.zeros(5), torch.zeros(num_seqs, 1), torch.ones(num_seqs),
+                                 torch.arange(num_seqs + 1), max_query_len)
+    assert split_point(5, meta(5, 1), 4) == 2
+    assert split_point(5, meta(5, 1), 6) == 0   # too few rows
+    assert split_point(5, meta(5, 1), 0) == 0   # switched off
+    assert split_point(5, meta(3, 2), 2) == 0   # a prefill / mixed step
+    assert split_point(1, meta(1, 1), 2) == 0   # one row cannot split

@@ -1,8 +1,8 @@
 """Tensor-parallel decode with each all-reduce overlapped by the other half-batch's compute.
 
-Owns: `overlap_min_rows()` (the `INFER_CLUSTER_TP_OVERLAP` switch), `split_meta` (a decode step's
-attention metadata cut into two row ranges) and `forward_overlapped` (`DecoderModel.forward`
-over two half-batches). At T > 1 every layer ends two row-parallel linears with an all-reduce
+Owns: `overlap_min_rows()` (the `INFER_CLUSTER_TP_OVERLAP` switch), `split_point` (whether a
+step splits, and where), `split_meta` (a decode step's attention metadata cut into two row
+ranges) and `forward_overlapped` (`DecoderModel.forward` over two half-batches). At T > 1 every layer ends two row-parallel linears with an all-reduce
 that the next op needs; on a decode step of many rows they cost up to ~1.9 ms of an 8.5 ms step
 (Llama-3-8B shape, 2× H200, bench/RESULTS.md). Cut the rows in two halves A and B, and each
 half's all-reduce can run (on a side stream, `ParallelState.all_reduce_async`) while the other
@@ -46,6 +46,13 @@ def overlap_min_rows() -> int:
     return rows
 
 
+def split_point(n: int, meta: AttentionMetadata, min_rows: int) -> int:
+    """Where a step of `n` token rows splits: n // 2 for a decode step (one row per sequence) of
+    at least `min_rows` rows, 0 (no split) otherwise or when `min_rows` is 0."""
+    decode = meta.max_query_len == 1 and meta.seq_lens.shape[0] == n
+    return n // 2 if min_rows and decode and n >= max(min_rows, 2) else 0
+
+
 def split_meta(meta: AttentionMetadata, split: int) -> tuple[AttentionMetadata, AttentionMetadata]:
     """A decode step's metadata (sequence i owns row i) as rows [0, split) and [split, n)."""
     qsl = meta.query_start_loc
@@ -62,7 +69,7 @@ def forward_overlapped(model, input_ids, positions, meta: AttentionMetadata, kv_
     if not (model.is_first and model.is_last):
         raise ValueError("the overlapped forward needs the whole model on one stage (P=1)")
     n = input_ids.shape[0]
-    if not 0 < split < n or meta.seq_lens.shape[0] != n or meta.max_query_len != 1:
+    if split_point(n, meta, 2) == 0 or not 0 < split < n:
         raise ValueError(f"the overlapped forward splits decode steps only (one row per sequence); "
                          f"got {n} rows, {meta.seq_lens.shape[0]} sequences, split {split}")
     ps, rope = model.ps, model.rope_cache

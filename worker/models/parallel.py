@@ -59,8 +59,8 @@ class ParallelState:
     tp_group: Optional[object] = None
     # A faster sum for tensors it `fits` (worker/distributed/symm_allreduce.py); None: NCCL/gloo only.
     fast_all_reduce: Optional[object] = None
-    # device index -> the side stream `all_reduce_async` runs collectives on (made on first use).
-    comm_streams: dict = field(default_factory=dict, repr=False)
+    # The side stream `all_reduce_async` runs collectives on (this rank's device; made on first use).
+    comm_stream: Optional[object] = field(default=None, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the TP group: x itself, summed in place, or a new tensor (use the
@@ -80,11 +80,10 @@ class ParallelState:
         `wait()`. Collectives of one group stay in issue order either way."""
         if self.tp_size == 1 or not x.is_cuda:
             return PendingSum(self.all_reduce(x), None, finish)
-        caller = torch.cuda.current_stream(x.device)
-        side = self.comm_streams.get(x.device.index)
-        if side is None:
-            side = self.comm_streams[x.device.index] = torch.cuda.Stream(x.device)
-        side.wait_stream(caller)
+        if self.comm_stream is None:
+            self.comm_stream = torch.cuda.Stream(x.device)
+        side = self.comm_stream
+        side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
             total = self.all_reduce(x)
             done = torch.cuda.Event()
