@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla tpoverlap
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -391,18 +391,17 @@ for _ in range(600):
         for w in $rest; do case $w in --*) flags+=("$w") ;; *) env_words+=("$w") ;; esac; done
         env=${env_words[*]:-}
         echo "--- $i: $model workload A T=$tp P=$pp ${rest:-}"
-        env ${env} timeout 150 python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
+        env ${env} timeout "${WLA_TIMEOUT:-150}" python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" "${flags[@]}" \
           --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 \
-          | grep -E "^infer-cluster|^--- step timeline|Error|error" | tail -3
+          | grep -E "^infer-cluster|^--- step timeline|Error|error" | tail -6
       done ;;
-    tpoverlap)  # issue 11, T=2: decode steps as two half-batches whose all-reduces overlap the other half
-      # (INFER_CLUSTER_TP_OVERLAP, worker/models/overlap.py). GPU parity first, then workload A, alternating.
+    kinds_tp)  # issue 11 with the request kinds users send: workload A as greedy / sampled / penalties / logprobs
+      # (one engine per run) at T=1 and T=2, both shapes, after the GPU distributed tests
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      timeout 200 python3 -m pytest -q -m gpu tests/distributed/test_gpu.py -k "overlapped or tp2_graphs" \
-        -p no:cacheprovider 2>&1 | tail -3
-      WLA_RUNS="${OVERLAP_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128 --step-timeline,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=64,qwen3-0.6b-shape 2 1,qwen3-0.6b-shape 2 1 INFER_CLUSTER_TP_OVERLAP=128}" \
+      timeout 240 python3 -m pytest -q -m gpu tests/distributed tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tail -3
+      WLA_TIMEOUT=200 WLA_RUNS="llama-3-8b-shape 1 1 --sampling all,llama-3-8b-shape 2 1 --sampling all,qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all" \
         OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac

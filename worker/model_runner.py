@@ -28,7 +28,6 @@ from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
 from .step_upload import MAPPED_UPLOAD, MappedUpload, step_capacity
 from .loader import iter_checkpoint
 from .models.decoder import AttentionMetadata, DecoderModel, ModelSpec
-from .models.overlap import forward_overlapped, overlap_min_rows, split_point
 from .models.parallel import ParallelState
 from .scheduler_output import SchedulerOutput
 
@@ -92,10 +91,6 @@ class ModelRunner:
         self._load_weights(model_path)
         self.model.eval()
         self.model.init_rope(max_model_len, self.device)
-        # Decode steps of at least this many rows run as two overlapped half-batches at T > 1
-        # with the whole model on this stage (worker/models/overlap.py); 0: never.
-        whole = self.model.is_first and self.model.is_last
-        self.overlap_rows = overlap_min_rows() if self.ps.tp_size > 1 and whole else 0
         self.num_layers = end - start
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 1
         self.num_kv_blocks = self._size_kv_pool()
@@ -317,16 +312,8 @@ class ModelRunner:
     def _forward_logits(self, input_ids, positions, meta, kv_caches):
         """Decode-only forward: every row is sampled (the body of the CUDA graphs). The final
         add + norm run inside the LM head (one GEMV launch at small batch, kernels/gemv.py)."""
-        hidden, residual = self._forward_unnormed(input_ids, positions, meta, kv_caches)
+        hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
         return self.model.compute_logits(hidden, residual)
-
-    def _forward_unnormed(self, input_ids, positions, meta, kv_caches):
-        """`model(..., final_norm=False)`; a decode step of `overlap_rows` rows or more runs as two
-        overlapped half-batches (worker/models/overlap.py)."""
-        split = split_point(input_ids.shape[0], meta, self.overlap_rows)
-        if split:
-            return forward_overlapped(self.model, input_ids, positions, meta, kv_caches, split)
-        return self.model(input_ids, positions, meta, kv_caches, final_norm=False)
 
     def _forward_stage_decode(self, input_ids, positions, meta, kv_caches, stage_in=None):
         """Decode-only forward of a pipeline stage (the body of its CUDA graphs at P > 1):
@@ -343,7 +330,7 @@ class ModelRunner:
     def _forward_sampled(self, input_ids, positions, meta, kv_caches, sample_indices):
         """Any step: the logits of the rows at `sample_indices` (the body of the mixed graphs and
         of eager steps); the final norm runs on the sampled rows only."""
-        hidden, residual = self._forward_unnormed(input_ids, positions, meta, kv_caches)
+        hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
         return self.model.compute_logits(hidden[sample_indices], residual[sample_indices])
 
     @torch.inference_mode()
@@ -389,9 +376,6 @@ class ModelRunner:
         """Run this shard's layers on prepared inputs (pipeline parallel); a later stage takes
         the previous stage's `(hidden, residual)`. Returns `(hidden, residual)` on a stage that
         is not the last, and `(logits [num_sampled, vocab], None)` on the last."""
-        if hidden is None and split_point(inputs.input_ids.shape[0], inputs.meta, self.overlap_rows):
-            return self._forward_sampled(inputs.input_ids, inputs.positions, inputs.meta,  # T > 1, P = 1
-                                         self.context.kv_caches, inputs.sample_indices), None
         hidden, residual = self.model(inputs.input_ids, inputs.positions, inputs.meta,
                                       self.context.kv_caches, hidden, residual)
         if not self.model.is_last:

@@ -6,8 +6,7 @@ within 10 s in eager and graph mode (the NCCL abort path, which must not wait fo
 graphs), and close() ends every rank after graphs were captured. P = 2 with stage graphs also
 matches with micro-batches, synchronous and with async scheduling (a group's next step
 launched before its draw reaches the host).
-T=2 with decode steps as two overlapped half-batches (INFER_CLUSTER_TP_OVERLAP) matches too,
-eager and in graphs. T=4 and T=2 x P=2 need 4 devices.
+T=4 and T=2 x P=2 need 4 devices.
 Run: `pytest -m gpu tests/distributed`."""
 
 import os
@@ -95,17 +94,3 @@ def test_gpu_stage_graphs_greedy_matches(started, dist_checkpoints, gpu_single, 
     options = dict(GPU, enforce_eager=False, pipeline_microbatches=microbatches, async_scheduling=async_)
     llm = check_parallel_greedy(started, dist_checkpoints["qwen3"], 1, 2, options, [gpu_single["qwen3"]])
     assert llm.engine.runner.graph_replays > 0
-
-
-@pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
-def test_gpu_overlapped_decode_matches(started, dist_checkpoints, gpu_single, monkeypatch, family, eager):
-    """T=2 with every decode step of 2+ rows as two half-batches whose all-reduces run on a side
-    stream (worker/models/overlap.py), captured into the decode graphs with their fork and join:
-    greedy tokens equal T=1's, and the graphs replay."""
-    monkeypatch.setenv("INFER_CLUSTER_TP_OVERLAP", "2")  # the rank processes inherit it
-    llm = check_parallel_greedy(started, dist_checkpoints[family], 2, 1, dict(GPU, enforce_eager=eager),
-                                [gpu_single[family]])
-    assert llm.engine.runner._shard.runner.overlap_rows == 2
-    assert (llm.engine.runner.graph_replays > 0) != eager

@@ -147,10 +147,6 @@ class Attention(nn.Module):
 
     def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         """Everything after the qkv projection: prep, attention, o_proj."""
-        return self.o_proj.reduce(self.attend_partial(qkv, positions, meta, kv_cache, rope_cache))
-
-    def attend_partial(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        """`attend` up to this rank's partial sum of o_proj (before its all-reduce)."""
         n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
@@ -161,7 +157,7 @@ class Attention(nn.Module):
                      head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
-        return self.o_proj.partial(out.reshape(n, self.q_size))
+        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -183,25 +179,14 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(spec, ps)
 
     def forward(self, x, residual, positions, meta, kv_cache, rope_cache):
-        part, residual = self.attention_partial(x, residual, positions, meta, kv_cache, rope_cache)
-        part, residual = self.mlp_partial(self.self_attn.o_proj.reduce(part), residual)
-        return self.mlp.down_proj.reduce(part), residual
-
-    # The layer in two halves, each ending at a row-parallel linear's partial sum, so a caller can
-    # run the all-reduce between them on its own terms (worker/models/overlap.py).
-    def attention_partial(self, x, residual, positions, meta, kv_cache, rope_cache):
-        """(o_proj's partial sum, new residual). Each add + norm runs in the projection after it
-        (one launch on the small-batch path; residual None on the first layer: the input is the
-        residual)."""
-        norm1 = self.input_layernorm
-        qkv, residual = self.self_attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
-        return self.self_attn.attend_partial(qkv, positions, meta, kv_cache, rope_cache), residual
-
-    def mlp_partial(self, h, residual):
-        """(down_proj's partial sum, new residual) from the attention output `h`."""
-        norm2, mlp = self.post_attention_layernorm, self.mlp
+        # Each add + norm runs in the projection after it (one launch on the small-batch path;
+        # residual None on the first layer: the input is the residual).
+        attn, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
-        return mlp.down_proj.partial_silu_mul(gate_up), residual
+        return mlp.down_proj.forward_silu_mul(gate_up), residual
 
 
 class DecoderModel(nn.Module):

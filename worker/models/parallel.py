@@ -20,7 +20,7 @@ is over the full hidden, which every rank holds before a column-parallel linear)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -38,20 +38,6 @@ from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_en
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class PendingSum:
-    """An all-reduce started by `ParallelState.all_reduce_async`: `wait()` makes the caller's
-    stream wait for it (only for it: an event, not the whole side stream) and returns the sum
-    with `finish` applied (the row-parallel bias)."""
-
-    def __init__(self, value: torch.Tensor, event=None, finish=None):
-        self._value, self._event, self._finish = value, event, finish
-
-    def wait(self) -> torch.Tensor:
-        if self._event is not None:
-            torch.cuda.current_stream(self._value.device).wait_event(self._event)
-        return self._value if self._finish is None else self._finish(self._value)
-
-
 @dataclass
 class ParallelState:
     tp_rank: int = 0
@@ -59,8 +45,6 @@ class ParallelState:
     tp_group: Optional[object] = None
     # A faster sum for tensors it `fits` (worker/distributed/symm_allreduce.py); None: NCCL/gloo only.
     fast_all_reduce: Optional[object] = None
-    # The side stream `all_reduce_async` runs collectives on (this rank's device; made on first use).
-    comm_stream: Optional[object] = field(default=None, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the TP group: x itself, summed in place, or a new tensor (use the
@@ -71,24 +55,6 @@ class ParallelState:
                 return fast(x)
             dist.all_reduce(x, group=self.tp_group)
         return x
-
-    def all_reduce_async(self, x: torch.Tensor, finish=None) -> PendingSum:
-        """Start `all_reduce(x)` without making the caller's stream wait for it: on CUDA it runs on
-        a side stream (after everything the caller's stream has queued, x's producer included),
-        so the caller can queue independent work meanwhile; CUDA-graph capture records the fork
-        and the join. Elsewhere (gloo, one rank) it runs at once. The caller keeps x alive until
-        `wait()`. Collectives of one group stay in issue order either way."""
-        if self.tp_size == 1 or not x.is_cuda:
-            return PendingSum(self.all_reduce(x), None, finish)
-        if self.comm_stream is None:
-            self.comm_stream = torch.cuda.Stream(x.device)
-        side = self.comm_stream
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            total = self.all_reduce(x)
-            done = torch.cuda.Event()
-            done.record(side)
-        return PendingSum(total, done, finish)
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """`[rows, d]` on each rank -> `[rows, tp * d]`, rank order along the last dim. One
@@ -174,28 +140,17 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.ps.tp_rank * self.shard_size, self.shard_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reduce(self.partial(x))
+        y = linear_small(x, self.weight) if use_small_path(self.use_gemv, x) else F.linear(x, self.weight)
+        return self._reduce(y)
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`forward(silu_and_mul(gate_up))`; on the small path the SiLU runs inside the GEMV."""
-        return self.reduce(self.partial_silu_mul(gate_up))
-
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sum of `forward(x)`: before the all-reduce and the bias."""
-        return linear_small(x, self.weight) if use_small_path(self.use_gemv, x) else F.linear(x, self.weight)
-
-    def partial_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sum of `forward_silu_mul(gate_up)`."""
         if use_small_path(self.use_gemv, gate_up):
-            return silu_mul_linear_small(gate_up, self.weight)
-        return self.partial(silu_and_mul(gate_up))
+            return self._reduce(silu_mul_linear_small(gate_up, self.weight))
+        return self.forward(silu_and_mul(gate_up))
 
-    def reduce(self, y: torch.Tensor) -> torch.Tensor:
-        """The layer's output from the partial sums: all-reduce, then the bias."""
-        return self.finish(self.ps.all_reduce(y))
-
-    def finish(self, y: torch.Tensor) -> torch.Tensor:
-        """The bias, added once after the all-reduce (`reduce`, or `PendingSum.wait`)."""
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        y = self.ps.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
 
