@@ -388,14 +388,15 @@ for _ in range(600):
       for run in "${runs[@]}"; do
         read -r model tp pp rest <<< "$run"; i=$((i + 1))
         env_words=(); flags=()
-        for w in $rest; do case $w in --*) flags+=("$w") ;; *) env_words+=("$w") ;; esac; done
+        # NAME=VALUE before the first --flag is the environment; the rest are flags and their values
+        for w in $rest; do case "${#flags[@]}:$w" in 0:*=*) env_words+=("$w") ;; *) flags+=("$w") ;; esac; done
         env=${env_words[*]:-}
         echo "--- $i: $model workload A T=$tp P=$pp ${rest:-}"
         env ${env} timeout "${WLA_TIMEOUT:-150}" python3 bench/throughput.py --model "$model" --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --hf none \
           --tensor-parallel-size "$tp" --pipeline-parallel-size "$pp" "${flags[@]}" \
           --out "$OUT/wla_${i}_${model%%-*}_t${tp}_p$pp${env:+_$(tag "$env")}.json" 2>&1 \
-          | grep -E "^infer-cluster|^--- step timeline|Error|error" | tail -6
+          | grep -E "^infer-cluster|^--- step timeline|Error|error|^env:|^usage|No such" | tail -6
       done ;;
     kinds_tp)  # issue 11 with the request kinds users send: workload A as greedy / sampled / penalties / logprobs
       # (one engine per run) at T=1 and T=2, both shapes, after the GPU distributed tests
