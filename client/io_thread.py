@@ -22,11 +22,12 @@ import time
 from typing import Callable, Optional
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.errors import ProtocolError
 from infer_cluster.protocol.messages import ClientHello, Goodbye, Message, Ping
+
+from .socket_monitor import SocketMonitor
 
 log = logging.getLogger("infer_cluster.client")
 
@@ -101,9 +102,7 @@ class ClientIO(threading.Thread):
             if keys is not None:
                 from .auth import curve_client
                 curve_client(self._dealer, keys, role)
-            # A unique name: pyzmq's default embeds the fd, which a later socket may reuse.
-            self._monitor = self._dealer.get_monitor_socket(
-                _MONITOR_EVENTS, addr=f"inproc://client-monitor-{identity.hex()}")
+            self._monitor = SocketMonitor(self._dealer, _MONITOR_EVENTS, "client")
             self._dealer.connect(address)
         except Exception:
             self._dealer.close(linger=0)
@@ -144,7 +143,7 @@ class ClientIO(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._cmd_pull, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._monitor.socket, zmq.POLLIN)
         self._send_msg(ClientHello(client_name=self._name))
         next_ping = time.monotonic() + self.heartbeat_interval
         try:
@@ -159,7 +158,7 @@ class ClientIO(threading.Thread):
                     return
                 if self._dealer in events:
                     self._drain_replies()
-                if self._monitor in events:
+                if self._monitor.socket in events:
                     self._read_monitor()
                 now = time.monotonic()
                 if not self.is_connected and self._on_connect_tick is not None:
@@ -174,20 +173,14 @@ class ClientIO(threading.Thread):
             log.exception("client IO thread crashed")
             self._on_silence(float("inf"))
         finally:
-            self._dealer.disable_monitor()
-            self._monitor.close(linger=0)
+            self._monitor.close()
             self._dealer.close()
             self._cmd_pull.close()
 
     # -------------------------------------------------------------- connection diagnosis
 
     def _read_monitor(self) -> None:
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            kind = event["event"]
+        for kind in self._monitor.drain():
             self._seen_events.add(kind)
             if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.refusal = (f"the coordinator at {self.address} refused this client's key "

@@ -64,7 +64,7 @@ class LoopIO(ClientIO):
             raise RuntimeError("a client with io_loop must be created on that loop, while it runs")
         self._loop_thread = threading.get_ident()
         for sock, on_ready in ((self._dealer, self._on_dealer), (self._cmd_pull, self._on_commands),
-                               (self._monitor, self._read_monitor)):
+                               (self._monitor.socket, self._read_monitor)):
             fd = sock.getsockopt(zmq.FD)
             self._loop.add_reader(fd, self._guarded, on_ready)
             self._fds.append(fd)
@@ -158,8 +158,7 @@ class LoopIO(ClientIO):
         if not self._loop.is_closed():
             for fd in self._fds:
                 self._loop.remove_reader(fd)
-        self._dealer.disable_monitor()
-        self._monitor.close(linger=0)
+        self._monitor.close()
         self._dealer.close()
         self._cmd_pull.close()
         self._closed.set()

@@ -23,8 +23,8 @@ import time
 from typing import Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from infer_cluster.client.socket_monitor import SocketMonitor
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.errors import ProtocolError
 from infer_cluster.protocol.kinds import ConnectionKind, ControlKind, ReplyKind, RequestKind
@@ -76,10 +76,9 @@ class ReplicaIO(threading.Thread):
             keys = load_keys(config.auth)
             keys.pick_role(("replica",))
             curve_client(self._dealer, keys, "replica")
-        self._monitor = self._dealer.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-            addr=f"inproc://replica-monitor-{self.identity.hex()}")
+        self._monitor = SocketMonitor(self._dealer, zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, "replica")
         self._warned_handshake = False
         self._dealer.connect(config.coordinator)
         inproc = f"inproc://replica-out-{self.identity.hex()}"
@@ -139,7 +138,7 @@ class ReplicaIO(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._monitor.socket, zmq.POLLIN)
         next_hello = 0.0
         next_heartbeat = 0.0
         try:
@@ -154,7 +153,7 @@ class ReplicaIO(threading.Thread):
                         return
                 if self._dealer in events:
                     self._read_commands()
-                if self._monitor in events:
+                if self._monitor.socket in events:
                     self._read_monitor()
                 now = time.monotonic()
                 if not self.is_registered and now >= next_hello and not self.fatal_error:
@@ -173,21 +172,16 @@ class ReplicaIO(threading.Thread):
             log.exception("replica IO thread crashed")
             self.fatal_error = "replica IO thread crashed"
         finally:
-            self._dealer.disable_monitor()
-            self._monitor.close(linger=0)
+            self._monitor.close()
             self._dealer.close()
             self._pull.close()
 
     def _read_monitor(self) -> None:
         """A refused handshake is a deployment error: retrying cannot fix it, so stop."""
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for kind in self._monitor.drain():
             if self.fatal_error:
                 continue
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 # Also what a coordinator restarting mid-handshake looks like: keep trying.
                 if not self._warned_handshake:
                     self._warned_handshake = True
@@ -195,7 +189,7 @@ class ReplicaIO(threading.Thread):
                                 self.config.coordinator, "does it hold this folder's coordinator "
                                 "key?" if self._uses_auth else "does it require --auth?")
                 continue
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.fatal_error = (f"the coordinator at {self.config.coordinator} refused this "
                                     "replica's key: use the replica key of the cluster's "
                                     "`infer-cluster keygen` folder, on the replica port")
