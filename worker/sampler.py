@@ -152,7 +152,7 @@ class Sampler:
             return DeviceDraw(empty, empty, None, len(rows))
 
         # One pass over the rows (every step at batch 256: four comprehensions cost twice this).
-        penalty_rows, min_tokens_rows, logprob_rows, random_rows = [], [], [], []
+        penalty_rows, min_tokens_rows, logprob_rows, random_rows, greedy_rows = [], [], [], [], []
         for i, r in enumerate(rows):
             p = r.params
             if p.has_penalties:
@@ -162,8 +162,7 @@ class Sampler:
                 min_tokens_rows.append(i)
             if p.logprobs is not None:
                 logprob_rows.append(i)
-            if not p.is_greedy:
-                random_rows.append(i)
+            (greedy_rows if p.is_greedy else random_rows).append(i)
 
         if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
@@ -190,7 +189,6 @@ class Sampler:
                 x_lp = _rows_of(x, logprob_rows, n)
                 lse, maxima = _lse_and_block_maxima(x_lp)
 
-            greedy_rows = [i for i in range(n) if rows[i].params.is_greedy]
             if len(greedy_rows) == n:
                 token_ids = x.argmax(dim=-1)
             else:
@@ -226,7 +224,8 @@ class Sampler:
             if len(transfer) > 1:
                 draw.transfer = torch.cat(transfer)
             if entries:
-                self.state.append(entries, token_ids[_index(penalty_rows, device)])
+                self.state.append(entries, token_ids if len(penalty_rows) == n
+                                  else token_ids[_index(penalty_rows, device)])
                 draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
                 if unresolved is not None:  # only a redo (`_redo`) looks them up
                     draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows
@@ -306,25 +305,27 @@ class Sampler:
 
     def _random_params(self, rows: list[SamplingRequestState], vocab: int, device: torch.device) -> RandomRows:
         """Per-row parameters and uniforms, moved to the device in one copy."""
-        seeds, steps, drawn = [], [], []
-        for j, r in enumerate(rows):
-            steps.append(len(r.output_token_ids) + r.num_pending)
-            if r.params.seed is not None:
-                seeds.append(r.params.seed)
-            elif r.generator is not None:
-                seeds.append(int(torch.randint(_KEY_RANGE, (1,), generator=r.generator,
-                                               device=r.generator.device).item()))
-            else:
-                seeds.append(0)
-                drawn.append(j)
-        if drawn:  # one draw for every unseeded row of the step
-            gen = self.default_generator
-            keys = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
-                                 device=gen.device if gen is not None else "cpu").tolist()
-            for j, key in zip(drawn, keys):
-                seeds[j] = key
+        # Comprehensions, not one loop of appends: this runs every step for every random row.
         params = [r.params for r in rows]
-        top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+        steps = [len(r.output_token_ids) + r.num_pending for r in rows]
+        seeds = [p.seed for p in params]
+        if None in seeds:
+            drawn = []
+            for j, r in enumerate(rows):
+                if seeds[j] is not None:
+                    continue
+                if r.generator is not None:
+                    seeds[j] = int(torch.randint(_KEY_RANGE, (1,), generator=r.generator,
+                                                 device=r.generator.device).item())
+                else:
+                    drawn.append(j)
+            if drawn:  # one draw for every unseeded row of the step
+                gen = self.default_generator
+                keys = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
+                                     device=gen.device if gen is not None else "cpu").tolist()
+                for j, key in zip(drawn, keys):
+                    seeds[j] = key
+        top_k = [k if 0 < k < vocab else 0 for k in (p.top_k for p in params)]
         top_p, min_p = [p.top_p for p in params], [p.min_p for p in params]
         # Columns filled from flat lists (a nested list through torch.tensor costs ~3x more).
         packed = np.empty((5, len(rows)), dtype=np.float64)

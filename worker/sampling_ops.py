@@ -125,47 +125,54 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
     dev = x.device
     m = x.amax(dim=-1, keepdim=True)
     inv_t = (1.0 / rows.temperature).unsqueeze(1)
-    need = [_num_candidates(k, p, vocab) for k, p in zip(rows.host_top_k, rows.host_top_p)]
+    need = num_candidates(rows.host_top_k, rows.host_top_p, vocab)
     cand = [i for i, c in enumerate(need) if c]
-    full = [i for i, c in enumerate(need) if not c]
+    full = [i for i, c in enumerate(need) if not c] if len(cand) < n else []
     out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
            else torch.empty(n, dtype=torch.long, device=dev))
     unresolved = None
     if cand:
-        idx = _index(cand, dev)
+        # Every row on the candidate path (the usual batch): no index tensor, no scatter.
+        idx = _index(cand, dev) if len(cand) < n else None
         resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
                                                    _take(inv_t, idx, cand, n), rows, cand,
-                                                   [need[i] for i in cand])
+                                                   need if idx is None else [need[i] for i in cand])
         if want_mask:
-            out[idx] = torch.zeros(len(cand), vocab, dtype=torch.bool, device=dev).scatter_(1, ids, w > 0)
+            kept = torch.zeros(len(cand), vocab, dtype=torch.bool, device=dev).scatter_(1, ids, w > 0)
         else:
             order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
             w, ids = w.gather(1, order), ids.gather(1, order)
-            out[idx] = ids.gather(1, _inverse_cdf(w, rows.uniform[idx]).unsqueeze(1)).squeeze(1)
+            kept = ids.gather(1, _inverse_cdf(w, _take(rows.uniform, idx, cand, n)).unsqueeze(1)).squeeze(1)
+        if idx is None:
+            out = kept
+        else:
+            out[idx] = kept
         # Rows whose kept set did not fit their candidates go the full way; only the device
         # knows which, so the caller reads the flags when it has them (no sync here).
         unresolved = Unresolved(~resolved, cand, x if private else x.clone(), m, inv_t, kth, rows)
     if full:
-        idx = _index(full, dev)
+        idx = _index(full, dev) if len(full) < n else None
         tau = torch.full((len(full), 1), float("-inf"), device=dev)
-        out[idx] = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
-                         tau, rows, full, want_mask)
+        kept = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
+                     tau, rows, full, want_mask)
+        if idx is None:
+            out = kept
+        else:
+            out[idx] = kept
     return out, unresolved
 
 
-def _take(t: torch.Tensor, idx: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
+def _take(t: torch.Tensor, idx: Optional[torch.Tensor], which: list[int], n: int) -> torch.Tensor:
     """Rows `which` of `t`; `t` itself when that is every row (no [n, vocab] copy)."""
     return t if len(which) == n else t[idx]
 
 
-def _num_candidates(top_k: int, top_p: float, vocab: int) -> int:
-    """Columns a row tries first: a fixed function of its own parameters (never of the batch),
+def num_candidates(top_k: list[int], top_p: list[float], vocab: int) -> list[int]:
+    """Columns each row tries first: a fixed function of its own parameters (never of the batch),
     so whether it falls back to the full path depends only on the row. 0 = full path."""
-    if top_k:
-        return min(vocab, top_k + TOP_K_TIE_MARGIN)
-    if top_p < 1.0:
-        return min(vocab, TOP_P_CANDIDATES)
-    return 0
+    with_p = min(vocab, TOP_P_CANDIDATES)
+    return [min(vocab, k + TOP_K_TIE_MARGIN) if k else (with_p if p < 1.0 else 0)
+            for k, p in zip(top_k, top_p)]
 
 
 def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: list[int]):
@@ -174,20 +181,22 @@ def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: li
     [n, 1], which the unresolved rows carry to the full path)."""
     n, vocab = x.shape
     dev = x.device
-    idx = _index(which, dev)
+    every = len(which) == len(rows.host_top_k)  # no index tensor when every random row is here
+    idx = None if every else _index(which, dev)
     vals, ids = topk(x, max(need))  # sorted, highest first
     pos = torch.arange(vals.shape[1], device=dev)
     limit = to_device(need, torch.long, dev).unsqueeze(1)
-    top_k = rows.top_k[idx].unsqueeze(1)
+    top_k = _take(rows.top_k, idx, which, len(rows.host_top_k)).unsqueeze(1)
     has_k = top_k > 0
     kth = torch.where(has_k, vals.gather(1, (top_k - 1).clamp(min=0)), torch.full_like(m, float("-inf")))
     # A top-k row is resolved unless ties with the k-th value may reach past its candidates.
     resolved = ((vals.gather(1, limit - 1) < kth) | (limit >= vocab) | ~has_k).squeeze(1)
     w = torch.exp((vals - m) * inv_t).masked_fill_((pos >= limit) | (vals < kth), 0.0).double()
     keep = w > 0
-    p_rows = [j for j, i in enumerate(which) if rows.host_top_p[i] < 1.0]
+    host_top_p = rows.host_top_p if every else [rows.host_top_p[i] for i in which]
+    p_rows = [j for j, p in enumerate(host_top_p) if p < 1.0]
     if p_rows:
-        top_p = rows.top_p[idx].unsqueeze(1).double()
+        top_p = _take(rows.top_p, idx, which, len(rows.host_top_k)).unsqueeze(1).double()
         total = w.sum(dim=-1, keepdim=True)
         # Rows with top_p and no top_k: the mass is that of the whole vocabulary.
         z_rows = [j for j in p_rows if not rows.host_top_k[which[j]] and need[j] < vocab]
@@ -203,7 +212,7 @@ def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: li
             cut = ~keep_p.gather(1, limit - 1).squeeze(1)
             resolved[z_idx] = cut[z_idx]
     if any(rows.host_min_p[i] > 0.0 for i in which):
-        keep &= w >= rows.min_p[idx].unsqueeze(1).double()
+        keep &= w >= _take(rows.min_p, idx, which, len(rows.host_top_k)).unsqueeze(1).double()
     return resolved, w.masked_fill(~keep, 0.0), ids, kth
 
 
@@ -265,23 +274,25 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
     Returns the kept mask, or the draw: a block by its mass, then a column inside it."""
     n, vocab = x.shape
     dev = x.device
-    idx = _index(which, dev)
+    num_random = len(rows.host_top_k)
+    idx = _index(which, dev) if len(which) < num_random else None  # None: every random row
     p_rows = [j for j, i in enumerate(which) if rows.host_top_p[i] < 1.0]
     if p_rows:
         p_idx = _index(p_rows, dev)
         t = _take(tau, p_idx, p_rows, n)
+        top_p = _take(rows.top_p, idx, which, num_random)
         found = top_p_threshold(_take(x, p_idx, p_rows, n), _take(m, p_idx, p_rows, n),
-                                _take(inv_t, p_idx, p_rows, n), t, rows.top_p[idx[p_idx]].unsqueeze(1))
+                                _take(inv_t, p_idx, p_rows, n), t, _take(top_p, p_idx, p_rows, n).unsqueeze(1))
         tau = tau.clone()
         tau[p_idx] = torch.maximum(t, found)
-    min_p = rows.min_p[idx].unsqueeze(1)
+    min_p = _take(rows.min_p, idx, which, num_random).unsqueeze(1)
     if want_mask:
         w = torch.exp((x - m) * inv_t)
         return (x >= tau) & (w >= min_p) & (w > 0)
     has_min_p = any(rows.host_min_p[i] > 0.0 for i in which)
     has_tau = bool(p_rows) or any(rows.host_top_k[i] for i in which)
     sums = block_sums(x, m, inv_t, tau if has_tau else None, min_p if has_min_p else None).double()
-    u = rows.uniform[idx]
+    u = _take(rows.uniform, idx, which, num_random)
     block = _inverse_cdf(sums, u)
     cum = sums.cumsum(dim=-1)
     before = torch.where(block > 0, cum.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1),

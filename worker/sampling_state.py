@@ -25,11 +25,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable, Optional
 
+import numpy as np
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .sampling_ops import to_device
+from .step_upload import dma_upload
 
 
 def uses_counts(params: SamplingParams) -> bool:
@@ -165,10 +167,19 @@ class SamplingState:
             return
         dev = x.device
         width = max(entries[j].width for j in use)
-        slots = to_device([entries[j].slot for j in use], torch.long, dev)
-        per_row = to_device([[params[j].repetition_penalty, params[j].frequency_penalty,
-                              params[j].presence_penalty] for j in use], torch.float32, dev)
-        rep, freq, pres = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
+        # One copy to the device: slots, rows and the three penalties as float64 columns (exact
+        # for any slot or row index), instead of three copies of which one is a nested list.
+        packed = np.empty((5, len(use)), dtype=np.float64)
+        packed[0] = [entries[j].slot for j in use]
+        packed[1] = [rows[j] for j in use]
+        packed[2] = [params[j].repetition_penalty for j in use]
+        packed[3] = [params[j].frequency_penalty for j in use]
+        packed[4] = [params[j].presence_penalty for j in use]
+        packed = dma_upload(packed, dev)
+        slots, row_idx = packed[:2].long()
+        row_idx = row_idx.unsqueeze(1)
+        per_row = packed[2:].float().unsqueeze(2)
+        rep, freq, pres = per_row[0], per_row[1], per_row[2]
         ids = self.token_ids[slots, :width]
         counts = self.output_counts[slots, :width]
         num = self.num_distinct[slots].unsqueeze(1)
@@ -176,7 +187,6 @@ class SamplingState:
         # Padding repeats column 0 with its own count, so the duplicate writes below agree.
         ids = torch.where(valid, ids, ids[:, :1])
         counts = torch.where(valid, counts, counts[:, :1])
-        row_idx = to_device([rows[j] for j in use], torch.long, dev).unsqueeze(1)
         y = x[row_idx, ids]
         z = torch.where(y > 0, y / rep, y * rep)
         z = z - freq * counts - pres * (counts > 0).to(torch.float32)
@@ -204,7 +214,9 @@ class SamplingState:
         self._ensure_width(max(entries[j].width for j in counted))
         dev = self.device
         slots = to_device([entries[j].slot for j in counted], torch.long, dev)
-        new = tokens[to_device(counted, torch.long, tokens.device)].to(dev)
+        # every entry counted (the usual batch): the tokens as they are, no index tensor
+        new = (tokens if len(counted) == len(entries)
+               else tokens[to_device(counted, torch.long, tokens.device)]).to(dev)
         width = max(entries[j].width for j in counted)
         num = self.num_distinct[slots]
         hit = (self.token_ids[slots, :width] == new.unsqueeze(1)) & \
