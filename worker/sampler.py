@@ -152,7 +152,7 @@ class Sampler:
             return DeviceDraw(empty, empty, None, len(rows))
 
         # One pass over the rows (every step at batch 256: four comprehensions cost twice this).
-        penalty_rows, min_tokens_rows, logprob_rows, random_rows, greedy_rows = [], [], [], [], []
+        penalty_rows, min_tokens_rows, logprob_rows, random_rows = [], [], [], []
         for i, r in enumerate(rows):
             p = r.params
             if p.has_penalties:
@@ -162,7 +162,8 @@ class Sampler:
                 min_tokens_rows.append(i)
             if p.logprobs is not None:
                 logprob_rows.append(i)
-            (greedy_rows if p.is_greedy else random_rows).append(i)
+            if not p.is_greedy:
+                random_rows.append(i)
 
         if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
@@ -189,11 +190,13 @@ class Sampler:
                 x_lp = _rows_of(x, logprob_rows, n)
                 lse, maxima = _lse_and_block_maxima(x_lp)
 
-            if len(greedy_rows) == n:
+            if not random_rows:
                 token_ids = x.argmax(dim=-1)
             else:
                 token_ids = torch.empty(n, dtype=torch.long, device=device)
-                if greedy_rows:
+                if len(random_rows) < n:  # the greedy rows: those the loop above did not list
+                    is_random = set(random_rows)
+                    greedy_rows = [i for i in range(n) if i not in is_random]
                     token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
             unresolved = None
             if random_rows:
@@ -224,8 +227,7 @@ class Sampler:
             if len(transfer) > 1:
                 draw.transfer = torch.cat(transfer)
             if entries:
-                self.state.append(entries, token_ids if len(penalty_rows) == n
-                                  else token_ids[_index(penalty_rows, device)])
+                self.state.append(entries, _rows_of(token_ids, penalty_rows, n))
                 draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
                 if unresolved is not None:  # only a redo (`_redo`) looks them up
                     draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows

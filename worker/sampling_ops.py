@@ -128,12 +128,13 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
     need = num_candidates(rows.host_top_k, rows.host_top_p, vocab)
     cand = [i for i, c in enumerate(need) if c]
     full = [i for i, c in enumerate(need) if not c] if len(cand) < n else []
-    out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
-           else torch.empty(n, dtype=torch.long, device=dev))
+    out = None  # a buffer only when both paths have rows: otherwise one path's result is the output
+    if 0 < len(cand) < n or n == 0:
+        out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
+               else torch.empty(n, dtype=torch.long, device=dev))
     unresolved = None
     if cand:
-        # Every row on the candidate path (the usual batch): no index tensor, no scatter.
-        idx = _index(cand, dev) if len(cand) < n else None
+        idx = _subset_index(cand, n, dev)
         resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
                                                    _take(inv_t, idx, cand, n), rows, cand,
                                                    need if idx is None else [need[i] for i in cand])
@@ -143,28 +144,35 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
             order = ids.argsort(dim=-1)  # the draw runs in token-id order, as on the full path
             w, ids = w.gather(1, order), ids.gather(1, order)
             kept = ids.gather(1, _inverse_cdf(w, _take(rows.uniform, idx, cand, n)).unsqueeze(1)).squeeze(1)
-        if idx is None:
-            out = kept
-        else:
-            out[idx] = kept
+        out = _put(out, idx, kept)
         # Rows whose kept set did not fit their candidates go the full way; only the device
         # knows which, so the caller reads the flags when it has them (no sync here).
         unresolved = Unresolved(~resolved, cand, x if private else x.clone(), m, inv_t, kth, rows)
     if full:
-        idx = _index(full, dev) if len(full) < n else None
+        idx = _subset_index(full, n, dev)
         tau = torch.full((len(full), 1), float("-inf"), device=dev)
-        kept = _full(_take(x, idx, full, n), _take(m, idx, full, n), _take(inv_t, idx, full, n),
-                     tau, rows, full, want_mask)
-        if idx is None:
-            out = kept
-        else:
-            out[idx] = kept
+        out = _put(out, idx, _full(_take(x, idx, full, n), _take(m, idx, full, n),
+                                   _take(inv_t, idx, full, n), tau, rows, full, want_mask))
     return out, unresolved
+
+
+def _subset_index(which: list[int], n: int, device) -> Optional[torch.Tensor]:
+    """The index tensor of rows `which` out of n; None when that is every row (the usual batch),
+    so `_take` and `_put` skip the upload, the gather and the scatter."""
+    return None if len(which) == n else _index(which, device)
 
 
 def _take(t: torch.Tensor, idx: Optional[torch.Tensor], which: list[int], n: int) -> torch.Tensor:
     """Rows `which` of `t`; `t` itself when that is every row (no [n, vocab] copy)."""
     return t if len(which) == n else t[idx]
+
+
+def _put(out: torch.Tensor, idx: Optional[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """`out` with `rows` written at `idx`; `rows` itself when idx is None (every row)."""
+    if idx is None:
+        return rows
+    out[idx] = rows
+    return out
 
 
 def num_candidates(top_k: list[int], top_p: list[float], vocab: int) -> list[int]:
@@ -181,22 +189,22 @@ def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: li
     [n, 1], which the unresolved rows carry to the full path)."""
     n, vocab = x.shape
     dev = x.device
-    every = len(which) == len(rows.host_top_k)  # no index tensor when every random row is here
-    idx = None if every else _index(which, dev)
+    num_random = len(rows.host_top_k)
+    idx = _subset_index(which, num_random, dev)
     vals, ids = topk(x, max(need))  # sorted, highest first
     pos = torch.arange(vals.shape[1], device=dev)
     limit = to_device(need, torch.long, dev).unsqueeze(1)
-    top_k = _take(rows.top_k, idx, which, len(rows.host_top_k)).unsqueeze(1)
+    top_k = _take(rows.top_k, idx, which, num_random).unsqueeze(1)
     has_k = top_k > 0
     kth = torch.where(has_k, vals.gather(1, (top_k - 1).clamp(min=0)), torch.full_like(m, float("-inf")))
     # A top-k row is resolved unless ties with the k-th value may reach past its candidates.
     resolved = ((vals.gather(1, limit - 1) < kth) | (limit >= vocab) | ~has_k).squeeze(1)
     w = torch.exp((vals - m) * inv_t).masked_fill_((pos >= limit) | (vals < kth), 0.0).double()
     keep = w > 0
-    host_top_p = rows.host_top_p if every else [rows.host_top_p[i] for i in which]
+    host_top_p = rows.host_top_p if idx is None else [rows.host_top_p[i] for i in which]
     p_rows = [j for j, p in enumerate(host_top_p) if p < 1.0]
     if p_rows:
-        top_p = _take(rows.top_p, idx, which, len(rows.host_top_k)).unsqueeze(1).double()
+        top_p = _take(rows.top_p, idx, which, num_random).unsqueeze(1).double()
         total = w.sum(dim=-1, keepdim=True)
         # Rows with top_p and no top_k: the mass is that of the whole vocabulary.
         z_rows = [j for j in p_rows if not rows.host_top_k[which[j]] and need[j] < vocab]
@@ -212,7 +220,7 @@ def _filter_candidates(x, m, inv_t, rows: RandomRows, which: list[int], need: li
             cut = ~keep_p.gather(1, limit - 1).squeeze(1)
             resolved[z_idx] = cut[z_idx]
     if any(rows.host_min_p[i] > 0.0 for i in which):
-        keep &= w >= _take(rows.min_p, idx, which, len(rows.host_top_k)).unsqueeze(1).double()
+        keep &= w >= _take(rows.min_p, idx, which, num_random).unsqueeze(1).double()
     return resolved, w.masked_fill(~keep, 0.0), ids, kth
 
 
@@ -275,7 +283,7 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
     n, vocab = x.shape
     dev = x.device
     num_random = len(rows.host_top_k)
-    idx = _index(which, dev) if len(which) < num_random else None  # None: every random row
+    idx = _subset_index(which, num_random, dev)
     p_rows = [j for j, i in enumerate(which) if rows.host_top_p[i] < 1.0]
     if p_rows:
         p_idx = _index(p_rows, dev)
