@@ -5,7 +5,8 @@ no_repeat_ngram_size, min_tokens suppression), logprobs, greedy argmax and rando
 (temperature, top_k, top_p, min_p), all batched over the rows that use each feature. Penalty
 state lives in a `SamplingState` (device-resident, updated by one scatter per step); the
 filters and the draw are in `sampling_ops` (no vocabulary sort); the random numbers come from
-`random_stream` (Philox keyed by (seed, step)).
+`random_stream` (Philox keyed by (seed, step)), computed on the device by the same stream's
+kernel (`kernels.sample.philox_uniforms`) where the draw runs its kernels.
 
 Order of operations (every row independently):
   1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf,
@@ -50,6 +51,7 @@ import torch
 
 from infer_cluster.kernels.dispatch import use_triton
 from infer_cluster.kernels.row_stats import row_stats
+from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
@@ -200,7 +202,7 @@ class Sampler:
                     token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
             unresolved = None
             if random_rows:
-                params = self._random_params([rows[i] for i in random_rows], x.shape[1], device)
+                params = self._random_params([rows[i] for i in random_rows], x)
                 xr = _rows_of(x, random_rows, n)
                 # A redo needs these logits after the next step's forward: the runner's own
                 # buffer (float32 models, CUDA graphs) may be rewritten by then.
@@ -305,7 +307,7 @@ class Sampler:
             _ban(x, ban_rows, ban_tokens)
         return entries
 
-    def _random_params(self, rows: list[SamplingRequestState], vocab: int, device: torch.device) -> RandomRows:
+    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor) -> RandomRows:
         """Per-row parameters and uniforms, moved to the device in one copy."""
         # Comprehensions, not one loop of appends: this runs every step for every random row.
         params = [r.params for r in rows]
@@ -327,16 +329,25 @@ class Sampler:
                                      device=gen.device if gen is not None else "cpu").tolist()
                 for j, key in zip(drawn, keys):
                     seeds[j] = key
+        vocab = x.shape[1]
         top_k = [k if 0 < k < vocab else 0 for k in (p.top_k for p in params)]
         top_p, min_p = [p.top_p for p in params], [p.min_p for p in params]
         # Columns filled from flat lists (a nested list through torch.tensor costs ~3x more).
-        packed = np.empty((5, len(rows)), dtype=np.float64)
+        # The uniforms: Philox on the device where the draw runs Triton (the seeds' and steps'
+        # 64 bits ride in the float64 upload as raw bits), else on the host.
+        on_device = use_sample_kernels(x)
+        packed = np.empty((6 if on_device else 5, len(rows)), dtype=np.float64)
         packed[0] = [p.temperature for p in params]
         packed[1], packed[2], packed[3] = top_k, top_p, min_p
-        packed[4] = step_uniforms(seeds, steps)[:, 0]
-        packed = dma_upload(packed, device)
+        if on_device:
+            packed[4] = np.asarray(seeds, dtype=np.uint64).view(np.float64)
+            packed[5] = np.asarray(steps, dtype=np.uint64).view(np.float64)
+        else:
+            packed[4] = step_uniforms(seeds, steps)[:, 0]
+        packed = dma_upload(packed, x.device)
+        uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
         return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                          min_p=packed[3].float(), uniform=packed[4], host_top_k=top_k,
+                          min_p=packed[3].float(), uniform=uniform, host_top_k=top_k,
                           host_top_p=top_p, host_min_p=min_p)
 
 

@@ -2,8 +2,10 @@
 
 Owns: `draw_random_rows`, which turns float32 logits of the random rows into token ids given
 per-row parameters and one uniform per row (from `random_stream.step_uniforms`) without a host
-sync, and `sample_random_rows`, the same draw made exact at once. Plain torch, the same code on
-CPU and CUDA.
+sync, and `sample_random_rows`, the same draw made exact at once. The paths below are plain
+torch and run on the CPU; where `kernels.sample.use_sample_kernels` holds (CUDA, unless
+`INFER_CLUSTER_SAMPLER_KERNELS=0`), the candidate rows' filters and draw are one Triton launch and
+the full rows' draw two (kernels/sample_triton.py), with these torch paths as their references.
 
 The kept set of a row (all thresholds on the row's logits, so it is always a set of the highest
 values, ties kept together):
@@ -42,6 +44,7 @@ import torch
 
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
 from infer_cluster.kernels.row_stats import block_maxima
+from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, full_draw, use_sample_kernels
 
 TOP_K_TIE_MARGIN = 64     # extra candidates past k to see ties with the k-th value (bf16 logits tie often)
 TOP_P_CANDIDATES = 256    # candidates tried first for rows with top_p but no top_k
@@ -133,7 +136,20 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
                else torch.empty(n, dtype=torch.long, device=dev))
     unresolved = None
-    if cand:
+    kernel = not want_mask and use_sample_kernels(x) and x.stride(1) == 1
+    if cand and kernel and max(need) <= MAX_CANDIDATES:
+        # One launch for the filters and the draw (kernels/sample_triton.py), same semantics.
+        idx = _subset_index(cand, n, dev)
+        xc = _take(x, idx, cand, n)
+        vals, ids = topk(xc, max(need) if idx is None else max(need[i] for i in cand))
+        kept, flags, kth = candidate_draw(
+            xc, vals.contiguous(), ids.contiguous(), _take(m, idx, cand, n), _take(inv_t, idx, cand, n),
+            _take(rows.top_k, idx, cand, n), _take(rows.top_p, idx, cand, n),
+            _take(rows.min_p, idx, cand, n), _take(rows.uniform, idx, cand, n),
+            TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK)
+        out = _put(out, idx, kept)
+        unresolved = Unresolved(flags, cand, x if private else x.clone(), m, inv_t, kth, rows)
+    elif cand:
         idx = _subset_index(cand, n, dev)
         resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
                                                    _take(inv_t, idx, cand, n), rows, cand,
@@ -297,6 +313,9 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
     if want_mask:
         w = torch.exp((x - m) * inv_t)
         return (x >= tau) & (w >= min_p) & (w > 0)
+    if use_sample_kernels(x) and x.stride(1) == 1:  # two launches (kernels/sample_triton.py), same semantics
+        return full_draw(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(), min_p.contiguous(),
+                         _take(rows.uniform, idx, which, num_random).contiguous(), BLOCK)
     has_min_p = any(rows.host_min_p[i] > 0.0 for i in which)
     has_tau = bool(p_rows) or any(rows.host_top_k[i] for i in which)
     sums = block_sums(x, m, inv_t, tau if has_tau else None, min_p if has_min_p else None).double()

@@ -1,0 +1,41 @@
+"""Entry points of the sampler's draw kernels (kernels/sample_triton.py), importable without
+Triton: the constants the callers plan with, and wrappers that load the Triton module on first
+use. `worker.sampling_ops` calls them where `dispatch.use_triton` holds, and keeps the plain-torch
+paths that are their references (and the CPU's implementation).
+
+To extend: a new kernel gets a wrapper here and its launch in sample_triton.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import env_switch, use_triton
+
+MAX_CANDIDATES = 512  # widest candidate set `candidate_draw` takes; wider rows use the torch path
+
+
+def use_sample_kernels(x: torch.Tensor) -> bool:
+    """Whether the draw of logits `x` runs these kernels: where `use_triton` holds, unless
+    `INFER_CLUSTER_SAMPLER_KERNELS=0` (the A/B switch: the torch paths and the host Philox)."""
+    return use_triton(x) and env_switch("INFER_CLUSTER_SAMPLER_KERNELS")
+
+
+def candidate_draw(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin: int, p_candidates: int,
+                   block: int):
+    """(ids [n] int64, unresolved [n] bool, kth [n, 1] float32): filters and draw of candidate
+    rows in one launch (see `sample_triton.candidate_draw`)."""
+    from .sample_triton import candidate_draw as launch
+    return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block)
+
+
+def full_draw(x, m, inv_t, tau, min_p, uniform, block: int) -> torch.Tensor:
+    """ids [n] int64 over the whole vocabulary (see `sample_triton.full_draw`)."""
+    from .sample_triton import full_draw as launch
+    return launch(x, m, inv_t, tau, min_p, uniform, block)
+
+
+def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
+    from .sample_triton import philox_uniforms as launch
+    return launch(seeds, steps)

@@ -1,0 +1,248 @@
+"""Triton twins of the sampler's random draw: one launch for a candidate row's filters and draw,
+two for a full-vocabulary row's draw, one for the rows' Philox uniforms.
+
+Owns the kernels behind `worker.sampling_ops` on CUDA (and under `TRITON_INTERPRET=1` in
+tests). Their plain-torch references are the torch paths of `worker.sampling_ops`
+(`_filter_candidates` + `_inverse_cdf`, `_full`) and `worker.random_stream.step_uniforms`; the
+kernels keep those paths' semantics, so a row's kept set and drawn id are the same up to float64
+rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
+
+  * `candidate_draw`: one program per row over its top `width` values (sorted high to low) and
+    ids. It derives the row's candidate limit from its own top_k / top_p (the rule of
+    `sampling_ops.num_candidates`), applies top-k (ties with the k-th value kept), top-p (mass of
+    strictly greater values, pairwise over [C_PAD, CH] tiles instead of a cumsum over tie
+    groups), min-p, and draws by the inverse CDF in token-id order (again pairwise: the
+    cumulative weight of every id <= this one). A top-p row with no top-k takes the mass of its
+    whole vocabulary, which the program sums itself over the row's logits. It writes the id, the
+    row's "unresolved" flag (its kept set may reach past its candidates) and its top-k threshold.
+  * `full_draw`: `_block_sums_kernel` (grid rows x parts) writes float32 sums of
+    exp((x - max) / T) over runs of `BLOCK` columns with the row's logit threshold and min-p
+    applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
+    those sums and the column inside it.
+  * `philox_uniforms`: the first uniform of `step_uniforms(seeds, steps)` per row, from
+    `tl.randint4x` (the same counter layout as the host stream), so the host needs no Philox.
+
+Launch arguments never depend on the row count (the grid does), and strides and widths are not
+specialized, so warm-up's compiles cover every batch. To extend a filter: add it to both the
+kernel and the torch path in `sampling_ops`, and a case to the test.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .sample import MAX_CANDIDATES
+
+CH = 16               # columns per pairwise tile of `candidate_draw` (with 16 warps: 104 registers, no spill on sm_90)
+_BIG = tl.constexpr(2 ** 62)  # an id past every vocabulary (padding, "none found")
+_SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,048 columns)
+_SUM_SPLITS = 8       # parts per row: enough programs at batch 1
+_PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
+
+
+@triton.jit(do_not_specialize=["sx", "sv", "si", "vocab", "width"])
+def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
+                      min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, vocab, width,
+                      MARGIN: tl.constexpr, P_CANDIDATES: tl.constexpr, C_PAD: tl.constexpr,
+                      CH: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    pos = tl.arange(0, C_PAD)
+    k = tl.load(top_k_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    mp = tl.load(min_p_ptr + row)
+    u = tl.load(u_ptr + row)
+    m = tl.load(m_ptr + row)
+    it = tl.load(inv_t_ptr + row)
+    # The row's candidate count: `sampling_ops.num_candidates` for this row alone.
+    limit = tl.where(k > 0, tl.minimum(k + MARGIN, vocab), tl.minimum(vocab, P_CANDIDATES))
+    base_v = vals_ptr + row * sv
+    v = tl.load(base_v + pos, mask=pos < width, other=float("-inf"))
+    has_k = k > 0
+    kth = tl.where(has_k, tl.load(base_v + tl.maximum(k - 1, 0)), float("-inf"))
+    last_v = tl.load(base_v + limit - 1)
+    resolved = (last_v < kth) | (limit >= vocab) | (k <= 0)
+    w = tl.exp((v - m) * it)
+    w = tl.where((pos >= limit) | (v < kth), 0.0, w).to(tl.float64)
+
+    keep_p = pos >= 0
+    if p < 1.0:
+        z = (k <= 0) & (limit < vocab)
+        total = tl.sum(w, axis=0)
+        if z:  # top-p alone: the mass is the whole vocabulary's (as `sampling_ops._full_mass`)
+            offs_b = tl.arange(0, 8)
+            offs_c = tl.arange(0, BLOCK)
+            total = tl.zeros([], dtype=tl.float64)
+            for c0 in range(0, vocab, 8 * BLOCK):  # float32 sums of BLOCK columns, added in float64
+                cols = c0 + offs_b[:, None] * BLOCK + offs_c[None, :]
+                xr = tl.load(x_ptr + row * sx + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+                total += tl.sum(tl.sum(tl.exp((xr - m) * it), axis=1).to(tl.float64), axis=0)
+        # Mass of strictly greater values: the same for every member of a tie group.
+        before = tl.zeros([C_PAD], dtype=tl.float64)
+        for j0 in range(0, width, CH):
+            pj = j0 + tl.arange(0, CH)
+            vj = tl.load(base_v + pj, mask=pj < width, other=float("-inf"))
+            wj = tl.exp((vj - m) * it)
+            wj = tl.where((pj >= limit) | (vj < kth), 0.0, wj).to(tl.float64)
+            greater = vj[None, :] > v[:, None]
+            before += tl.sum(tl.where(greater, wj[None, :], 0.0), axis=1)
+        keep_p = before < p.to(tl.float64) * total
+        if z:  # resolved when its last candidate is already cut off
+            resolved = tl.sum(tl.where((pos == limit - 1) & keep_p, 1, 0), axis=0) == 0
+    keep = (w > 0) & keep_p & (w >= mp.to(tl.float64))
+    wk = tl.where(keep, w, 0.0)
+
+    # The inverse CDF in token-id order: cum(i) = weight of every id <= id_i.
+    ids = tl.load(ids_ptr + row * si + pos, mask=pos < width, other=_BIG)
+    total_k = tl.sum(wk, axis=0)
+    target = u * total_k
+    chosen = tl.full([], _BIG, tl.int64)
+    for i0 in range(0, width, CH):
+        pi = i0 + tl.arange(0, CH)
+        idc = tl.load(ids_ptr + row * si + pi, mask=pi < width, other=_BIG)
+        cum = tl.sum(tl.where(ids[:, None] <= idc[None, :], wk[:, None], 0.0), axis=0)
+        chosen = tl.minimum(chosen, tl.min(tl.where((cum > target) & (pi < width), idc, _BIG), axis=0))
+    # No cum above the target (rounding at u ~ 1): the last kept id, as the torch path.
+    last = tl.max(tl.where(wk > 0, ids, -1), axis=0)
+    first = tl.min(ids, axis=0)
+    last = tl.where(last < 0, first, last)
+    chosen = tl.where(chosen == _BIG, last, chosen)
+    tl.store(out_ptr + row, chosen)
+    tl.store(unresolved_ptr + row, tl.where(resolved, 0, 1).to(tl.int8))
+    tl.store(kth_ptr + row, kth)
+
+
+def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: torch.Tensor,
+                   inv_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                   uniform: torch.Tensor, margin: int, p_candidates: int, block: int):
+    """(ids [n] int64, unresolved [n] bool, kth [n, 1] float32) for candidate rows.
+    x [n, vocab] the rows' logits (read only for top-p rows without top-k); vals / ids [n, width]
+    their top `width` values (float32, sorted high to low) and ids; m, inv_t [n, 1] float32;
+    top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64."""
+    n, vocab = x.shape
+    width = vals.shape[1]
+    if width > MAX_CANDIDATES:
+        raise ValueError(f"candidate_draw takes at most {MAX_CANDIDATES} candidates, got {width}")
+    # One tile size for every width (the loops stop at `width`): one compiled variant, which
+    # warm-up's first sampled step compiles whatever widths traffic brings later.
+    c_pad = MAX_CANDIDATES
+    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    unresolved = torch.empty(n, dtype=torch.bool, device=x.device)
+    kth = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    if n:
+        _candidate_kernel[(n,)](x, x.stride(0), vals, ids, vals.stride(0), ids.stride(0), m, inv_t,
+                                top_k, top_p, min_p, uniform, out, unresolved.view(torch.int8), kth,
+                                vocab, width, MARGIN=margin, P_CANDIDATES=p_candidates, C_PAD=c_pad,
+                                CH=CH, BLOCK=block, num_warps=16)
+    return out, unresolved, kth
+
+
+@triton.jit(do_not_specialize=["sx", "vocab", "part_tiles", "n_blocks"])
+def _block_sums_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, sums_ptr, vocab, part_tiles,
+                       n_blocks, BLOCK: tl.constexpr, NB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    m = tl.load(m_ptr + row)
+    it = tl.load(inv_t_ptr + row)
+    tau = tl.load(tau_ptr + row)
+    mp = tl.load(min_p_ptr + row)
+    start = part * part_tiles * (NB * BLOCK)
+    end = tl.minimum(start + part_tiles * (NB * BLOCK), vocab)
+    offs_b = tl.arange(0, NB)
+    offs_c = tl.arange(0, BLOCK)
+    for off in range(start, end, NB * BLOCK):
+        cols = off + offs_b[:, None] * BLOCK + offs_c[None, :]
+        x = tl.load(x_ptr + row * sx + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        w = tl.exp((x - m) * it)
+        w = tl.where((cols >= vocab) | (x < tau) | (w < mp), 0.0, w)
+        blk = off // BLOCK + offs_b
+        tl.store(sums_ptr + row * n_blocks + blk, tl.sum(w, axis=1), mask=blk < n_blocks)
+
+
+@triton.jit(do_not_specialize=["sx", "vocab", "n_blocks"])
+def _full_pick_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, u_ptr, sums_ptr, out_ptr, vocab,
+                      n_blocks, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, TILE)
+    # Pass 1: the total as the scan below computes it (the last cumulative sum), so the target
+    # lies below the scan's end exactly as in the torch path's cumsum.
+    prefix = tl.zeros([], dtype=tl.float64)
+    last_blk = tl.full([], -1, tl.int64)
+    for b0 in range(0, n_blocks, TILE):
+        b = b0 + offs
+        s = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0).to(tl.float64)
+        prefix = tl.max(prefix + tl.cumsum(s, axis=0), axis=0)
+        last_blk = tl.maximum(last_blk, tl.max(tl.where(s > 0, b.to(tl.int64), -1), axis=0))
+    u = tl.load(u_ptr + row)
+    target = u * prefix
+    # Pass 2: the first block whose cumulative sum exceeds the target, and the sum before it.
+    prefix = tl.zeros([], dtype=tl.float64)
+    blk = tl.full([], _BIG, tl.int64)
+    before = tl.zeros([], dtype=tl.float64)
+    for b0 in range(0, n_blocks, TILE):
+        b = b0 + offs
+        s = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0).to(tl.float64)
+        cum = prefix + tl.cumsum(s, axis=0)
+        blk = tl.minimum(blk, tl.min(tl.where((cum > target) & (b < n_blocks), b.to(tl.int64), _BIG), axis=0))
+        before = tl.maximum(before, tl.max(tl.where(cum <= target, cum, 0.0), axis=0))
+        prefix = tl.max(cum, axis=0)
+    blk = tl.minimum(blk, tl.maximum(last_blk, 0))
+    # The column inside that block, by the rest of the same target.
+    m = tl.load(m_ptr + row)
+    it = tl.load(inv_t_ptr + row)
+    tau = tl.load(tau_ptr + row)
+    mp = tl.load(min_p_ptr + row)
+    c = tl.arange(0, BLOCK)
+    cols = blk * BLOCK + c
+    x = tl.load(x_ptr + row * sx + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+    w = tl.exp((x - m) * it)
+    w = tl.where((cols >= vocab) | (x < tau) | (w < mp), 0.0, w).to(tl.float64)
+    cw = tl.cumsum(w, axis=0)
+    found = tl.min(tl.where(cw > target - before, c, BLOCK), axis=0)
+    last = tl.max(tl.where(w > 0, c, 0), axis=0)
+    tl.store(out_ptr + row, blk * BLOCK + tl.minimum(found, last).to(tl.int64))
+
+
+def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
+              min_p: torch.Tensor, uniform: torch.Tensor, block: int) -> torch.Tensor:
+    """ids [n] int64: a block of `block` columns by its mass, then a column inside it. x [n, vocab]
+    logits (any float dtype, unit column stride); m, inv_t, tau, min_p [n, 1] float32 (tau: the
+    row's logit threshold, -inf for none); uniform [n] float64."""
+    n, vocab = x.shape
+    n_blocks = triton.cdiv(vocab, block)
+    tile = _SUM_NB * block
+    n_tiles = triton.cdiv(vocab, tile)
+    part_tiles = triton.cdiv(n_tiles, min(n_tiles, _SUM_SPLITS))
+    parts = triton.cdiv(n_tiles, part_tiles)
+    sums = torch.empty(n, n_blocks, dtype=torch.float32, device=x.device)
+    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    if n:
+        _block_sums_kernel[(n, parts)](x, x.stride(0), m, inv_t, tau, min_p, sums, vocab, part_tiles,
+                                       n_blocks, BLOCK=block, NB=_SUM_NB, num_warps=4)
+        _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
+                                BLOCK=block, TILE=_PICK_TILE, num_warps=4)
+    return out
+
+
+@triton.jit(do_not_specialize=["n"])
+def _uniform_kernel(seed_ptr, step_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    seed = tl.load(seed_ptr + i, mask=mask, other=0)
+    step = tl.load(step_ptr + i, mask=mask, other=0)
+    a, b, _c, _d = tl.randint4x(seed, step)  # a key per lane: the seed broadcasts like the counter
+    w0 = a.to(tl.uint32, bitcast=True).to(tl.uint64)
+    w1 = b.to(tl.uint32, bitcast=True).to(tl.uint64)
+    bits = (w0 << 21) | (w1 >> 11)  # 53 random bits, as `step_uniforms`
+    tl.store(out_ptr + i, bits.to(tl.float64) * (2.0 ** -53), mask=mask)
+
+
+def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[n] float64: column 0 of `random_stream.step_uniforms(seeds, steps)`, on the device.
+    seeds / steps [n] int64 (the seed's 64 bits as a signed integer)."""
+    n = seeds.shape[0]
+    out = torch.empty(n, dtype=torch.float64, device=seeds.device)
+    if n:
+        _uniform_kernel[(triton.cdiv(n, 128),)](seeds, steps, out, n, BLOCK=128, num_warps=4)
+    return out

@@ -1,0 +1,145 @@
+"""The sampler's draw kernels (kernels/sample_triton.py) against their plain-torch references,
+the torch paths of worker/sampling_ops.py and the host Philox stream: the same ids, the same
+"unresolved" flags and top-k thresholds, the same ids after the redo, and the same uniforms.
+
+`INFER_CLUSTER_KERNELS` picks the path (dispatch.use_triton), so one call of the public
+`draw_random_rows` / `Sampler` runs each side on the same inputs.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms
+from infer_cluster.protocol.sampling_params import SamplingParams
+from infer_cluster.worker.random_stream import step_uniforms
+from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling_ops import (TOP_K_TIE_MARGIN, RandomRows, draw_random_rows,
+                                               sample_random_rows)
+
+VOCAB = 1000  # wider than TOP_P_CANDIDATES: top-p rows take the candidate path and its mass pass
+
+# (temperature, top_k, top_p, min_p): every path of the draw.
+PARAMS = [
+    (0.8, 50, 0.9, 0.0),    # the bench's sampled kind: top-k + top-p
+    (1.0, 20, 1.0, 0.0),    # top-k alone
+    (0.7, 0, 0.9, 0.0),     # top-p alone: candidates, the whole row's mass
+    (1.2, 5, 0.5, 0.1),     # every filter
+    (1.0, 0, 1.0, 0.05),    # min-p alone: the full path
+    (0.7, 0, 1.0, 0.0),     # temperature alone: the full path (the penalties kind)
+    (0.5, 300, 0.99, 0.0),  # 364 candidates: the widest tile
+    (1.0, 2, 1.0, 0.0),
+]
+
+
+def random_rows(params, uniforms, device) -> RandomRows:
+    col = lambda j, dt: torch.tensor([p[j] for p in params], dtype=dt, device=device)  # noqa: E731
+    return RandomRows(temperature=col(0, torch.float32), top_k=col(1, torch.long), top_p=col(2, torch.float32),
+                      min_p=col(3, torch.float32),
+                      uniform=torch.tensor(uniforms, dtype=torch.float64, device=device),
+                      host_top_k=[p[1] for p in params], host_top_p=[p[2] for p in params],
+                      host_min_p=[p[3] for p in params])
+
+
+def both_paths(monkeypatch, fn):
+    got = {}
+    for mode in ("torch", "triton"):
+        monkeypatch.setenv("INFER_CLUSTER_KERNELS", mode)
+        got[mode] = fn()
+    return got["torch"], got["triton"]
+
+
+def draw(x, rows):
+    ids, unresolved = draw_random_rows(x, rows)
+    if unresolved is None:
+        return ids.tolist(), None, None
+    return ids.tolist(), unresolved.flags.tolist(), unresolved.kth.flatten().tolist()
+
+
+@pytest.mark.parametrize("case", ["smooth", "peaky", "ties"])
+def test_draw_equals_torch_paths(device, monkeypatch, case):
+    g = torch.Generator().manual_seed({"smooth": 1, "peaky": 2, "ties": 3}[case])
+    params = PARAMS * 2
+    x = torch.randn(len(params), VOCAB, generator=g)
+    if case == "peaky":
+        x = x * 6
+    if case == "ties":  # bf16-like logits: many equal values around every threshold
+        x = (x * 2).round() / 2
+    x = x.to(device)
+    u = torch.rand(len(params), generator=g, dtype=torch.float64).tolist()
+    ref, got = both_paths(monkeypatch, lambda: draw(x, random_rows(params, u, device)))
+    assert got == ref
+    # and after the redo of the flagged rows (the full path with the row's thresholds)
+    ref, got = both_paths(monkeypatch, lambda: sample_random_rows(x, random_rows(params, u, device)).tolist())
+    assert got == ref
+
+
+def test_ties_past_the_margin_are_flagged_and_redone(device, monkeypatch):
+    # A top-k row whose k-th value ties with more values than k + margin candidates hold.
+    x = torch.zeros(4, VOCAB)
+    x[:, :3] = 2.0
+    x[:, 3:3 + 2 * TOP_K_TIE_MARGIN] = 1.0
+    x = x.to(device)
+    params = [(1.0, 10, 1.0, 0.0), (1.0, 10, 0.95, 0.0), (0.9, 4, 1.0, 0.0), (1.0, 0, 0.99, 0.0)]
+    u = [0.99, 0.7, 0.5, 0.999]
+    ref, got = both_paths(monkeypatch, lambda: draw(x, random_rows(params, u, device)))
+    assert got == ref
+    assert got[1][0] and got[1][1] and got[1][2]  # every top-k row is flagged for the redo
+    ref, got = both_paths(monkeypatch, lambda: sample_random_rows(x, random_rows(params, u, device)).tolist())
+    assert got == ref
+    assert got[0] >= 3 and got[2] >= 3  # the tie group past k was reachable
+
+
+def test_a_row_draws_the_same_alone_and_in_a_batch(device, monkeypatch):
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(len(PARAMS), VOCAB, generator=g).to(device)
+    u = torch.rand(len(PARAMS), generator=g, dtype=torch.float64).tolist()
+    batch = sample_random_rows(x, random_rows(PARAMS, u, device)).tolist()
+    alone = [sample_random_rows(x[i:i + 1], random_rows(PARAMS[i:i + 1], u[i:i + 1], device)).item()
+             for i in range(len(PARAMS))]
+    assert batch == alone
+
+
+def test_wider_candidate_sets_take_the_torch_path(device, monkeypatch):
+    k = MAX_CANDIDATES  # k + margin candidates: more than the kernel takes
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 2 * VOCAB, generator=g).to(device)
+    params = [(1.0, k, 0.9, 0.0), (0.8, 50, 0.9, 0.0)]
+    ref, got = both_paths(monkeypatch, lambda: sample_random_rows(x, random_rows(params, [0.3, 0.6], device)).tolist())
+    assert got == ref
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2 ** 40 + 7, 2 ** 63 - 1])
+def test_device_uniforms_equal_host_stream(device, seed):
+    steps = [0, 1, 2, 7, 1000, 2 ** 31 - 1, 2 ** 33 + 5, 2 ** 40] + list(range(300, 460))
+    seeds = [seed + (i % 3) if seed + 2 < 2 ** 63 else seed for i in range(len(steps))]
+    got = philox_uniforms(torch.tensor(seeds, dtype=torch.int64, device=device),
+                          torch.tensor(steps, dtype=torch.int64, device=device))
+    assert np.array_equal(got.cpu().numpy(), step_uniforms(seeds, steps)[:, 0])
+
+
+def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch):
+    """The whole sampler (device uniforms, both draws, penalties, greedy and logprob rows mixed
+    in) gives the torch path's ids over several steps."""
+    kinds = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=11),
+             SamplingParams(temperature=0.7, repetition_penalty=1.1, presence_penalty=0.3, seed=12),
+             SamplingParams(temperature=0.8, top_p=0.95, seed=13),
+             SamplingParams(temperature=1.0, min_p=0.05, seed=14),
+             SamplingParams(temperature=0.0),
+             SamplingParams(temperature=0.9, top_k=20, logprobs=2, seed=15)]
+    g = torch.Generator().manual_seed(6)
+    steps = [torch.randn(len(kinds), VOCAB, generator=g).to(device) for _ in range(3)]
+
+    def run():
+        sampler = Sampler()
+        outputs = [[] for _ in kinds]
+        for logits in steps:
+            rows = [SamplingRequestState(p, [5, 6, 7], list(out), None, (2,), f"r{i}")
+                    for i, (p, out) in enumerate(zip(kinds, outputs))]
+            for out, t in zip(outputs, sampler(logits, rows).token_ids):
+                out.append(t)
+        return outputs
+
+    ref, got = both_paths(monkeypatch, run)
+    assert got == ref
