@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -404,6 +404,18 @@ for _ in range(600):
       timeout 240 python3 -m pytest -q -m gpu tests/distributed tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tail -3
       WLA_TIMEOUT=200 WLA_RUNS="llama-3-8b-shape 1 1 --sampling all,llama-3-8b-shape 2 1 --sampling all,qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all" \
         OUT="$OUT" bash "$0" wla ;;
+    sampler_kernels)  # the draw kernels (kernels/sample_triton.py): their GPU tests, the sampler alone with
+      # them off / on, then workload A on the Qwen3 shape per request kind at T=1 and T=2 (on), with
+      # the A/B of the switch (INFER_CLUSTER_SAMPLER_KERNELS=0) for sampled and penalties in the same call
+      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_sample_draw.py tests/kernels/test_random_stream.py \
+        tests/unit/test_sampling_ops.py tests/unit/test_sampler.py -p no:cacheprovider 2>&1 | tail -3
+      for sw in 0 1; do
+        INFER_CLUSTER_SAMPLER_KERNELS=$sw timeout 120 python3 bench/sampler_profile.py \
+          --out "$OUT/sampler_profile_kernels$sw.json" 2>&1 | tail -6
+      done
+      WLA_TIMEOUT=200 WLA_RUNS="${SK_RUNS:-qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all,\
+qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling sampled,qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,\
+qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling sampled}" OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

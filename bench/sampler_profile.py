@@ -1,4 +1,5 @@
-"""The sampler alone on a workload-A-sized batch: milliseconds per call for each request kind,
+"""The sampler alone on a workload-A-sized batch: milliseconds per call for each request kind
+(and how much of it is `draw`'s launch phase, before the one sync),
 and (with `--profile`) torch.profiler's top operators, to see what a kind adds to a step.
 
 Rows carry prompts and outputs of a few hundred tokens, as in workload A mid-run; logits are
@@ -41,7 +42,7 @@ def main(argv=None):
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
-    results = {}
+    results, host_results = {}, {}
     for kind, kw in KINDS.items():
         sampler = Sampler(torch.Generator().manual_seed(0))
         params = SamplingParams(max_tokens=2048, **kw)
@@ -50,22 +51,33 @@ def main(argv=None):
                                      None, (2,), f"r{i}") for i in range(args.rows)]
         logits = [torch.randn(args.rows, args.vocab, generator=g).to(dev, torch.bfloat16) for _ in range(4)]
 
+        host = [0.0]
+
         def call(i):
-            out = sampler(logits[i % 4].clone(), rows, logits_writable=True)
+            x = logits[i % 4].clone()
+            t0 = time.perf_counter()
+            draw = sampler.draw(x, rows, logits_writable=True)  # the launch phase: no sync
+            host[0] += time.perf_counter() - t0
+            values = draw.values.flatten().tolist() if draw.values is not None else None
+            out = sampler.finish(draw, draw.transfer.tolist(), values)
             for r, t in zip(rows, out.token_ids):
                 r.output_token_ids.append(t)
         for i in range(5):
             call(i)
         if dev == "cuda":
             torch.cuda.synchronize()
+        host[0] = 0.0
         t = time.perf_counter()
         for i in range(args.iters):
             call(i)
         if dev == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t) / args.iters * 1e3
+        host_ms = host[0] / args.iters * 1e3
         results[kind] = ms
-        print(f"{kind:<12} {ms:8.3f} ms per call ({args.rows} rows x {args.vocab})", flush=True)
+        host_results[kind] = host_ms
+        print(f"{kind:<12} {ms:8.3f} ms per call, {host_ms:7.3f} ms of it in `draw` before the sync "
+              f"({args.rows} rows x {args.vocab})", flush=True)
         if args.profile and kind != "greedy":
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
@@ -76,7 +88,9 @@ def main(argv=None):
                     torch.cuda.synchronize()
             key = "self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total"
             print(prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=40))
-    write_json(args.out, {"rows": args.rows, "vocab": args.vocab, "ms_per_call": results})
+    write_json(args.out, {"rows": args.rows, "vocab": args.vocab, "ms_per_call": results,
+                          "draw_host_ms_per_call": host_results,
+                          "sampler_kernels": os.environ.get("INFER_CLUSTER_SAMPLER_KERNELS", "1")})
 
 
 if __name__ == "__main__":
