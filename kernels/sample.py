@@ -1,4 +1,5 @@
-"""Entry points of the sampler's draw kernels (kernels/sample_triton.py), importable without
+"""Entry points of the sampler's kernels (the draw: kernels/sample_triton.py; the penalty
+state: kernels/penalty_triton.py), importable without
 Triton: the constants the callers plan with, and wrappers that load the Triton module on first
 use. `worker.sampling_ops` calls them where `dispatch.use_triton` holds, and keeps the plain-torch
 paths that are their references (and the CPU's implementation).
@@ -39,3 +40,15 @@ def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
     from .sample_triton import philox_uniforms as launch
     return launch(seeds, steps)
+
+
+def apply_penalties(x, token_ids, counts, num_distinct, packed) -> None:
+    """The penalties on the seen columns of x, in place (see `penalty_triton.apply_penalties`)."""
+    from .penalty_triton import apply_penalties as launch
+    launch(x, token_ids, counts, num_distinct, packed)
+
+
+def append_tokens(token_ids, counts, num_distinct, slots, tokens) -> None:
+    """Fold one new token per slot (see `penalty_triton.append_tokens`)."""
+    from .penalty_triton import append_tokens as launch
+    launch(token_ids, counts, num_distinct, slots, tokens)

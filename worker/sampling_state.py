@@ -16,7 +16,11 @@ penalties always equal the from-scratch definition.
 
 Must never: hold logits, or keep an entry after `remove` (the engine calls it when a request
 ends). Slots are reused; a reused slot is cleared first.
-To extend: a new per-token statistic is one more [slots, width] tensor updated in `append`.
+On CUDA both per-step updates are one Triton launch each (kernels/penalty_triton.py), with the
+torch code below as their reference and the CPU's implementation.
+
+To extend: a new per-token statistic is one more [slots, width] tensor updated in `append`
+(and in the kernels).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Hashable, Optional
 import numpy as np
 import torch
 
+from infer_cluster.kernels.sample import append_tokens, use_sample_kernels
+from infer_cluster.kernels.sample import apply_penalties as kernel_penalties
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .sampling_ops import to_device
@@ -176,6 +182,9 @@ class SamplingState:
         packed[3] = [params[j].frequency_penalty for j in use]
         packed[4] = [params[j].presence_penalty for j in use]
         packed = dma_upload(packed, dev)
+        if use_sample_kernels(x) and x.stride(1) == 1:  # one launch (kernels/penalty_triton.py)
+            kernel_penalties(x, self.token_ids, self.output_counts, self.num_distinct, packed)
+            return
         slots, row_idx = packed[:2].long()
         row_idx = row_idx.unsqueeze(1)
         per_row = packed[2:].float().unsqueeze(2)
@@ -217,6 +226,9 @@ class SamplingState:
         # every entry counted (the usual batch): the tokens as they are, no index tensor
         new = (tokens if len(counted) == len(entries)
                else tokens[to_device(counted, torch.long, tokens.device)]).to(dev)
+        if use_sample_kernels(new):  # one launch (kernels/penalty_triton.py)
+            append_tokens(self.token_ids, self.output_counts, self.num_distinct, slots, new.contiguous())
+            return
         width = max(entries[j].width for j in counted)
         num = self.num_distinct[slots]
         hit = (self.token_ids[slots, :width] == new.unsqueeze(1)) & \
