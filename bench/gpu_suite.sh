@@ -404,18 +404,24 @@ for _ in range(600):
       timeout 240 python3 -m pytest -q -m gpu tests/distributed tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tail -3
       WLA_TIMEOUT=200 WLA_RUNS="llama-3-8b-shape 1 1 --sampling all,llama-3-8b-shape 2 1 --sampling all,qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all" \
         OUT="$OUT" bash "$0" wla ;;
-    sampler_kernels)  # the draw kernels (kernels/sample_triton.py): their GPU tests, the sampler alone with
-      # them off / on, then workload A on the Qwen3 shape per request kind at T=1 and T=2 (on), with
-      # the A/B of the switch (INFER_CLUSTER_SAMPLER_KERNELS=0) for sampled and penalties in the same call
-      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_sample_draw.py tests/kernels/test_random_stream.py \
-        tests/unit/test_sampling_ops.py tests/unit/test_sampler.py -p no:cacheprovider 2>&1 | tail -3
+    sampler_kernels)  # the sampler's kernels (kernels/sample_triton.py, penalty_triton.py): their GPU tests and
+      # the draw's no-sync and async checks, the sampler alone with them off / on (cProfile of the host side
+      # when on), then workload A on the Qwen3 shape per request kind at T=1 and T=2 (on), with the A/B of
+      # the switch (INFER_CLUSTER_SAMPLER_KERNELS=0) in the same call (SK_RUNS overrides the runs)
+      timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_sample_draw.py tests/kernels/test_penalty_kernels.py \
+        tests/kernels/test_random_stream.py tests/unit/test_sampling_ops.py tests/unit/test_sampler.py \
+        tests/unit/test_sampling_state.py -p no:cacheprovider 2>&1 | tail -3
+      timeout 240 python3 -m pytest -q tests/parity/test_gpu.py -k "sync_debug or unresolved or async" \
+        -p no:cacheprovider 2>&1 | tail -3
       for sw in 0 1; do
-        INFER_CLUSTER_SAMPLER_KERNELS=$sw timeout 120 python3 bench/sampler_profile.py \
-          --out "$OUT/sampler_profile_kernels$sw.json" 2>&1 | tail -6
+        flags=(); [ "$sw" = 1 ] && flags=(--cprofile)
+        INFER_CLUSTER_SAMPLER_KERNELS=$sw timeout 150 python3 bench/sampler_profile.py "${flags[@]}" \
+          --out "$OUT/sampler_profile_kernels$sw.json" > "$OUT/sampler_profile_kernels$sw.log" 2>&1
+        grep "ms per call" "$OUT/sampler_profile_kernels$sw.log"
       done
       WLA_TIMEOUT=200 WLA_RUNS="${SK_RUNS:-qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all,\
-qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling sampled,qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,\
-qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling sampled}" OUT="$OUT" bash "$0" wla ;;
+qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties}" \
+        OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

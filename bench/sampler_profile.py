@@ -32,6 +32,9 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also run each kind's calls under cProfile and print the top functions by own time "
+                         "(where the host time of a call goes: Python, torch dispatch, kernel launches)")
     ap.add_argument("--out", default="bench/results/sampler_profile.json")
     args = ap.parse_args(argv)
 
@@ -78,6 +81,16 @@ def main(argv=None):
         host_results[kind] = host_ms
         print(f"{kind:<12} {ms:8.3f} ms per call, {host_ms:7.3f} ms of it in `draw` before the sync "
               f"({args.rows} rows x {args.vocab})", flush=True)
+        if args.cprofile and kind != "greedy":
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            for i in range(args.iters):
+                call(i)
+            prof.disable()
+            print(f"--- {kind}: cProfile of {args.iters} calls, top by own time")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
         if args.profile and kind != "greedy":
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
