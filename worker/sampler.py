@@ -175,10 +175,10 @@ class Sampler:
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
         needs_edit = bool(penalty_rows or min_tokens_rows)
-        if needs_edit or random_rows:
+        if needs_edit or (random_rows and not use_sample_kernels(logits)):
             x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
-        else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype
-            x = logits
+        else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
+            x = logits  # and the draw kernels load any float dtype as float32 (no float32 copy)
         device, n = x.device, len(rows)
         scratch: list = []
         try:

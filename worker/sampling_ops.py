@@ -77,7 +77,8 @@ def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
 
 
 def draw_random_rows(x: torch.Tensor, rows: RandomRows, private: bool = True):
-    """The draw with no host sync: (ids [n], `Unresolved` or None). Ids of rows flagged in
+    """The draw with no host sync: (ids [n], `Unresolved` or None). `x` is float32 (the torch paths),
+    or any float dtype where the kernels run. Ids of rows flagged in
     `Unresolved.flags` are only provisional until `Unresolved.redo` ran for them. `private`:
     `x` is the caller's own (False: it may be reused, so a redo keeps a copy)."""
     return _run(x, rows, want_mask=False, private=private)
@@ -126,7 +127,7 @@ class Unresolved:
 def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = True):
     n, vocab = x.shape
     dev = x.device
-    m = x.amax(dim=-1, keepdim=True)
+    m = x.amax(dim=-1, keepdim=True).float()  # exact for bf16 / fp16 logits (the kernels' input)
     inv_t = (1.0 / rows.temperature).unsqueeze(1)
     need = num_candidates(rows.host_top_k, rows.host_top_p, vocab)
     cand = [i for i, c in enumerate(need) if c]
@@ -143,7 +144,7 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         xc = _take(x, idx, cand, n)
         vals, ids = topk(xc, max(need) if idx is None else max(need[i] for i in cand))
         kept, flags, kth = candidate_draw(
-            xc, vals.contiguous(), ids.contiguous(), _take(m, idx, cand, n), _take(inv_t, idx, cand, n),
+            xc, vals.float().contiguous(), ids.contiguous(), _take(m, idx, cand, n), _take(inv_t, idx, cand, n),
             _take(rows.top_k, idx, cand, n), _take(rows.top_p, idx, cand, n),
             _take(rows.min_p, idx, cand, n), _take(rows.uniform, idx, cand, n),
             TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK)

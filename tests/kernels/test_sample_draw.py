@@ -119,20 +119,27 @@ def test_device_uniforms_equal_host_stream(device, seed):
     assert np.array_equal(got.cpu().numpy(), step_uniforms(seeds, steps)[:, 0])
 
 
-def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_penalties", [True, False])
+def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch, dtype, with_penalties):
     """The whole sampler (device uniforms, both draws, penalties, greedy and logprob rows mixed
-    in) gives the torch path's ids over several steps."""
+    in) gives the torch path's ids over several steps. Without a penalty row and with bf16
+    logits, the kernels read the model's logits as they are (no float32 copy); the torch path
+    converts them first: the same values."""
     kinds = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=11),
              SamplingParams(temperature=0.7, repetition_penalty=1.1, presence_penalty=0.3, seed=12),
              SamplingParams(temperature=0.8, top_p=0.95, seed=13),
              SamplingParams(temperature=1.0, min_p=0.05, seed=14),
              SamplingParams(temperature=0.0),
-             SamplingParams(temperature=0.9, top_k=20, logprobs=2, seed=15)]
+             SamplingParams(temperature=0.9, top_k=20, logprobs=2, seed=15),
+             SamplingParams(temperature=0.6)]  # unseeded: a key from the default generator
+    if not with_penalties:
+        kinds = [p for p in kinds if not p.has_penalties]
     g = torch.Generator().manual_seed(6)
-    steps = [torch.randn(len(kinds), VOCAB, generator=g).to(device) for _ in range(3)]
+    steps = [torch.randn(len(kinds), VOCAB, generator=g).to(device, dtype) for _ in range(3)]
 
     def run():
-        sampler = Sampler()
+        sampler = Sampler(torch.Generator().manual_seed(3))
         outputs = [[] for _ in kinds]
         for logits in steps:
             rows = [SamplingRequestState(p, [5, 6, 7], list(out), None, (2,), f"r{i}")
