@@ -36,6 +36,12 @@ def full_draw(x, m, inv_t, tau, min_p, uniform, block: int) -> torch.Tensor:
     return launch(x, m, inv_t, tau, min_p, uniform, block)
 
 
+def top_p_threshold(x, m, inv_t, tau, top_p, steps: int) -> torch.Tensor:
+    """[n, 1] float32 top-p cut of full-path rows (see `sample_triton.top_p_threshold`)."""
+    from .sample_triton import top_p_threshold as launch
+    return launch(x, m, inv_t, tau, top_p, steps)
+
+
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
     from .sample_triton import philox_uniforms as launch

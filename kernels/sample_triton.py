@@ -1,5 +1,6 @@
 """Triton twins of the sampler's random draw: one launch for a candidate row's filters and draw,
-two for a full-vocabulary row's draw, one for the rows' Philox uniforms.
+two for a full-vocabulary row's draw (one more for its top-p cut), one for the rows' Philox
+uniforms.
 
 Owns the kernels behind `worker.sampling_ops` on CUDA (and under `TRITON_INTERPRET=1` in
 tests). Their plain-torch references are the torch paths of `worker.sampling_ops`
@@ -19,6 +20,9 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
     exp((x - max) / T) over runs of `BLOCK` columns with the row's logit threshold and min-p
     applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
     those sums and the column inside it.
+  * `top_p_threshold`: the full path's top-p cut of a row (rows whose top-p set is wider than
+    their candidates), one program per row: the row's mass, then the bisection over the float32
+    bit order, a pass over the row per step.
   * `philox_uniforms`: the first uniform of `step_uniforms(seeds, steps)` per row, from
     `tl.randint4x` (the same counter layout as the host stream), so the host needs no Philox.
 
@@ -222,6 +226,56 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
                                        n_blocks, BLOCK=block, NB=_SUM_NB, num_warps=4)
         _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
                                 BLOCK=block, TILE=_PICK_TILE, num_warps=4)
+    return out
+
+
+@triton.jit(do_not_specialize=["sx", "vocab"])
+def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab,
+                            TILE: tl.constexpr, STEPS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m = tl.load(m_ptr + row)
+    it = tl.load(inv_t_ptr + row)
+    tau = tl.load(tau_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    offs = tl.arange(0, TILE)
+    base = x_ptr + row * sx
+    total = tl.zeros([], dtype=tl.float32)
+    for c0 in range(0, vocab, TILE):
+        cols = c0 + offs
+        x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
+        total += tl.sum(w, axis=0)
+    target = p * total
+    # Bisection over the float32 bit order (`sampling_ops._float_key`): the smallest value v
+    # with mass(x > v) < target. 32 halvings close any bracket of float32 keys.
+    lo = tl.full([], -2139095041, tl.int64)  # the key of -inf
+    mb = m.to(tl.int32, bitcast=True).to(tl.int64)
+    hi = tl.where(mb < 0, mb ^ 0x7FFFFFFF, mb)
+    for _ in range(STEPS):
+        mid = (lo + hi) >> 1  # floor, as torch's // on int64
+        mk = tl.where(mid < 0, mid ^ 0x7FFFFFFF, mid).to(tl.int32).to(tl.float32, bitcast=True)
+        mass = tl.zeros([], dtype=tl.float32)
+        for c0 in range(0, vocab, TILE):
+            cols = c0 + offs
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            w = tl.where((x < tau) | (x <= mk), 0.0, tl.exp((x - m) * it))
+            mass += tl.sum(w, axis=0)
+        below = mass < target
+        hi = tl.where(below, mid, hi)
+        lo = tl.where(below, lo, mid)
+    tl.store(out_ptr + row, tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi).to(tl.int32).to(tl.float32, bitcast=True))
+
+
+def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
+                    top_p: torch.Tensor, steps: int) -> torch.Tensor:
+    """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
+    row's mass, then `steps` bisection passes) instead of ~6 torch ops over [rows, vocab] per
+    step. x [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32."""
+    n, vocab = x.shape
+    out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    if n:
+        _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab, TILE=2048,
+                                      STEPS=steps, num_warps=8)
     return out
 
 

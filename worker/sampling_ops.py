@@ -45,6 +45,7 @@ import torch
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
 from infer_cluster.kernels.row_stats import block_maxima
 from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, full_draw, use_sample_kernels
+from infer_cluster.kernels.sample import top_p_threshold as _top_p_threshold_launch
 
 TOP_K_TIE_MARGIN = 64     # extra candidates past k to see ties with the k-th value (bf16 logits tie often)
 TOP_P_CANDIDATES = 256    # candidates tried first for rows with top_p but no top_k
@@ -306,8 +307,9 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
         p_idx = _index(p_rows, dev)
         t = _take(tau, p_idx, p_rows, n)
         top_p = _take(rows.top_p, idx, which, num_random)
-        found = top_p_threshold(_take(x, p_idx, p_rows, n), _take(m, p_idx, p_rows, n),
-                                _take(inv_t, p_idx, p_rows, n), t, _take(top_p, p_idx, p_rows, n).unsqueeze(1))
+        threshold = top_p_threshold_kernel if use_sample_kernels(x) and x.stride(1) == 1 else top_p_threshold
+        found = threshold(_take(x, p_idx, p_rows, n), _take(m, p_idx, p_rows, n),
+                          _take(inv_t, p_idx, p_rows, n), t, _take(top_p, p_idx, p_rows, n).unsqueeze(1))
         tau = tau.clone()
         tau[p_idx] = torch.maximum(t, found)
     min_p = _take(rows.min_p, idx, which, num_random).unsqueeze(1)
@@ -345,6 +347,12 @@ def _float_key(v: torch.Tensor) -> torch.Tensor:
 def _key_float(k: torch.Tensor) -> torch.Tensor:
     bits = torch.where(k < 0, k ^ 0x7FFFFFFF, k).to(torch.int32)
     return bits.view(torch.float32)
+
+
+def top_p_threshold_kernel(x, m, inv_t, tau, top_p) -> torch.Tensor:
+    """`top_p_threshold` by its kernel (kernels/sample_triton.py): one launch."""
+    return _top_p_threshold_launch(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(),
+                                   top_p.float().contiguous(), _BISECT_STEPS)
 
 
 def top_p_threshold(x, m, inv_t, tau, top_p) -> torch.Tensor:

@@ -46,14 +46,17 @@ _KINDS = (
 )
 
 
-# The ragged tail: widths 17 .. 1 (one past the small-batch GEMV's 16 rows), four kinds.
+# The ragged tail: widths 17 .. 1 (one past the small-batch GEMV's 16 rows), five kinds.
 _TAIL = 17
 _TAIL_KINDS = (dict(temperature=0.0, ignore_eos=True),
                dict(temperature=0.8, top_p=0.9, top_k=50, seed=3, ignore_eos=True),
                dict(temperature=0.0, logprobs=2, ignore_eos=True),
                # temperature alone, with no penalty row beside it: the full-vocabulary draw on
                # the model's own logits dtype (the kernels' other variant)
-               dict(temperature=0.7, ignore_eos=True))
+               dict(temperature=0.7, ignore_eos=True),
+               # top-p alone: where its set is wider than its candidates, the redo's threshold
+               # kernel on the model's logits dtype
+               dict(temperature=0.9, top_p=0.95, seed=4, ignore_eos=True))
 
 
 def _prompt(length: int, salt: int, vocab: int) -> list[int]:

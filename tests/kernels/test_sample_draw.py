@@ -13,6 +13,7 @@ import torch
 from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.random_stream import step_uniforms
+from infer_cluster.worker import sampling_ops
 from infer_cluster.worker.sampler import Sampler, SamplingRequestState
 from infer_cluster.worker.sampling_ops import (TOP_K_TIE_MARGIN, RandomRows, draw_random_rows,
                                                sample_random_rows)
@@ -88,6 +89,37 @@ def test_ties_past_the_margin_are_flagged_and_redone(device, monkeypatch):
     ref, got = both_paths(monkeypatch, lambda: sample_random_rows(x, random_rows(params, u, device)).tolist())
     assert got == ref
     assert got[0] >= 3 and got[2] >= 3  # the tie group past k was reachable
+
+
+def test_top_p_threshold_kernel_equals_the_torch_bisection(device):
+    """The full path's top-p cut (a bisection over the float32 bit order): the kernel finds the
+    torch loop's threshold, with and without a top-k threshold below it."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.randn(3, VOCAB, generator=g) * 0.2,                 # flat: a wide top-p set
+                   (torch.randn(3, VOCAB, generator=g) * 2).round() / 2]).to(device)  # ties
+    m = x.amax(dim=-1, keepdim=True)
+    inv_t = torch.tensor([[1.0], [1.25], [0.5], [1.0], [2.0], [1.1]], device=device)
+    tau = torch.full_like(m, float("-inf"))
+    tau[1] = x[1].sort(descending=True).values[600]
+    tau[4] = x[4].sort(descending=True).values[40]
+    top_p = torch.tensor([[0.9], [0.5], [0.99], [0.95], [0.3], [0.7]], device=device)
+    want = sampling_ops.top_p_threshold(x, m, inv_t, tau, top_p)
+    got = sampling_ops.top_p_threshold_kernel(x, m, inv_t, tau, top_p)
+    assert torch.equal(got, want)
+
+
+def test_flat_top_p_rows_are_redone_alike(device, monkeypatch):
+    """Top-p rows whose kept set is wider than their candidates (flat logits): flagged, then
+    redone on the full path with the threshold kernel: the torch path's ids."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(6, VOCAB, generator=g) * 0.3).to(device)
+    params = [(1.0, 0, 0.9, 0.0), (0.8, 0, 0.95, 0.0), (1.2, 0, 0.5, 0.02), (1.0, 0, 0.9, 0.0),
+              (0.7, 300, 0.9, 0.0), (1.0, 0, 0.8, 0.0)]
+    u = torch.rand(6, generator=g, dtype=torch.float64).tolist()
+    ref, got = both_paths(monkeypatch, lambda: draw(x, random_rows(params, u, device)))
+    assert got == ref and all(got[1][:4])  # the top-p-only rows are flagged
+    ref, got = both_paths(monkeypatch, lambda: sample_random_rows(x, random_rows(params, u, device)).tolist())
+    assert got == ref
 
 
 def test_a_row_draws_the_same_alone_and_in_a_batch(device, monkeypatch):
