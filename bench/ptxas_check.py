@@ -6,7 +6,8 @@ Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target)
 (16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
 the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
 add + RMSNorm prologue), and of the fused
-`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), with the launch tiles the
+`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), and of the sampler's kernels
+(`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
@@ -166,7 +167,45 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants() + _qkv_prep_variants()
+    return rows + gemv_variants() + _qkv_prep_variants() + sampler_variants()
+
+
+def sampler_variants():
+    """The sampler's kernels (kernels/sample_triton.py, penalty_triton.py) at the Qwen3-0.6B
+    vocabulary, float32 and bf16 logits, with the entry points' launch options."""
+    from infer_cluster.kernels import penalty_triton as pt
+    from infer_cluster.kernels import sample_triton as st
+    vocab, rows = 151936, []
+    for xd in ("*fp32", "*bf16"):
+        rows.append((f"sample candidate {xd[1:]}", st._candidate_kernel,
+                     dict(x_ptr=xd, vals_ptr="*fp32", ids_ptr="*i64", m_ptr="*fp32", inv_t_ptr="*fp32",
+                          top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", u_ptr="*fp64",
+                          out_ptr="*i64", unresolved_ptr="*i8", kth_ptr="*fp32"),
+                     dict(sx=vocab, sv=114, si=114, vocab=vocab, width=114),
+                     dict(MARGIN=64, P_CANDIDATES=256, C_PAD=512, CH=st.CH, BLOCK=128), dict(num_warps=16),
+                     ("sx", "sv", "si", "vocab", "width")))
+        full = dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", min_p_ptr="*fp32")
+        rows.append((f"sample block sums {xd[1:]}", st._block_sums_kernel, dict(full, sums_ptr="*fp32"),
+                     dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187), dict(BLOCK=128, NB=16),
+                     dict(num_warps=4), ("sx", "vocab", "part_tiles", "n_blocks")))
+        rows.append((f"sample full pick {xd[1:]}", st._full_pick_kernel,
+                     dict(full, u_ptr="*fp64", sums_ptr="*fp32", out_ptr="*i64"),
+                     dict(sx=vocab, vocab=vocab, n_blocks=1187), dict(BLOCK=128, TILE=1024), dict(num_warps=4),
+                     ("sx", "vocab", "n_blocks")))
+        rows.append((f"sample top-p cut {xd[1:]}", st._top_p_threshold_kernel,
+                     dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
+                          out_ptr="*fp32"),
+                     dict(sx=vocab, vocab=vocab), dict(TILE=2048, STEPS=32), dict(num_warps=8), ("sx", "vocab")))
+    rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
+                 dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
+    rows.append(("penalties apply", pt._apply_kernel,
+                 dict(x_ptr="*fp32", ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", packed_ptr="*fp64"),
+                 dict(sx=vocab, s_ids=1024, s_cnt=1024, n=256), dict(CH=pt.CH),
+                 dict(num_warps=4, enable_fp_fusion=False), ("sx", "s_ids", "s_cnt", "n")))
+    rows.append(("penalties append", pt._append_kernel,
+                 dict(ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", slots_ptr="*i64", tokens_ptr="*i64"),
+                 dict(s_ids=1024, s_cnt=1024), dict(CH=pt.CH), dict(num_warps=4), ("s_ids", "s_cnt")))
+    return rows
 
 
 def gemv_variants():
