@@ -9,11 +9,12 @@ CPU default), `continuous` uses transformers' continuous batching `generate_batc
 its generated tokens over its time). `--hf-max-seqs` limits how many prompts HF runs (it is
 slow); its rate is still tokens/s over those.
 
-`--sampling` picks the request kind (greedy | sampled | penalties | logprobs; `all` runs the four
+`--sampling` picks the request kind (greedy | sampled | penalties | logprobs | top_p; `all` runs the first four
 in one process, on one engine, and prints each one's rate and its ratio to greedy; HF runs only
 for greedy). The kinds are issue 10's: sampled = temperature 0.8, top_p 0.9, top_k 50, a seed
 per request; penalties = repetition 1.1 + presence 0.3 + frequency 0.2 at temperature 0.7;
-logprobs = greedy with logprobs=5. `--repeats N` runs the kinds round-robin N times and keeps
+logprobs = greedy with logprobs=5; top_p = temperature 0.8, top_p 0.9 alone, a seed per request (what
+OpenAI-style clients send). `--repeats N` runs the kinds round-robin N times and keeps
 each kind's best run (CPU timings drift). Each run also records the process's CPU time
 (`time.process_time`, all threads): on a machine shared with other jobs, tokens per CPU-second
 (with `--torch-threads 1`) moves far less with the load than wall-clock tokens/s.
@@ -54,7 +55,11 @@ SAMPLING_KINDS = {
     "penalties": dict(repetition_penalty=1.1, presence_penalty=0.3, frequency_penalty=0.2,
                       temperature=0.7),
     "logprobs": dict(temperature=0.0, logprobs=5),
+    # top-p alone, as OpenAI-style clients send it (not in `all`: its rows whose kept set is wider
+    # than their candidates are redone in `Sampler.finish`, the slow path to watch)
+    "top_p": dict(temperature=0.8, top_p=0.9),  # plus a seed per request
 }
+ALL_KINDS = ("greedy", "sampled", "penalties", "logprobs")
 
 
 def sampling_params(kind: str, out_lens: list[int], seed: int) -> list:
@@ -62,7 +67,7 @@ def sampling_params(kind: str, out_lens: list[int], seed: int) -> list:
 
     extra = SAMPLING_KINDS[kind]
     return [SamplingParams(max_tokens=n, ignore_eos=True, **extra,
-                           **({"seed": seed + i} if kind == "sampled" else {}))
+                           **({"seed": seed + i} if kind in ("sampled", "top_p") else {}))
             for i, n in enumerate(out_lens)]
 
 
@@ -267,7 +272,7 @@ def main(argv=None):
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
                                         vocab, args.seed)
-    kinds = list(SAMPLING_KINDS) if args.sampling == "all" else [args.sampling]
+    kinds = list(ALL_KINDS) if args.sampling == "all" else [args.sampling]
     ours, path, dtype, device = run_ours(args, prompts, out_lens, kinds)
     result = {"model": args.model, "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
                                                 "output_len": args.output_len}, "ours": ours}
