@@ -184,18 +184,22 @@ def sampler_variants():
                      dict(sx=vocab, sv=114, si=114, vocab=vocab, width=114),
                      dict(MARGIN=64, P_CANDIDATES=256, C_PAD=512, CH=st.CH, BLOCK=128), dict(num_warps=16),
                      ("sx", "sv", "si", "vocab", "width")))
-        full = dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", min_p_ptr="*fp32")
-        rows.append((f"sample block sums {xd[1:]}", st._block_sums_kernel, dict(full, sums_ptr="*fp32"),
-                     dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187), dict(BLOCK=128, NB=16),
-                     dict(num_warps=4), ("sx", "vocab", "part_tiles", "n_blocks")))
-        rows.append((f"sample full pick {xd[1:]}", st._full_pick_kernel,
-                     dict(full, u_ptr="*fp64", sums_ptr="*fp32", out_ptr="*i64"),
-                     dict(sx=vocab, vocab=vocab, n_blocks=1187), dict(BLOCK=128, TILE=1024), dict(num_warps=4),
-                     ("sx", "vocab", "n_blocks")))
-        rows.append((f"sample top-p cut {xd[1:]}", st._top_p_threshold_kernel,
-                     dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
-                          out_ptr="*fp32"),
-                     dict(sx=vocab, vocab=vocab), dict(TILE=2048, STEPS=32), dict(num_warps=8), ("sx", "vocab")))
+        full = dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", min_p_ptr="*fp32",
+                    active_ptr="*i8")
+        for has in (False, True):  # every row (the full path) / the code-2 rows (the draw's finish)
+            act, tag = dict(HAS_ACTIVE=has, ACTIVE_CODE=2), f"{xd[1:]}{' active' if has else ''}"
+            rows.append((f"sample block sums {tag}", st._block_sums_kernel, dict(full, sums_ptr="*fp32"),
+                         dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187), dict(BLOCK=128, NB=16, **act),
+                         dict(num_warps=4), ("sx", "vocab", "part_tiles", "n_blocks")))
+            rows.append((f"sample full pick {tag}", st._full_pick_kernel,
+                         dict(full, u_ptr="*fp64", sums_ptr="*fp32", out_ptr="*i64"),
+                         dict(sx=vocab, vocab=vocab, n_blocks=1187), dict(BLOCK=128, TILE=1024, **act),
+                         dict(num_warps=4), ("sx", "vocab", "n_blocks")))
+            rows.append((f"sample top-p cut {tag}", st._top_p_threshold_kernel,
+                         dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
+                              out_ptr="*fp32", active_ptr="*i8"),
+                         dict(sx=vocab, vocab=vocab), dict(TILE=2048, STEPS=32, **act), dict(num_warps=8),
+                         ("sx", "vocab")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
     rows.append(("penalties apply", pt._apply_kernel,

@@ -24,22 +24,25 @@ def use_sample_kernels(x: torch.Tensor) -> bool:
 
 def candidate_draw(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin: int, p_candidates: int,
                    block: int):
-    """(ids [n] int64, unresolved [n] bool, kth [n, 1] float32): filters and draw of candidate
-    rows in one launch (see `sample_triton.candidate_draw`)."""
+    """(ids [n] int64, codes [n] int8, kth [n, 1] float32): filters and draw of candidate rows in
+    one launch; codes 1 and 2 flag rows whose kept set may reach past their candidates (2: a
+    top-p row without top-k). See `sample_triton.candidate_draw`."""
     from .sample_triton import candidate_draw as launch
     return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block)
 
 
-def full_draw(x, m, inv_t, tau, min_p, uniform, block: int) -> torch.Tensor:
-    """ids [n] int64 over the whole vocabulary (see `sample_triton.full_draw`)."""
+def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_code: int = 0,
+              out=None) -> torch.Tensor:
+    """ids [n] int64 over the whole vocabulary; with `active`, only the rows whose code is
+    `active_code` run and are written into `out` (see `sample_triton.full_draw`)."""
     from .sample_triton import full_draw as launch
-    return launch(x, m, inv_t, tau, min_p, uniform, block)
+    return launch(x, m, inv_t, tau, min_p, uniform, block, active, active_code, out)
 
 
-def top_p_threshold(x, m, inv_t, tau, top_p, steps: int) -> torch.Tensor:
+def top_p_threshold(x, m, inv_t, tau, top_p, steps: int, active=None, active_code: int = 0) -> torch.Tensor:
     """[n, 1] float32 top-p cut of full-path rows (see `sample_triton.top_p_threshold`)."""
     from .sample_triton import top_p_threshold as launch
-    return launch(x, m, inv_t, tau, top_p, steps)
+    return launch(x, m, inv_t, tau, top_p, steps, active, active_code)
 
 
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

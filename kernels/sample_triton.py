@@ -113,14 +113,18 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
     last = tl.where(last < 0, first, last)
     chosen = tl.where(chosen == _BIG, last, chosen)
     tl.store(out_ptr + row, chosen)
-    tl.store(unresolved_ptr + row, tl.where(resolved, 0, 1).to(tl.int8))
+    # 0 resolved; 1 unresolved (ties past a top-k row's candidates: the host redo); 2 unresolved
+    # top-p row without top-k (the caller may finish it on the device: `full_redo`)
+    code = tl.where(resolved, 0, tl.where((k <= 0) & (p < 1.0), 2, 1))
+    tl.store(unresolved_ptr + row, code.to(tl.int8))
     tl.store(kth_ptr + row, kth)
 
 
 def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: torch.Tensor,
                    inv_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
                    uniform: torch.Tensor, margin: int, p_candidates: int, block: int):
-    """(ids [n] int64, unresolved [n] bool, kth [n, 1] float32) for candidate rows.
+    """(ids [n] int64, codes [n] int8, kth [n, 1] float32) for candidate rows. Codes: 0 resolved,
+    1 unresolved (redo on the full path), 2 unresolved top-p row without top-k (the same).
     x [n, vocab] the rows' logits (read only for top-p rows without top-k); vals / ids [n, width]
     their top `width` values (float32, sorted high to low) and ids; m, inv_t [n, 1] float32;
     top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64."""
@@ -132,21 +136,33 @@ def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: to
     # warm-up's first sampled step compiles whatever widths traffic brings later.
     c_pad = MAX_CANDIDATES
     out = torch.empty(n, dtype=torch.int64, device=x.device)
-    unresolved = torch.empty(n, dtype=torch.bool, device=x.device)
+    unresolved = torch.empty(n, dtype=torch.int8, device=x.device)
     kth = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
         _candidate_kernel[(n,)](x, x.stride(0), vals, ids, vals.stride(0), ids.stride(0), m, inv_t,
-                                top_k, top_p, min_p, uniform, out, unresolved.view(torch.int8), kth,
+                                top_k, top_p, min_p, uniform, out, unresolved, kth,
                                 vocab, width, MARGIN=margin, P_CANDIDATES=p_candidates, C_PAD=c_pad,
                                 CH=CH, BLOCK=block, num_warps=16)
     return out, unresolved, kth
 
 
+@triton.jit
+def _is_active(active_ptr, row, HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
+    """Whether this row runs: every row, or (HAS_ACTIVE) those whose code is ACTIVE_CODE."""
+    if HAS_ACTIVE:
+        act = tl.load(active_ptr + row).to(tl.int32) == ACTIVE_CODE
+    else:
+        act = row >= 0
+    return act
+
+
 @triton.jit(do_not_specialize=["sx", "vocab", "part_tiles", "n_blocks"])
 def _block_sums_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, sums_ptr, vocab, part_tiles,
-                       n_blocks, BLOCK: tl.constexpr, NB: tl.constexpr):
+                       n_blocks, active_ptr, BLOCK: tl.constexpr, NB: tl.constexpr,
+                       HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
+    vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
     it = tl.load(inv_t_ptr + row)
     tau = tl.load(tau_ptr + row)
@@ -166,14 +182,17 @@ def _block_sums_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, sums_ptr
 
 @triton.jit(do_not_specialize=["sx", "vocab", "n_blocks"])
 def _full_pick_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, u_ptr, sums_ptr, out_ptr, vocab,
-                      n_blocks, BLOCK: tl.constexpr, TILE: tl.constexpr):
+                      n_blocks, active_ptr, BLOCK: tl.constexpr, TILE: tl.constexpr,
+                      HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    act = _is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE)
+    n_scan = tl.where(act, n_blocks, 0)  # inactive rows: no scan, and their id is left as it is
     offs = tl.arange(0, TILE)
     # Pass 1: the total as the scan below computes it (the last cumulative sum), so the target
     # lies below the scan's end exactly as in the torch path's cumsum.
     prefix = tl.zeros([], dtype=tl.float64)
     last_blk = tl.full([], -1, tl.int64)
-    for b0 in range(0, n_blocks, TILE):
+    for b0 in range(0, n_scan, TILE):
         b = b0 + offs
         s = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0).to(tl.float64)
         prefix = tl.max(prefix + tl.cumsum(s, axis=0), axis=0)
@@ -184,7 +203,7 @@ def _full_pick_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, u_ptr, su
     prefix = tl.zeros([], dtype=tl.float64)
     blk = tl.full([], _BIG, tl.int64)
     before = tl.zeros([], dtype=tl.float64)
-    for b0 in range(0, n_blocks, TILE):
+    for b0 in range(0, n_scan, TILE):
         b = b0 + offs
         s = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0).to(tl.float64)
         cum = prefix + tl.cumsum(s, axis=0)
@@ -199,20 +218,23 @@ def _full_pick_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, u_ptr, su
     mp = tl.load(min_p_ptr + row)
     c = tl.arange(0, BLOCK)
     cols = blk * BLOCK + c
-    x = tl.load(x_ptr + row * sx + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+    x = tl.load(x_ptr + row * sx + cols, mask=(cols < vocab) & act, other=float("-inf")).to(tl.float32)
     w = tl.exp((x - m) * it)
     w = tl.where((cols >= vocab) | (x < tau) | (w < mp), 0.0, w).to(tl.float64)
     cw = tl.cumsum(w, axis=0)
     found = tl.min(tl.where(cw > target - before, c, BLOCK), axis=0)
     last = tl.max(tl.where(w > 0, c, 0), axis=0)
-    tl.store(out_ptr + row, blk * BLOCK + tl.minimum(found, last).to(tl.int64))
+    drawn = blk * BLOCK + tl.minimum(found, last).to(tl.int64)
+    tl.store(out_ptr + row, tl.where(act, drawn, tl.load(out_ptr + row)))  # inactive: its id as it was
 
 
 def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
-              min_p: torch.Tensor, uniform: torch.Tensor, block: int) -> torch.Tensor:
+              min_p: torch.Tensor, uniform: torch.Tensor, block: int, active: torch.Tensor = None,
+              active_code: int = 0, out: torch.Tensor = None) -> torch.Tensor:
     """ids [n] int64: a block of `block` columns by its mass, then a column inside it. x [n, vocab]
     logits (any float dtype, unit column stride); m, inv_t, tau, min_p [n, 1] float32 (tau: the
-    row's logit threshold, -inf for none); uniform [n] float64."""
+    row's logit threshold, -inf for none); uniform [n] float64. `active` (int8 [n] codes): only
+    rows whose code is `active_code` run, and only their ids in `out` are written."""
     n, vocab = x.shape
     n_blocks = triton.cdiv(vocab, block)
     tile = _SUM_NB * block
@@ -220,19 +242,26 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
     part_tiles = triton.cdiv(n_tiles, min(n_tiles, _SUM_SPLITS))
     parts = triton.cdiv(n_tiles, part_tiles)
     sums = torch.empty(n, n_blocks, dtype=torch.float32, device=x.device)
-    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    if out is None:
+        out = torch.empty(n, dtype=torch.int64, device=x.device)
     if n:
+        has = active is not None
+        act = active if has else out
         _block_sums_kernel[(n, parts)](x, x.stride(0), m, inv_t, tau, min_p, sums, vocab, part_tiles,
-                                       n_blocks, BLOCK=block, NB=_SUM_NB, num_warps=4)
+                                       n_blocks, act, BLOCK=block, NB=_SUM_NB, HAS_ACTIVE=has,
+                                       ACTIVE_CODE=active_code, num_warps=4)
         _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
-                                BLOCK=block, TILE=_PICK_TILE, num_warps=4)
+                                act, BLOCK=block, TILE=_PICK_TILE, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
+                                num_warps=4)
     return out
 
 
 @triton.jit(do_not_specialize=["sx", "vocab"])
-def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab,
-                            TILE: tl.constexpr, STEPS: tl.constexpr):
+def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
+                            TILE: tl.constexpr, STEPS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+                            ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
     it = tl.load(inv_t_ptr + row)
     tau = tl.load(tau_ptr + row)
@@ -267,15 +296,19 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
 
 
 def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
-                    top_p: torch.Tensor, steps: int) -> torch.Tensor:
+                    top_p: torch.Tensor, steps: int, active: torch.Tensor = None,
+                    active_code: int = 0) -> torch.Tensor:
     """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
     row's mass, then `steps` bisection passes) instead of ~6 torch ops over [rows, vocab] per
-    step. x [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32."""
+    step. x [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32.
+    `active` as in `full_draw` (other rows' values are meaningless)."""
     n, vocab = x.shape
     out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
-        _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab, TILE=2048,
-                                      STEPS=steps, num_warps=8)
+        has = active is not None
+        _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab,
+                                      active if has else out, TILE=2048, STEPS=steps, HAS_ACTIVE=has,
+                                      ACTIVE_CODE=active_code, num_warps=8)
     return out
 
 

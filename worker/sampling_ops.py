@@ -144,11 +144,22 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         idx = _subset_index(cand, n, dev)
         xc = _take(x, idx, cand, n)
         vals, ids = topk(xc, max(need) if idx is None else max(need[i] for i in cand))
-        kept, flags, kth = candidate_draw(
-            xc, vals.float().contiguous(), ids.contiguous(), _take(m, idx, cand, n), _take(inv_t, idx, cand, n),
-            _take(rows.top_k, idx, cand, n), _take(rows.top_p, idx, cand, n),
-            _take(rows.min_p, idx, cand, n), _take(rows.uniform, idx, cand, n),
-            TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK)
+        mc, tc = _take(m, idx, cand, n), _take(inv_t, idx, cand, n)
+        top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
+                           _take(rows.uniform, idx, cand, n))
+        kept, codes, kth = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
+                                          _take(rows.top_k, idx, cand, n), top_p, min_p, u,
+                                          TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK)
+        if any(not rows.host_top_k[i] and need[i] < vocab for i in cand):
+            # Top-p rows without top-k whose set is wider than their candidates (code 2) are
+            # finished here on the device, with no host sync and no redo in `finish`: the full
+            # path's top-p cut, then its draw, for those rows only.
+            found = top_p_threshold_kernel(xc, mc, tc, kth, top_p.unsqueeze(1), active=codes, active_code=2)
+            full_draw(xc, mc, tc, torch.maximum(kth, found), min_p, u, BLOCK, active=codes, active_code=2,
+                      out=kept)
+            flags = codes == 1
+        else:
+            flags = codes.bool()
         out = _put(out, idx, kept)
         unresolved = Unresolved(flags, cand, x if private else x.clone(), m, inv_t, kth, rows)
     elif cand:
@@ -349,10 +360,11 @@ def _key_float(k: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def top_p_threshold_kernel(x, m, inv_t, tau, top_p) -> torch.Tensor:
-    """`top_p_threshold` by its kernel (kernels/sample_triton.py): one launch."""
+def top_p_threshold_kernel(x, m, inv_t, tau, top_p, active=None, active_code: int = 0) -> torch.Tensor:
+    """`top_p_threshold` by its kernel (kernels/sample_triton.py): one launch. With `active`
+    (int8 codes), only the rows whose code is `active_code` are computed."""
     return _top_p_threshold_launch(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(),
-                                   top_p.float().contiguous(), _BISECT_STEPS)
+                                   top_p.float().contiguous(), _BISECT_STEPS, active, active_code)
 
 
 def top_p_threshold(x, m, inv_t, tau, top_p) -> torch.Tensor:
