@@ -27,7 +27,9 @@ How, without sorting the vocabulary:
 Which candidate rows did not fit (ties past k + margin, a top-p set wider than its candidates)
 only the device knows: `draw_random_rows` returns their flags in an `Unresolved`, and whoever
 copies the ids to the host copies the flags with them and redoes the flagged rows on the full
-path (`Unresolved.apply`; the sampler does it in `Sampler.finish`), with the same uniform.
+path (`Unresolved.apply`; the sampler does it in `Sampler.finish`), with the same uniform. On the
+kernel path, top-p rows without top-k that did not fit are finished on the device in the draw
+(the full path for those rows only), so only top-k rows with ties past their margin are flagged.
 
 Must never: read or write state outside its arguments, mutate `x`, or sync to the host (except
 `sample_random_rows` / `kept_mask`, which read the flags: tests and diagnostics).
