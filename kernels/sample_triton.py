@@ -15,14 +15,17 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
     groups), min-p, and draws by the inverse CDF in token-id order (again pairwise: the
     cumulative weight of every id <= this one). A top-p row with no top-k takes the mass of its
     whole vocabulary, which the program sums itself over the row's logits. It writes the id, the
-    row's "unresolved" flag (its kept set may reach past its candidates) and its top-k threshold.
+    row's code (0 resolved; 1 its kept set may reach past its candidates; 2 the same for a top-p
+    row without top-k) and its top-k threshold.
   * `full_draw`: `_block_sums_kernel` (grid rows x parts) writes float32 sums of
     exp((x - max) / T) over runs of `BLOCK` columns with the row's logit threshold and min-p
     applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
     those sums and the column inside it.
-  * `top_p_threshold`: the full path's top-p cut of a row (rows whose top-p set is wider than
-    their candidates), one program per row: the row's mass, then the bisection over the float32
-    bit order, a pass over the row per step.
+  * `top_p_threshold`: the full path's top-p cut of a row, one program per row: the row's mass,
+    then the bisection over the float32 bit order, a pass over the row per step.
+  * With `active` (the candidate kernel's codes) the cut, the block sums and the pick run only
+    for the rows of one code and leave the others' ids as they are: `sampling_ops` finishes the
+    code-2 rows this way inside the draw, so they need no host redo.
   * `philox_uniforms`: the first uniform of `step_uniforms(seeds, steps)` per row, from
     `tl.randint4x` (the same counter layout as the host stream), so the host needs no Philox.
 
