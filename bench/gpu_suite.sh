@@ -407,7 +407,8 @@ for _ in range(600):
     sampler_kernels)  # the sampler's kernels (kernels/sample_triton.py, penalty_triton.py): their GPU tests and
       # the draw's no-sync and async checks, the sampler alone with them off / on (cProfile of the host side
       # when on), then workload A on the Qwen3 shape per request kind at T=1 and T=2 (on), with the A/B of
-      # the switch (INFER_CLUSTER_SAMPLER_KERNELS=0) in the same call (SK_RUNS overrides the runs)
+      # the switch (INFER_CLUSTER_SAMPLER_KERNELS=0) in the same call, and top_p alone at T=1 and T=2
+      # (SK_RUNS overrides the runs)
       timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_sample_draw.py tests/kernels/test_penalty_kernels.py \
         tests/kernels/test_random_stream.py tests/unit/test_sampling_ops.py tests/unit/test_sampler.py \
         tests/unit/test_sampling_state.py -p no:cacheprovider 2>&1 | tail -3
@@ -420,7 +421,8 @@ for _ in range(600):
         grep "ms per call" "$OUT/sampler_profile_kernels$sw.log"
       done
       WLA_TIMEOUT=200 WLA_RUNS="${SK_RUNS:-qwen3-0.6b-shape 1 1 --sampling all,qwen3-0.6b-shape 2 1 --sampling all,\
-qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties}" \
+qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,\
+qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
         OUT="$OUT" bash "$0" wla ;;
     *) echo "unknown stage $stage" ;;
   esac
