@@ -140,12 +140,12 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
                else torch.empty(n, dtype=torch.long, device=dev))
     unresolved = None
-    kernel = not want_mask and use_sample_kernels(x) and x.stride(1) == 1
-    if cand and kernel and max(need) <= MAX_CANDIDATES:
+    width = max(need, default=0)  # the widest candidate row (full rows need 0)
+    if cand and not want_mask and _kernels(x) and width <= MAX_CANDIDATES:
         # One launch for the filters and the draw (kernels/sample_triton.py), same semantics.
         idx = _subset_index(cand, n, dev)
         xc = _take(x, idx, cand, n)
-        vals, ids = topk(xc, max(need) if idx is None else max(need[i] for i in cand))
+        vals, ids = topk(xc, width)
         mc, tc = _take(m, idx, cand, n), _take(inv_t, idx, cand, n)
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
@@ -185,6 +185,11 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         out = _put(out, idx, _full(_take(x, idx, full, n), _take(m, idx, full, n),
                                    _take(inv_t, idx, full, n), tau, rows, full, want_mask))
     return out, unresolved
+
+
+def _kernels(x: torch.Tensor) -> bool:
+    """Whether the draw of `x` runs the Triton kernels (they need unit column stride)."""
+    return use_sample_kernels(x) and x.stride(1) == 1
 
 
 def _subset_index(which: list[int], n: int, device) -> Optional[torch.Tensor]:
@@ -320,7 +325,7 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
         p_idx = _index(p_rows, dev)
         t = _take(tau, p_idx, p_rows, n)
         top_p = _take(rows.top_p, idx, which, num_random)
-        threshold = top_p_threshold_kernel if use_sample_kernels(x) and x.stride(1) == 1 else top_p_threshold
+        threshold = top_p_threshold_kernel if _kernels(x) else top_p_threshold
         found = threshold(_take(x, p_idx, p_rows, n), _take(m, p_idx, p_rows, n),
                           _take(inv_t, p_idx, p_rows, n), t, _take(top_p, p_idx, p_rows, n).unsqueeze(1))
         tau = tau.clone()
@@ -329,7 +334,7 @@ def _full(x, m, inv_t, tau, rows: RandomRows, which: list[int], want_mask: bool)
     if want_mask:
         w = torch.exp((x - m) * inv_t)
         return (x >= tau) & (w >= min_p) & (w > 0)
-    if use_sample_kernels(x) and x.stride(1) == 1:  # two launches (kernels/sample_triton.py), same semantics
+    if _kernels(x):  # two launches (kernels/sample_triton.py), same semantics
         return full_draw(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(), min_p.contiguous(),
                          _take(rows.uniform, idx, which, num_random).contiguous(), BLOCK)
     has_min_p = any(rows.host_min_p[i] > 0.0 for i in which)
