@@ -54,8 +54,8 @@ _TAIL_KINDS = (dict(temperature=0.0, ignore_eos=True),
                # temperature alone, with no penalty row beside it: the full-vocabulary draw on
                # the model's own logits dtype (the kernels' other variant)
                dict(temperature=0.7, ignore_eos=True),
-               # top-p alone: where its set is wider than its candidates, the redo's threshold
-               # kernel on the model's logits dtype
+               # top-p alone: where its set is wider than its candidates, the draw finishes it on
+               # the device (threshold kernel, active-row full draw) on the model's logits dtype
                dict(temperature=0.9, top_p=0.95, seed=4, ignore_eos=True))
 
 
