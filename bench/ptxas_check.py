@@ -198,7 +198,8 @@ def sampler_variants():
             rows.append((f"sample top-p cut {tag}", st._top_p_threshold_kernel,
                          dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
                               out_ptr="*fp32", active_ptr="*i8"),
-                         dict(sx=vocab, vocab=vocab), dict(TILE=2048, STEPS=32, **act), dict(num_warps=8),
+                         dict(sx=vocab, vocab=vocab), dict(LANES=st._CUT_LANES, UNROLL=st._CUT_UNROLL, WAYS=st._CUT_WAYS,
+                                                           PASSES=st._CUT_PASSES, **act), dict(num_warps=8),
                          ("sx", "vocab")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))

@@ -39,10 +39,10 @@ def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_
     return launch(x, m, inv_t, tau, min_p, uniform, block, active, active_code, out)
 
 
-def top_p_threshold(x, m, inv_t, tau, top_p, steps: int, active=None, active_code: int = 0) -> torch.Tensor:
+def top_p_threshold(x, m, inv_t, tau, top_p, active=None, active_code: int = 0) -> torch.Tensor:
     """[n, 1] float32 top-p cut of full-path rows (see `sample_triton.top_p_threshold`)."""
     from .sample_triton import top_p_threshold as launch
-    return launch(x, m, inv_t, tau, top_p, steps, active, active_code)
+    return launch(x, m, inv_t, tau, top_p, active, active_code)
 
 
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
     applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
     those sums and the column inside it.
   * `top_p_threshold`: the full path's top-p cut of a row, one program per row: the row's mass,
-    then the bisection over the float32 bit order, a pass over the row per step.
+    then a 16-way search over the float32 bit order (at most 8 passes over the row where the
+    torch path's bisection takes 32; the same unique answer).
   * With `active` (the candidate kernel's codes) the cut, the block sums and the pick run only
     for the rows of one code and leave the others' ids as they are: `sampling_ops` finishes the
     code-2 rows this way inside the draw, so they need no host redo.
@@ -47,6 +48,9 @@ _BIG = tl.constexpr(2 ** 62)  # an id past every vocabulary (padding, "none foun
 _SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,048 columns)
 _SUM_SPLITS = 8       # parts per row: enough programs at batch 1
 _PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
+_CUT_LANES, _CUT_UNROLL = 256, 8  # the top-p cut: one column per thread (8 warps), 8 loads in flight
+_CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top)
+_CUT_PASSES = 8       # 16 ** 8 = 2 ** 32 > any float32 key bracket: the search always closes
 
 
 @triton.jit(do_not_specialize=["sx", "sv", "si", "vocab", "width"])
@@ -259,59 +263,86 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
     return out
 
 
+@triton.jit
+def _key_to_float(k):
+    """The float32 whose order key (`sampling_ops._float_key`) is `k` (int64)."""
+    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, UNROLL: tl.constexpr,
+                  WAYS: tl.constexpr):
+    """[WAYS] float32 masses of exp((x - m) * it) over the row's x >= tau with x > pivots[j], and
+    the smallest such x of positive weight over the whole row (pivots of -inf: the row's least
+    kept value). Each thread keeps its column's WAYS partial sums over the tiles ([WAYS, LANES],
+    one column per thread: no reduction inside the loop), then one tree: every pivot's mass is
+    summed in the same order, so a mass never grows as its pivot rises (the search's invariant)."""
+    offs = tl.arange(0, LANES)
+    acc = tl.zeros([WAYS, LANES], dtype=tl.float32)
+    low = tl.full([LANES], float("inf"), tl.float32)
+    piv = pivots[:, None]
+    for c0 in range(0, vocab, LANES * UNROLL):
+        for u in tl.static_range(UNROLL):
+            cols = c0 + u * LANES + offs
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
+            low = tl.minimum(low, tl.where(w > 0, x, float("inf")))
+            acc += tl.where(x[None, :] > piv, w[None, :], 0.0)
+    return tl.sum(acc, axis=1), tl.min(low, axis=0)
+
+
 @triton.jit(do_not_specialize=["sx", "vocab"])
 def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
-                            TILE: tl.constexpr, STEPS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                            ACTIVE_CODE: tl.constexpr):
+                            LANES: tl.constexpr, UNROLL: tl.constexpr, WAYS: tl.constexpr,
+                            PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
     it = tl.load(inv_t_ptr + row)
     tau = tl.load(tau_ptr + row)
     p = tl.load(top_p_ptr + row)
-    offs = tl.arange(0, TILE)
     base = x_ptr + row * sx
-    total = tl.zeros([], dtype=tl.float32)
-    for c0 in range(0, vocab, TILE):
-        cols = c0 + offs
-        x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-        w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
-        total += tl.sum(w, axis=0)
-    target = p * total
-    # Bisection over the float32 bit order (`sampling_ops._float_key`): the smallest value v
-    # with mass(x > v) < target. 32 halvings close any bracket of float32 keys.
-    lo = tl.full([], -2139095041, tl.int64)  # the key of -inf
+    j = tl.arange(0, WAYS).to(tl.int64)
+    # Pass 0: the row's mass (every pivot -inf; the same summation as the passes below) and its
+    # least kept value, whose key minus 2 is a key with the whole mass above it.
+    total, low = _pivot_masses(base, vocab, m, it, tau, tl.full([WAYS], float("-inf"), tl.float32),
+                               LANES, UNROLL, WAYS)
+    target = p * tl.max(total, axis=0)
+    # The smallest key k with mass(x > k) < target, as the torch path's bisection over the float32
+    # bit order finds it (the answer is unique: masses are monotone), but WAYS - 1 pivots a pass:
+    # the bracket (lo: not below, hi: below) shrinks WAYS-fold per pass instead of 2-fold.
     mb = m.to(tl.int32, bitcast=True).to(tl.int64)
     hi = tl.where(mb < 0, mb ^ 0x7FFFFFFF, mb)
-    for _ in range(STEPS):
-        mid = (lo + hi) >> 1  # floor, as torch's // on int64
-        mk = tl.where(mid < 0, mid ^ 0x7FFFFFFF, mid).to(tl.int32).to(tl.float32, bitcast=True)
-        mass = tl.zeros([], dtype=tl.float32)
-        for c0 in range(0, vocab, TILE):
-            cols = c0 + offs
-            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            w = tl.where((x < tau) | (x <= mk), 0.0, tl.exp((x - m) * it))
-            mass += tl.sum(w, axis=0)
+    lb = low.to(tl.int32, bitcast=True).to(tl.int64)
+    lo = tl.where(low < float("inf"), tl.where(lb < 0, lb ^ 0x7FFFFFFF, lb) - 2, -2139095041)
+    lo = tl.minimum(tl.maximum(lo, -2139095041), hi - 1)  # never below the key of -inf
+    for _ in range(PASSES):
+        span = hi - lo
+        open_ = span > 1
+        keys = lo + (span * (j + 1)) // WAYS  # the last is hi itself
+        mass, _low = _pivot_masses(base, tl.where(open_, vocab, 0), m, it, tau, _key_to_float(keys),
+                                   LANES, UNROLL, WAYS)
         below = mass < target
-        hi = tl.where(below, mid, hi)
-        lo = tl.where(below, lo, mid)
-    tl.store(out_ptr + row, tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi).to(tl.int32).to(tl.float32, bitcast=True))
+        hi = tl.where(open_, tl.min(tl.where(below, keys, hi), axis=0), hi)
+        lo = tl.where(open_, tl.max(tl.where(below, lo, keys), axis=0), lo)
+    tl.store(out_ptr + row, _key_to_float(hi))
 
 
 def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
-                    top_p: torch.Tensor, steps: int, active: torch.Tensor = None,
-                    active_code: int = 0) -> torch.Tensor:
+                    top_p: torch.Tensor, active: torch.Tensor = None, active_code: int = 0) -> torch.Tensor:
     """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
-    row's mass, then `steps` bisection passes) instead of ~6 torch ops over [rows, vocab] per
-    step. x [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32.
+    row's mass, then multi-way search passes, 16 ways: at most 8 passes for any float32 bracket,
+    instead of the bisection's 32) instead of ~6 torch ops over [rows, vocab] per step. x
+    [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32.
     `active` as in `full_draw` (other rows' values are meaningless)."""
     n, vocab = x.shape
     out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
         has = active is not None
         _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab,
-                                      active if has else out, TILE=2048, STEPS=steps, HAS_ACTIVE=has,
-                                      ACTIVE_CODE=active_code, num_warps=8)
+                                      active if has else out, LANES=_CUT_LANES, UNROLL=_CUT_UNROLL, WAYS=_CUT_WAYS,
+                                      PASSES=_CUT_PASSES, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
+                                      num_warps=8)
     return out
 
 

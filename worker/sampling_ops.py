@@ -371,13 +371,14 @@ def top_p_threshold_kernel(x, m, inv_t, tau, top_p, active=None, active_code: in
     """`top_p_threshold` by its kernel (kernels/sample_triton.py): one launch. With `active`
     (int8 codes), only the rows whose code is `active_code` are computed."""
     return _top_p_threshold_launch(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(),
-                                   top_p.float().contiguous(), _BISECT_STEPS, active, active_code)
+                                   top_p.float().contiguous(), active, active_code)
 
 
 def top_p_threshold(x, m, inv_t, tau, top_p) -> torch.Tensor:
     """[n, 1] smallest logit value v of the row with mass(x > v) < top_p * mass(x >= tau), the
     masses taken of exp((x - m) * inv_t). Exact: a bisection over the float32 bit order, 32
-    fixed steps for the whole batch (float sums are monotone in their terms, so it converges)."""
+    fixed steps for the whole batch (float sums are monotone in their terms, so it converges).
+    The reference of `top_p_threshold_kernel`, whose multi-way search finds the same key."""
     w = torch.exp((x - m) * inv_t).masked_fill_(x < tau, 0.0)
     target = top_p * w.sum(dim=-1, keepdim=True)
     lo = _float_key(torch.full_like(m, float("-inf")))

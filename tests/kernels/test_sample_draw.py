@@ -125,6 +125,33 @@ def test_top_p_threshold_kernel_equals_the_torch_bisection(device):
     assert torch.equal(got, want)
 
 
+def test_top_p_threshold_kernel_over_hard_rows(device):
+    """The multi-way search finds the bisection's key on rows that stress its bracket: one kept
+    value, all-negative and all-positive rows, a huge range (-1e30 next to small values), exact
+    ties at the cut, temperatures that underflow most of the row, and a top-k threshold that
+    leaves a handful of values."""
+    g = torch.Generator().manual_seed(11)
+    rows = [torch.full((VOCAB,), -3.0).index_fill_(0, torch.tensor([17]), 2.0),   # one value far above
+            -(torch.rand(VOCAB, generator=g) * 5 + 1),                            # every logit < 0
+            torch.rand(VOCAB, generator=g) * 5 + 1,                               # every logit > 0
+            torch.where(torch.rand(VOCAB, generator=g) < 0.5, -1e30, 0.0) + torch.randn(VOCAB, generator=g),
+            torch.randint(0, 4, (VOCAB,), generator=g).float(),                   # four tie groups
+            torch.randn(VOCAB, generator=g) * 30,                                  # most weights underflow
+            torch.zeros(VOCAB),                                                    # one tie group
+            torch.randn(VOCAB, generator=g)]
+    x = torch.stack(rows).to(device)
+    n = x.shape[0]
+    m = x.amax(dim=-1, keepdim=True)
+    inv_t = torch.tensor([[1.0], [0.9], [1.3], [1.0], [1.0], [2.0], [1.0], [0.25]], device=device)
+    tau = torch.full_like(m, float("-inf"))
+    tau[7] = x[7].sort(descending=True).values[5]
+    for p in (0.05, 0.5, 0.9, 0.999):
+        top_p = torch.full((n, 1), p, device=device)
+        want = sampling_ops.top_p_threshold(x, m, inv_t, tau, top_p)
+        got = sampling_ops.top_p_threshold_kernel(x, m, inv_t, tau, top_p)
+        assert torch.equal(got, want), (p, got.flatten().tolist(), want.flatten().tolist())
+
+
 def test_flat_top_p_rows_are_redone_alike(device, monkeypatch):
     """Top-p rows whose kept set is wider than their candidates (flat logits): the torch path
     flags them for the redo; the kernels finish them in the draw (threshold kernel, full draw,
