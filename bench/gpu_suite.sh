@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -424,6 +424,26 @@ for _ in range(600):
 qwen3-0.6b-shape 1 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,qwen3-0.6b-shape 2 1 INFER_CLUSTER_SAMPLER_KERNELS=0 --sampling penalties,\
 qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
         OUT="$OUT" bash "$0" wla ;;
+    topp_cut)  # the top-p cut's 16-way search (66cbf17) against the tree in AB_OLD (a checkout of the commit
+      # before, with the 33-pass bisection kernel, carried beside this tree): the draw's GPU tests, the sampler
+      # alone in both trees, then workload A (Qwen3 shape, T=1) top_p alone alternating new / old, greedy once
+      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_sample_draw.py -p no:cacheprovider 2>&1 | tail -2
+      site=${PYTHONPATH%%:*}
+      for tree in "$PWD" "${AB_OLD:?AB_OLD: the old tree}"; do
+        tag=$([ "$tree" = "$PWD" ] && echo new || echo old)
+        (cd "$tree" && PYTHONPATH="$site:$tree" timeout 150 python3 bench/sampler_profile.py \
+          --out "$OUT/sampler_profile_$tag.json" > "$OUT/sampler_profile_$tag.log" 2>&1)
+        echo "$tag: $(grep "ms per call" "$OUT/sampler_profile_$tag.log" | tr '\n' ' ')"
+      done
+      for tree in "$PWD" "$AB_OLD" "$PWD" "$AB_OLD" greedy; do
+        tag=$([ "$tree" = "$AB_OLD" ] && echo old || echo new); kind=top_p
+        [ "$tree" = greedy ] && { tree=$PWD; kind=greedy; }
+        echo "--- $tag workload A T=1 --sampling $kind"
+        (cd "$tree" && PYTHONPATH="$site:$tree" timeout 150 python3 bench/throughput.py --model qwen3-0.6b-shape \
+          --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
+          --max-model-len 4096 --hf none --sampling $kind --out "$OUT/topp_cut_${tag}_$kind.json" 2>&1 \
+          | grep -E "^infer-cluster|Error|error" | tail -3)
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
