@@ -173,6 +173,8 @@ def variants():
 def sampler_variants():
     """The sampler's kernels (kernels/sample_triton.py, penalty_triton.py) at the Qwen3-0.6B
     vocabulary, float32 and bf16 logits, with the entry points' launch options."""
+    import torch
+
     from infer_cluster.kernels import penalty_triton as pt
     from infer_cluster.kernels import sample_triton as st
     vocab, rows = 151936, []
@@ -198,8 +200,9 @@ def sampler_variants():
             rows.append((f"sample top-p cut {tag}", st._top_p_threshold_kernel,
                          dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
                               out_ptr="*fp32", active_ptr="*i8"),
-                         dict(sx=vocab, vocab=vocab), dict(LANES=st._CUT_LANES, UNROLL=st._CUT_UNROLL, WAYS=st._CUT_WAYS,
-                                                           PASSES=st._CUT_PASSES, **act), dict(num_warps=8),
+                         dict(sx=vocab, vocab=vocab),
+                         dict(st.cut_options(torch.bfloat16 if xd == "*bf16" else torch.float32), **act),
+                         dict(num_warps=8),
                          ("sx", "vocab")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))

@@ -49,8 +49,14 @@ _SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,04
 _SUM_SPLITS = 8       # parts per row: enough programs at batch 1
 _PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
 _CUT_LANES, _CUT_UNROLL = 256, 8  # the top-p cut: one column per thread (8 warps), 8 loads in flight
-_CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top)
-_CUT_PASSES = 8       # 16 ** 8 = 2 ** 32 > any float32 key bracket: the search always closes
+_CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top): 4 bits a pass
+
+
+def cut_options(dtype: torch.dtype) -> dict:
+    """The top-p cut's tile options for logits of `dtype`: a bracket of 2 ** BITS keys closes in
+    BITS / 4 passes of 16 ways (bfloat16 values are float32s with 16 low zero bits)."""
+    bits = 16 if dtype == torch.bfloat16 else 32
+    return dict(LANES=_CUT_LANES, UNROLL=_CUT_UNROLL, WAYS=_CUT_WAYS, BITS=bits, PASSES=bits // 4)
 
 
 @triton.jit(do_not_specialize=["sx", "sv", "si", "vocab", "width"])
@@ -264,9 +270,18 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
 
 
 @triton.jit
-def _key_to_float(k):
-    """The float32 whose order key (`sampling_ops._float_key`) is `k` (int64)."""
-    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.int32).to(tl.float32, bitcast=True)
+def _order_key(v, BITS: tl.constexpr):
+    """int64 order key of float32 `v` over its top BITS bits (`sampling_ops._float_key` at 32; at
+    16, the key of a bfloat16 value): the bits, with negatives' magnitude bits flipped."""
+    b = (v.to(tl.int32, bitcast=True) >> (32 - BITS)).to(tl.int64)  # arithmetic shift: signed
+    return tl.where(b < 0, b ^ ((1 << (BITS - 1)) - 1), b)
+
+
+@triton.jit
+def _key_value(k, BITS: tl.constexpr):
+    """The float32 whose `_order_key` at BITS is `k`."""
+    b = tl.where(k < 0, k ^ ((1 << (BITS - 1)) - 1), k) << (32 - BITS)
+    return b.to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -294,7 +309,8 @@ def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, UNROLL: 
 @triton.jit(do_not_specialize=["sx", "vocab"])
 def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
                             LANES: tl.constexpr, UNROLL: tl.constexpr, WAYS: tl.constexpr,
-                            PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
+                            BITS: tl.constexpr, PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+                            ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
@@ -310,39 +326,40 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
     target = p * tl.max(total, axis=0)
     # The smallest key k with mass(x > k) < target, as the torch path's bisection over the float32
     # bit order finds it (the answer is unique: masses are monotone), but WAYS - 1 pivots a pass:
-    # the bracket (lo: not below, hi: below) shrinks WAYS-fold per pass instead of 2-fold.
-    mb = m.to(tl.int32, bitcast=True).to(tl.int64)
-    hi = tl.where(mb < 0, mb ^ 0x7FFFFFFF, mb)
-    lb = low.to(tl.int32, bitcast=True).to(tl.int64)
-    lo = tl.where(low < float("inf"), tl.where(lb < 0, lb ^ 0x7FFFFFFF, lb) - 2, -2139095041)
-    lo = tl.minimum(tl.maximum(lo, -2139095041), hi - 1)  # never below the key of -inf
+    # the bracket (lo: not below, hi: below) shrinks WAYS-fold per pass instead of 2-fold. The
+    # answer is always the key of a value of the row (the mass only drops at those), so for
+    # bfloat16 logits (BITS = 16) the search runs over bfloat16 keys: half the passes.
+    hi = _order_key(m, BITS)
+    lo_inf = _order_key(tl.full([], float("-inf"), tl.float32), BITS)
+    lo = tl.where(low < float("inf"), _order_key(low, BITS) - 2, lo_inf)
+    lo = tl.minimum(tl.maximum(lo, lo_inf), hi - 1)  # never below the key of -inf
     for _ in range(PASSES):
         span = hi - lo
         open_ = span > 1
         keys = lo + (span * (j + 1)) // WAYS  # the last is hi itself
-        mass, _low = _pivot_masses(base, tl.where(open_, vocab, 0), m, it, tau, _key_to_float(keys),
+        mass, _low = _pivot_masses(base, tl.where(open_, vocab, 0), m, it, tau, _key_value(keys, BITS),
                                    LANES, UNROLL, WAYS)
         below = mass < target
         hi = tl.where(open_, tl.min(tl.where(below, keys, hi), axis=0), hi)
         lo = tl.where(open_, tl.max(tl.where(below, lo, keys), axis=0), lo)
-    tl.store(out_ptr + row, _key_to_float(hi))
+    tl.store(out_ptr + row, _key_value(hi, BITS))
 
 
 def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
                     top_p: torch.Tensor, active: torch.Tensor = None, active_code: int = 0) -> torch.Tensor:
     """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
     row's mass, then multi-way search passes, 16 ways: at most 8 passes for any float32 bracket,
-    instead of the bisection's 32) instead of ~6 torch ops over [rows, vocab] per step. x
-    [n, vocab] any float dtype (unit column stride); m, inv_t, tau, top_p [n, 1] float32.
+    4 for bfloat16 logits, instead of the bisection's 32) instead of ~6 torch ops over
+    [rows, vocab] per step. x [n, vocab] any float dtype (unit column stride); m (the rows'
+    maxima: values of x), inv_t, tau, top_p [n, 1] float32.
     `active` as in `full_draw` (other rows' values are meaningless)."""
     n, vocab = x.shape
     out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
         has = active is not None
         _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab,
-                                      active if has else out, LANES=_CUT_LANES, UNROLL=_CUT_UNROLL, WAYS=_CUT_WAYS,
-                                      PASSES=_CUT_PASSES, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
-                                      num_warps=8)
+                                      active if has else out, **cut_options(x.dtype), HAS_ACTIVE=has,
+                                      ACTIVE_CODE=active_code, num_warps=8)
     return out
 
 

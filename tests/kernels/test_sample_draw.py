@@ -150,6 +150,17 @@ def test_top_p_threshold_kernel_over_hard_rows(device):
         want = sampling_ops.top_p_threshold(x, m, inv_t, tau, top_p)
         got = sampling_ops.top_p_threshold_kernel(x, m, inv_t, tau, top_p)
         assert torch.equal(got, want), (p, got.flatten().tolist(), want.flatten().tolist())
+    # bfloat16 logits (the model's own, no float32 copy): the search over bfloat16 keys finds the
+    # float32 bisection's answer on the same values
+    xb = x.to(torch.bfloat16)
+    xf = xb.float()
+    mb = xf.amax(dim=-1, keepdim=True)
+    taub = torch.where(tau > float("-inf"), xf[7].sort(descending=True).values[5], tau)
+    for p in (0.05, 0.5, 0.9, 0.999):
+        top_p = torch.full((n, 1), p, device=device)
+        want = sampling_ops.top_p_threshold(xf, mb, inv_t, taub, top_p)
+        got = sampling_ops.top_p_threshold_kernel(xb, mb, inv_t, taub, top_p)
+        assert torch.equal(got, want), (p, got.flatten().tolist(), want.flatten().tolist())
 
 
 def test_flat_top_p_rows_are_redone_alike(device, monkeypatch):
