@@ -35,8 +35,14 @@ def main(argv=None):
     ap.add_argument("--cprofile", action="store_true",
                     help="also run each kind's calls under cProfile and print the top functions by own time "
                          "(where the host time of a call goes: Python, torch dispatch, kernel launches)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated request kinds to run (default: all of {', '.join(KINDS)})")
     ap.add_argument("--out", default="bench/results/sampler_profile.json")
     args = ap.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        ap.error(f"unknown kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
 
     import torch
 
@@ -46,7 +52,8 @@ def main(argv=None):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
     results, host_results = {}, {}
-    for kind, kw in KINDS.items():
+    for kind in kinds:
+        kw = KINDS[kind]
         sampler = Sampler(torch.Generator().manual_seed(0))
         params = SamplingParams(max_tokens=2048, **kw)
         rows = [SamplingRequestState(params, [int(t) for t in torch.randint(10, args.vocab, (400,), generator=g)],
