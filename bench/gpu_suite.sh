@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -444,6 +444,9 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
           --max-model-len 4096 --hf none --sampling $kind --out "$OUT/topp_cut_${tag}_$kind.json" 2>&1 \
           | grep -E "^infer-cluster|Error|error" | tail -3)
       done ;;
+    topp_profile)  # where a top_p-alone draw's GPU time goes: torch.profiler's kernel table for it and for sampled
+      timeout 150 python3 bench/sampler_profile.py --kinds top_p_only,sampled --profile \
+        --out "$OUT/sampler_profile_kernels.json" 2>&1 | tee "$OUT/sampler_profile_kernels.log" | grep -v "^-\+ *$" | head -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
