@@ -48,7 +48,7 @@ _BIG = tl.constexpr(2 ** 62)  # an id past every vocabulary (padding, "none foun
 _SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,048 columns)
 _SUM_SPLITS = 8       # parts per row: enough programs at batch 1
 _PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
-_CUT_LANES, _CUT_UNROLL = 256, 8  # the top-p cut: one column per thread (8 warps), 8 loads in flight
+_CUT_LANES = 256      # the top-p cut: one column of each 256 per thread (8 warps), 8 columns a tile
 _CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top): 4 bits a pass
 
 
@@ -56,7 +56,7 @@ def cut_options(dtype: torch.dtype) -> dict:
     """The top-p cut's tile options for logits of `dtype`: a bracket of 2 ** BITS keys closes in
     BITS / 4 passes of 16 ways (bfloat16 values are float32s with 16 low zero bits)."""
     bits = 16 if dtype == torch.bfloat16 else 32
-    return dict(LANES=_CUT_LANES, UNROLL=_CUT_UNROLL, WAYS=_CUT_WAYS, BITS=bits, PASSES=bits // 4)
+    return dict(LANES=_CUT_LANES, WAYS=_CUT_WAYS, BITS=bits, PASSES=bits // 4)
 
 
 @triton.jit(do_not_specialize=["sx", "sv", "si", "vocab", "width"])
@@ -285,30 +285,65 @@ def _key_value(k, BITS: tl.constexpr):
 
 
 @triton.jit
-def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, UNROLL: tl.constexpr,
-                  WAYS: tl.constexpr):
+def _fold_column(acc, low, x, m, it, tau, piv):
+    """One column per thread into the pivots' partial sums and the least kept value."""
+    w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
+    low = tl.minimum(low, tl.where(w > 0, x, float("inf")))
+    return acc + tl.where(x[None, :] > piv, w[None, :], 0.0), low
+
+
+@triton.jit
+def _lane_load(base, c0, lane, u: tl.constexpr, vocab, LANES: tl.constexpr):
+    cols = c0 + u * LANES + lane
+    return tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, WAYS: tl.constexpr):
     """[WAYS] float32 masses of exp((x - m) * it) over the row's x >= tau with x > pivots[j], and
     the smallest such x of positive weight over the whole row (pivots of -inf: the row's least
     kept value). Each thread keeps its column's WAYS partial sums over the tiles ([WAYS, LANES],
     one column per thread: no reduction inside the loop), then one tree: every pivot's mass is
-    summed in the same order, so a mass never grows as its pivot rises (the search's invariant)."""
-    offs = tl.arange(0, LANES)
+    summed in the same order, so a mass never grows as its pivot rises (the search's invariant).
+    A tile is 8 loads per thread; the next tile's loads are issued before this one's sums, so
+    the memory latency overlaps the arithmetic."""
+    lane = tl.arange(0, LANES)
     acc = tl.zeros([WAYS, LANES], dtype=tl.float32)
     low = tl.full([LANES], float("inf"), tl.float32)
     piv = pivots[:, None]
-    for c0 in range(0, vocab, LANES * UNROLL):
-        for u in tl.static_range(UNROLL):
-            cols = c0 + u * LANES + offs
-            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-            w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
-            low = tl.minimum(low, tl.where(w > 0, x, float("inf")))
-            acc += tl.where(x[None, :] > piv, w[None, :], 0.0)
+    x0 = _lane_load(base, 0, lane, 0, vocab, LANES)
+    x1 = _lane_load(base, 0, lane, 1, vocab, LANES)
+    x2 = _lane_load(base, 0, lane, 2, vocab, LANES)
+    x3 = _lane_load(base, 0, lane, 3, vocab, LANES)
+    x4 = _lane_load(base, 0, lane, 4, vocab, LANES)
+    x5 = _lane_load(base, 0, lane, 5, vocab, LANES)
+    x6 = _lane_load(base, 0, lane, 6, vocab, LANES)
+    x7 = _lane_load(base, 0, lane, 7, vocab, LANES)
+    for c0 in range(0, vocab, LANES * 8):
+        n = c0 + LANES * 8
+        y0 = _lane_load(base, n, lane, 0, vocab, LANES)
+        y1 = _lane_load(base, n, lane, 1, vocab, LANES)
+        y2 = _lane_load(base, n, lane, 2, vocab, LANES)
+        y3 = _lane_load(base, n, lane, 3, vocab, LANES)
+        y4 = _lane_load(base, n, lane, 4, vocab, LANES)
+        y5 = _lane_load(base, n, lane, 5, vocab, LANES)
+        y6 = _lane_load(base, n, lane, 6, vocab, LANES)
+        y7 = _lane_load(base, n, lane, 7, vocab, LANES)
+        acc, low = _fold_column(acc, low, x0, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x1, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x2, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x3, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x4, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x5, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x6, m, it, tau, piv)
+        acc, low = _fold_column(acc, low, x7, m, it, tau, piv)
+        x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
     return tl.sum(acc, axis=1), tl.min(low, axis=0)
 
 
 @triton.jit(do_not_specialize=["sx", "vocab"])
 def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
-                            LANES: tl.constexpr, UNROLL: tl.constexpr, WAYS: tl.constexpr,
+                            LANES: tl.constexpr, WAYS: tl.constexpr,
                             BITS: tl.constexpr, PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr,
                             ACTIVE_CODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -322,7 +357,7 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
     # Pass 0: the row's mass (every pivot -inf; the same summation as the passes below) and its
     # least kept value, whose key minus 2 is a key with the whole mass above it.
     total, low = _pivot_masses(base, vocab, m, it, tau, tl.full([WAYS], float("-inf"), tl.float32),
-                               LANES, UNROLL, WAYS)
+                               LANES, WAYS)
     target = p * tl.max(total, axis=0)
     # The smallest key k with mass(x > k) < target, as the torch path's bisection over the float32
     # bit order finds it (the answer is unique: masses are monotone), but WAYS - 1 pivots a pass:
@@ -338,7 +373,7 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
         open_ = span > 1
         keys = lo + (span * (j + 1)) // WAYS  # the last is hi itself
         mass, _low = _pivot_masses(base, tl.where(open_, vocab, 0), m, it, tau, _key_value(keys, BITS),
-                                   LANES, UNROLL, WAYS)
+                                   LANES, WAYS)
         below = mass < target
         hi = tl.where(open_, tl.min(tl.where(below, keys, hi), axis=0), hi)
         lo = tl.where(open_, tl.max(tl.where(below, lo, keys), axis=0), lo)
