@@ -182,16 +182,21 @@ def sampler_variants():
         rows.append((f"sample candidate {xd[1:]}", st._candidate_kernel,
                      dict(x_ptr=xd, vals_ptr="*fp32", ids_ptr="*i64", m_ptr="*fp32", inv_t_ptr="*fp32",
                           top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", u_ptr="*fp64",
-                          out_ptr="*i64", unresolved_ptr="*i8", kth_ptr="*fp32"),
-                     dict(sx=vocab, sv=114, si=114, vocab=vocab, width=114),
+                          out_ptr="*i64", unresolved_ptr="*i8", kth_ptr="*fp32", sums_ptr="*fp32"),
+                     dict(sx=vocab, sv=114, si=114, n_blocks=1187, vocab=vocab, width=114),
                      dict(MARGIN=64, P_CANDIDATES=256, C_PAD=512, CH=st.CH, BLOCK=128), dict(num_warps=16),
-                     ("sx", "sv", "si", "vocab", "width")))
+                     ("sx", "sv", "si", "n_blocks", "vocab", "width")))
         full = dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", min_p_ptr="*fp32",
                     active_ptr="*i8")
+        rows.append((f"sample top-p-alone masses {xd[1:]}", st._block_sums_kernel, dict(full, sums_ptr="*fp32"),
+                     dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187),
+                     dict(BLOCK=128, NB=16, HAS_ACTIVE=False, ACTIVE_CODE=1, FILTERS=False),
+                     dict(num_warps=4), ("sx", "vocab", "part_tiles", "n_blocks")))
         for has in (False, True):  # every row (the full path) / the code-2 rows (the draw's finish)
             act, tag = dict(HAS_ACTIVE=has, ACTIVE_CODE=2), f"{xd[1:]}{' active' if has else ''}"
             rows.append((f"sample block sums {tag}", st._block_sums_kernel, dict(full, sums_ptr="*fp32"),
-                         dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187), dict(BLOCK=128, NB=16, **act),
+                         dict(sx=vocab, vocab=vocab, part_tiles=10, n_blocks=1187),
+                         dict(BLOCK=128, NB=16, FILTERS=True, **act),
                          dict(num_warps=4), ("sx", "vocab", "part_tiles", "n_blocks")))
             rows.append((f"sample full pick {tag}", st._full_pick_kernel,
                          dict(full, u_ptr="*fp64", sums_ptr="*fp32", out_ptr="*i64"),

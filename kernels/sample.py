@@ -23,12 +23,14 @@ def use_sample_kernels(x: torch.Tensor) -> bool:
 
 
 def candidate_draw(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin: int, p_candidates: int,
-                   block: int):
+                   block: int, any_top_p_alone: bool = False):
     """(ids [n] int64, codes [n] int8, kth [n, 1] float32): filters and draw of candidate rows in
-    one launch; codes 1 and 2 flag rows whose kept set may reach past their candidates (2: a
-    top-p row without top-k). See `sample_triton.candidate_draw`."""
+    one launch (two when `any_top_p_alone`: those rows' whole-row masses first); codes 1 and 2
+    flag rows whose kept set may reach past their candidates (2: a top-p row without top-k).
+    See `sample_triton.candidate_draw`."""
     from .sample_triton import candidate_draw as launch
-    return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block)
+    return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block,
+                  True if any_top_p_alone else None)
 
 
 def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_code: int = 0,

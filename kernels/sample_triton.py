@@ -48,6 +48,7 @@ _BIG = tl.constexpr(2 ** 62)  # an id past every vocabulary (padding, "none foun
 _SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,048 columns)
 _SUM_SPLITS = 8       # parts per row: enough programs at batch 1
 _PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
+_Z_TILE = tl.constexpr(1024)  # block sums per tile of a top-p-alone row's mass in `_candidate_kernel`
 _CUT_LANES = 256      # the top-p cut: one column of each 256 per thread (8 warps), 8 columns a tile
 _CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top): 4 bits a pass
 
@@ -59,9 +60,9 @@ def cut_options(dtype: torch.dtype) -> dict:
     return dict(LANES=_CUT_LANES, WAYS=_CUT_WAYS, BITS=bits, PASSES=bits // 4)
 
 
-@triton.jit(do_not_specialize=["sx", "sv", "si", "vocab", "width"])
+@triton.jit(do_not_specialize=["sx", "sv", "si", "n_blocks", "vocab", "width"])
 def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
-                      min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, vocab, width,
+                      min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, sums_ptr, n_blocks, vocab, width,
                       MARGIN: tl.constexpr, P_CANDIDATES: tl.constexpr, C_PAD: tl.constexpr,
                       CH: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -87,14 +88,13 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
     if p < 1.0:
         z = (k <= 0) & (limit < vocab)
         total = tl.sum(w, axis=0)
-        if z:  # top-p alone: the mass is the whole vocabulary's (as `sampling_ops._full_mass`)
-            offs_b = tl.arange(0, 8)
-            offs_c = tl.arange(0, BLOCK)
+        if z:  # top-p alone: the mass is the whole vocabulary's (as `sampling_ops._full_mass`): the
+            # float32 sums of its BLOCK-column runs (`_block_sums_kernel`, run before), added in float64
             total = tl.zeros([], dtype=tl.float64)
-            for c0 in range(0, vocab, 8 * BLOCK):  # float32 sums of BLOCK columns, added in float64
-                cols = c0 + offs_b[:, None] * BLOCK + offs_c[None, :]
-                xr = tl.load(x_ptr + row * sx + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-                total += tl.sum(tl.sum(tl.exp((xr - m) * it), axis=1).to(tl.float64), axis=0)
+            for b0 in range(0, n_blocks, _Z_TILE):
+                b = b0 + tl.arange(0, _Z_TILE)
+                bs = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0)
+                total += tl.sum(bs.to(tl.float64), axis=0)
         # Mass of strictly greater values: the same for every member of a tie group.
         before = tl.zeros([C_PAD], dtype=tl.float64)
         for j0 in range(0, width, CH):
@@ -135,12 +135,15 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
 
 def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: torch.Tensor,
                    inv_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   uniform: torch.Tensor, margin: int, p_candidates: int, block: int):
+                   uniform: torch.Tensor, margin: int, p_candidates: int, block: int, z_rows=None):
     """(ids [n] int64, codes [n] int8, kth [n, 1] float32) for candidate rows. Codes: 0 resolved,
     1 unresolved (redo on the full path), 2 unresolved top-p row without top-k (the same).
     x [n, vocab] the rows' logits (read only for top-p rows without top-k); vals / ids [n, width]
     their top `width` values (float32, sorted high to low) and ids; m, inv_t [n, 1] float32;
-    top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64."""
+    top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64. `z_rows`: whether any row
+    is top-p alone (no top-k, top_p < 1: it needs its whole row's mass): None for none, True to
+    sum every row (one variant whatever the mix), or int8 [n] (1 = such a row); the masses come
+    from one `_block_sums_kernel` launch over (rows, parts), not from the row's own program."""
     n, vocab = x.shape
     width = vals.shape[1]
     if width > MAX_CANDIDATES:
@@ -151,9 +154,12 @@ def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: to
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     unresolved = torch.empty(n, dtype=torch.int8, device=x.device)
     kth = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    sums, n_blocks = kth, 1  # no top-p-alone row: never read
+    if n and z_rows is not None:
+        sums, n_blocks = _row_block_sums(x, m, inv_t, block, None if z_rows is True else z_rows)
     if n:
         _candidate_kernel[(n,)](x, x.stride(0), vals, ids, vals.stride(0), ids.stride(0), m, inv_t,
-                                top_k, top_p, min_p, uniform, out, unresolved, kth,
+                                top_k, top_p, min_p, uniform, out, unresolved, kth, sums, n_blocks,
                                 vocab, width, MARGIN=margin, P_CANDIDATES=p_candidates, C_PAD=c_pad,
                                 CH=CH, BLOCK=block, num_warps=16)
     return out, unresolved, kth
@@ -172,14 +178,18 @@ def _is_active(active_ptr, row, HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.conste
 @triton.jit(do_not_specialize=["sx", "vocab", "part_tiles", "n_blocks"])
 def _block_sums_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, sums_ptr, vocab, part_tiles,
                        n_blocks, active_ptr, BLOCK: tl.constexpr, NB: tl.constexpr,
-                       HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr):
+                       HAS_ACTIVE: tl.constexpr, ACTIVE_CODE: tl.constexpr, FILTERS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
     it = tl.load(inv_t_ptr + row)
-    tau = tl.load(tau_ptr + row)
-    mp = tl.load(min_p_ptr + row)
+    if FILTERS:  # the row's logit threshold and min-p; without: the whole row's mass
+        tau = tl.load(tau_ptr + row)
+        mp = tl.load(min_p_ptr + row)
+    else:
+        tau = float("-inf")
+        mp = 0.0
     start = part * part_tiles * (NB * BLOCK)
     end = tl.minimum(start + part_tiles * (NB * BLOCK), vocab)
     offs_b = tl.arange(0, NB)
@@ -241,6 +251,28 @@ def _full_pick_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, min_p_ptr, u_ptr, su
     tl.store(out_ptr + row, tl.where(act, drawn, tl.load(out_ptr + row)))  # inactive: its id as it was
 
 
+def _sum_grid(vocab: int, block: int) -> tuple[int, int, int]:
+    """(n_blocks, part_tiles, parts) of `_block_sums_kernel` for rows of `vocab` columns."""
+    n_blocks = triton.cdiv(vocab, block)
+    n_tiles = triton.cdiv(vocab, _SUM_NB * block)
+    part_tiles = triton.cdiv(n_tiles, min(n_tiles, _SUM_SPLITS))
+    return n_blocks, part_tiles, triton.cdiv(n_tiles, part_tiles)
+
+
+def _row_block_sums(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, block: int,
+                    active: torch.Tensor = None) -> tuple[torch.Tensor, int]:
+    """([n, n_blocks] float32 sums of exp((x - m) * inv_t) over runs of `block` columns, no
+    filters, n_blocks); with `active` (int8 [n]), only rows whose code is 1 are written."""
+    n, vocab = x.shape
+    n_blocks, part_tiles, parts = _sum_grid(vocab, block)
+    sums = torch.empty(n, n_blocks, dtype=torch.float32, device=x.device)
+    has = active is not None
+    _block_sums_kernel[(n, parts)](x, x.stride(0), m, inv_t, m, m, sums, vocab, part_tiles, n_blocks,
+                                   active if has else sums, BLOCK=block, NB=_SUM_NB, HAS_ACTIVE=has,
+                                   ACTIVE_CODE=1, FILTERS=False, num_warps=4)
+    return sums, n_blocks
+
+
 def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
               min_p: torch.Tensor, uniform: torch.Tensor, block: int, active: torch.Tensor = None,
               active_code: int = 0, out: torch.Tensor = None) -> torch.Tensor:
@@ -249,11 +281,7 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
     row's logit threshold, -inf for none); uniform [n] float64. `active` (int8 [n] codes): only
     rows whose code is `active_code` run, and only their ids in `out` are written."""
     n, vocab = x.shape
-    n_blocks = triton.cdiv(vocab, block)
-    tile = _SUM_NB * block
-    n_tiles = triton.cdiv(vocab, tile)
-    part_tiles = triton.cdiv(n_tiles, min(n_tiles, _SUM_SPLITS))
-    parts = triton.cdiv(n_tiles, part_tiles)
+    n_blocks, part_tiles, parts = _sum_grid(vocab, block)
     sums = torch.empty(n, n_blocks, dtype=torch.float32, device=x.device)
     if out is None:
         out = torch.empty(n, dtype=torch.int64, device=x.device)
@@ -262,7 +290,7 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
         act = active if has else out
         _block_sums_kernel[(n, parts)](x, x.stride(0), m, inv_t, tau, min_p, sums, vocab, part_tiles,
                                        n_blocks, act, BLOCK=block, NB=_SUM_NB, HAS_ACTIVE=has,
-                                       ACTIVE_CODE=active_code, num_warps=4)
+                                       ACTIVE_CODE=active_code, FILTERS=True, num_warps=4)
         _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
                                 act, BLOCK=block, TILE=_PICK_TILE, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
                                 num_warps=4)

@@ -130,29 +130,38 @@ class Unresolved:
 def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = True):
     n, vocab = x.shape
     dev = x.device
-    m = x.amax(dim=-1, keepdim=True).float()  # exact for bf16 / fp16 logits (the kernels' input)
-    inv_t = (1.0 / rows.temperature).unsqueeze(1)
     need = num_candidates(rows.host_top_k, rows.host_top_p, vocab)
     cand = [i for i, c in enumerate(need) if c]
     full = [i for i, c in enumerate(need) if not c] if len(cand) < n else []
+    width = max(need, default=0)  # the widest candidate row (full rows need 0)
+    kernel_cand = bool(cand) and not want_mask and _kernels(x) and width <= MAX_CANDIDATES
+    maxima = None
+    if kernel_cand and not full and _topk_by_blocks(x, width):
+        # Every row takes the candidates: the top-k's block maxima give the row maxima too
+        # (one pass over the logits, not two).
+        maxima = block_maxima(x, TOPK_BLOCK)
+        m = maxima.amax(dim=-1, keepdim=True).float()
+    else:
+        m = x.amax(dim=-1, keepdim=True).float()  # exact for bf16 / fp16 logits (the kernels' input)
+    inv_t = (1.0 / rows.temperature).unsqueeze(1)
     out = None  # a buffer only when both paths have rows: otherwise one path's result is the output
     if 0 < len(cand) < n or n == 0:
         out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask
                else torch.empty(n, dtype=torch.long, device=dev))
     unresolved = None
-    width = max(need, default=0)  # the widest candidate row (full rows need 0)
-    if cand and not want_mask and _kernels(x) and width <= MAX_CANDIDATES:
+    if kernel_cand:
         # One launch for the filters and the draw (kernels/sample_triton.py), same semantics.
         idx = _subset_index(cand, n, dev)
         xc = _take(x, idx, cand, n)
-        vals, ids = topk(xc, width)
+        vals, ids = topk_by_blocks(xc, width, maxima) if maxima is not None else topk(xc, width)
         mc, tc = _take(m, idx, cand, n), _take(inv_t, idx, cand, n)
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
+        top_p_alone = any(not rows.host_top_k[i] and need[i] < vocab for i in cand)
         kept, codes, kth = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
                                           _take(rows.top_k, idx, cand, n), top_p, min_p, u,
-                                          TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK)
-        if any(not rows.host_top_k[i] and need[i] < vocab for i in cand):
+                                          TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK, top_p_alone)
+        if top_p_alone:
             # Top-p rows without top-k whose set is wider than their candidates (code 2) are
             # finished here on the device, with no host sync and no redo in `finish`: the full
             # path's top-p cut, then its draw, for those rows only.
@@ -406,11 +415,15 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     a larger maximum would each hold a larger value), so one reduction over the vocabulary and
     two small topks replace a full-width selection, about a third of its time at workload A's
     batch."""
-    n, vocab = x.shape
-    b = TOPK_BLOCK
-    if x.device.type != "cuda" or vocab < 64 * b or k > 512 or not x.is_contiguous():
+    if not _topk_by_blocks(x, k):
         return x.topk(k, dim=-1)
     return topk_by_blocks(x, k)
+
+
+def _topk_by_blocks(x: torch.Tensor, k: int) -> bool:
+    """Whether `topk` goes through block maxima for this `x` and `k`."""
+    return (x.device.type == "cuda" and x.shape[1] >= 64 * TOPK_BLOCK and k <= 512
+            and x.is_contiguous())
 
 
 def topk_by_blocks(x: torch.Tensor, k: int,

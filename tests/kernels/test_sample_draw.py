@@ -181,6 +181,23 @@ def test_flat_top_p_rows_are_redone_alike(device, monkeypatch):
     assert got == ref
 
 
+def test_top_p_alone_rows_within_their_candidates_use_the_whole_row_mass(device, monkeypatch):
+    """Top-p rows without top-k whose kept set fits their candidates are drawn in the candidate
+    kernel, against their whole row's mass (summed by the block-sums launch before it): a
+    plateau of 300 high logits, cut near its middle, drawn at uniforms across (0, 1)."""
+    g = torch.Generator().manual_seed(12)
+    rows = 12
+    x = torch.full((rows, VOCAB), -4.0)
+    for r in range(rows):
+        x[r, torch.randperm(VOCAB, generator=g)[:300]] = 3.0 + 0.05 * torch.rand(300, generator=g)
+    x = x.to(device)
+    params = [(1.0, 0, 0.5, 0.0)] * (rows // 2) + [(0.9, 0, 0.3, 0.0)] * (rows - rows // 2)
+    u = [(j + 0.5) / rows for j in range(rows)]
+    ref, got = both_paths(monkeypatch, lambda: draw(x, random_rows(params, u, device)))
+    assert_same_draw(ref, got, params)
+    assert not any(ref[1]) and not any(got[1])  # every set fits its candidates: nothing to redo
+
+
 def test_a_row_draws_the_same_alone_and_in_a_batch(device, monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
     g = torch.Generator().manual_seed(4)
@@ -258,5 +275,5 @@ def test_sm90_builds_do_not_spill():
     tiles spilled)."""
     from tests.kernels.conftest import run_without_interpreter
     rows = [line.split() for line in run_without_interpreter(SM90_SPILLS, timeout=300).splitlines()]
-    assert len(rows) == 17
+    assert len(rows) == 19
     assert [name for name, _, spills in rows if int(spills)] == []
