@@ -182,7 +182,8 @@ def sampler_variants():
         rows.append((f"sample candidate {xd[1:]}", st._candidate_kernel,
                      dict(x_ptr=xd, vals_ptr="*fp32", ids_ptr="*i64", m_ptr="*fp32", inv_t_ptr="*fp32",
                           top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", u_ptr="*fp64",
-                          out_ptr="*i64", unresolved_ptr="*i8", kth_ptr="*fp32", sums_ptr="*fp32"),
+                          out_ptr="*i64", unresolved_ptr="*i8", kth_ptr="*fp32", sums_ptr="*fp32",
+                          mass_ptr="*fp32"),
                      dict(sx=vocab, sv=114, si=114, n_blocks=1187, vocab=vocab, width=114),
                      dict(MARGIN=64, P_CANDIDATES=256, C_PAD=512, CH=st.CH, BLOCK=128), dict(num_warps=16),
                      ("sx", "sv", "si", "n_blocks", "vocab", "width")))
@@ -204,9 +205,10 @@ def sampler_variants():
                          dict(num_warps=4), ("sx", "vocab", "n_blocks")))
             rows.append((f"sample top-p cut {tag}", st._top_p_threshold_kernel,
                          dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
-                              out_ptr="*fp32", active_ptr="*i8"),
+                              out_ptr="*fp32", active_ptr="*i8", mass_ptr="*fp32"),
                          dict(sx=vocab, vocab=vocab),
-                         dict(st.cut_options(torch.bfloat16 if xd == "*bf16" else torch.float32), **act),
+                         dict(st.cut_options(torch.bfloat16 if xd == "*bf16" else torch.float32),
+                              HAS_MASS=has, **act),
                          dict(num_warps=8),
                          ("sx", "vocab")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),

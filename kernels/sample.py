@@ -24,9 +24,10 @@ def use_sample_kernels(x: torch.Tensor) -> bool:
 
 def candidate_draw(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin: int, p_candidates: int,
                    block: int, any_top_p_alone: bool = False):
-    """(ids [n] int64, codes [n] int8, kth [n, 1] float32): filters and draw of candidate rows in
-    one launch (two when `any_top_p_alone`: those rows' whole-row masses first); codes 1 and 2
-    flag rows whose kept set may reach past their candidates (2: a top-p row without top-k).
+    """(ids [n] int64, codes [n] int8, kth [n, 1] float32, mass [n] float32): filters and draw of
+    candidate rows in one launch (two when `any_top_p_alone`: those rows' whole-row masses first,
+    returned in `mass`); codes 1 and 2 flag rows whose kept set may reach past their candidates
+    (2: a top-p row without top-k).
     See `sample_triton.candidate_draw`."""
     from .sample_triton import candidate_draw as launch
     return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block,
@@ -41,10 +42,10 @@ def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_
     return launch(x, m, inv_t, tau, min_p, uniform, block, active, active_code, out)
 
 
-def top_p_threshold(x, m, inv_t, tau, top_p, active=None, active_code: int = 0) -> torch.Tensor:
+def top_p_threshold(x, m, inv_t, tau, top_p, active=None, active_code: int = 0, mass=None) -> torch.Tensor:
     """[n, 1] float32 top-p cut of full-path rows (see `sample_triton.top_p_threshold`)."""
     from .sample_triton import top_p_threshold as launch
-    return launch(x, m, inv_t, tau, top_p, active, active_code)
+    return launch(x, m, inv_t, tau, top_p, active, active_code, mass)
 
 
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,8 @@ def cut_options(dtype: torch.dtype) -> dict:
 
 @triton.jit(do_not_specialize=["sx", "sv", "si", "n_blocks", "vocab", "width"])
 def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
-                      min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, sums_ptr, n_blocks, vocab, width,
+                      min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, sums_ptr, n_blocks, mass_ptr,
+                      vocab, width,
                       MARGIN: tl.constexpr, P_CANDIDATES: tl.constexpr, C_PAD: tl.constexpr,
                       CH: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -85,6 +86,7 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
     w = tl.where((pos >= limit) | (v < kth), 0.0, w).to(tl.float64)
 
     keep_p = pos >= 0
+    row_mass = tl.zeros([], dtype=tl.float64)  # a top-p-alone row's whole mass (others: unused)
     if p < 1.0:
         z = (k <= 0) & (limit < vocab)
         total = tl.sum(w, axis=0)
@@ -95,6 +97,7 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
                 b = b0 + tl.arange(0, _Z_TILE)
                 bs = tl.load(sums_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0)
                 total += tl.sum(bs.to(tl.float64), axis=0)
+            row_mass = total
         # Mass of strictly greater values: the same for every member of a tie group.
         before = tl.zeros([C_PAD], dtype=tl.float64)
         for j0 in range(0, width, CH):
@@ -131,6 +134,7 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
     code = tl.where(resolved, 0, tl.where((k <= 0) & (p < 1.0), 2, 1))
     tl.store(unresolved_ptr + row, code.to(tl.int8))
     tl.store(kth_ptr + row, kth)
+    tl.store(mass_ptr + row, row_mass.to(tl.float32))
 
 
 def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: torch.Tensor,
@@ -154,15 +158,16 @@ def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: to
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     unresolved = torch.empty(n, dtype=torch.int8, device=x.device)
     kth = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    mass = torch.empty(n, dtype=torch.float32, device=x.device)
     sums, n_blocks = kth, 1  # no top-p-alone row: never read
     if n and z_rows is not None:
         sums, n_blocks = _row_block_sums(x, m, inv_t, block, None if z_rows is True else z_rows)
     if n:
         _candidate_kernel[(n,)](x, x.stride(0), vals, ids, vals.stride(0), ids.stride(0), m, inv_t,
-                                top_k, top_p, min_p, uniform, out, unresolved, kth, sums, n_blocks,
+                                top_k, top_p, min_p, uniform, out, unresolved, kth, sums, n_blocks, mass,
                                 vocab, width, MARGIN=margin, P_CANDIDATES=p_candidates, C_PAD=c_pad,
                                 CH=CH, BLOCK=block, num_warps=16)
-    return out, unresolved, kth
+    return out, unresolved, kth, mass
 
 
 @triton.jit
@@ -371,9 +376,9 @@ def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, WAYS: tl
 
 @triton.jit(do_not_specialize=["sx", "vocab"])
 def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
-                            LANES: tl.constexpr, WAYS: tl.constexpr,
+                            mass_ptr, LANES: tl.constexpr, WAYS: tl.constexpr,
                             BITS: tl.constexpr, PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                            ACTIVE_CODE: tl.constexpr):
+                            ACTIVE_CODE: tl.constexpr, HAS_MASS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
     m = tl.load(m_ptr + row)
@@ -382,11 +387,15 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
     p = tl.load(top_p_ptr + row)
     base = x_ptr + row * sx
     j = tl.arange(0, WAYS).to(tl.int64)
-    # Pass 0: the row's mass (every pivot -inf; the same summation as the passes below) and its
-    # least kept value, whose key minus 2 is a key with the whole mass above it.
-    total, low = _pivot_masses(base, vocab, m, it, tau, tl.full([WAYS], float("-inf"), tl.float32),
-                               LANES, WAYS)
-    target = p * tl.max(total, axis=0)
+    if HAS_MASS:  # the row's mass from the caller (a top-p-alone row's, from the candidate draw)
+        target = p * tl.load(mass_ptr + row)
+        low = tl.full([], float("inf"), tl.float32)  # the bracket starts at -inf
+    else:
+        # Pass 0: the row's mass (every pivot -inf; the same summation as the passes below) and
+        # its least kept value, whose key minus 2 is a key with the whole mass above it.
+        total, low = _pivot_masses(base, vocab, m, it, tau, tl.full([WAYS], float("-inf"), tl.float32),
+                                   LANES, WAYS)
+        target = p * tl.max(total, axis=0)
     # The smallest key k with mass(x > k) < target, as the torch path's bisection over the float32
     # bit order finds it (the answer is unique: masses are monotone), but WAYS - 1 pivots a pass:
     # the bracket (lo: not below, hi: below) shrinks WAYS-fold per pass instead of 2-fold. The
@@ -409,20 +418,23 @@ def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out
 
 
 def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
-                    top_p: torch.Tensor, active: torch.Tensor = None, active_code: int = 0) -> torch.Tensor:
+                    top_p: torch.Tensor, active: torch.Tensor = None, active_code: int = 0,
+                    mass: torch.Tensor = None) -> torch.Tensor:
     """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
     row's mass, then multi-way search passes, 16 ways: at most 8 passes for any float32 bracket,
     4 for bfloat16 logits, instead of the bisection's 32) instead of ~6 torch ops over
     [rows, vocab] per step. x [n, vocab] any float dtype (unit column stride); m (the rows'
     maxima: values of x), inv_t, tau, top_p [n, 1] float32.
-    `active` as in `full_draw` (other rows' values are meaningless)."""
+    `active` as in `full_draw` (other rows' values are meaningless). `mass` [n] float32: the
+    rows' masses (`candidate_draw`'s, of rows with no logit threshold) instead of a pass for them."""
     n, vocab = x.shape
     out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
         has = active is not None
         _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab,
-                                      active if has else out, **cut_options(x.dtype), HAS_ACTIVE=has,
-                                      ACTIVE_CODE=active_code, num_warps=8)
+                                      active if has else out, mass if mass is not None else out,
+                                      **cut_options(x.dtype), HAS_ACTIVE=has, ACTIVE_CODE=active_code,
+                                      HAS_MASS=mass is not None, num_warps=8)
     return out
 
 

@@ -158,14 +158,15 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
         top_p_alone = any(not rows.host_top_k[i] and need[i] < vocab for i in cand)
-        kept, codes, kth = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
+        kept, codes, kth, mass = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
                                           _take(rows.top_k, idx, cand, n), top_p, min_p, u,
                                           TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK, top_p_alone)
         if top_p_alone:
             # Top-p rows without top-k whose set is wider than their candidates (code 2) are
             # finished here on the device, with no host sync and no redo in `finish`: the full
             # path's top-p cut, then its draw, for those rows only.
-            found = top_p_threshold_kernel(xc, mc, tc, kth, top_p.unsqueeze(1), active=codes, active_code=2)
+            found = top_p_threshold_kernel(xc, mc, tc, kth, top_p.unsqueeze(1), active=codes, active_code=2,
+                                           mass=mass)
             full_draw(xc, mc, tc, torch.maximum(kth, found), min_p, u, BLOCK, active=codes, active_code=2,
                       out=kept)
             flags = codes == 1
@@ -376,11 +377,13 @@ def _key_float(k: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def top_p_threshold_kernel(x, m, inv_t, tau, top_p, active=None, active_code: int = 0) -> torch.Tensor:
+def top_p_threshold_kernel(x, m, inv_t, tau, top_p, active=None, active_code: int = 0,
+                           mass=None) -> torch.Tensor:
     """`top_p_threshold` by its kernel (kernels/sample_triton.py): one launch. With `active`
-    (int8 codes), only the rows whose code is `active_code` are computed."""
+    (int8 codes), only the rows whose code is `active_code` are computed; `mass` ([n] float32,
+    rows with tau = -inf): their whole masses, known already (one pass fewer)."""
     return _top_p_threshold_launch(x, m.contiguous(), inv_t.contiguous(), tau.contiguous(),
-                                   top_p.float().contiguous(), active, active_code)
+                                   top_p.float().contiguous(), active, active_code, mass)
 
 
 def top_p_threshold(x, m, inv_t, tau, top_p) -> torch.Tensor:
