@@ -440,7 +440,10 @@ def topk_by_blocks(x: torch.Tensor, k: int,
         maxima = block_maxima(x, b)
     blocks = maxima.topk(min(k, maxima.shape[1]), dim=-1).indices
     cols = (blocks.unsqueeze(-1) * b + torch.arange(b, device=x.device)).view(n, -1)
-    cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))
+    if vocab % b:  # a short last block: its columns past the vocabulary take no part
+        cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))
+    else:  # every column exists (151,936 = 1,187 x 128): three [n, k x 128] ops fewer
+        cand = x.gather(1, cols)
     vals, pos = cand.topk(k, dim=-1)
     return vals, cols.gather(1, pos)
 

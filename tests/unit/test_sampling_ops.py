@@ -230,10 +230,10 @@ def test_cuda_draws_the_same_tokens_as_the_cpu():
 @pytest.mark.parametrize("seed", range(6))
 def test_topk_by_blocks_equals_torch_topk(seed):
     """Same values as torch.topk (ties included: bf16-rounded logits), ids that hold them,
-    winners in the ragged tail block too."""
-    from infer_cluster.worker.sampling_ops import topk_by_blocks
+    winners in the ragged tail block too (and a vocabulary of whole blocks, with no tail)."""
+    from infer_cluster.worker.sampling_ops import TOPK_BLOCK, topk_by_blocks
     g = torch.Generator().manual_seed(seed)
-    vocab = 9000 + 1237 * seed
+    vocab = 9000 + 1237 * seed if seed < 5 else 80 * TOPK_BLOCK
     x = torch.randn(5, vocab, generator=g).to(torch.bfloat16).float()
     if seed % 2:
         x[:, -3:] += 8.0
