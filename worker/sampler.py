@@ -55,6 +55,8 @@ from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
+from .row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, TEMPERATURE, TOP_K, TOP_P
+from .row_plans import RowPlans, rows_with
 from .random_stream import step_uniforms
 from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
                            topk, topk_by_blocks)
@@ -126,9 +128,12 @@ class Sampler:
         # None means torch's global RNG; unseeded rows are not reproducible anyway.
         self.default_generator = default_generator
         self.state: Optional[SamplingState] = None
+        self.plans = RowPlans()  # each live request's fixed sampler row (worker/row_plans.py)
 
     def release(self, request_id: Hashable) -> None:
-        """Forget a request's penalty state (the engine calls this when a request ends)."""
+        """Forget a request's penalty state and plan row (the engine calls this when a request
+        ends)."""
+        self.plans.release(request_id)
         if self.state is not None:
             self.state.remove(request_id)  # host bookkeeping only: no tensor is touched
 
@@ -153,19 +158,18 @@ class Sampler:
             empty = torch.empty(0, dtype=torch.long, device=logits.device)
             return DeviceDraw(empty, empty, None, len(rows))
 
-        # One pass over the rows (every step at batch 256: four comprehensions cost twice this).
-        penalty_rows, min_tokens_rows, logprob_rows, random_rows = [], [], [], []
-        for i, r in enumerate(rows):
-            p = r.params
-            if p.has_penalties:
-                penalty_rows.append(i)
-            if (p.min_tokens and len(r.output_token_ids) + r.num_pending < p.min_tokens
-                    and (r.eos_token_ids or p.stop_token_ids)):
-                min_tokens_rows.append(i)
-            if p.logprobs is not None:
-                logprob_rows.append(i)
-            if not p.is_greedy:
-                random_rows.append(i)
+        # Each row's fixed part (feature flags, parameter columns, candidate count) from the
+        # plan table: one dict lookup per row, then numpy (worker/row_plans.py).
+        scratch_slots: list = []
+        try:
+            table, seeds, seeded = self.plans.gather(self.plans.slots(rows, logits.shape[1], scratch_slots))
+        finally:
+            self.plans.free_scratch(scratch_slots)
+        flags = table[:, FLAGS]
+        penalty_rows, logprob_rows = rows_with(flags, PENALTIES), rows_with(flags, LOGPROBS)
+        random_rows = rows_with(flags, RANDOM)
+        min_tokens_rows = [i for i in rows_with(flags, MIN_TOKENS)
+                           if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens]
 
         if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
@@ -202,7 +206,9 @@ class Sampler:
                     token_ids[_index(greedy_rows, device)] = _rows_of(x, greedy_rows, n).argmax(dim=-1)
             unresolved = None
             if random_rows:
-                params = self._random_params([rows[i] for i in random_rows], x)
+                sub = slice(None) if len(random_rows) == n else random_rows
+                params = self._random_params([rows[i] for i in random_rows], x,
+                                             (table[sub], seeds[sub], seeded[sub]))
                 xr = _rows_of(x, random_rows, n)
                 # A redo needs these logits after the next step's forward: the runner's own
                 # buffer (float32 models, CUDA graphs) may be rewritten by then.
@@ -307,17 +313,16 @@ class Sampler:
             _ban(x, ban_rows, ban_tokens)
         return entries
 
-    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor) -> RandomRows:
-        """Per-row parameters and uniforms, moved to the device in one copy."""
-        # Comprehensions, not one loop of appends: this runs every step for every random row.
-        params = [r.params for r in rows]
-        steps = [len(r.output_token_ids) + r.num_pending for r in rows]
-        seeds = [p.seed for p in params]
-        if None in seeds:
+    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> RandomRows:
+        """Per-row parameters and uniforms, moved to the device in one copy. `plan`: the rows'
+        (table, seeds, seeded) from `RowPlans.gather`."""
+        table, seeds, seeded = plan
+        steps = [len(r.output_token_ids) + r.num_pending for r in rows]  # the one per-step column
+        if not seeded.all():
+            seeds = seeds.copy()
             drawn = []
-            for j, r in enumerate(rows):
-                if seeds[j] is not None:
-                    continue
+            for j in np.flatnonzero(~seeded).tolist():
+                r = rows[j]
                 if r.generator is not None:
                     seeds[j] = int(torch.randint(_KEY_RANGE, (1,), generator=r.generator,
                                                  device=r.generator.device).item())
@@ -325,30 +330,27 @@ class Sampler:
                     drawn.append(j)
             if drawn:  # one draw for every unseeded row of the step
                 gen = self.default_generator
-                keys = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
-                                     device=gen.device if gen is not None else "cpu").tolist()
-                for j, key in zip(drawn, keys):
-                    seeds[j] = key
+                seeds[drawn] = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
+                                             device=gen.device if gen is not None else "cpu").tolist()
         vocab = x.shape[1]
-        top_k = [k if 0 < k < vocab else 0 for k in (p.top_k for p in params)]
-        top_p, min_p = [p.top_p for p in params], [p.min_p for p in params]
-        # Columns filled from flat lists (a nested list through torch.tensor costs ~3x more).
         # The uniforms: Philox on the device where the draw runs Triton (the seeds' and steps'
         # 64 bits ride in the float64 upload as raw bits), else on the host.
         on_device = use_sample_kernels(x)
         packed = np.empty((6 if on_device else 5, len(rows)), dtype=np.float64)
-        packed[0] = [p.temperature for p in params]
-        packed[1], packed[2], packed[3] = top_k, top_p, min_p
+        packed[:4] = table[:, TEMPERATURE:MIN_P + 1].T
         if on_device:
-            packed[4] = np.asarray(seeds, dtype=np.uint64).view(np.float64)
-            packed[5] = np.asarray(steps, dtype=np.uint64).view(np.float64)
+            packed[4] = seeds.view(np.float64)
+            packed[5] = np.asarray(steps, dtype=np.int64).view(np.float64)
         else:
-            packed[4] = step_uniforms(seeds, steps)[:, 0]
+            packed[4] = step_uniforms(seeds.tolist(), steps)[:, 0]
+        top_k, need = table[:, TOP_K], table[:, NEED]
+        top_p_alone = bool(((top_k == 0) & (need > 0) & (need < vocab)).any())
         packed = dma_upload(packed, x.device)
         uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
         return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                          min_p=packed[3].float(), uniform=uniform, host_top_k=top_k,
-                          host_top_p=top_p, host_min_p=min_p)
+                          min_p=packed[3].float(), uniform=uniform, host_top_k=top_k.astype(np.int64).tolist(),
+                          host_top_p=table[:, TOP_P].tolist(), host_min_p=table[:, MIN_P].tolist(),
+                          need=need.astype(np.int64).tolist(), top_p_alone=top_p_alone)
 
 
 def banned_ngram_tokens(seq: list[int], n: int) -> set[int]:

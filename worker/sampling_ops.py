@@ -68,6 +68,8 @@ class RandomRows:
     host_top_k: list[int]
     host_top_p: list[float]
     host_min_p: list[float]
+    need: Optional[list[int]] = None  # `num_candidates` of the rows, when the caller has it
+    top_p_alone: Optional[bool] = None  # whether a candidate row is top-p alone (known with `need`)
 
 
 def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
@@ -130,7 +132,7 @@ class Unresolved:
 def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = True):
     n, vocab = x.shape
     dev = x.device
-    need = num_candidates(rows.host_top_k, rows.host_top_p, vocab)
+    need = rows.need if rows.need is not None else num_candidates(rows.host_top_k, rows.host_top_p, vocab)
     cand = [i for i, c in enumerate(need) if c]
     full = [i for i, c in enumerate(need) if not c] if len(cand) < n else []
     width = max(need, default=0)  # the widest candidate row (full rows need 0)
@@ -157,7 +159,8 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         mc, tc = _take(m, idx, cand, n), _take(inv_t, idx, cand, n)
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
-        top_p_alone = any(not rows.host_top_k[i] and need[i] < vocab for i in cand)
+        top_p_alone = (rows.top_p_alone if rows.top_p_alone is not None
+                       else any(not rows.host_top_k[i] and need[i] < vocab for i in cand))
         kept, codes, kth, mass = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
                                           _take(rows.top_k, idx, cand, n), top_p, min_p, u,
                                           TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK, top_p_alone)
