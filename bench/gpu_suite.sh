@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -447,6 +447,20 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
     topp_profile)  # where a top_p-alone draw's GPU time goes: torch.profiler's kernel table for it and for sampled
       timeout 150 python3 bench/sampler_profile.py --kinds top_p_only,sampled --profile \
         --out "$OUT/sampler_profile_kernels.json" 2>&1 | tee "$OUT/sampler_profile_kernels.log" | grep -v "^-\+ *$" | head -60 ;;
+    ab_wla)  # workload A A/B between this tree ("new") and AB_OLD ("old", a checkout carried beside it), alternating
+      # in one call: AB_RUNS is comma-separated "new|old model T kind"
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      site=${PYTHONPATH%%:*}
+      IFS=, read -ra runs <<< "${AB_RUNS:?AB_RUNS: new|old model T kind, ...}"
+      for run in "${runs[@]}"; do
+        read -r which model tp kind <<< "$run"
+        tree=$PWD; [ "$which" = old ] && tree=${AB_OLD:?AB_OLD: the old tree}
+        echo "--- $which $model workload A T=$tp --sampling $kind"
+        (cd "$tree" && PYTHONPATH="$site:$tree" timeout "${WLA_TIMEOUT:-150}" python3 bench/throughput.py --model "$model" \
+          --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
+          --max-model-len 4096 --hf none --tensor-parallel-size "$tp" --sampling "$kind" \
+          --out "$OUT/ab_${which}_${model%%-*}_t${tp}_$kind.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -3)
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
