@@ -55,9 +55,9 @@ from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
 from infer_cluster.protocol.sampling_params import SamplingParams
 
 from .logprob_rows import DeferredLogprob, LogprobRows
+from .random_stream import step_uniforms
 from .row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, TEMPERATURE, TOP_K, TOP_P
 from .row_plans import RowPlans, rows_with
-from .random_stream import step_uniforms
 from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
                            topk, topk_by_blocks)
 from .sampling_state import SamplingState
