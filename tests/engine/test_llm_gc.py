@@ -46,3 +46,23 @@ def test_generate_restores_a_disabled_collector(llm):
         gc.enable()
     llm.generate([[3, 4, 5]], _params(temperature=0.0), use_tqdm=False)
     assert gc.isenabled()
+
+
+def test_the_sampler_keeps_nothing_of_ended_requests(llm):
+    """Every request's sampler rows (the plan table, the penalty state) are released when it
+    ends, aborted ones included: nothing grows with the number of requests served."""
+    kinds = [dict(temperature=0.8, top_k=20, seed=1), dict(temperature=0.7, presence_penalty=0.5),
+             dict(temperature=0.9, top_p=0.8), dict(temperature=0.0, logprobs=2)]
+    llm.generate([[7 + i, 8, 9] for i in range(12)], [_params(**kinds[i % 4]) for i in range(12)],
+                 use_tqdm=False)
+    engine = llm.engine
+    rid = engine.add_request([4, 5, 6], SamplingParams(temperature=0.7, repetition_penalty=1.3,
+                                                       max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert len(engine.sampler.plans) == 1
+    assert engine.abort(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(engine.sampler.plans) == 0
+    assert engine.sampler.state is None or len(engine.sampler.state) == 0
