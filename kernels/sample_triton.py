@@ -14,16 +14,18 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
     strictly greater values, pairwise over [C_PAD, CH] tiles instead of a cumsum over tie
     groups), min-p, and draws by the inverse CDF in token-id order (again pairwise: the
     cumulative weight of every id <= this one). A top-p row with no top-k takes the mass of its
-    whole vocabulary, which the program sums itself over the row's logits. It writes the id, the
-    row's code (0 resolved; 1 its kept set may reach past its candidates; 2 the same for a top-p
-    row without top-k) and its top-k threshold.
+    whole vocabulary from `_block_sums_kernel` (run before it over (rows, parts), unfiltered)
+    and writes that mass for the cut. It writes the id, the row's code (0 resolved; 1 its kept
+    set may reach past its candidates; 2 the same for a top-p row without top-k) and its top-k
+    threshold.
   * `full_draw`: `_block_sums_kernel` (grid rows x parts) writes float32 sums of
     exp((x - max) / T) over runs of `BLOCK` columns with the row's logit threshold and min-p
     applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
     those sums and the column inside it.
-  * `top_p_threshold`: the full path's top-p cut of a row, one program per row: the row's mass,
-    then a 16-way search over the float32 bit order (at most 8 passes over the row where the
-    torch path's bisection takes 32; the same unique answer).
+  * `top_p_threshold`: the full path's top-p cut of a row, one program per row: the row's mass
+    (a pass, unless the caller has it), then a 16-way search over the float32 bit order (at most
+    8 passes over the row, 4 for bf16 logits, where the torch path's bisection takes 32; the
+    same unique answer).
   * With `active` (the candidate kernel's codes) the cut, the block sums and the pick run only
     for the rows of one code and leave the others' ids as they are: `sampling_ops` finishes the
     code-2 rows this way inside the draw, so they need no host redo.
