@@ -177,6 +177,7 @@ def sampler_variants():
 
     from infer_cluster.kernels import penalty_triton as pt
     from infer_cluster.kernels import sample_triton as st
+    from infer_cluster.kernels import top_p_cut_triton as tc
     vocab, rows = 151936, []
     for xd in ("*fp32", "*bf16"):
         rows.append((f"sample candidate {xd[1:]}", st._candidate_kernel,
@@ -203,11 +204,11 @@ def sampler_variants():
                          dict(full, u_ptr="*fp64", sums_ptr="*fp32", out_ptr="*i64"),
                          dict(sx=vocab, vocab=vocab, n_blocks=1187), dict(BLOCK=128, TILE=1024, **act),
                          dict(num_warps=4), ("sx", "vocab", "n_blocks")))
-            rows.append((f"sample top-p cut {tag}", st._top_p_threshold_kernel,
+            rows.append((f"sample top-p cut {tag}", tc._top_p_threshold_kernel,
                          dict(x_ptr=xd, m_ptr="*fp32", inv_t_ptr="*fp32", tau_ptr="*fp32", top_p_ptr="*fp32",
                               out_ptr="*fp32", active_ptr="*i8", mass_ptr="*fp32"),
                          dict(sx=vocab, vocab=vocab),
-                         dict(st.cut_options(torch.bfloat16 if xd == "*bf16" else torch.float32),
+                         dict(tc.cut_options(torch.bfloat16 if xd == "*bf16" else torch.float32),
                               HAS_MASS=has, **act),
                          dict(num_warps=8),
                          ("sx", "vocab")))

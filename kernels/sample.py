@@ -1,5 +1,5 @@
-"""Entry points of the sampler's kernels (the draw: kernels/sample_triton.py; the penalty
-state: kernels/penalty_triton.py), importable without
+"""Entry points of the sampler's kernels (the draw: kernels/sample_triton.py; the top-p cut:
+kernels/top_p_cut_triton.py; the penalty state: kernels/penalty_triton.py), importable without
 Triton: the constants the callers plan with, and wrappers that load the Triton module on first
 use. `worker.sampling_ops` calls them where `dispatch.use_triton` holds, and keeps the plain-torch
 paths that are their references (and the CPU's implementation).
@@ -31,7 +31,7 @@ def candidate_draw(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin:
     See `sample_triton.candidate_draw`."""
     from .sample_triton import candidate_draw as launch
     return launch(x, vals, ids, m, inv_t, top_k, top_p, min_p, uniform, margin, p_candidates, block,
-                  True if any_top_p_alone else None)
+                  any_top_p_alone)
 
 
 def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_code: int = 0,
@@ -43,8 +43,8 @@ def full_draw(x, m, inv_t, tau, min_p, uniform, block: int, active=None, active_
 
 
 def top_p_threshold(x, m, inv_t, tau, top_p, active=None, active_code: int = 0, mass=None) -> torch.Tensor:
-    """[n, 1] float32 top-p cut of full-path rows (see `sample_triton.top_p_threshold`)."""
-    from .sample_triton import top_p_threshold as launch
+    """[n, 1] float32 top-p cut of full-path rows (see `top_p_cut_triton.top_p_threshold`)."""
+    from .top_p_cut_triton import top_p_threshold as launch
     return launch(x, m, inv_t, tau, top_p, active, active_code, mass)
 
 

@@ -22,10 +22,7 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
     exp((x - max) / T) over runs of `BLOCK` columns with the row's logit threshold and min-p
     applied; `_full_pick_kernel` (one program per row) finds the block by a float64 scan of
     those sums and the column inside it.
-  * `top_p_threshold`: the full path's top-p cut of a row, one program per row: the row's mass
-    (a pass, unless the caller has it), then a 16-way search over the float32 bit order (at most
-    8 passes over the row, 4 for bf16 logits, where the torch path's bisection takes 32; the
-    same unique answer).
+  * The full path's top-p cut (`top_p_threshold`) lives in kernels/top_p_cut_triton.py.
   * With `active` (the candidate kernel's codes) the cut, the block sums and the pick run only
     for the rows of one code and leave the others' ids as they are: `sampling_ops` finishes the
     code-2 rows this way inside the draw, so they need no host redo.
@@ -51,17 +48,6 @@ _SUM_NB = 16          # blocks per tile of `_block_sums_kernel` (16 x 128 = 2,04
 _SUM_SPLITS = 8       # parts per row: enough programs at batch 1
 _PICK_TILE = 1024     # block sums per scan tile of `_full_pick_kernel`
 _Z_TILE = tl.constexpr(1024)  # block sums per tile of a top-p-alone row's mass in `_candidate_kernel`
-_CUT_LANES = 256      # the top-p cut: one column of each 256 per thread (8 warps), 8 columns a tile
-_CUT_WAYS = 16        # pivots per pass of the top-p cut (the last is the bracket's top): 4 bits a pass
-
-
-def cut_options(dtype: torch.dtype) -> dict:
-    """The top-p cut's tile options for logits of `dtype`: a bracket of 2 ** BITS keys closes in
-    BITS / 4 passes of 16 ways (bfloat16 values are float32s with 16 low zero bits)."""
-    bits = 16 if dtype == torch.bfloat16 else 32
-    return dict(LANES=_CUT_LANES, WAYS=_CUT_WAYS, BITS=bits, PASSES=bits // 4)
-
-
 @triton.jit(do_not_specialize=["sx", "sv", "si", "n_blocks", "vocab", "width"])
 def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, top_k_ptr, top_p_ptr,
                       min_p_ptr, u_ptr, out_ptr, unresolved_ptr, kth_ptr, sums_ptr, n_blocks, mass_ptr,
@@ -141,15 +127,16 @@ def _candidate_kernel(x_ptr, sx, vals_ptr, ids_ptr, sv, si, m_ptr, inv_t_ptr, to
 
 def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: torch.Tensor,
                    inv_t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   uniform: torch.Tensor, margin: int, p_candidates: int, block: int, z_rows=None):
+                   uniform: torch.Tensor, margin: int, p_candidates: int, block: int,
+                   any_top_p_alone: bool = False):
     """(ids [n] int64, codes [n] int8, kth [n, 1] float32) for candidate rows. Codes: 0 resolved,
     1 unresolved (redo on the full path), 2 unresolved top-p row without top-k (the same).
     x [n, vocab] the rows' logits (read only for top-p rows without top-k); vals / ids [n, width]
     their top `width` values (float32, sorted high to low) and ids; m, inv_t [n, 1] float32;
-    top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64. `z_rows`: whether any row
-    is top-p alone (no top-k, top_p < 1: it needs its whole row's mass): None for none, True to
-    sum every row (one variant whatever the mix), or int8 [n] (1 = such a row); the masses come
-    from one `_block_sums_kernel` launch over (rows, parts), not from the row's own program."""
+    top_k [n] int64, top_p / min_p [n] float32, uniform [n] float64. `any_top_p_alone`: some row
+    is top-p alone (no top-k, top_p < 1) and needs its whole row's mass: one `_block_sums_kernel`
+    launch over (rows, parts) sums every row first (one variant whatever the mix), and `mass`
+    [n] float32 returns those masses."""
     n, vocab = x.shape
     width = vals.shape[1]
     if width > MAX_CANDIDATES:
@@ -162,8 +149,8 @@ def candidate_draw(x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, m: to
     kth = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     mass = torch.empty(n, dtype=torch.float32, device=x.device)
     sums, n_blocks = kth, 1  # no top-p-alone row: never read
-    if n and z_rows is not None:
-        sums, n_blocks = _row_block_sums(x, m, inv_t, block, None if z_rows is True else z_rows)
+    if n and any_top_p_alone:
+        sums, n_blocks = _row_block_sums(x, m, inv_t, block)
     if n:
         _candidate_kernel[(n,)](x, x.stride(0), vals, ids, vals.stride(0), ids.stride(0), m, inv_t,
                                 top_k, top_p, min_p, uniform, out, unresolved, kth, sums, n_blocks, mass,
@@ -266,17 +253,16 @@ def _sum_grid(vocab: int, block: int) -> tuple[int, int, int]:
     return n_blocks, part_tiles, triton.cdiv(n_tiles, part_tiles)
 
 
-def _row_block_sums(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, block: int,
-                    active: torch.Tensor = None) -> tuple[torch.Tensor, int]:
+def _row_block_sums(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor,
+                    block: int) -> tuple[torch.Tensor, int]:
     """([n, n_blocks] float32 sums of exp((x - m) * inv_t) over runs of `block` columns, no
-    filters, n_blocks); with `active` (int8 [n]), only rows whose code is 1 are written."""
+    filters, n_blocks)."""
     n, vocab = x.shape
     n_blocks, part_tiles, parts = _sum_grid(vocab, block)
     sums = torch.empty(n, n_blocks, dtype=torch.float32, device=x.device)
-    has = active is not None
     _block_sums_kernel[(n, parts)](x, x.stride(0), m, inv_t, m, m, sums, vocab, part_tiles, n_blocks,
-                                   active if has else sums, BLOCK=block, NB=_SUM_NB, HAS_ACTIVE=has,
-                                   ACTIVE_CODE=1, FILTERS=False, num_warps=4)
+                                   sums, BLOCK=block, NB=_SUM_NB, HAS_ACTIVE=False, ACTIVE_CODE=1,
+                                   FILTERS=False, num_warps=4)
     return sums, n_blocks
 
 
@@ -301,142 +287,6 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
         _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
                                 act, BLOCK=block, TILE=_PICK_TILE, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
                                 num_warps=4)
-    return out
-
-
-@triton.jit
-def _order_key(v, BITS: tl.constexpr):
-    """int64 order key of float32 `v` over its top BITS bits (`sampling_ops._float_key` at 32; at
-    16, the key of a bfloat16 value): the bits, with negatives' magnitude bits flipped."""
-    b = (v.to(tl.int32, bitcast=True) >> (32 - BITS)).to(tl.int64)  # arithmetic shift: signed
-    return tl.where(b < 0, b ^ ((1 << (BITS - 1)) - 1), b)
-
-
-@triton.jit
-def _key_value(k, BITS: tl.constexpr):
-    """The float32 whose `_order_key` at BITS is `k`."""
-    b = tl.where(k < 0, k ^ ((1 << (BITS - 1)) - 1), k) << (32 - BITS)
-    return b.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fold_column(acc, low, x, m, it, tau, piv):
-    """One column per thread into the pivots' partial sums and the least kept value."""
-    w = tl.where(x < tau, 0.0, tl.exp((x - m) * it))
-    low = tl.minimum(low, tl.where(w > 0, x, float("inf")))
-    return acc + tl.where(x[None, :] > piv, w[None, :], 0.0), low
-
-
-@triton.jit
-def _lane_load(base, c0, lane, u: tl.constexpr, vocab, LANES: tl.constexpr):
-    cols = c0 + u * LANES + lane
-    return tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-
-
-@triton.jit
-def _pivot_masses(base, vocab, m, it, tau, pivots, LANES: tl.constexpr, WAYS: tl.constexpr):
-    """[WAYS] float32 masses of exp((x - m) * it) over the row's x >= tau with x > pivots[j], and
-    the smallest such x of positive weight over the whole row (pivots of -inf: the row's least
-    kept value). Each thread keeps its column's WAYS partial sums over the tiles ([WAYS, LANES],
-    one column per thread: no reduction inside the loop), then one tree: every pivot's mass is
-    summed in the same order, so a mass never grows as its pivot rises (the search's invariant).
-    A tile is 8 loads per thread; the next tile's loads are issued before this one's sums, so
-    the memory latency overlaps the arithmetic."""
-    lane = tl.arange(0, LANES)
-    acc = tl.zeros([WAYS, LANES], dtype=tl.float32)
-    low = tl.full([LANES], float("inf"), tl.float32)
-    piv = pivots[:, None]
-    x0 = _lane_load(base, 0, lane, 0, vocab, LANES)
-    x1 = _lane_load(base, 0, lane, 1, vocab, LANES)
-    x2 = _lane_load(base, 0, lane, 2, vocab, LANES)
-    x3 = _lane_load(base, 0, lane, 3, vocab, LANES)
-    x4 = _lane_load(base, 0, lane, 4, vocab, LANES)
-    x5 = _lane_load(base, 0, lane, 5, vocab, LANES)
-    x6 = _lane_load(base, 0, lane, 6, vocab, LANES)
-    x7 = _lane_load(base, 0, lane, 7, vocab, LANES)
-    for c0 in range(0, vocab, LANES * 8):
-        n = c0 + LANES * 8
-        y0 = _lane_load(base, n, lane, 0, vocab, LANES)
-        y1 = _lane_load(base, n, lane, 1, vocab, LANES)
-        y2 = _lane_load(base, n, lane, 2, vocab, LANES)
-        y3 = _lane_load(base, n, lane, 3, vocab, LANES)
-        y4 = _lane_load(base, n, lane, 4, vocab, LANES)
-        y5 = _lane_load(base, n, lane, 5, vocab, LANES)
-        y6 = _lane_load(base, n, lane, 6, vocab, LANES)
-        y7 = _lane_load(base, n, lane, 7, vocab, LANES)
-        acc, low = _fold_column(acc, low, x0, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x1, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x2, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x3, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x4, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x5, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x6, m, it, tau, piv)
-        acc, low = _fold_column(acc, low, x7, m, it, tau, piv)
-        x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
-    return tl.sum(acc, axis=1), tl.min(low, axis=0)
-
-
-@triton.jit(do_not_specialize=["sx", "vocab"])
-def _top_p_threshold_kernel(x_ptr, sx, m_ptr, inv_t_ptr, tau_ptr, top_p_ptr, out_ptr, vocab, active_ptr,
-                            mass_ptr, LANES: tl.constexpr, WAYS: tl.constexpr,
-                            BITS: tl.constexpr, PASSES: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-                            ACTIVE_CODE: tl.constexpr, HAS_MASS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    vocab = tl.where(_is_active(active_ptr, row, HAS_ACTIVE, ACTIVE_CODE), vocab, 0)  # inactive: no pass
-    m = tl.load(m_ptr + row)
-    it = tl.load(inv_t_ptr + row)
-    tau = tl.load(tau_ptr + row)
-    p = tl.load(top_p_ptr + row)
-    base = x_ptr + row * sx
-    j = tl.arange(0, WAYS).to(tl.int64)
-    if HAS_MASS:  # the row's mass from the caller (a top-p-alone row's, from the candidate draw)
-        target = p * tl.load(mass_ptr + row)
-        low = tl.full([], float("inf"), tl.float32)  # the bracket starts at -inf
-    else:
-        # Pass 0: the row's mass (every pivot -inf; the same summation as the passes below) and
-        # its least kept value, whose key minus 2 is a key with the whole mass above it.
-        total, low = _pivot_masses(base, vocab, m, it, tau, tl.full([WAYS], float("-inf"), tl.float32),
-                                   LANES, WAYS)
-        target = p * tl.max(total, axis=0)
-    # The smallest key k with mass(x > k) < target, as the torch path's bisection over the float32
-    # bit order finds it (the answer is unique: masses are monotone), but WAYS - 1 pivots a pass:
-    # the bracket (lo: not below, hi: below) shrinks WAYS-fold per pass instead of 2-fold. The
-    # answer is always the key of a value of the row (the mass only drops at those), so for
-    # bfloat16 logits (BITS = 16) the search runs over bfloat16 keys: half the passes.
-    hi = _order_key(m, BITS)
-    lo_inf = _order_key(tl.full([], float("-inf"), tl.float32), BITS)
-    lo = tl.where(low < float("inf"), _order_key(low, BITS) - 2, lo_inf)
-    lo = tl.minimum(tl.maximum(lo, lo_inf), hi - 1)  # never below the key of -inf
-    for _ in range(PASSES):
-        span = hi - lo
-        open_ = span > 1
-        keys = lo + (span * (j + 1)) // WAYS  # the last is hi itself
-        mass, _low = _pivot_masses(base, tl.where(open_, vocab, 0), m, it, tau, _key_value(keys, BITS),
-                                   LANES, WAYS)
-        below = mass < target
-        hi = tl.where(open_, tl.min(tl.where(below, keys, hi), axis=0), hi)
-        lo = tl.where(open_, tl.max(tl.where(below, lo, keys), axis=0), lo)
-    tl.store(out_ptr + row, _key_value(hi, BITS))
-
-
-def top_p_threshold(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.Tensor,
-                    top_p: torch.Tensor, active: torch.Tensor = None, active_code: int = 0,
-                    mass: torch.Tensor = None) -> torch.Tensor:
-    """[n, 1] float32: `sampling_ops.top_p_threshold` with one program per row (one pass for the
-    row's mass, then multi-way search passes, 16 ways: at most 8 passes for any float32 bracket,
-    4 for bfloat16 logits, instead of the bisection's 32) instead of ~6 torch ops over
-    [rows, vocab] per step. x [n, vocab] any float dtype (unit column stride); m (the rows'
-    maxima: values of x), inv_t, tau, top_p [n, 1] float32.
-    `active` as in `full_draw` (other rows' values are meaningless). `mass` [n] float32: the
-    rows' masses (`candidate_draw`'s, of rows with no logit threshold) instead of a pass for them."""
-    n, vocab = x.shape
-    out = torch.empty(n, 1, dtype=torch.float32, device=x.device)
-    if n:
-        has = active is not None
-        _top_p_threshold_kernel[(n,)](x, x.stride(0), m, inv_t, tau, top_p, out, vocab,
-                                      active if has else out, mass if mass is not None else out,
-                                      **cut_options(x.dtype), HAS_ACTIVE=has, ACTIVE_CODE=active_code,
-                                      HAS_MASS=mass is not None, num_warps=8)
     return out
 
 
