@@ -1,6 +1,7 @@
 """On 2 CUDA devices: the symmetric-memory TP all-reduce (worker/distributed/symm_allreduce.py)
 gives NCCL's sums, bit for bit (two operands round once either way), eagerly and replayed from a
-CUDA graph, through `ParallelState.all_reduce` as the layers call it, for every mode, odd
+CUDA graph, through `ParallelState.all_reduce` as the layers call it, for every mode (NCCL on a
+registered window too, in processes of its own), odd
 shapes and both dtypes; a tensor larger than the buffer still goes through NCCL; `nccl` mode
 sets nothing up. Run: `pytest -m gpu tests/distributed/test_gpu_allreduce.py`."""
 
@@ -23,7 +24,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, queue) -> None:
+def _rank(rank: int, port: int, queue, modes) -> None:
     import torch.distributed as dist
     from infer_cluster.worker.distributed.symm_allreduce import BUFFER_BYTES, SymmAllReduce
     from infer_cluster.worker.models.parallel import ParallelState
@@ -38,7 +39,7 @@ def _rank(rank: int, port: int, queue) -> None:
         group = dist.new_group([0, 1])
         if SymmAllReduce.create(group, device, control, mode="nccl") is not None:
             failures.append("nccl mode set a buffer up")
-        for mode in ("auto", "one_shot", "two_shot"):
+        for mode in modes:
             fast = SymmAllReduce.create(group, device, control, mode=mode)
             if fast is None:
                 failures.append(f"{mode}: not available")
@@ -88,13 +89,15 @@ def _rank(rank: int, port: int, queue) -> None:
 
 
 @pytest.mark.timeout(240, method="thread")
-def test_symm_allreduce_equals_nccl():
+@pytest.mark.parametrize("modes", [("auto", "one_shot", "two_shot"), ("nccl_window",)],
+                         ids=["torch_kernels", "nccl_window"])  # one symmetric-memory backend a process
+def test_symm_allreduce_equals_nccl(modes):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, queue, modes)) for r in range(2)]
     for p in procs:
         p.start()
     try:

@@ -12,7 +12,7 @@ from infer_cluster.worker.models.parallel import ParallelState
 
 
 @pytest.mark.parametrize("value,mode", [(None, "nccl"), ("", "nccl"), ("AUTO", "auto"), (" one_shot ", "one_shot"),
-                                        ("two_shot", "two_shot")])
+                                        ("two_shot", "two_shot"), ("NCCL_Window", "nccl_window")])
 def test_mode_from_environment(monkeypatch, value, mode):
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
