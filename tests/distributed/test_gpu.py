@@ -62,6 +62,8 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
 @pytest.mark.timeout(180, method="thread")
 def test_gpu_nccl_window_greedy_matches(started, dist_checkpoints, gpu_single, monkeypatch):
     """T=2 with decode graphs, every TP all-reduce on NCCL's registered window (nccl_window)."""
+    if torch.cuda.nccl.version() < (2, 27):
+        pytest.skip(f"NCCL windows need NCCL >= 2.27, this torch has {torch.cuda.nccl.version()}")
     monkeypatch.setenv("INFER_CLUSTER_TP_ALLREDUCE", "nccl_window")
     llm = check_parallel_greedy(started, dist_checkpoints["qwen3"], 2, 1, dict(GPU, enforce_eager=False),
                                 [gpu_single["qwen3"]])
@@ -75,6 +77,8 @@ def test_gpu_nccl_window_greedy_matches(started, dist_checkpoints, gpu_single, m
 def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager, allreduce, monkeypatch):
     from infer_cluster.protocol import SamplingParams
 
+    if allreduce == "nccl_window" and torch.cuda.nccl.version() < (2, 27):
+        pytest.skip(f"NCCL windows need NCCL >= 2.27, this torch has {torch.cuda.nccl.version()}")
     monkeypatch.setenv("INFER_CLUSTER_TP_ALLREDUCE", allreduce)  # rank 0 here, rank 1 inherits it
     llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=eager,
                             **GPU))
