@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import zmq
 
-from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, ProtocolError, RequestDelta,
+from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, ProtocolError, RequestDelta,
                                     RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
@@ -140,10 +140,9 @@ class InferenceClient:
         io_args = (self._ctx, address, name or "client", self._on_message, self._on_silence,
                    heartbeat_interval, coordinator_timeout, socket_hwm, max_frame_bytes)
         try:
-            self._io = (ClientIO(*io_args, keys=keys, role=role or "client",
-                                 on_connect_tick=self._on_connect_tick) if io_loop is None else
-                        LoopIO(io_loop, *io_args, keys=keys, role=role or "client",
-                               on_connect_tick=self._on_connect_tick))
+            hooks = dict(on_connect_tick=self._on_connect_tick, on_dropped=self._on_dropped)
+            self._io = (ClientIO(*io_args, keys=keys, role=role or "client", **hooks) if io_loop is None
+                        else LoopIO(io_loop, *io_args, keys=keys, role=role or "client", **hooks))
         except Exception:
             self._closed = True
             self._ctx.term()
@@ -260,12 +259,26 @@ class InferenceClient:
             for _, fail in due:
                 fail(why)
 
-    def _fail_handle(self, request_id: str, why: str) -> None:
+    def _fail_handle(self, request_id: str, why: str, error=UnreachableError) -> None:
         with self._lock:
             handle = self._handles.pop(request_id, None)
         if handle is not None:
             handle._deliver(RequestDelta(request_id=request_id, finish_reason="error",
-                                         error=UnreachableError(why).to_dict()))
+                                         error=error(why).to_dict()))
+
+    def _on_dropped(self, payload) -> None:  # IO thread (or the event loop)
+        """zmq would not queue `payload` (the send queue holds `socket_hwm` messages the
+        coordinator has not read): a request in it ends now with an `overloaded` error instead
+        of waiting for an answer that cannot come. A dropped cancel leaves the request to run."""
+        try:
+            msg = codec.decode(payload, self.max_frame_bytes)
+        except ProtocolError:
+            return
+        if isinstance(msg, SubmitRequest):
+            self._fail_handle(msg.request_id, (
+                f"request {msg.request_id} was not sent: {self._io.hwm} messages already wait in "
+                f"this client's queue to the coordinator at {self.address}, which is not reading "
+                "them (overloaded or stopped); retry later"), OverloadedError)
 
     def _fail_waiter(self, reply_kind: int, future: Future, why: str) -> None:
         with self._lock:

@@ -82,12 +82,16 @@ class ClientIO(threading.Thread):
                  on_message: Callable[[Message], None], on_silence: Callable[[float], None],
                  heartbeat_interval: float, coordinator_timeout: float, hwm: int,
                  max_frame_bytes: int, keys=None, role: str = "client",
-                 on_connect_tick: Optional[Callable[[float, Optional[str]], None]] = None):
+                 on_connect_tick: Optional[Callable[[float, Optional[str]], None]] = None,
+                 on_dropped: Optional[Callable[[bytes], None]] = None):
         super().__init__(name=f"infer-cluster-client-io-{name}", daemon=True)
         self.address = address
         self._on_message = on_message
         self._on_silence = on_silence
         self._on_connect_tick = on_connect_tick
+        self._on_dropped = on_dropped  # a message zmq would not queue: the client fails its request
+        self.hwm = hwm
+        self.num_dropped = 0
         self.uses_auth = keys is not None
         self.is_connected = False        # set by the client on the coordinator's first reply
         self.refusal: Optional[str] = None   # a handshake failure that retrying cannot fix
@@ -229,9 +233,14 @@ class ClientIO(threading.Thread):
             self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK)
         except zmq.Again:
             # Before the first answer this is the connect failure the client reports itself.
-            log.log(logging.ERROR if self.is_connected else logging.DEBUG,
-                    "dropped a message to %s: send queue full (coordinator unreachable?)",
-                    self.address)
+            self.num_dropped += 1
+            if self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
+                log.log(logging.ERROR if self.is_connected else logging.DEBUG,
+                        "dropped a message to %s: send queue full (%d waiting; coordinator not "
+                        "reading?); %d dropped so far, each request among them failed",
+                        self.address, self.hwm, self.num_dropped)
+            if self._on_dropped is not None:
+                self._on_dropped(payload)
 
     def _drain_commands(self) -> bool:
         """Forward queued sends; False once a stop command is seen."""
