@@ -58,8 +58,8 @@ from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
 from .row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, TEMPERATURE, TOP_K, TOP_P
 from .row_plans import RowPlans, rows_with
-from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, block_sums, draw_random_rows, to_device,
-                           topk, topk_by_blocks)
+from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, any_top_p_alone, block_sums, draw_random_rows,
+                           to_device, topk, topk_by_blocks)
 from .sampling_state import SamplingState
 from .step_upload import dma_upload
 
@@ -344,7 +344,7 @@ class Sampler:
         else:
             packed[4] = step_uniforms(seeds.tolist(), steps)[:, 0]
         top_k, need = table[:, TOP_K], table[:, NEED]
-        top_p_alone = bool(((top_k == 0) & (need > 0) & (need < vocab)).any())
+        top_p_alone = any_top_p_alone(top_k, need, vocab)
         packed = dma_upload(packed, x.device)
         uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
         return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),

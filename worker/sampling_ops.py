@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
@@ -160,7 +161,7 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
         top_p_alone = (rows.top_p_alone if rows.top_p_alone is not None
-                       else any(not rows.host_top_k[i] and need[i] < vocab for i in cand))
+                       else any_top_p_alone(rows.host_top_k, need, vocab))
         kept, codes, kth, mass = candidate_draw(xc, vals.float().contiguous(), ids.contiguous(), mc, tc,
                                           _take(rows.top_k, idx, cand, n), top_p, min_p, u,
                                           TOP_K_TIE_MARGIN, TOP_P_CANDIDATES, BLOCK, top_p_alone)
@@ -222,6 +223,14 @@ def _put(out: torch.Tensor, idx: Optional[torch.Tensor], rows: torch.Tensor) -> 
         return rows
     out[idx] = rows
     return out
+
+
+def any_top_p_alone(top_k, need, vocab: int) -> bool:
+    """Whether some row is top-p without top-k and tries fewer candidates than the vocabulary
+    (its kept set may be wider than them: the kernel path finishes it with the top-p cut).
+    `top_k` and `need` (`num_candidates`) per row, as lists or numpy arrays."""
+    top_k, need = np.asarray(top_k), np.asarray(need)
+    return bool(((top_k == 0) & (need > 0) & (need < vocab)).any())
 
 
 def num_candidates(top_k: list[int], top_p: list[float], vocab: int) -> list[int]:
