@@ -50,6 +50,13 @@ class CoordinatorStats:
         return asdict(self)
 
 
+def returned_client_finals(request_ids: list[str], reason: str, ago: float) -> list[DeltaPayload]:
+    """The finals a client hears when it speaks again after it was declared gone."""
+    return [error_payload(rid, "error", "unreachable",
+                          f"the coordinator ended request {rid} {ago:.0f} s ago while this client was "
+                          f"silent or not reading ({reason}); resubmit it") for rid in request_ids]
+
+
 def error_payload(request_id: str, reason: str, code: str, message: str) -> DeltaPayload:
     return DeltaPayload(request_id=request_id, finish_reason=reason,
                         error=ErrorInfo(code=code, message=message))
@@ -236,9 +243,13 @@ class Dispatcher:
         self.end(req, error_payload(req.request_id, "timeout", "timeout", message),
                  RequestState.FAILED, now)
 
-    def client_gone(self, identity: bytes, reason: str, now: float) -> int:
-        """Abort every request of a vanished client (no reply: nobody is listening)."""
+    def client_gone(self, identity: bytes, reason: str, now: float, may_return: bool = True) -> int:
+        """Abort every request of a vanished client (no reply: nobody is listening). With
+        `may_return` (not after a goodbye) their ids are kept: if the client speaks again, the
+        server sends their finals (`notify_returned`)."""
         reqs = self.table.of_client(identity)
+        if may_return:
+            self.clients.remember_gone(identity, [r.request_id for r in reqs], reason, now)
         by_replica: dict[bytes, list[str]] = {}
         for req in reqs:
             if req.replica is not None and req.state in (RequestState.DISPATCHED,

@@ -34,7 +34,7 @@ from infer_cluster.protocol.messages import (ControlReply, Drain, ErrorReply, He
 from .backend import BACK_HANDLERS, on_client_message_on_replica_port
 from .clients import ClientRegistry
 from .config import CoordinatorConfig
-from .dispatcher import Dispatcher, error_payload
+from .dispatcher import Dispatcher, error_payload, returned_client_finals
 from .frontend import FRONT_HANDLERS
 from .outbox import Outbox
 from .registry import ReplicaRegistry
@@ -268,6 +268,14 @@ class Coordinator:
                 f"this connection uses the {role} key (pass --auth with a folder holding "
                 f"admin.key_secret)"))
             return
+        if self.clients.num_gone():
+            back = self.clients.take_gone(identity, now)
+            if back is not None:  # declared gone with requests, yet here it is: tell it their end
+                request_ids, reason, ago = back
+                log.info("client %s is back %.0f s after it was declared gone (%s): sending the "
+                         "finals of its %d aborted request(s)", identity.hex(), ago, reason, len(request_ids))
+                for payload in returned_client_finals(request_ids, reason, ago):
+                    self.outbox.delta(identity, payload)
         handler = FRONT_HANDLERS.get(msg.KIND)
         if handler is None:
             self.outbox.to_identity(self.front, identity, ErrorReply(

@@ -1,13 +1,17 @@
-"""A client whose coordinator stops reading: a submit that zmq will not queue (the DEALER's
-send queue and the kernel's socket buffers are full) ends at once with an `overloaded` error,
-instead of waiting for an answer that cannot come; the requests that were queued are answered
-once the coordinator reads again. Real coordinator process (stopped with SIGSTOP), real sockets.
+"""When one side stops reading, no request waits forever. A client whose coordinator stops
+reading: a submit that zmq will not queue (the DEALER's send queue and the kernel's socket
+buffers are full) ends at once with an `overloaded` error, and the requests that were queued are
+answered once the coordinator reads again. A client that was itself stopped past the
+coordinator's client timeout: its requests were aborted, and its next message brings their
+`unreachable` finals. Real coordinator and client processes (stopped with SIGSTOP), real sockets.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +19,7 @@ import pytest
 from infer_cluster.client import InferenceClient
 from infer_cluster.protocol import SamplingParams
 
-from .conftest import ClusterProcs
+from .conftest import ClusterProcs, child_env
 
 pytestmark = pytest.mark.timeout(180)
 PARAMS = SamplingParams(temperature=0, max_tokens=4)
@@ -62,4 +66,55 @@ def test_submits_zmq_cannot_queue_fail_at_once_as_overloaded(tmp_path):
     finally:
         if stopped:
             os.kill(procs.coordinator.pid, signal.SIGCONT)
+        procs.stop()
+
+
+CLIENT_SCRIPT = """
+import sys
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
+with InferenceClient(sys.argv[1]) as client:
+    handle = client.submit("hello", SamplingParams(temperature=0, max_tokens=4))
+    print("submitted", flush=True)
+    if handle.wait(timeout=float(sys.argv[2])):
+        out = handle.output
+        print("ended", out.finish_reason, (out.error or {}).get("code"), (out.error or {}).get("message"), flush=True)
+    else:
+        print("hung", flush=True)
+"""
+
+
+def test_a_client_back_from_silence_learns_its_requests_were_ended(tmp_path):
+    """The coordinator aborts the requests of a client silent past --client-timeout (their KV is
+    freed). A client that was only stopped (SIGSTOP, a debugger, a paused VM) and comes back must
+    hear that, not wait forever: its next message gets an `unreachable` final for each."""
+    procs = ClusterProcs(tmp_path / "logs", num_replicas=0,
+                         coordinator_args=["--no-replica-timeout", "120"]).start(timeout=60)
+    client = None
+    try:
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, procs.address, "40"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        assert client.stdout.readline().strip() == "submitted"
+        deadline = time.monotonic() + 20
+        while procs.status()["coordinator"]["num_in_flight"] != 1:  # waits for a replica
+            assert time.monotonic() < deadline, "the request never reached the coordinator"
+            time.sleep(0.1)
+        os.kill(client.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 20
+            while procs.status()["coordinator"]["num_client_gone_aborts"] != 1:
+                assert time.monotonic() < deadline, "the silent client's request was never aborted"
+                time.sleep(0.2)
+            assert procs.status()["coordinator"]["num_in_flight"] == 0
+        finally:
+            os.kill(client.pid, signal.SIGCONT)
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        words = out.split()
+        assert words[:4] == ["ended", "error", "unreachable", "the"], out
+        assert "while this client was silent" in out and "resubmit" in out, out
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait(timeout=10)
         procs.stop()
