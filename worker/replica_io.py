@@ -57,6 +57,13 @@ def make_replica_dealer(ctx: zmq.Context, identity: bytes) -> zmq.Socket:
     return sock
 
 
+def _is_heartbeat(payload) -> bool:
+    try:
+        return codec.decode(payload).KIND is ConnectionKind.HEARTBEAT
+    except ProtocolError:
+        return False
+
+
 class ReplicaIO(threading.Thread):
     def __init__(self, config, capacity: dict, inbox, load_fn: Callable[[], ReplicaLoad],
                  state_fn: Callable[[], object], context=None):
@@ -217,9 +224,16 @@ class ReplicaIO(threading.Thread):
         try:
             self._dealer.send_multipart([b"", payload], flags=zmq.NOBLOCK)
         except zmq.Again:
-            # Not connected (IMMEDIATE) or the coordinator stopped reading: it will declare this
-            # replica dead and re-route, so dropping is safe; count it for the logs.
+            # Not connected (IMMEDIATE) or the coordinator stopped reading (queue full). A
+            # heartbeat may go missing. Anything else (a step's deltas or finals, a state change)
+            # leaves the coordinator with requests it will never hear the end of, unless it
+            # re-routes them: so this replica drops what it holds and registers again with a
+            # new session, which makes the coordinator re-route them from their delivered tokens
+            # (or it has declared this replica dead already and re-routed them).
             self.num_dropped += 1
+            if self.is_registered and not self.closing and not _is_heartbeat(payload):
+                self._forget_registration("a message to the coordinator could not be queued "
+                                          "(not connected, or it is not reading)")
             if self.closing:
                 if self.num_dropped == 1:
                     log.info("coordinator %s already stopped; this replica's closing state change "
