@@ -2,7 +2,8 @@
 
 Owns: socket setup (HWM, LINGER, ROUTER_MANDATORY, ZMQ heartbeats, a disconnect monitor), the
 loop (`zmq.Poller` with a timeout set by the next timer; never a busy poll), frame decoding with
-error replies for bad input, handler dispatch through `FRONT_HANDLERS` / `BACK_HANDLERS`, the
+error replies for bad input, handler dispatch through `FRONT_HANDLERS` / `BACK_HANDLERS` (a
+client declared gone that speaks again first gets the finals of the requests it lost), the
 liveness / deadline / pending timers, operator control and the status snapshot, and draining on
 shutdown. Request bookkeeping lives in `dispatcher.py`, sends in `outbox.py`.
 With `config.auth` set, both ROUTERs are CURVE servers checked by the ZAP handler in `auth.py`
