@@ -7,9 +7,10 @@ noticing a silent coordinator. A message zmq will not queue (the send queue is f
 the client's `on_dropped`, which fails the request in it. It calls back into the client for
 every decoded message and never blocks on a user: callbacks only touch in-memory state. No busy
 polling: one `zmq.Poller` wait bounded by the next heartbeat (10 Hz while no reply has arrived
-yet, to fail waiting calls on time). Until the first reply, a socket monitor explains why nothing answers (connection
-refused, CURVE key refused, auth on one side only) so the client can fail fast with that reason.
-With keys (`client/auth.py`) the DEALER is a CURVE client. Never imports torch.
+yet, to fail waiting calls on time). Until the first reply, a socket monitor explains why
+nothing answers (connection refused, CURVE key refused, auth on one side only) so the client can
+fail fast with that reason. With keys (`client/auth.py`) the DEALER is a CURVE client. Never
+imports torch.
 """
 
 from __future__ import annotations
