@@ -28,7 +28,7 @@ def test_bad_mode_is_a_config_error(monkeypatch):
 
 
 @pytest.mark.parametrize("group,device,mode", [(None, "cuda", "auto"), (object(), "cpu", "auto"),
-                                               (object(), "cuda", "nccl")])
+                                               (object(), "cuda", "nccl"), (object(), "cpu", "nccl_window")])
 def test_nothing_set_up_where_it_cannot_run(group, device, mode):
     # Returns before touching the group or the device (no collective is issued either).
     assert SymmAllReduce.create(group, torch.device(device), control_group=None, mode=mode) is None
