@@ -5,6 +5,8 @@ deltas for one client produced in one loop turn go out as one DELTA message), an
 peer is gone (`ROUTER_MANDATORY` makes a send to a vanished identity fail instead of vanishing).
 It never decides what a lost peer means: it records it in `lost_clients` / `lost_replicas` and
 the coordinator loop hands those to the dispatcher. Never blocks: a full queue is a lost peer.
+The request ids whose finals a lost client never got are kept in `lost_finals`, so that the
+coordinator can tell the client how they ended if it comes back (a reconnect after a blip).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Outbox:
         self.max_frame_bytes = max_frame_bytes
         self._deltas: dict[bytes, list[DeltaPayload]] = {}
         self.lost_clients: dict[bytes, str] = {}
+        self.lost_finals: dict[bytes, list[str]] = {}  # client -> ids whose final did not go out
         self.lost_replicas: dict[bytes, str] = {}
         self.num_sent = 0
 
@@ -78,7 +81,11 @@ class Outbox:
         pending, self._deltas = self._deltas, {}
         for client, payloads in pending.items():
             if client in self.lost_clients:
+                self.lost_finals.setdefault(client, []).extend(
+                    p.request_id for p in payloads if p.finish_reason is not None)
                 continue
             for i in range(0, len(payloads), MAX_DELTAS_PER_MESSAGE):
                 if not self.to_client(client, DeltaReply(deltas=payloads[i:i + MAX_DELTAS_PER_MESSAGE])):
+                    self.lost_finals.setdefault(client, []).extend(
+                        p.request_id for p in payloads[i:] if p.finish_reason is not None)
                     break

@@ -237,6 +237,8 @@ class Coordinator:
             lost_clients, self.outbox.lost_clients = self.outbox.lost_clients, {}
             for identity, why in lost_clients.items():
                 self.dispatcher.client_gone(identity, why, now)
+                # Finals it never got (their requests have ended here): told if it comes back.
+                self.clients.remember_gone(identity, self.outbox.lost_finals.pop(identity, []), why, now)
         self.outbox.flush()
 
     # ------------------------------------------------------------------ decoding
