@@ -31,8 +31,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import zmq
 
-from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, ProtocolError, RequestDelta,
-                                    RequestOutput, SamplingParams, UnreachableError)
+from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, ProtocolError,
+                                    RequestDelta, RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
 from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, ControlRequest, DeltaPayload,

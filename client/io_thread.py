@@ -239,7 +239,7 @@ class ClientIO(threading.Thread):
             if self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
                 log.log(logging.ERROR if self.is_connected else logging.DEBUG,
                         "dropped a message to %s: send queue full (%d waiting; coordinator not "
-                        "reading?); %d dropped so far, each request among them failed",
+                        "reading?); %d dropped so far (a dropped submit fails its request)",
                         self.address, self.hwm, self.num_dropped)
             if self._on_dropped is not None:
                 self._on_dropped(payload)

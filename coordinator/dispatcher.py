@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from infer_cluster.protocol.messages import AbortRequest, DeltaPayload, DispatchRequest, ErrorInfo
 
@@ -243,13 +243,16 @@ class Dispatcher:
         self.end(req, error_payload(req.request_id, "timeout", "timeout", message),
                  RequestState.FAILED, now)
 
-    def client_gone(self, identity: bytes, reason: str, now: float, may_return: bool = True) -> int:
+    def client_gone(self, identity: bytes, reason: str, now: float, may_return: bool = True,
+                    lost_finals: Sequence[str] = ()) -> int:
         """Abort every request of a vanished client (no reply: nobody is listening). With
-        `may_return` (not after a goodbye) their ids are kept: if the client speaks again, the
-        server sends their finals (`notify_returned`)."""
+        `may_return` (not after a goodbye) their ids are kept, with `lost_finals` (requests that
+        ended here but whose final did not reach it): if the client speaks again, the server
+        sends it `returned_client_finals` for all of them."""
         reqs = self.table.of_client(identity)
         if may_return:
-            self.clients.remember_gone(identity, [r.request_id for r in reqs], reason, now)
+            self.clients.remember_gone(identity, [r.request_id for r in reqs] + list(lost_finals),
+                                       reason, now)
         by_replica: dict[bytes, list[str]] = {}
         for req in reqs:
             if req.replica is not None and req.state in (RequestState.DISPATCHED,

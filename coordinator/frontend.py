@@ -83,7 +83,8 @@ def on_ping(coord, identity, msg, now) -> None:
 
 
 def on_goodbye(coord, identity, msg, now) -> None:
-    coord.dispatcher.client_gone(identity, f"said goodbye: {msg.reason or 'closed'}", now, may_return=False)
+    coord.dispatcher.client_gone(identity, f"said goodbye: {msg.reason or 'closed'}", now,
+                                 may_return=False)
 
 
 def on_status(coord, identity, msg, now) -> None:

@@ -236,9 +236,8 @@ class Coordinator:
                     self.dispatcher.replica_lost(record, why, now)
             lost_clients, self.outbox.lost_clients = self.outbox.lost_clients, {}
             for identity, why in lost_clients.items():
-                self.dispatcher.client_gone(identity, why, now)
-                # Finals it never got (their requests have ended here): told if it comes back.
-                self.clients.remember_gone(identity, self.outbox.lost_finals.pop(identity, []), why, now)
+                self.dispatcher.client_gone(identity, why, now,
+                                            lost_finals=self.outbox.lost_finals.pop(identity, ()))
         self.outbox.flush()
 
     # ------------------------------------------------------------------ decoding
@@ -276,7 +275,7 @@ class Coordinator:
             if back is not None:  # declared gone with requests, yet here it is: tell it their end
                 request_ids, reason, ago = back
                 log.info("client %s is back %.0f s after it was declared gone (%s): sending the "
-                         "finals of its %d aborted request(s)", identity.hex(), ago, reason, len(request_ids))
+                         "finals of its %d lost request(s)", identity.hex(), ago, reason, len(request_ids))
                 for payload in returned_client_finals(request_ids, reason, ago):
                     self.outbox.delta(identity, payload)
         handler = FRONT_HANDLERS.get(msg.KIND)

@@ -78,7 +78,8 @@ with InferenceClient(sys.argv[1]) as client:
     print("submitted", flush=True)
     if handle.wait(timeout=float(sys.argv[2])):
         out = handle.output
-        print("ended", out.finish_reason, (out.error or {}).get("code"), (out.error or {}).get("message"), flush=True)
+        error = out.error or {}
+        print("ended", out.finish_reason, error.get("code"), error.get("message"), flush=True)
     else:
         print("hung", flush=True)
 """

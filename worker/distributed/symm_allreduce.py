@@ -12,16 +12,16 @@ NVLink multicast (the `multimem_*` ops) stays off (see the device notes in docs/
 default), `auto` (two-shot for tensors of `TWO_SHOT_MIN_BYTES` up to the buffer, NCCL for the
 rest), `one_shot` / `two_shot` (that kernel for every size that fits the buffer), `nccl_window`
 (NCCL's own all-reduce on a buffer from torch's NCCL symmetric-memory backend, registered as an
-NCCL window, so that NCCL >= 2.27 may pick its symmetric kernels; a copy in and a copy out). NCCL is the
-default because it measured as fast or faster where decode lives: in CUDA graphs on 2x H100
-(bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up to 1 MiB, one-shot 9-17 us, two-shot
-12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2 MiB). Workload A at T=2 with one-shot
-up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape 1.01x. A symmetric-memory kernel
-also waits for its peers at a barrier that the NCCL abort of a failed replica does not reach
-(docs/parallel.md, "Failure handling"). Tensors larger than the buffer (long prefill chunks)
-always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
-group), so a rank that cannot set the buffer up turns the feature off everywhere instead of
-leaving the ranks in different collectives.
+NCCL window, so that NCCL >= 2.27 may pick its symmetric kernels; a copy in and a copy out; not yet
+measured on a GPU, docs/parallel.md). NCCL is the default because it measured as fast or faster
+where decode lives: in CUDA graphs on 2x H100 (bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up
+to 1 MiB, one-shot 9-17 us, two-shot 12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2
+MiB). Workload A at T=2 with one-shot up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape
+1.01x. A symmetric-memory kernel also waits for its peers at a barrier that the NCCL abort of a
+failed replica does not reach (docs/parallel.md, "Failure handling"). Tensors larger than the
+buffer (long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice
+(a MIN over the control group), so a rank that cannot set the buffer up turns the feature off
+everywhere instead of leaving the ranks in different collectives.
 
 To tune: run `bench/allreduce.py` on a 2-GPU machine and set `TWO_SHOT_MIN_BYTES` /
 `BUFFER_BYTES` from its table. To add an algorithm: a name in `MODES` and a branch in `__call__`.
