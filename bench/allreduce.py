@@ -1,8 +1,6 @@
 """Latency of the TP all-reduce per path and size, on 2+ GPUs of one host, inside CUDA graphs
 (as decode runs it): NCCL (`dist.all_reduce`) against torch's symmetric-memory one-shot and
-two-shot all-reduces, and NCCL on a registered window (`nccl_window`), through
-`worker/distributed/symm_allreduce.py`. torch picks one symmetric-memory backend per process, so
-`nccl_window` runs alone: `--modes nccl nccl_window`.
+two-shot all-reduces through `worker/distributed/symm_allreduce.py`.
 
 Each rank captures `--calls` back-to-back all-reduces of a bf16 `[rows, hidden]` tensor in one
 graph and replays it; the figure is the median replay time over `--calls`. Before timing, every
@@ -24,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-ALL_MODES = ("nccl", "one_shot", "two_shot", "nccl_window")
+MODES = ("nccl", "one_shot", "two_shot")
 
 
 def _free_port() -> int:
@@ -58,8 +56,7 @@ def rank_main(rank: int, world: int, port: int, args, queue) -> None:
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     control = dist.new_group(backend="gloo")
     group = dist.new_group(list(range(world)))
-    modes = args.modes
-    paths = {mode: SymmAllReduce.create(group, device, control, mode=mode) for mode in modes if mode != "nccl"}
+    paths = {mode: SymmAllReduce.create(group, device, control, mode=mode) for mode in MODES[1:]}
     rows_list = [r for r in args.rows if r * args.hidden * 2 <= BUFFER_BYTES]
     results = []
     for rows in rows_list:
@@ -68,7 +65,7 @@ def rank_main(rank: int, world: int, port: int, args, queue) -> None:
         ref = x.clone()
         dist.all_reduce(ref, group=group)
         row = {"rows": rows, "hidden": args.hidden, "bytes": x.numel() * 2}
-        for mode in modes:
+        for mode in MODES:
             path = paths.get(mode)
             if mode != "nccl" and path is None:
                 row[mode + "_us"] = None
@@ -118,12 +115,8 @@ def main() -> None:
                         help="hidden sizes (Qwen3-0.6B: 1024, Llama-3-8B: 4096)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512, 1024])
     parser.add_argument("--calls", type=int, default=20, help="all-reduces per captured graph")
-    parser.add_argument("--modes", nargs="+", default=list(ALL_MODES[:3]), choices=ALL_MODES,
-                        help="paths to time; nccl_window only with nccl (one symmetric-memory backend a process)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if "nccl_window" in args.modes and {"one_shot", "two_shot"} & set(args.modes):
-        parser.error("nccl_window cannot share a run with one_shot / two_shot")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     import torch
@@ -149,16 +142,15 @@ def main() -> None:
                 p.kill()
         if any(p.exitcode != 0 for p in procs):
             sys.exit(f"error: a rank failed (exit codes {[p.exitcode for p in procs]})")
-    modes = args.modes
-    print(f"{'hidden':>6} {'rows':>5} {'KiB':>7} " + " ".join(f"{m + ' us':>14}" for m in modes) + "  equal")
+    print(f"{'hidden':>6} {'rows':>5} {'KiB':>7} " + " ".join(f"{m + ' us':>12}" for m in MODES) + "  equal")
     for row in table:
-        cells = " ".join(f"{row[m + '_us'] if row[m + '_us'] is not None else '-':>14}" for m in modes)
-        eq = "/".join(str(row.get(m + "_equal", "-")) for m in modes if m != "nccl")
+        cells = " ".join(f"{row[m + '_us'] if row[m + '_us'] is not None else '-':>12}" for m in MODES)
+        eq = "/".join(str(row.get(m + "_equal", "-")) for m in MODES[1:])
         print(f"{row['hidden']:>6} {row['rows']:>5} {row['bytes'] / 1024:>7.0f} {cells}  {eq}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"gpus": args.gpus, "calls": args.calls, "modes": modes, "rows": table}, f, indent=1)
+            json.dump({"gpus": args.gpus, "calls": args.calls, "rows": table}, f, indent=1)
 
 
 if __name__ == "__main__":

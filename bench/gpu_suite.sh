@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla ncclwin
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -380,17 +380,6 @@ for _ in range(600):
       # the most a fusion could gain; ABLATION_VARIANTS picks the runs
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
-    ncclwin)  # issue 11, the 8B T=2 gap: NCCL's all-reduce on a buffer registered as an NCCL window
-      # (INFER_CLUSTER_TP_ALLREDUCE=nccl_window: NCCL >= 2.27 may take its symmetric kernels), against plain NCCL.
-      # NCCL's version, the latency table (nccl vs nccl_window, in graphs), the window's GPU tests (sums
-      # equal NCCL's, greedy parity at T=2 with graphs, a killed rank), then NCCLWIN_RUNS workload A runs
-      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-      python3 -c "import torch; print('nccl', torch.cuda.nccl.version())"
-      timeout 150 python3 bench/allreduce.py --modes nccl nccl_window --hidden 4096 1024 \
-        --out "$OUT/allreduce_ncclwin.json" 2>&1 | tail -20
-      timeout 240 python3 -m pytest -q -m gpu tests/distributed/test_gpu_allreduce.py tests/distributed/test_gpu.py \
-        -k "nccl_window or killed" -p no:cacheprovider 2>&1 | tee "$OUT/ncclwin_tests.log" | tail -4
-      [ -n "${NCCLWIN_RUNS:-}" ] && WLA_RUNS="$NCCLWIN_RUNS" OUT="$OUT" bash "$0" wla ;;
     wla)  # workload A runs from WLA_RUNS (comma-separated "model T P [ENV=VALUE ...] [--flag ...]") in that order,
       # so A/B runs alternate inside one call; default: the 8B shape at T=1 and T=2
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -12,7 +12,7 @@ from infer_cluster.worker.models.parallel import ParallelState
 
 
 @pytest.mark.parametrize("value,mode", [(None, "nccl"), ("", "nccl"), ("AUTO", "auto"), (" one_shot ", "one_shot"),
-                                        ("two_shot", "two_shot"), ("NCCL_Window", "nccl_window")])
+                                        ("two_shot", "two_shot")])
 def test_mode_from_environment(monkeypatch, value, mode):
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
@@ -28,7 +28,7 @@ def test_bad_mode_is_a_config_error(monkeypatch):
 
 
 @pytest.mark.parametrize("group,device,mode", [(None, "cuda", "auto"), (object(), "cpu", "auto"),
-                                               (object(), "cuda", "nccl"), (object(), "cpu", "nccl_window")])
+                                               (object(), "cuda", "nccl")])
 def test_nothing_set_up_where_it_cannot_run(group, device, mode):
     # Returns before touching the group or the device (no collective is issued either).
     assert SymmAllReduce.create(group, torch.device(device), control_group=None, mode=mode) is None

@@ -10,18 +10,16 @@ NVLink multicast (the `multimem_*` ops) stays off (see the device notes in docs/
 
 `INFER_CLUSTER_TP_ALLREDUCE` picks the path when a replica's groups are built: `nccl` (the
 default), `auto` (two-shot for tensors of `TWO_SHOT_MIN_BYTES` up to the buffer, NCCL for the
-rest), `one_shot` / `two_shot` (that kernel for every size that fits the buffer), `nccl_window`
-(NCCL's own all-reduce on a buffer from torch's NCCL symmetric-memory backend, registered as an
-NCCL window, so that NCCL >= 2.27 may pick its symmetric kernels; a copy in and a copy out; not yet
-measured on a GPU, docs/parallel.md). NCCL is the default because it measured as fast or faster
-where decode lives: in CUDA graphs on 2x H100 (bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up
-to 1 MiB, one-shot 9-17 us, two-shot 12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2
-MiB). Workload A at T=2 with one-shot up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape
-1.01x. A symmetric-memory kernel also waits for its peers at a barrier that the NCCL abort of a
-failed replica does not reach (docs/parallel.md, "Failure handling"). Tensors larger than the
-buffer (long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice
-(a MIN over the control group), so a rank that cannot set the buffer up turns the feature off
-everywhere instead of leaving the ranks in different collectives.
+rest), `one_shot` / `two_shot` (that kernel for every size that fits the buffer). NCCL is the
+default because it measured as fast or faster where decode lives: in CUDA graphs on 2x H100
+(bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up to 1 MiB, one-shot 9-17 us, two-shot
+12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2 MiB). Workload A at T=2 with one-shot
+up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape 1.01x. A symmetric-memory kernel
+also waits for its peers at a barrier that the NCCL abort of a failed replica does not reach
+(docs/parallel.md, "Failure handling"). Tensors larger than the buffer (long prefill chunks)
+always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
+group), so a rank that cannot set the buffer up turns the feature off everywhere instead of
+leaving the ranks in different collectives.
 
 To tune: run `bench/allreduce.py` on a 2-GPU machine and set `TWO_SHOT_MIN_BYTES` /
 `BUFFER_BYTES` from its table. To add an algorithm: a name in `MODES` and a branch in `__call__`.
@@ -42,7 +40,7 @@ from infer_cluster.protocol.errors import ConfigError
 log = logging.getLogger(__name__)
 
 ENV = "INFER_CLUSTER_TP_ALLREDUCE"
-MODES = ("nccl", "auto", "one_shot", "two_shot", "nccl_window")
+MODES = ("nccl", "auto", "one_shot", "two_shot")
 BUFFER_BYTES = 8 << 20  # largest tensor the symmetric path takes; larger ones use NCCL
 TWO_SHOT_MIN_BYTES = 2 << 20  # auto: NCCL below this, two-shot from here up (bench/allreduce.py)
 
@@ -67,7 +65,6 @@ class SymmAllReduce:
     """Sum of a CUDA tensor over one TP group through a symmetric buffer. Call `create`."""
 
     def __init__(self, group, buffer: torch.Tensor, mode: str):
-        self.group = group
         self.group_name = group.group_name
         self.buffer = buffer  # uint8, BUFFER_BYTES, rendezvoused on the group
         self.mode = mode
@@ -88,12 +85,6 @@ class SymmAllReduce:
             error = "this torch has no symmetric-memory all-reduce"
         else:
             try:
-                if mode == "nccl_window":
-                    # NCCL's own allocator and window (NCCL >= 2.27): the group's communicator
-                    # must exist before the buffer is registered with it.
-                    if symm_mem.get_backend(device) != "NCCL":
-                        symm_mem.set_backend("NCCL")
-                    dist.all_reduce(torch.zeros(1, device=device), group=group)
                 with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
                     warnings.simplefilter("ignore")
                     if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -121,11 +112,7 @@ class SymmAllReduce:
         nbytes = x.numel() * x.element_size()
         symm = self.buffer[:nbytes].view(x.dtype).view(x.shape)
         out = torch.empty_like(x)
-        if self.mode == "nccl_window":  # NCCL's symmetric kernels find the registered window
-            symm.copy_(x)
-            dist.all_reduce(symm, group=self.group)
-            out.copy_(symm)
-        elif self.mode in ("auto", "two_shot"):
+        if self.mode in ("auto", "two_shot"):
             symm.copy_(x)
             torch.ops.symm_mem.two_shot_all_reduce_out(symm, "sum", self.group_name, out)
         elif self._copy_out is not None:
