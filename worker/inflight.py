@@ -108,13 +108,22 @@ class InFlightSteps:
         """Queue the step's forward and draw on the device; nothing waits for them here.
         `requests`: the scheduler's live requests by id."""
         pending = [s.request_id for s in out.requests if s.pending_input]
-        if pending:
-            prev = self.last
-            logits, row_ids = runner.execute(out, prev.token_ids, [prev.row_of[r] for r in pending])
-        else:
-            logits, row_ids = runner.execute(out)
-        self.last = _draw(out, logits, row_ids, sampler, requests, eos_token_ids,
-                          runner.verify_step)
+        prev_ids, prev_rows = (self.last.token_ids, [self.last.row_of[r] for r in pending]) if pending else (None, ())
+        rows = classes = None
+        greedy = False
+        if runner.takes_greedy_ids:  # a T > 1 shard: ids alone when no row needs the logits
+            rows = _rows([s.request_id for s in out.requests if s.needs_sample], requests, eos_token_ids)
+            if rows:
+                classes = sampler.classify(rows, runner.vocab_size)
+                greedy = classes.plain_greedy
+        result, row_ids = runner.execute(out, prev_ids, prev_rows, greedy_ids=greedy)
+        if rows is None:
+            rows = _rows(row_ids, requests, eos_token_ids)
+        if greedy:
+            draw = sampler.draw_greedy_ids(result, rows)
+        else:  # the runner's logits are this step's own tensor: the sampler may edit them in place
+            draw = sampler.draw(result, rows, logits_writable=True, classes=classes)
+        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step)
         self.steps.append(self.last)
         return self.last
 
@@ -189,10 +198,8 @@ class SubmittedStep:
             self._runner.discard(ticket)
 
 
-def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
-          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None) -> LaunchedStep:
-    """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
-    live requests by id."""
+def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingRequestState]:
+    """The sampler's row of each id; `requests`: the scheduler's live requests by id."""
     rows = []
     for rid in row_ids:
         req = requests.get(rid)
@@ -202,5 +209,13 @@ def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sample
         # num_pending counts this step's own token; the others are drawn on the device
         rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
                                          None, eos_token_ids, rid, req.num_pending - 1))
+    return rows
+
+
+def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
+          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None) -> LaunchedStep:
+    """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
+    live requests by id."""
+    rows = _rows(row_ids, requests, eos_token_ids)
     # The runner's logits are this step's own tensor: the sampler may edit them in place.
     return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True), verify)

@@ -351,12 +351,20 @@ class ModelRunner:
         """Called once a step's ids reached the host: a tensor/pipeline-parallel runner raises
         there if its rank group failed during the step; one rank has nothing to check."""
 
+    # One rank holds the whole vocabulary: the argmax of its logits costs the sampler no more
+    # than here, so `execute` always returns logits (a T > 1 runner takes ids, runner.py).
+    takes_greedy_ids = False
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
-                prev_rows: tuple = ()) -> tuple[torch.Tensor, list[str]]:
+                prev_rows: tuple = (), greedy_ids: bool = False) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
-        `DynamicContext.prepare`."""
+        `DynamicContext.prepare`. `greedy_ids` is for runners that `takes_greedy_ids`."""
         inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)
         meta = inputs.meta
         n = inputs.input_ids.shape[0]

@@ -95,6 +95,23 @@ class SamplerOutput:
     redrawn: list = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class RowClasses:
+    """`Sampler.classify`: the plan table of one step's rows and the rows of each feature."""
+    table: np.ndarray
+    seeds: np.ndarray
+    seeded: np.ndarray
+    penalty_rows: list
+    logprob_rows: list
+    random_rows: list
+    min_tokens_rows: list  # rows still below their min_tokens
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row is an argmax of the raw logits: nothing to edit, report or draw."""
+        return not (self.penalty_rows or self.min_tokens_rows or self.logprob_rows or self.random_rows)
+
+
 @dataclass
 class DeviceDraw:
     """One step's draw before its host copy: `transfer` (int64) is the sampled ids, then the
@@ -145,33 +162,48 @@ class Sampler:
         values = draw.values.flatten().tolist() if draw.values is not None else None
         return self.finish(draw, draw.transfer.tolist(), values, defer_logprobs)  # the one sync (+ a rare redo)
 
+    def classify(self, rows: list[SamplingRequestState], vocab_size: int) -> "RowClasses":
+        """Which of `rows` use which feature this step. Each row's fixed part (feature flags,
+        parameter columns, candidate count) comes from the plan table: one dict lookup per row,
+        then numpy (worker/row_plans.py)."""
+        scratch_slots: list = []
+        try:
+            table, seeds, seeded = self.plans.gather(self.plans.slots(rows, vocab_size, scratch_slots))
+        finally:
+            self.plans.free_scratch(scratch_slots)
+        flags = table[:, FLAGS]
+        min_tokens_rows = [i for i in rows_with(flags, MIN_TOKENS)
+                           if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens]
+        return RowClasses(table, seeds, seeded, rows_with(flags, PENALTIES), rows_with(flags, LOGPROBS),
+                          rows_with(flags, RANDOM), min_tokens_rows)
+
+    def draw_greedy_ids(self, token_ids: torch.Tensor, rows: list[SamplingRequestState]) -> "DeviceDraw":
+        """The draw of a step whose rows are all plain greedy (`RowClasses.plain_greedy`) from
+        its argmax ids, taken by the runner (a T > 1 shard gathers ids, not logits)."""
+        if token_ids.shape != (len(rows),):
+            raise ValueError(f"greedy ids must be [num_rows={len(rows)}], got {tuple(token_ids.shape)}")
+        return DeviceDraw(token_ids, token_ids, None, len(rows))
+
     @torch.inference_mode()  # the runner's logits are inference tensors; edits need this mode
     def draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
-             logits_writable: bool = False) -> "DeviceDraw":
+             logits_writable: bool = False, classes: Optional["RowClasses"] = None) -> "DeviceDraw":
         """The device half of `__call__`: every id and logprob of the step, left on the device
         (no host sync). The caller copies `transfer` (and `values`) to the host and passes them
         to `finish`, which settles the rows the candidate path could not (`sampling_ops`).
-        Rows with no_repeat_ngram_size need `finish` before the request's next draw."""
+        Rows with no_repeat_ngram_size need `finish` before the request's next draw.
+        `classes`: `classify(rows, vocab)` of this step, where the caller took it already."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [num_rows={len(rows)}, vocab], got {tuple(logits.shape)}")
         if not rows:
             empty = torch.empty(0, dtype=torch.long, device=logits.device)
             return DeviceDraw(empty, empty, None, len(rows))
+        if classes is None:
+            classes = self.classify(rows, logits.shape[1])
+        table, seeds, seeded = classes.table, classes.seeds, classes.seeded
+        penalty_rows, logprob_rows = classes.penalty_rows, classes.logprob_rows
+        random_rows, min_tokens_rows = classes.random_rows, classes.min_tokens_rows
 
-        # Each row's fixed part (feature flags, parameter columns, candidate count) from the
-        # plan table: one dict lookup per row, then numpy (worker/row_plans.py).
-        scratch_slots: list = []
-        try:
-            table, seeds, seeded = self.plans.gather(self.plans.slots(rows, logits.shape[1], scratch_slots))
-        finally:
-            self.plans.free_scratch(scratch_slots)
-        flags = table[:, FLAGS]
-        penalty_rows, logprob_rows = rows_with(flags, PENALTIES), rows_with(flags, LOGPROBS)
-        random_rows = rows_with(flags, RANDOM)
-        min_tokens_rows = [i for i in rows_with(flags, MIN_TOKENS)
-                           if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens]
-
-        if not (penalty_rows or min_tokens_rows or logprob_rows or random_rows):
+        if classes.plain_greedy:
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
             token_ids = logits.argmax(dim=-1)
             return DeviceDraw(token_ids, token_ids, None, len(rows))

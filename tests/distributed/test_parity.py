@@ -45,3 +45,12 @@ def test_parallel_greedy_matches(started, dist_checkpoints, hf_greedy, single_pr
 ])
 def test_tp4_greedy_matches(started, dist_checkpoints, hf_greedy, single_process_greedy, family):
     check_layout(started, dist_checkpoints, hf_greedy, single_process_greedy, family, 4, 1)
+
+
+@pytest.mark.timeout(90)
+def test_tp2_gathered_logits_match(started, dist_checkpoints, hf_greedy, single_process_greedy, monkeypatch):
+    """`INFER_CLUSTER_TP_SPLIT_LOGITS=0` (the LM head gathers inside the forward; the A/B
+    baseline of the argmax pairs) gives the same tokens and gathers no pairs (the rank
+    processes inherit the variable)."""
+    monkeypatch.setenv("INFER_CLUSTER_TP_SPLIT_LOGITS", "0")
+    check_layout(started, dist_checkpoints, hf_greedy, single_process_greedy, "qwen3", 2, 1)

@@ -149,6 +149,11 @@ class DistributedRunner:
         self.num_kv_blocks = self._shard.runner.num_kv_blocks
         self.device = self._shard.device
         self.dtype = self._shard.dtype
+        self.vocab_size = spec.vocab_size
+        # Every rank takes its shard's argmax and only (value, id) pairs are gathered when all
+        # of a step's rows are plain greedy (`execute(greedy_ids=True)`; shard.py).
+        self.takes_greedy_ids = self._shard.split_logits
+        self.greedy_id_steps = 0  # steps that returned ids, not logits
         log.info("tensor x pipeline parallel %d x %d ready: %d ranks (pids %s), %d KV blocks",
                  config.tensor_parallel_size, config.pipeline_parallel_size, world,
                  self.rank_pids, self.num_kv_blocks)
@@ -259,17 +264,22 @@ class DistributedRunner:
             self._uncollected.remove(ticket)
 
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
-                prev_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[str]]:
+                prev_rows: Sequence[int] = (), greedy_ids: bool = False) -> tuple[torch.Tensor, list[str]]:
         """Queue one step on every rank; returns rank 0's logits `[num_sampled, vocab]` and
         request ids. `prev_ids` / `prev_rows`: the previous step's draw (on the device) and the
-        row there of each `pending_input` row, as for `ModelRunner.execute`. Nothing here waits
-        for the device: call `verify_step()` once results derived from the logits are on the
-        host. Raises `RankFailedError` if the group failed (now or before)."""
+        row there of each `pending_input` row, as for `ModelRunner.execute`. `greedy_ids` (the
+        caller found every sampled row plain greedy; only where `takes_greedy_ids`): the argmax
+        ids `[num_sampled]` (int64) instead of the logits. Nothing here waits for the device:
+        call `verify_step()` once results derived from them are on the host. Raises
+        `RankFailedError` if the group failed (now or before)."""
         self._check_usable()
         if self.pipeline_depth > 1:
             return self.collect(self.submit(out, prev_ids, prev_rows))
         shard = self._shard
         header, payload, fill = pack_step_pending(out, shard.block_size, self._block_mirror)
+        if greedy_ids and self.takes_greedy_ids and header.num_sampled:
+            header = dataclasses.replace(header, greedy_ids=1)
+            self.greedy_id_steps += 1
         pending = _pending_ids(fill, prev_ids, prev_rows)
         try:
             with self._step_lock:

@@ -1,7 +1,8 @@
 """What rank 0 tells the other ranks each step: one packed int32 step tensor.
 
 Owns: the step's layout. A fixed header of `HEADER_LEN` int32 (format, `Op`, token / sequence
-/ sampled-row counts, block-table width, longest query, the CUDA-graph batch to replay) and a
+/ sampled-row counts, block-table width, longest query, the CUDA-graph batch to replay, whether
+rank 0 wants only the greedy ids of the sampled rows) and a
 payload of int32 sections, each padded to 4 values (16 bytes): input ids, positions, slot
 mapping, sampled rows, sequence lengths, query start offsets, block tables (row-major). With
 async scheduling some input ids are not on the host when the step is packed (the previous
@@ -34,8 +35,8 @@ from ..models.decoder import AttentionMetadata
 from ..scheduler_output import SchedulerOutput
 from ..step_rows import step_rows
 
-STEP_FORMAT = 2
-HEADER_LEN = 8
+STEP_FORMAT = 3
+HEADER_LEN = 9
 INT32_MAX = 2**31 - 1
 
 
@@ -58,10 +59,14 @@ class StepHeader:
     table_width: int = 0
     max_query_len: int = 0
     graph_batch: int = 0
+    # 1: every sampled row is plain greedy, so the ranks gather argmax pairs instead of logits
+    # (worker/models/parallel.py, `ParallelLMHead.greedy_ids`)
+    greedy_ids: int = 0
 
     def to_array(self) -> np.ndarray:
         return np.array([STEP_FORMAT, int(self.op), self.num_tokens, self.num_seqs, self.num_sampled,
-                         self.table_width, self.max_query_len, self.graph_batch], dtype=np.int32)
+                         self.table_width, self.max_query_len, self.graph_batch, self.greedy_ids],
+                        dtype=np.int32)
 
     @classmethod
     def from_values(cls, values) -> "StepHeader":

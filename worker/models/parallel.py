@@ -3,7 +3,8 @@ LM head. With `tp_size == 1` they are plain matmuls (no communication).
 
 Owns: how a full checkpoint tensor is cut into this rank's shard (`weight_loader`) and the
 collective each layer needs (all-reduce after a row-parallel linear or the embedding, all-gather
-of logits; small all-reduces may go through `ParallelState.fast_all_reduce`). `ParallelState` carries the rank, size and process group explicitly: there is no
+of logits, or of argmax pairs for a greedy step: `ParallelLMHead.greedy_ids`; small all-reduces
+may go through `ParallelState.fast_all_reduce`). `ParallelState` carries the rank, size and process group explicitly: there is no
 module-level state. To add a sharded layer: give every parameter a `weight_loader(param,
 loaded, shard_id)` that copies this rank's slice.
 
@@ -185,13 +186,40 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits over this rank's vocab shard, gathered to full width (padding rows dropped)."""
+    """Logits over this rank's vocab shard, gathered to full width (padding rows dropped).
+
+    With `gather_logits = False` (set by a T > 1 shard before its graphs are captured) `logits`
+    returns this rank's shard `[rows, shard_size]` as it is, and the caller finishes it after
+    the forward: `gather(local)` for the full logits, or `greedy_ids(local)`, where each rank
+    takes its shard's argmax and only `[rows, 2]` pairs are gathered (a greedy step needs no
+    `[rows, vocab]` tensor anywhere)."""
+
+    gather_logits = True
+
+    def _finish(self, local: torch.Tensor) -> torch.Tensor:
+        return self.gather(local) if self.gather_logits else local
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """This rank's `[rows, shard_size]` -> the full `[rows, vocab]` (a collective)."""
+        return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+
+    def greedy_ids(self, local: torch.Tensor) -> torch.Tensor:
+        """The argmax over the full vocab of each row (int64 `[rows]`, ties to the lowest id,
+        as `torch.argmax` of the gathered logits), from this rank's shard: one all-gather of
+        `[rows, 2]` (value, id) pairs. Every rank of the group calls it and gets the ids."""
+        valid = max(0, min(self.shard_size, self.vocab_size - self.start))  # padding columns: none
+        pair = shard_argmax_pair(local[:, :valid], self.start)
+        if self.ps.tp_size == 1:
+            return pick_shard_argmax(pair[None])
+        pairs = torch.empty(self.ps.tp_size * pair.shape[0], 2, dtype=pair.dtype, device=pair.device)
+        _gather_into(pairs, pair, group=self.ps.tp_group)
+        return pick_shard_argmax(pairs.view(self.ps.tp_size, -1, 2))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # linear_small keeps cuBLAS for vocab-wide shapes unless the tuned table says otherwise.
         small = use_small_path(self.use_gemv, hidden)
         local = linear_small(hidden, self.weight) if small else F.linear(hidden, self.weight)
-        return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+        return self._finish(local)
 
     def logits_rms_norm(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                         norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -199,5 +227,27 @@ class ParallelLMHead(VocabParallelEmbedding):
         LM head GEMV's prologue (the new residual is not needed after the last layer)."""
         if self.fuse_norm and use_small_path(self.use_gemv, hidden):
             local, _ = rms_norm_linear_small(hidden, residual, norm_weight, eps, self.weight)
-            return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+            return self._finish(local)
         return self.logits(add_rms_norm(hidden, residual, norm_weight, eps)[0])
+
+
+# Ids travel as float32 beside their values: exact below 2**24.
+MAX_PAIR_VOCAB = 1 << 24
+
+
+def shard_argmax_pair(local: torch.Tensor, start: int) -> torch.Tensor:
+    """`[rows, 2]` float32: each row's largest value in this shard and its vocab id (`start` +
+    the first column that holds it). A shard with no column gives (-inf, start)."""
+    if local.shape[1] == 0:
+        pair = torch.full((local.shape[0], 2), float("-inf"), dtype=torch.float32, device=local.device)
+        pair[:, 1] = start
+        return pair
+    idx = local.argmax(dim=-1, keepdim=True)
+    return torch.cat([local.gather(1, idx).float(), (idx + start).float()], dim=1)
+
+
+def pick_shard_argmax(pairs: torch.Tensor) -> torch.Tensor:
+    """`[tp, rows, 2]` pairs in rank order -> int64 `[rows]`: the id of the largest value, the
+    lowest rank on ties (argmax takes the first maximum), which is the lowest vocab id."""
+    best = pairs[..., 0].argmax(dim=0, keepdim=True)
+    return pairs[..., 1].gather(0, best)[0].long()
