@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla splitlogits
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -380,12 +380,12 @@ for _ in range(600):
       # the most a fusion could gain; ABLATION_VARIANTS picks the runs
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
-    splitlogits)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_SPLIT_LOGITS=0:
-      # the logits gathered inside the forward, as before). The GPU distributed tests, then SPLIT_RUNS workload A
+    greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
+      # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A
       # runs alternating (default: the 8B shape T=1, then T=2 on / off twice)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 240 python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tee "$OUT/dist_tests.log" | tail -3
-      WLA_RUNS="${SPLIT_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_SPLIT_LOGITS=0,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_SPLIT_LOGITS=0}" \
+      WLA_RUNS="${GREEDY_RUNS:-llama-3-8b-shape 1 1,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_GREEDY_IDS=0,llama-3-8b-shape 2 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_GREEDY_IDS=0}" \
         OUT="$OUT" bash "$0" wla ;;
     wla)  # workload A runs from WLA_RUNS (comma-separated "model T P [ENV=VALUE ...] [--flag ...]") in that order,
       # so A/B runs alternate inside one call; default: the 8B shape at T=1 and T=2

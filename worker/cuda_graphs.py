@@ -12,6 +12,8 @@ config) and captures it in the same order, calling `before_capture(bs)` (a barri
 group: never a collective inside a capture) before each size; the NCCL collectives inside the
 forward are captured, not run, so ranks meet in the eager warm-up before each capture. A replay
 names its batch (`run(..., batch=)`), which rank 0 broadcasts, so ranks never pick on their own.
+A T > 1 shard also captures a greedy variant of each size (`greedy_forward`: the same forward
+ending in the argmax pairs' gather, so the graph returns ids; `run(..., greedy=True)`).
 `release()` destroys the graphs: NCCL cannot destroy or abort a communicator while a captured
 graph still holds it, so graphs go before the process group does.
 
@@ -49,13 +51,14 @@ class DecodeGraphs:
     def __init__(self, forward_logits, kv_caches, max_batch: int, max_blocks_per_seq: int,
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
                  capture_error_mode: str = "global", stage_hidden: int = 0,
-                 stage_dtype: Optional[torch.dtype] = None):
+                 stage_dtype: Optional[torch.dtype] = None, greedy_forward: Optional[Callable] = None):
         """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured (with
         `stage_hidden` > 0: `forward_logits(..., kv_caches, stage_in)`, `stage_in` a
         `[rows, 2, stage_hidden]` view of the static stage input, see the module docstring).
         `before_capture(bs)` runs before each size's warm-up (ranks of one replica: a barrier);
         `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
-        from invalidating the capture."""
+        from invalidating the capture. `greedy_forward` (same arguments; returns the argmax ids
+        of the rows) is captured too, per size, into the same pool: `run(..., greedy=True)`."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -70,22 +73,28 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps served by a graph (tests check that graphs really ran)
         self.outputs: dict[int, torch.Tensor] = {}
+        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.greedy_outputs: dict[int, torch.Tensor] = {}
+        variants = [(forward_logits, self.graphs, self.outputs)]
+        if greedy_forward is not None:
+            variants.append((greedy_forward, self.greedy_graphs, self.greedy_outputs))
         pool = None
         torch.cuda.synchronize(device)
         for bs in reversed(self.sizes):
-            if before_capture is not None:
-                before_capture(bs)
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
                                      self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             if self.stage_in is not None:
                 args += (self.stage_in[:bs],)
-            forward_logits(*args)  # warm-up: Triton compiles/autotunes outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
-                self.outputs[bs] = forward_logits(*args)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            for forward, graphs, outputs in variants:
+                if before_capture is not None:
+                    before_capture(bs)
+                forward(*args)  # warm-up: Triton compiles/autotunes outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
+                    outputs[bs] = forward(*args)
+                pool = graph.pool()
+                graphs[bs] = graph
         self.pool = pool  # later graphs (worker/mixed_graphs.py) share it
         torch.cuda.synchronize(device)
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
@@ -103,9 +112,11 @@ class DecodeGraphs:
         stage's `[rows, 2, hidden]` here before `run`."""
         return self.stage_in[:rows]
 
-    def run(self, input_ids, positions, meta: AttentionMetadata, batch: Optional[int] = None) -> torch.Tensor:
+    def run(self, input_ids, positions, meta: AttentionMetadata, batch: Optional[int] = None,
+            greedy: bool = False) -> torch.Tensor:
         """Replay for `input_ids.shape[0]` rows; `batch` (a captured size) is the graph to use,
-        by default the smallest that fits. Inputs may be int32: copies cast."""
+        by default the smallest that fits. Inputs may be int32: copies cast. `greedy`: the
+        `greedy_forward` graph, which returns ids, not logits."""
         n = input_ids.shape[0]
         bs = self.batch_for(n) if batch is None else batch
         if bs not in self.graphs or bs < n:
@@ -119,12 +130,16 @@ class DecodeGraphs:
         if bs > n:  # padding rows: attend to one (stale) slot, write nothing
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
-        self.graphs[bs].replay()
+        if greedy:
+            self.greedy_graphs[bs].replay()
+        else:
+            self.graphs[bs].replay()
         self.replays += 1
-        return self.outputs[bs][:n]
+        return (self.greedy_outputs if greedy else self.outputs)[bs][:n]
 
     def release(self) -> None:
         """Destroy the graphs and their outputs (before the process group goes)."""
+        release_graphs(self.greedy_graphs, self.greedy_outputs)
         release_graphs(self.graphs, self.outputs)
 
 

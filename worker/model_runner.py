@@ -309,11 +309,12 @@ class ModelRunner:
         out, _ = self.model(input_ids, positions, meta, kv_caches, hidden, residual)
         return out
 
-    def _forward_logits(self, input_ids, positions, meta, kv_caches):
+    def _forward_logits(self, input_ids, positions, meta, kv_caches, gather: bool = True):
         """Decode-only forward: every row is sampled (the body of the CUDA graphs). The final
-        add + norm run inside the LM head (one GEMV launch at small batch, kernels/gemv.py)."""
+        add + norm run inside the LM head (one GEMV launch at small batch, kernels/gemv.py).
+        `gather=False`: this rank's vocab shard of the logits (T > 1)."""
         hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
-        return self.model.compute_logits(hidden, residual)
+        return self.model.compute_logits(hidden, residual, gather)
 
     def _forward_stage_decode(self, input_ids, positions, meta, kv_caches, stage_in=None):
         """Decode-only forward of a pipeline stage (the body of its CUDA graphs at P > 1):
@@ -380,14 +381,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_stage(self, inputs: StepInputs, hidden: Optional[torch.Tensor] = None,
-                      residual: Optional[torch.Tensor] = None):
+                      residual: Optional[torch.Tensor] = None, gather: bool = True):
         """Run this shard's layers on prepared inputs (pipeline parallel); a later stage takes
         the previous stage's `(hidden, residual)`. Returns `(hidden, residual)` on a stage that
-        is not the last, and `(logits [num_sampled, vocab], None)` on the last."""
+        is not the last, and `(logits [num_sampled, vocab], None)` on the last (`gather=False`:
+        this rank's vocab shard of them)."""
         hidden, residual = self.model(inputs.input_ids, inputs.positions, inputs.meta,
                                       self.context.kv_caches, hidden, residual)
         if not self.model.is_last:
             return hidden, residual
         if inputs.sample_indices.numel() == 0:  # a prefill chunk: no collective on empty rows
             return torch.empty(0, self.spec.vocab_size, dtype=hidden.dtype, device=hidden.device), None
-        return self.model.compute_logits(hidden[inputs.sample_indices]), None
+        return self.model.compute_logits(hidden[inputs.sample_indices], gather=gather), None

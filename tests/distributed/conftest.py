@@ -43,7 +43,7 @@ def check_parallel_greedy(started, path, tp, pp, options, references):
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
     runner = llm.engine.runner
     # T > 1, P = 1 shards its logits: the greedy steps gathered argmax pairs, not logits
-    split = tp > 1 and pp == 1 and os.environ.get("INFER_CLUSTER_TP_SPLIT_LOGITS", "1") != "0"
+    split = tp > 1 and pp == 1 and os.environ.get("INFER_CLUSTER_TP_GREEDY_IDS", "1") != "0"
     assert runner.takes_greedy_ids == split
     assert (runner.greedy_id_steps > 0) == split
     return llm

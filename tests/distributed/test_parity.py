@@ -49,8 +49,8 @@ def test_tp4_greedy_matches(started, dist_checkpoints, hf_greedy, single_process
 
 @pytest.mark.timeout(90)
 def test_tp2_gathered_logits_match(started, dist_checkpoints, hf_greedy, single_process_greedy, monkeypatch):
-    """`INFER_CLUSTER_TP_SPLIT_LOGITS=0` (the LM head gathers inside the forward; the A/B
+    """`INFER_CLUSTER_TP_GREEDY_IDS=0` (the LM head gathers inside the forward; the A/B
     baseline of the argmax pairs) gives the same tokens and gathers no pairs (the rank
     processes inherit the variable)."""
-    monkeypatch.setenv("INFER_CLUSTER_TP_SPLIT_LOGITS", "0")
+    monkeypatch.setenv("INFER_CLUSTER_TP_GREEDY_IDS", "0")
     check_layout(started, dist_checkpoints, hf_greedy, single_process_greedy, "qwen3", 2, 1)

@@ -152,7 +152,7 @@ class DistributedRunner:
         self.vocab_size = spec.vocab_size
         # Every rank takes its shard's argmax and only (value, id) pairs are gathered when all
         # of a step's rows are plain greedy (`execute(greedy_ids=True)`; shard.py).
-        self.takes_greedy_ids = self._shard.split_logits
+        self.takes_greedy_ids = self._shard.greedy_ids_ok
         self.greedy_id_steps = 0  # steps that returned ids, not logits
         log.info("tensor x pipeline parallel %d x %d ready: %d ranks (pids %s), %d KV blocks",
                  config.tensor_parallel_size, config.pipeline_parallel_size, world,

@@ -12,9 +12,9 @@ step, with barriers on the CPU group before every size and after the ladder; at 
 per stage, with the stage transfers outside; `INFER_CLUSTER_STAGE_GRAPHS=0` keeps stages eager), and
 `run_step`: unpack the broadcast step tensor, replay the graph it names or run eagerly, take
 stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
-sampled rows' logits from the last stage's TP leader to rank 0. At T > 1, P = 1 the forward
-(and its graphs) ends at this rank's vocab shard of the logits (`split_logits`), and
-`run_step` gathers them, or only argmax pairs for a step the header marks `greedy_ids`. With pipeline micro-batches
+sampled rows' logits from the last stage's TP leader to rank 0. At T > 1, P = 1 a step the
+header marks `greedy_ids` ends at this rank's vocab shard of the logits and gathers only argmax
+pairs (`ParallelLMHead.greedy_ids`; the decode graphs have a greedy variant of each size). With pipeline micro-batches
 (`EngineConfig.microbatch_depth` > 1) the step goes stage to stage instead (`relay.py`): rank 0
 broadcasts it only to its own stage's TP ranks (a gloo group of their own), every stage passes
 it on to the next with the activations, and rank 0 `submit_step`s without waiting for the
@@ -54,13 +54,13 @@ from .topology import DistributedOptions, RankLayout
 log = logging.getLogger(__name__)
 
 STAGE_GRAPHS_ENV = "INFER_CLUSTER_STAGE_GRAPHS"
-SPLIT_LOGITS_ENV = "INFER_CLUSTER_TP_SPLIT_LOGITS"
+GREEDY_IDS_ENV = "INFER_CLUSTER_TP_GREEDY_IDS"
 
 
-def split_logits_enabled() -> bool:
-    """Sharded logits at T > 1 (greedy steps gather argmax pairs, not logits): on unless
-    `INFER_CLUSTER_TP_SPLIT_LOGITS=0` (the LM head gathers inside the forward, for A/B runs)."""
-    return os.environ.get(SPLIT_LOGITS_ENV, "1").strip() != "0"
+def greedy_ids_enabled() -> bool:
+    """At T > 1, greedy steps gather argmax pairs, not logits: on unless
+    `INFER_CLUSTER_TP_GREEDY_IDS=0` (every step gathers the logits, for A/B runs)."""
+    return os.environ.get(GREEDY_IDS_ENV, "1").strip() != "0"
 
 
 def stage_graphs_enabled() -> bool:
@@ -150,13 +150,11 @@ class RankShard:
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.block_size = config.block_size
-        # At T > 1, P = 1 the LM head leaves its logits sharded (in the graphs too); `run_step`
-        # gathers them, or only argmax pairs when rank 0 marked the step `greedy_ids`.
-        self.split_logits = self._agree_split_logits(
+        # At T > 1, P = 1 a step that rank 0 marks `greedy_ids` gathers argmax pairs, not the
+        # logits (eagerly, or by the greedy variant of its decode graph).
+        self.greedy_ids_ok = self._agree_greedy_ids(
             layout.pipeline_parallel_size == 1 and layout.tensor_parallel_size > 1
-            and spec.vocab_size <= MAX_PAIR_VOCAB and split_logits_enabled())
-        if self.split_logits:
-            self.runner.model.lm_head.gather_logits = False
+            and spec.vocab_size <= MAX_PAIR_VOCAB and greedy_ids_enabled())
         if self.runner.num_kv_blocks * config.block_size > INT32_MAX:
             raise ConfigError(f"{self.runner.num_kv_blocks} KV blocks of {config.block_size} tokens "
                               f"exceed the int32 slot ids of the step tensor; lower num_kv_blocks")
@@ -174,7 +172,7 @@ class RankShard:
         if self.device.type == "cuda" and not config.enforce_eager and self._agree_graphs():
             self.graphs = self._capture_graphs(config, max_model_len)
 
-    def _agree_split_logits(self, want: bool) -> bool:
+    def _agree_greedy_ids(self, want: bool) -> bool:
         """On only if every rank wants it: the ranks must issue the same collectives."""
         flag = torch.tensor([int(want)], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.groups.control)
@@ -214,9 +212,15 @@ class RankShard:
         stage_hidden = self.spec.hidden_size if staged and not self.layout.is_first_stage else 0
         graphs = DecodeGraphs(forward, self.runner.context.kv_caches, max_batch, width, self.device,
                               before_capture=self._barrier, capture_error_mode="thread_local",
-                              stage_hidden=stage_hidden, stage_dtype=self.dtype)
+                              stage_hidden=stage_hidden, stage_dtype=self.dtype,
+                              greedy_forward=self._greedy_forward if self.greedy_ids_ok else None)
         self._barrier()
         return graphs
+
+    def _greedy_forward(self, input_ids, positions, meta, kv_caches) -> torch.Tensor:
+        """The decode forward of a greedy step: this rank's logit shard, then the argmax ids."""
+        local = self.runner._forward_logits(input_ids, positions, meta, kv_caches, gather=False)
+        return self.runner.model.lm_head.greedy_ids(local)
 
     def _barrier(self, _batch: int = 0) -> None:
         dist.barrier(group=self.groups.control)
@@ -302,8 +306,8 @@ class RankShard:
     @torch.inference_mode()
     def run_step(self, header: StepHeader, payload: torch.Tensor) -> Optional[torch.Tensor]:
         """Run this rank's share of the step. Rank 0 gets the sampled rows' logits
-        `[num_sampled, vocab]` (in payload row order); other ranks get whatever their stage
-        produced (ignored)."""
+        `[num_sampled, vocab]` (in payload row order), or their argmax ids `[num_sampled]` for
+        a step marked `greedy_ids`; other ranks get whatever their stage produced (ignored)."""
         runner, lay = self.runner, self.layout
         if self.relay is not None:  # ranks 1..N-1 with micro-batches (rank 0 uses submit_step)
             self._run_stage(header, payload)
@@ -311,8 +315,8 @@ class RankShard:
             return None
         if header.op is Op.GRAPH and lay.pipeline_parallel_size == 1:
             inputs = unpack_step(header, payload, widen=False)
-            return self._finish_logits(header, self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
-                                                               batch=header.graph_batch))
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
+                                   batch=header.graph_batch, greedy=bool(header.greedy_ids))
         if header.op is Op.GRAPH:  # P > 1, one step at a time: blocking sends, as below
             out = self._replay_stage(header, payload, lambda buf: dist.recv(buf, src=lay.prev_rank))
             if not lay.is_last_stage:
@@ -326,22 +330,13 @@ class RankShard:
             buf = torch.empty(2, num_tokens, self.spec.hidden_size, dtype=self.dtype, device=self.device)
             dist.recv(buf, src=lay.prev_rank)
             hidden, residual = buf[0], buf[1]
+        if header.greedy_ids:  # P = 1, every sampled row greedy: ids `[num_sampled]`, not logits
+            local, _ = runner.execute_stage(inputs, gather=False)
+            return runner.model.lm_head.greedy_ids(local)
         first, second = runner.execute_stage(inputs, hidden, residual)
-        if lay.pipeline_parallel_size == 1:
-            return self._finish_logits(header, first)
         if not lay.is_last_stage:
             dist.send(torch.stack([first, second]), dst=lay.next_rank)
         return self._logits_to_rank0(first if lay.is_last_stage else None, num_sampled)
-
-    def _finish_logits(self, header: StepHeader, local: torch.Tensor) -> torch.Tensor:
-        """P = 1: the step's logits as every rank holds them after the forward. With split
-        logits, this rank's vocab shard: gathered to `[num_sampled, vocab]`, or, for a step
-        marked `greedy_ids`, reduced to the argmax ids `[num_sampled]` (int64) by gathering
-        only (value, id) pairs. Every rank runs the same collective (none without rows)."""
-        if not self.split_logits or not header.num_sampled:
-            return local
-        head = self.runner.model.lm_head
-        return head.greedy_ids(local) if header.greedy_ids else head.gather(local)
 
     def _logits_to_rank0(self, logits: Optional[torch.Tensor], num_sampled: int) -> Optional[torch.Tensor]:
         """One step at a time: the last stage's TP leader sends the sampled rows' logits to

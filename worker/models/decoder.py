@@ -225,12 +225,14 @@ class DecoderModel(nn.Module):
             hidden, _ = self.norm(hidden, residual)
         return hidden, residual
 
-    def compute_logits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                       gather: bool = True) -> torch.Tensor:
         """Logits of final-normed `hidden`; with `residual`, of the un-normed last-layer output
-        and its residual (`forward(..., final_norm=False)`)."""
+        and its residual (`forward(..., final_norm=False)`). `gather=False`: this rank's vocab
+        shard only (for `lm_head.greedy_ids`)."""
         if residual is None:
-            return self.lm_head.logits(hidden)
-        return self.lm_head.logits_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+            return self.lm_head.logits(hidden, gather)
+        return self.lm_head.logits_rms_norm(hidden, residual, self.norm.weight, self.norm.eps, gather)
 
     # -- weights --------------------------------------------------------------------------------
 

@@ -188,20 +188,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocab shard, gathered to full width (padding rows dropped).
 
-    With `gather_logits = False` (set by a T > 1 shard before its graphs are captured) `logits`
-    returns this rank's shard `[rows, shard_size]` as it is, and the caller finishes it after
-    the forward: `gather(local)` for the full logits, or `greedy_ids(local)`, where each rank
-    takes its shard's argmax and only `[rows, 2]` pairs are gathered (a greedy step needs no
-    `[rows, vocab]` tensor anywhere)."""
-
-    gather_logits = True
-
-    def _finish(self, local: torch.Tensor) -> torch.Tensor:
-        return self.gather(local) if self.gather_logits else local
-
-    def gather(self, local: torch.Tensor) -> torch.Tensor:
-        """This rank's `[rows, shard_size]` -> the full `[rows, vocab]` (a collective)."""
-        return self.ps.all_gather_last_dim(local)[:, :self.vocab_size]
+    `gather=False` leaves them as this rank's shard `[rows, shard_size]` for `greedy_ids`,
+    where each rank takes its shard's argmax and only `[rows, 2]` pairs are gathered: a step
+    whose rows are all greedy needs no `[rows, vocab]` tensor anywhere (a T > 1 shard)."""
 
     def greedy_ids(self, local: torch.Tensor) -> torch.Tensor:
         """The argmax over the full vocab of each row (int64 `[rows]`, ties to the lowest id,
@@ -215,20 +204,23 @@ class ParallelLMHead(VocabParallelEmbedding):
         _gather_into(pairs, pair, group=self.ps.tp_group)
         return pick_shard_argmax(pairs.view(self.ps.tp_size, -1, 2))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _finish(self, local: torch.Tensor, gather: bool) -> torch.Tensor:
+        return self.ps.all_gather_last_dim(local)[:, :self.vocab_size] if gather else local
+
+    def logits(self, hidden: torch.Tensor, gather: bool = True) -> torch.Tensor:
         # linear_small keeps cuBLAS for vocab-wide shapes unless the tuned table says otherwise.
         small = use_small_path(self.use_gemv, hidden)
         local = linear_small(hidden, self.weight) if small else F.linear(hidden, self.weight)
-        return self._finish(local)
+        return self._finish(local, gather)
 
     def logits_rms_norm(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                        norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+                        norm_weight: torch.Tensor, eps: float, gather: bool = True) -> torch.Tensor:
         """`logits(rms_norm(hidden + residual))`; on the small path the add + norm run in the
         LM head GEMV's prologue (the new residual is not needed after the last layer)."""
         if self.fuse_norm and use_small_path(self.use_gemv, hidden):
             local, _ = rms_norm_linear_small(hidden, residual, norm_weight, eps, self.weight)
-            return self._finish(local)
-        return self.logits(add_rms_norm(hidden, residual, norm_weight, eps)[0])
+            return self._finish(local, gather)
+        return self.logits(add_rms_norm(hidden, residual, norm_weight, eps)[0], gather)
 
 
 # Ids travel as float32 beside their values: exact below 2**24.
