@@ -108,7 +108,9 @@ class InFlightSteps:
         """Queue the step's forward and draw on the device; nothing waits for them here.
         `requests`: the scheduler's live requests by id."""
         pending = [s.request_id for s in out.requests if s.pending_input]
-        prev_ids, prev_rows = (self.last.token_ids, [self.last.row_of[r] for r in pending]) if pending else (None, ())
+        prev_ids, prev_rows = None, ()
+        if pending:
+            prev_ids, prev_rows = self.last.token_ids, [self.last.row_of[r] for r in pending]
         rows = classes = None
         greedy = False
         if runner.takes_greedy_ids:  # a T > 1 shard: ids alone when no row needs the logits

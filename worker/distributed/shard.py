@@ -14,11 +14,12 @@ per stage, with the stage transfers outside; `INFER_CLUSTER_STAGE_GRAPHS=0` keep
 stage inputs from the previous stage by `recv`, send outputs to the next by `send`, and the
 sampled rows' logits from the last stage's TP leader to rank 0. At T > 1, P = 1 a step the
 header marks `greedy_ids` ends at this rank's vocab shard of the logits and gathers only argmax
-pairs (`ParallelLMHead.greedy_ids`; the decode graphs have a greedy variant of each size). With pipeline micro-batches
-(`EngineConfig.microbatch_depth` > 1) the step goes stage to stage instead (`relay.py`): rank 0
-broadcasts it only to its own stage's TP ranks (a gloo group of their own), every stage passes
-it on to the next with the activations, and rank 0 `submit_step`s without waiting for the
-logits, which it receives later (`StageRelay.post_logits`).
+pairs (`ParallelLMHead.greedy_ids`; the decode graphs have a greedy variant of each size).
+With pipeline micro-batches (`EngineConfig.microbatch_depth` > 1) the step goes stage to
+stage instead (`relay.py`): rank 0 broadcasts it only to its own stage's TP ranks (a gloo group
+of their own), every stage passes it on to the next with the activations, and rank 0
+`submit_step`s without waiting for the logits, which it receives later
+(`StageRelay.post_logits`).
 
 Must never sample, schedule, or decide anything on its own: every rank derives its tensors
 and its graph-or-eager choice from the same broadcast header and payload, so all ranks issue

@@ -4,9 +4,9 @@ LM head. With `tp_size == 1` they are plain matmuls (no communication).
 Owns: how a full checkpoint tensor is cut into this rank's shard (`weight_loader`) and the
 collective each layer needs (all-reduce after a row-parallel linear or the embedding, all-gather
 of logits, or of argmax pairs for a greedy step: `ParallelLMHead.greedy_ids`; small all-reduces
-may go through `ParallelState.fast_all_reduce`). `ParallelState` carries the rank, size and process group explicitly: there is no
-module-level state. To add a sharded layer: give every parameter a `weight_loader(param,
-loaded, shard_id)` that copies this rank's slice.
+may go through `ParallelState.fast_all_reduce`). `ParallelState` carries the rank, size and
+process group explicitly: there is no module-level state. To add a sharded layer: give every
+parameter a `weight_loader(param, loaded, shard_id)` that copies this rank's slice.
 
 At decode batch sizes (<= `kernels.gemv.GEMV_MAX_M` rows, on the Triton dispatch) the linears and
 the LM head run `kernels.gemv.linear_small` (the MLP down projection its fused SiLU twin), which
