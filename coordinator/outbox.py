@@ -81,11 +81,14 @@ class Outbox:
         pending, self._deltas = self._deltas, {}
         for client, payloads in pending.items():
             if client in self.lost_clients:
-                self.lost_finals.setdefault(client, []).extend(
-                    p.request_id for p in payloads if p.finish_reason is not None)
+                self._lose_finals(client, payloads)
                 continue
             for i in range(0, len(payloads), MAX_DELTAS_PER_MESSAGE):
                 if not self.to_client(client, DeltaReply(deltas=payloads[i:i + MAX_DELTAS_PER_MESSAGE])):
-                    self.lost_finals.setdefault(client, []).extend(
-                        p.request_id for p in payloads[i:] if p.finish_reason is not None)
+                    self._lose_finals(client, payloads[i:])
                     break
+
+    def _lose_finals(self, client: bytes, payloads: list[DeltaPayload]) -> None:
+        """Remember the requests among `payloads` whose final did not go out to `client`."""
+        self.lost_finals.setdefault(client, []).extend(
+            p.request_id for p in payloads if p.finish_reason is not None)

@@ -130,12 +130,10 @@ class DecodeGraphs:
         if bs > n:  # padding rows: attend to one (stale) slot, write nothing
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
-        if greedy:
-            self.greedy_graphs[bs].replay()
-        else:
-            self.graphs[bs].replay()
+        graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
+        graphs[bs].replay()
         self.replays += 1
-        return (self.greedy_outputs if greedy else self.outputs)[bs][:n]
+        return outputs[bs][:n]
 
     def release(self) -> None:
         """Destroy the graphs and their outputs (before the process group goes)."""

@@ -114,7 +114,7 @@ class InFlightSteps:
         rows = classes = None
         greedy = False
         if runner.takes_greedy_ids:  # a T > 1 shard: ids alone when no row needs the logits
-            rows = _rows([s.request_id for s in out.requests if s.needs_sample], requests, eos_token_ids)
+            rows = _rows(out.sampled_request_ids(), requests, eos_token_ids)
             if rows:
                 classes = sampler.classify(rows, runner.vocab_size)
                 greedy = classes.plain_greedy

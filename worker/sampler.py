@@ -6,7 +6,10 @@ no_repeat_ngram_size, min_tokens suppression), logprobs, greedy argmax and rando
 state lives in a `SamplingState` (device-resident, updated by one scatter per step); the
 filters and the draw are in `sampling_ops` (no vocabulary sort); the random numbers come from
 `random_stream` (Philox keyed by (seed, step)), computed on the device by the same stream's
-kernel (`kernels.sample.philox_uniforms`) where the draw runs its kernels.
+kernel (`kernels.sample.philox_uniforms`) where the draw runs its kernels. Token bans (min_tokens,
+n-grams) are in `token_bans`, the logprob values and top-k ids in `logprob_pack`. `classify` says
+which rows use which feature; a step of plain greedy rows needs only their argmax (a T > 1
+runner gathers ids for it: `draw_greedy_ids`).
 
 Order of operations (every row independently):
   1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf,
@@ -49,21 +52,19 @@ from typing import Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from infer_cluster.kernels.dispatch import use_triton
-from infer_cluster.kernels.row_stats import row_stats
 from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
 from infer_cluster.protocol.sampling_params import SamplingParams
 
+from .logprob_pack import logprob_pack, lse_and_block_maxima
 from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
 from .row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, TEMPERATURE, TOP_K, TOP_P
 from .row_plans import RowPlans, rows_with
-from .sampling_ops import (TOPK_BLOCK, RandomRows, Unresolved, any_top_p_alone, block_sums, draw_random_rows,
-                           to_device, topk, topk_by_blocks)
+from .sampling_ops import RandomRows, Unresolved, any_top_p_alone, draw_random_rows, to_device
 from .sampling_state import SamplingState
 from .step_upload import dma_upload
+from .token_bans import apply_min_tokens, ban_tokens
 
-_NEG_INF = float("-inf")
 _KEY_RANGE = 2 ** 63 - 1
 
 
@@ -226,7 +227,7 @@ class Sampler:
             if logprob_rows:
                 # Taken here, before temperature and the filters: the model's distribution.
                 x_lp = _rows_of(x, logprob_rows, n)
-                lse, maxima = _lse_and_block_maxima(x_lp)
+                lse, maxima = lse_and_block_maxima(x_lp)
 
             if not random_rows:
                 token_ids = x.argmax(dim=-1)
@@ -258,7 +259,7 @@ class Sampler:
                 draw.lp_nums = [rows[i].params.logprobs for i in logprob_rows]
                 chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
                 draw.lp_k = min(max(draw.lp_nums), x.shape[1])
-                draw.values, alt_ids = _logprob_pack(x_lp, lse, chosen, draw.lp_k, maxima)
+                draw.values, alt_ids = logprob_pack(x_lp, lse, chosen, draw.lp_k, maxima)
                 transfer.append(alt_ids.flatten())
                 if unresolved is not None:
                     draw.lp_lse = lse
@@ -334,15 +335,15 @@ class Sampler:
             entries.append(self.state.entry(key, r.prompt_token_ids, r.output_token_ids, r.params,
                                             r.num_pending))
         self.state.apply_penalties(x, which, entries, [rows[i].params for i in which])
-        ban_rows, ban_tokens = [], []
+        ban_rows, ban_ids = [], []
         for i, e in zip(which, entries):
             if e.ngram_size:
                 for t in e.banned():
                     if 0 <= t < vocab:
                         ban_rows.append(i)
-                        ban_tokens.append(t)
+                        ban_ids.append(t)
         if ban_rows:
-            _ban(x, ban_rows, ban_tokens)
+            ban_tokens(x, ban_rows, ban_ids)
         return entries
 
     def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> RandomRows:
@@ -385,77 +386,9 @@ class Sampler:
                           need=need.astype(np.int64).tolist(), top_p_alone=top_p_alone)
 
 
-def banned_ngram_tokens(seq: list[int], n: int) -> set[int]:
-    """HF no_repeat_ngram_size by its definition, a full scan: tokens that would complete an
-    n-gram already in `seq`. The sampler uses `SamplingState`'s incremental map; tests compare."""
-    if n <= 0 or len(seq) < n:
-        return set()
-    prefix = seq[len(seq) - n + 1:] if n > 1 else []
-    banned = set()
-    for start in range(len(seq) - n + 1):
-        if seq[start:start + n - 1] == prefix:
-            banned.add(seq[start + n - 1])
-    return banned
-
-
-def apply_min_tokens(x: torch.Tensor, rows: list[SamplingRequestState], which: list[int]) -> None:
-    """In place: eos and stop ids -> -inf for rows still below params.min_tokens."""
-    vocab = x.shape[1]
-    ban_rows, ban_tokens = [], []
-    for i in which:
-        for t in set(rows[i].eos_token_ids) | set(rows[i].params.stop_token_ids):
-            if 0 <= t < vocab:  # ids beyond the logits (padded vocab, bad config) can't be sampled
-                ban_rows.append(i)
-                ban_tokens.append(t)
-    if ban_rows:
-        _ban(x, ban_rows, ban_tokens)
-
-
-def _ban(x: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
-    """x[rows[j], tokens[j]] = -inf. Not `x[...] = float`: on CUDA that value becomes a host
-    scalar copied to the device by a blocking copy, which waits for the whole queue."""
-    x.index_put_((_index(rows, x.device), _index(tokens, x.device)), x.new_full((len(rows),), _NEG_INF))
-
-
 def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
     """x[which] without a copy when that is every row."""
     return x if len(which) == n else x[_index(which, x.device)]
-
-
-def _logsumexp(x: torch.Tensor) -> torch.Tensor:
-    """[n] float64 log-sum-exp of each row, from cache-sized block sums (no [n, vocab] write)."""
-    if x.is_cuda:  # one fused reduction; the block sums below spare the CPU's caches
-        return torch.logsumexp(x, dim=-1).double()
-    m = x.amax(dim=-1, keepdim=True)
-    ones = torch.ones_like(m)
-    sums = block_sums(x, m, ones).double().sum(dim=-1)
-    return m.squeeze(1).double() + sums.log()
-
-
-def _lse_and_block_maxima(x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """[n] float64 log-sum-exp of each row, and on the kernel path the rows' block maxima (for
-    the top-k): one read of `x` in its own dtype (`kernels.row_stats`) instead of a float32
-    copy, a logsumexp and the top-k's own pass."""
-    if use_triton(x):  # the kernel; row_stats itself falls back for strided rows
-        lse, maxima = row_stats(x, TOPK_BLOCK)
-        return lse.double(), maxima
-    return _logsumexp(x), None
-
-
-def _logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, k: int,
-                  maxima: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """On the device: float64 [rows, 1 + k] (the sampled token's logprob, then the top-k
-    logprobs) and int64 [rows, k] (their ids). logprob = logit - logsumexp; the alternatives by
-    one topk over the logits (the same order as over the logprobs), through the block maxima
-    when the caller has them."""
-    sampled = x.gather(1, chosen.unsqueeze(1)).double() - lse.unsqueeze(1)
-    if not k:
-        return sampled, torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
-    if maxima is not None and k <= maxima.shape[1]:
-        vals, ids = topk_by_blocks(x, k, maxima)
-    else:
-        vals, ids = topk(x, k)
-    return torch.cat([sampled, vals.double() - lse.unsqueeze(1)], dim=1), ids
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:

@@ -56,3 +56,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.requests
+
+    def sampled_request_ids(self) -> list[str]:
+        """Request id of each sampled row, in step order (the rows of the step's logits)."""
+        return [r.request_id for r in self.requests if r.needs_sample]

@@ -17,7 +17,7 @@ import torch
 from infer_cluster.worker.context import DynamicContext
 from infer_cluster.worker.distributed.step_codec import (HEADER_LEN, STOP_HEADER, Op, StepFormatError,
                                                          StepHeader, is_decode_only, pack_step,
-                                                         sampled_request_ids, unpack_step)
+                                                         unpack_step)
 from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_unpacked_step_equals_prepare(name):
     rebuilt = unpack_step(header, torch.from_numpy(payload))
     reference = prepared(out)
     assert_same_inputs(rebuilt, reference)
-    assert sampled_request_ids(out) == reference.sample_request_ids
+    assert out.sampled_request_ids() == reference.sample_request_ids
     assert rebuilt.sample_request_ids == []  # request ids never travel
 
 

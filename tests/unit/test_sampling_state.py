@@ -6,7 +6,7 @@ import random
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampler import banned_ngram_tokens
+from infer_cluster.worker.token_bans import banned_ngram_tokens
 from infer_cluster.worker.sampling_state import SamplingState
 
 VOCAB = 50

@@ -52,7 +52,7 @@ from ..scheduler_output import SchedulerOutput
 from .channel import PendingIds
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
-from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending, sampled_request_ids
+from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class DistributedRunner:
             with self._step_lock:
                 header = self._graph_or_eager(header)
                 logits, work = shard.submit_step(header, shard.send_step(header, payload, pending))
-                ticket = StepTicket(logits, work, sampled_request_ids(out))
+                ticket = StepTicket(logits, work, out.sampled_request_ids())
                 self._uncollected.append(ticket)
         except Exception as exc:
             raise self._step_failure(exc) from None
@@ -289,7 +289,7 @@ class DistributedRunner:
             raise self._step_failure(exc) from None
         if self.error is not None:
             raise self._step_failure(RuntimeError("the rank group failed during the step"))
-        return logits, sampled_request_ids(out)
+        return logits, out.sampled_request_ids()
 
     def _graph_or_eager(self, header: StepHeader) -> StepHeader:
         """Rank 0 decides for every rank: a decode-only step that fits the captured ladder

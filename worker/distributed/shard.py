@@ -153,9 +153,9 @@ class RankShard:
         self.block_size = config.block_size
         # At T > 1, P = 1 a step that rank 0 marks `greedy_ids` gathers argmax pairs, not the
         # logits (eagerly, or by the greedy variant of its decode graph).
-        self.greedy_ids_ok = self._agree_greedy_ids(
+        self.greedy_ids_ok = bool(self._min_over_ranks(int(
             layout.pipeline_parallel_size == 1 and layout.tensor_parallel_size > 1
-            and spec.vocab_size <= MAX_PAIR_VOCAB and greedy_ids_enabled())
+            and spec.vocab_size <= MAX_PAIR_VOCAB and greedy_ids_enabled())))
         if self.runner.num_kv_blocks * config.block_size > INT32_MAX:
             raise ConfigError(f"{self.runner.num_kv_blocks} KV blocks of {config.block_size} tokens "
                               f"exceed the int32 slot ids of the step tensor; lower num_kv_blocks")
@@ -173,26 +173,23 @@ class RankShard:
         if self.device.type == "cuda" and not config.enforce_eager and self._agree_graphs():
             self.graphs = self._capture_graphs(config, max_model_len)
 
-    def _agree_greedy_ids(self, want: bool) -> bool:
-        """On only if every rank wants it: the ranks must issue the same collectives."""
-        flag = torch.tensor([int(want)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.groups.control)
-        return bool(flag.item())
+    def _min_over_ranks(self, value: int) -> int:
+        """The smallest `value` of all ranks (one MIN on the control group): what every rank
+        can do, so that all issue the same collectives."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.groups.control)
+        return int(t.item())
 
     def _agree_graphs(self) -> bool:
         """Decode graphs at P = 1 always; at P > 1 per stage unless `INFER_CLUSTER_STAGE_GRAPHS=0`
-        (1.31x the eager stages at P = 2 on 2x H100, 2026-11-26). Every rank must agree: one MIN over the
-        control group, so a rank that would not capture turns capture off everywhere."""
+        (1.31x the eager stages at P = 2 on 2x H100, 2026-11-26). Every rank must agree, so a
+        rank that would not capture turns capture off everywhere."""
         want = self.layout.pipeline_parallel_size == 1 or stage_graphs_enabled()
-        flag = torch.tensor([int(want)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.groups.control)
-        return bool(flag.item())
+        return bool(self._min_over_ranks(int(want)))
 
     def _agree_num_kv_blocks(self, num_blocks: int) -> int:
         """Every rank's pool must hold the same block ids: take the smallest."""
-        t = torch.tensor([num_blocks], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.groups.control)
-        return int(t.item())
+        return self._min_over_ranks(num_blocks)
 
     def _capture_graphs(self, config: EngineConfig, max_model_len: int) -> DecodeGraphs:
         """Capture the same ladder in the same order on every TP rank (see docs/parallel.md,

@@ -149,11 +149,6 @@ def unpack_step(header: StepHeader, payload: torch.Tensor, widen: bool = True) -
                       sample_request_ids=[])
 
 
-def sampled_request_ids(out: SchedulerOutput) -> list[str]:
-    """Request id of each sampled row, in payload order (rank 0)."""
-    return [r.request_id for r in out.requests if r.needs_sample]
-
-
 def is_decode_only(header: StepHeader) -> bool:
     """Every sequence adds one token and is sampled: a step a decode graph can run."""
     return (header.max_query_len == 1 and header.num_tokens == header.num_seqs == header.num_sampled)

@@ -195,11 +195,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def greedy_ids(self, local: torch.Tensor) -> torch.Tensor:
         """The argmax over the full vocab of each row (int64 `[rows]`, ties to the lowest id,
         as `torch.argmax` of the gathered logits), from this rank's shard: one all-gather of
-        `[rows, 2]` (value, id) pairs. Every rank of the group calls it and gets the ids."""
+        `[rows, 2]` (value, id) pairs. Every rank of the group (T > 1) calls it and gets the ids."""
         valid = max(0, min(self.shard_size, self.vocab_size - self.start))  # padding columns: none
         pair = shard_argmax_pair(local[:, :valid], self.start)
-        if self.ps.tp_size == 1:
-            return pick_shard_argmax(pair[None])
         pairs = torch.empty(self.ps.tp_size * pair.shape[0], 2, dtype=pair.dtype, device=pair.device)
         _gather_into(pairs, pair, group=self.ps.tp_group)
         return pick_shard_argmax(pairs.view(self.ps.tp_size, -1, 2))
