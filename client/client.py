@@ -126,6 +126,9 @@ class InferenceClient:
         self.connect_timeout = connect_timeout
         # Calls made before the coordinator first answered: key -> (deadline, fail(message)).
         self._awaiting_connect: dict[object, tuple[float, Callable[[str], None]]] = {}
+        # Submits zmq refused before the coordinator first answered (request id, payload): sent
+        # again once it answers, unless the connect check failed them first.
+        self._unsent: list[tuple[str, bytes]] = []
         self.max_frame_bytes = max_frame_bytes
         self._ctx = zmq.Context(io_threads=1)
         self._lock = threading.Lock()
@@ -253,6 +256,9 @@ class InferenceClient:
                    if refusal or now >= deadline]
             for k, _ in due:
                 del self._awaiting_connect[k]
+            if due:  # refused submits of requests that end here are not sent later
+                failed = {k for k, _ in due}
+                self._unsent = [(rid, p) for rid, p in self._unsent if rid not in failed]
         if due:
             why = self._io.describe_no_answer(self.connect_timeout)
             log.debug("%s", why)  # the caller gets it as UnreachableError
@@ -267,18 +273,28 @@ class InferenceClient:
                                          error=error(why).to_dict()))
 
     def _on_dropped(self, payload) -> None:  # IO thread (or the event loop)
-        """zmq would not queue `payload` (the send queue holds `socket_hwm` messages the
-        coordinator has not read): a request in it ends now with an `overloaded` error instead
-        of waiting for an answer that cannot come. A dropped cancel leaves the request to run."""
+        """zmq would not queue `payload`. Once connected that means the send queue holds
+        `socket_hwm` messages the coordinator has not read: a request in it ends now with an
+        `overloaded` error instead of waiting for an answer that cannot come. Before the first
+        answer it means no connection has worked yet (see below). A dropped cancel leaves the
+        request to run."""
         try:
             msg = codec.decode(payload, self.max_frame_bytes)
         except ProtocolError:
             return
-        if isinstance(msg, SubmitRequest):
-            self._fail_handle(msg.request_id, (
-                f"request {msg.request_id} was not sent: {self._io.hwm} messages already wait in "
-                f"this client's queue to the coordinator at {self.address}, which is not reading "
-                "them (overloaded or stopped); retry later"), OverloadedError)
+        if not isinstance(msg, SubmitRequest):
+            return
+        with self._lock:
+            if not self._io.is_connected:
+                # No connection has worked yet: a refused handshake drops zmq's pipe, so this is
+                # a connect failure, not a full queue. The connect check fails the request with
+                # its reason, or it goes out when the coordinator first answers.
+                self._unsent.append((msg.request_id, payload))
+                return
+        self._fail_handle(msg.request_id, (
+            f"request {msg.request_id} was not sent: {self._io.hwm} messages already wait in "
+            f"this client's queue to the coordinator at {self.address}, which is not reading "
+            "them (overloaded or stopped); retry later"), OverloadedError)
 
     def _fail_waiter(self, reply_kind: int, future: Future, why: str) -> None:
         with self._lock:
@@ -329,6 +345,10 @@ class InferenceClient:
             with self._lock:
                 self._io.is_connected = True
                 self._awaiting_connect.clear()
+                unsent = [payload for rid, payload in self._unsent if rid in self._handles]
+                self._unsent.clear()
+            for payload in unsent:
+                self._io.send_now(payload)
         if kind is ReplyKind.DELTA:
             for payload in msg.deltas:
                 self._deliver(payload)

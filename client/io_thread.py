@@ -3,8 +3,9 @@
 Owns: connecting, sending what user threads hand over (through an inproc PUSH/PULL pair, since a
 ZMQ socket must only be used by one thread), receiving and decoding replies, periodic PING so
 the coordinator knows this client is alive (it aborts the requests of silent clients), and
-noticing a silent coordinator. A message zmq will not queue (the send queue is full) goes to
-the client's `on_dropped`, which fails the request in it. It calls back into the client for
+noticing a silent coordinator. A message zmq will not queue goes to the client's
+`on_dropped`: a full send queue fails the request in it; before the first answer (no connection
+has worked yet) the client keeps it and sends it again (`send_now`) once the coordinator answers. It calls back into the client for
 every decoded message and never blocks on a user: callbacks only touch in-memory state. No busy
 polling: one `zmq.Poller` wait bounded by the next heartbeat (10 Hz while no reply has arrived
 yet, to fail waiting calls on time). Until the first reply, a socket monitor explains why
@@ -229,6 +230,10 @@ class ClientIO(threading.Thread):
 
     def _send_msg(self, msg: Message) -> None:
         self._send_raw(codec.encode(msg, self.max_frame_bytes))
+
+    def send_now(self, payload: bytes) -> None:
+        """Send from the IO thread (or the loop) itself, e.g. inside a callback."""
+        self._send_raw(payload)
 
     def _send_raw(self, payload) -> None:
         try:

@@ -69,6 +69,43 @@ def test_submits_zmq_cannot_queue_fail_at_once_as_overloaded(tmp_path):
         procs.stop()
 
 
+def test_submits_zmq_refuses_before_the_first_answer_go_out_once_it_answers(tmp_path):
+    """Before the coordinator first answers, a refused send is a connect problem (a refused
+    CURVE handshake drops zmq's pipe), not a full queue: the request is not failed as
+    `overloaded`; it goes out when the coordinator answers (or fails with the connect reason
+    after `connect_timeout`). Here the coordinator is stopped before the client connects, so the
+    DEALER's 4-message queue fills with no answer yet; nothing ends before the first answer,
+    and nothing waits forever after it."""
+    procs = ClusterProcs(tmp_path / "logs", num_replicas=0,
+                         coordinator_args=["--no-replica-timeout", "1"]).start(timeout=60)
+    os.kill(procs.coordinator.pid, signal.SIGSTOP)
+    stopped = True
+    try:
+        with InferenceClient(procs.address, socket_hwm=4, coordinator_timeout=120,
+                             connect_timeout=60) as client:
+            handles = [client.submit("hello", PARAMS) for _ in range(12)]
+            deadline = time.monotonic() + 10
+            while client._io.num_dropped == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client._io.num_dropped > 0, "zmq queued every submit: the path is not exercised"
+            time.sleep(0.5)
+            assert not [h for h in handles if h.done()], "a refused submit failed before any answer"
+            os.kill(procs.coordinator.pid, signal.SIGCONT)
+            stopped = False
+            codes = []
+            for h in handles:  # every one ends: the coordinator (no replica) or a full queue
+                assert h.wait(timeout=60), f"{h.request_id} never answered after SIGCONT"
+                codes.append(h.output.error["code"])
+            # Sent again at the first answer into a queue of 4: those that still did not fit
+            # end as `overloaded`, now that the coordinator is known to be there.
+            assert set(codes) <= {"no_replica", "overloaded"}, codes
+            assert "no_replica" in codes, codes
+    finally:
+        if stopped:
+            os.kill(procs.coordinator.pid, signal.SIGCONT)
+        procs.stop()
+
+
 CLIENT_SCRIPT = """
 import sys
 from infer_cluster.client import InferenceClient
