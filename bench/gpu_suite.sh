@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -380,6 +380,17 @@ for _ in range(600):
       # the most a fusion could gain; ABLATION_VARIANTS picks the runs
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
+    preload)  # issue 11, batch-1 TPOT: decode attention loads its first K/V tile before the PDL wait
+      # (INFER_CLUSTER_DECODE_PRELOAD=0: after it, as before). Kernel, PTX-order and GPU parity tests, then
+      # PRELOAD_RUNS alternating TPOT runs (default 1 0 1 0), then workload A on the Qwen3 shape on / off
+      timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_attention.py tests/kernels/test_pdl.py \
+        tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_preload_tests.log" | tail -4
+      for p in ${PRELOAD_RUNS:-1 0 1 0}; do echo "--- INFER_CLUSTER_DECODE_PRELOAD=$p"
+        INFER_CLUSTER_DECODE_PRELOAD=$p timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
+          --out "$OUT/tpot_qwen3_preload$p.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
+      done
+      [ "${PRELOAD_WLA:-1}" = 1 ] && WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_DECODE_PRELOAD=0" \
+        OUT="$OUT" bash "$0" wla ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A
       # runs alternating (default: the 8B shape T=1, then T=2 on / off twice)

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
+from .dispatch import env_switch
 from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 _MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
@@ -50,6 +51,49 @@ def _split_part(ctx, num_splits, BLOCK_N: tl.constexpr):
     least one. Computed in the kernels from the sequence's own length, so each sequence is split
     evenly whatever the block-table width, while the grid depends on shapes only."""
     return tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """One tile's scores [G, BLOCK_N] (log2 domain) into the running max and sum: returns the
+    tile's probabilities, the rescale of the state so far, and the new max and sum. Every tile
+    holds at least one visible position, so the new max is finite."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _tile_rows(bt_row, start, n_mask, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Each token of tile [start, start+BLOCK_N): its cache block and row within the block; masked
+    tokens never read the table and get block 0."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    blk = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    return blk, offs_n % PAGE
+
+
+@triton.jit
+def _load_first_tile(k_head, v_head, bt_row, lo, hi, offs_d, d_mask, sk_b, sk_s, sk_d, sv_b, sv_s,
+                     sv_d, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """PRELOAD: K and V of tokens [lo, min(lo+BLOCK_N, hi)) of a float cache (zeros past hi),
+    with each token's (block, row) for the reload of the appended row and its mask."""
+    n_mask = (lo + tl.arange(0, BLOCK_N)) < hi
+    blk, pos = _tile_rows(bt_row, lo, n_mask, PAGE, BLOCK_N)
+    mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_head + (blk * sk_b + pos * sk_s)[:, None] + offs_d[None, :] * sk_d, mask=mask, other=0.0)
+    v = tl.load(v_head + (blk * sv_b + pos * sv_s)[:, None] + offs_d[None, :] * sv_d, mask=mask, other=0.0)
+    return k, v, blk, pos, n_mask
+
+
+@triton.jit
+def _fold_tile(acc, m_i, l_i, q, k, v, n_mask, scale_log2, LOWP: tl.constexpr,
+               DOT_DTYPE: tl.constexpr):
+    """A loaded float K/V tile (tokens past `n_mask` hidden) into the running softmax state."""
+    s = _dot(q, tl.trans(k), LOWP, DOT_DTYPE) * scale_log2
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
+    return acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE), m_new, l_i
 
 
 @triton.jit
@@ -95,11 +139,7 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
             s = s * scale_log2
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
-    # Every tile holds at least one visible position, so m_new is finite.
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
     v = _kv_operand(v_head + blk * sv_b + pos * sv_s, offs_d, n_mask, kv_mask, sv_d, MASKED,
                     EVEN_D, LOWP, KV_INT8, OP_V, ASM)
     if KV_INT8:
@@ -118,12 +158,15 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
-                   ASM: tl.constexpr = False, PDL: tl.constexpr = False):
+                   ASM: tl.constexpr = False, PDL: tl.constexpr = False,
+                   PRELOAD: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
-    append before it (kernels/pdl.py)."""
+    append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
+    loaded before that wait, and its one row this step appends is loaded again after it."""
     pdl_release(PDL)
-    pdl_wait(PDL)
+    if not PRELOAD:
+        pdl_wait(PDL)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -143,6 +186,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
+    if PRELOAD:
+        # Before the wait: only step inputs (qsl, seq_lens, block tables, written before the
+        # step's first kernel) and K/V rows earlier steps appended. The row at ctx - 1 is this
+        # step's: whatever was read for it is replaced after the wait.
+        k_pre, v_pre, pre_blk, pre_pos, pre_mask = _load_first_tile(k_head, v_head, bt_row, lo, hi, offs_d,
+                                                                     d_mask, sk_b, sk_s, sk_d, sv_b,
+                                                                     sv_s, sv_d, PAGE, BLOCK_N)
+        pdl_wait(PDL)
     q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
                 mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
     q_scl = scale_log2  # OP_MMA: per-row q scales times the softmax scale
@@ -155,14 +209,25 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
-    k_head = k_ptr + kvh * sk_h
-    v_head = v_ptr + kvh * sv_h
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
     # Whole tiles without masks, then at most one clipped tile (the context's end).
     full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
-    for start in range(lo, full_hi, BLOCK_N):
+    first = lo
+    if PRELOAD:
+        if lo < hi:  # an empty partition folds nothing (its tile is all masked)
+            new_row = (lo + tl.arange(0, BLOCK_N)) == ctx - 1
+            new_mask = new_row[:, None] & d_mask[None, :]
+            k_new = tl.load(k_head + (pre_blk * sk_b + pre_pos * sk_s)[:, None] + offs_d[None, :] * sk_d,
+                            mask=new_mask, other=0.0)
+            v_new = tl.load(v_head + (pre_blk * sv_b + pre_pos * sv_s)[:, None] + offs_d[None, :] * sv_d,
+                            mask=new_mask, other=0.0)
+            acc, m_i, l_i = _fold_tile(acc, m_i, l_i, q, tl.where(new_mask, k_new, k_pre),
+                                       tl.where(new_mask, v_new, v_pre), pre_mask, scale_log2,
+                                       LOWP, DOT_DTYPE)
+        first = lo + BLOCK_N
+        full_hi = tl.maximum(full_hi, first)
+    for start in range(first, full_hi, BLOCK_N):
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
@@ -290,6 +355,18 @@ def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=N
     return max(1, int(num_splits))
 
 
+def preload_enabled() -> bool:
+    """False when `INFER_CLUSTER_DECODE_PRELOAD=0` (A/B of the K/V tile loaded before the PDL wait)."""
+    return env_switch("INFER_CLUSTER_DECODE_PRELOAD")
+
+
+def _one_wave(cfg, device) -> int:
+    """Programs that run at once under the split rule's target (`programs_per_sm` per SM): the
+    preload pays only where every program loads its tile while the kernel before drains."""
+    per_sm = cfg.get("programs_per_sm") or 1
+    return per_sm * (_sm_count(device) if device.type == "cuda" else 4)
+
+
 def _reg_cap(cfg) -> dict:
     """The launch option capping registers per thread (config "maxnreg": more programs per SM
     at the risk of spills; bench/ptxas_check.py shows them), none when unset."""
@@ -332,13 +409,17 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     pdl = pdl_enabled(q)
+    preload = cfg.get("preload")
+    if preload is None:
+        preload = pdl and preload_enabled() and num_seqs * num_kv_heads * splits <= _one_wave(cfg, q.device)
+    preload = bool(preload) and not kv_int8
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, num_warps=cfg["num_warps"],
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)

@@ -126,6 +126,25 @@ def test_decode_configs_match_ref(device, block_n, num_splits, block_size):
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
+# The first K/V tile loaded before the PDL wait (`preload`, on by default where PDL is): the same
+# results, whatever the split, tile and page; ctx 1 (the appended row is the whole context),
+# a context of whole tiles, empty partitions and a row with no query.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits,block_n,block_size", [(1, 16, 16), (3, 16, 32), (8, 32, 16),
+                                                           (2, 64, 16)])
+def test_decode_preload_matches_ref(device, dtype, num_splits, block_n, block_size):
+    batch = make_batch(device, dtype, [1, 1, 0, 1, 1], [130, 1, 9, 64, 37], 8, 2, 64, block_size)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1)
+    atol, rtol = tol(dtype)
+    for preload in (True, False):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
+                         num_splits=num_splits, config=dict(block_n=block_n, preload=preload))
+        assert not torch.isnan(out).any(), "read KV past seq_lens (NaN trap)"
+        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
 # Prefill / chunked prefill / mixed: odd lengths, prefixes longer than the query, q_len 0 rows,
 # decode rows mixed in, GQA, padded head dims (48, 80), page sizes 16/32.
 PREFILL_CASES = [

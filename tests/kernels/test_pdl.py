@@ -44,3 +44,28 @@ def test_sm90_gemv_loads_weights_before_the_wait():
         assert int(release) < int(wait), name
         # The weight tile's loads come first; the norm pre-pass reads x and the residual after.
         assert int(first_load) < int(wait) < int(last_load), name
+
+
+DECODE_ORDER = """
+from bench.ptxas_check import _decode_row, compile_sm90
+from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED as c
+for pre in (False, True):
+    for split in (False, True):
+        _, kernel, ptrs, ints, consts, opts, dns = _decode_row("", False, split, c["block_n"],
+                                                               c["num_warps"], c["num_stages"],
+                                                               dict(PRELOAD=pre))
+        lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"].splitlines()]
+        wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
+        loads = [i for i, l in enumerate(lines) if "ld.global" in l or "cp.async.c" in l]
+        print(int(pre), int(split), sum(i < wait for i in loads), sum(i > wait for i in loads))
+"""
+
+
+def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads():
+    rows = [tuple(map(int, line.split())) for line in run_without_interpreter(DECODE_ORDER).splitlines()]
+    assert len(rows) == 4
+    for pre, split, before, after in rows:
+        assert after > 0
+        # Without the preload nothing is read before the wait; with it, the step inputs, the
+        # block table and the first K/V tile are (16 KB each for K and V: many vector loads).
+        assert (before > 8) if pre else (before == 0), (pre, split, before)
