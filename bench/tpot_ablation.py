@@ -13,6 +13,10 @@ Variants (`--variants`, comma-separated, run in that order; repeat `base` to see
   attn       no prep, decode or reduce: the whole attention chain
   splitsum   no split-K sum after a GEMV (at batch 1: the o projection)
   o_nosplit  the o projection's batch-1 row without split-K (4 x 2048, 4 warps): one launch
+  gemv=N.K.M:BN.BK.W.S.SPLIT[+...]  the GEMV table row (N, K, M bucket) replaced by a CUDA-core
+             config (block_n, block_k, warps, stages, split_k); `+` joins several rows in one
+             variant (a step-level sweep: the table's rows were timed alone, the step runs them
+             back to back under PDL, where how many programs fit beside the kernel before matters)
 Writes one JSON with every variant's p50 / p90 TPOT and its difference from the first `base`.
 """
 
@@ -38,6 +42,28 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+def _gemv_rows(variant: str) -> dict:
+    """`gemv=N.K.M:BN.BK.W.S.SPLIT+...` -> {(N, K, M): GemvConfig}; ValueError when malformed."""
+    from infer_cluster.kernels.gemv_config import GemvConfig
+    rows = {}
+    for part in variant[len("gemv="):].split("+"):
+        key, _, cfg = part.partition(":")
+        n, k, m = (int(v) for v in key.split("."))
+        bn, bk, w, st, split = (int(v) for v in cfg.split("."))
+        rows[(n, k, m)] = GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st,
+                                     split_k=split, use_dot=False)
+    return rows
+
+
+def _known(variant: str) -> bool:
+    if variant.startswith("gemv="):
+        try:
+            return bool(_gemv_rows(variant))
+        except ValueError:
+            return False
+    return variant in VARIANTS
+
+
 def _apply(variant: str) -> None:
     """Patch the kernels module for one variant, before the engine is built (and its graphs
     captured)."""
@@ -60,6 +86,8 @@ def _apply(variant: str) -> None:
         att.decode_attention = lambda q, *args, **kwargs: args[6]  # `out`, untouched
     if variant == "splitsum":
         gemv_triton._split_sum_kernel = _NoLaunch()
+    if variant.startswith("gemv="):
+        gemv_tuned.TUNED.update(_gemv_rows(variant))
     if variant == "o_nosplit":
         gemv_tuned.TUNED[(1024, 2048, 1)] = GemvConfig(block_n=4, block_k=2048, num_warps=4,
                                                       num_stages=1, split_k=1, use_dot=False)
@@ -82,7 +110,7 @@ def main(argv=None):
         _child(args.child, args.child_out, latency_args)
         return
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    unknown = sorted(v for v in set(variants) if not _known(v))
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
