@@ -38,19 +38,31 @@ _TILE = 2048  # elements per program tile: one Qwen3 head group of 16 x 128
 
 
 @triton.jit
-def _normed_rotated(row_ptr, heads, dims, partner, lo, mask, cos, sin, w_ptr, head_dim, eps,
+def _norm_weights(w_ptr, dims, partner, head_dim, HAS_NORM: tl.constexpr):
+    """The q or k norm weight at `dims` and at their rotate-half partners (float32; zeros
+    without HAS_NORM). Constant: loaded before the PDL wait."""
+    if HAS_NORM:
+        dmask = dims < head_dim
+        w = tl.load(w_ptr + dims, mask=dmask, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=dmask, other=0.0).to(tl.float32)
+    else:
+        w = tl.zeros(dims.shape, tl.float32)
+        wp = w
+    return w, wp
+
+
+@triton.jit
+def _normed_rotated(row_ptr, heads, dims, partner, lo, mask, cos, sin, w, wp, head_dim, eps,
                     HAS_NORM: tl.constexpr):
-    """float32 [BLOCK_H, BLOCK_D]: rows `heads` at `row_ptr`, normed (HAS_NORM) and rotated, each
-    step rounded to the activation dtype as the unfused kernels store it."""
+    """float32 [BLOCK_H, BLOCK_D]: rows `heads` at `row_ptr`, normed (HAS_NORM, weights `w` at
+    dims and `wp` at partners) and rotated, each step rounded to the activation dtype as the
+    unfused kernels store it."""
     act = row_ptr.dtype.element_ty
     base = row_ptr + heads[:, None] * head_dim
     x = tl.load(base + dims[None, :], mask=mask, other=0.0).to(tl.float32)
     p = tl.load(base + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
         inv = tl.rsqrt(tl.sum(x * x, axis=1) / head_dim + eps)
-        dmask = dims < head_dim
-        w = tl.load(w_ptr + dims, mask=dmask, other=0.0).to(tl.float32)
-        wp = tl.load(w_ptr + partner, mask=dmask, other=0.0).to(tl.float32)
         x = (w[None, :] * (x * inv[:, None]).to(act).to(tl.float32)).to(act).to(tl.float32)
         p = (wp[None, :] * (p * inv[:, None]).to(act).to(tl.float32)).to(act).to(tl.float32)
     out = tl.where(lo[None, :], x * cos[None, :] - p * sin[None, :],
@@ -66,7 +78,7 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
                      HAS_NORM: tl.constexpr, KV_INT8: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     pdl_release(PDL)  # PDL: launched early, waits for the qkv projection (kernels/pdl.py)
-    pdl_wait(PDL)
+    # Before the wait: only step inputs (positions, slots) and constants (cos/sin, norm weights).
     tok = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     act = qkv_ptr.dtype.element_ty
@@ -81,14 +93,17 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
     cos = tl.load(cos_ptr + pos * s_cos + cs_idx, mask=dmask, other=0.0).to(act).to(tl.float32)
     sin = tl.load(sin_ptr + pos * s_sin + cs_idx, mask=dmask, other=0.0).to(act).to(tl.float32)
     row = qkv_ptr + tok * s_tok
-    if group < q_groups:
+    is_q = group < q_groups
+    w, wp = _norm_weights(tl.where(is_q, qw_ptr, kw_ptr), dims, partner, head_dim, HAS_NORM)
+    slot = tl.load(slot_ptr + tok, mask=group >= q_groups, other=-1).to(tl.int64)
+    pdl_wait(PDL)
+    if is_q:
         heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = (heads < num_heads)[:, None] & dmask[None, :]
-        q = _normed_rotated(row, heads, dims, partner, lo, mask, cos, sin, qw_ptr, head_dim, eps,
+        q = _normed_rotated(row, heads, dims, partner, lo, mask, cos, sin, w, wp, head_dim, eps,
                             HAS_NORM)
         tl.store(row + heads[:, None] * head_dim + dims[None, :], q.to(act), mask=mask)
     else:
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
         heads = (group - q_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
         # A padded token keeps every lane masked off: nothing is read or written for it.
         row_mask = (heads < num_kv_heads) & (slot >= 0)
@@ -96,7 +111,7 @@ def _qkv_prep_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_pt
         blk = slot // block_size
         off = slot % block_size
         k = _normed_rotated(row + num_heads * head_dim, heads, dims, partner, lo, mask, cos, sin,
-                            kw_ptr, head_dim, eps, HAS_NORM)
+                            w, wp, head_dim, eps, HAS_NORM)
         v = tl.load(row + (num_heads + num_kv_heads) * head_dim + heads[:, None] * head_dim
                     + dims[None, :], mask=mask, other=0.0)
         k_dst = kc_ptr + blk * skc_b + off * skc_s + heads[:, None] * skc_h + dims[None, :] * skc_d

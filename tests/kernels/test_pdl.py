@@ -69,3 +69,21 @@ def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads():
         # Without the preload nothing is read before the wait; with it, the step inputs, the
         # block table and the first K/V tile are (16 KB each for K and V: many vector loads).
         assert (before > 8) if pre else (before == 0), (pre, split, before)
+
+
+PREP_ORDER = """
+from bench.ptxas_check import _qkv_prep_variants, compile_sm90
+for name, kernel, ptrs, ints, consts, opts, dns in _qkv_prep_variants():
+    lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"].splitlines()]
+    wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
+    loads = [i for i, l in enumerate(lines) if "ld.global" in l]
+    print(int(consts["HAS_NORM"]), sum(i < wait for i in loads), sum(i > wait for i in loads))
+"""
+
+
+def test_sm90_qkv_prep_loads_its_step_inputs_and_constants_before_the_wait():
+    rows = [tuple(map(int, line.split())) for line in run_without_interpreter(PREP_ORDER).splitlines()]
+    assert len(rows) == 3
+    for norm, before, after in rows:
+        # position, slot, cos and sin (and both norm weights) before; the qkv row after
+        assert before >= (6 if norm else 4) and after > 0, (norm, before, after)
