@@ -381,20 +381,19 @@ for _ in range(600):
       python3 bench/tpot_ablation.py --variants "${ABLATION_VARIANTS:-base,prep,reduce,decode,attn,splitsum,o_nosplit,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_ablation.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
     preload)  # issue 11, batch-1 TPOT: decode attention and the qkv prep load what no kernel of the step writes
-      # before the PDL wait (INFER_CLUSTER_DECODE_PRELOAD=0 turns the decode tile off), and a split decode
-      # merges its partials itself (INFER_CLUSTER_DECODE_MERGE=0: the reduce kernel). Kernel, PTX-order and GPU
+      # before the PDL wait (INFER_CLUSTER_DECODE_PRELOAD=0 turns the decode tile off). Kernel, PTX-order and GPU
       # parity tests, then TPOT_RUNS (comma-separated env settings, "-" for none) alternating, then workload A
-      # on the Qwen3 shape with everything on and both switches off
+      # on the Qwen3 shape with the tile on and off
       timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_attention.py tests/kernels/test_pdl.py \
         tests/kernels/test_qkv_prep.py tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_preload_tests.log" | tail -4
-      IFS=, read -ra tpot_runs <<< "${TPOT_RUNS:--,INFER_CLUSTER_DECODE_PRELOAD=0,INFER_CLUSTER_DECODE_MERGE=0,-,INFER_CLUSTER_DECODE_PRELOAD=0,INFER_CLUSTER_DECODE_MERGE=0}"
+      IFS=, read -ra tpot_runs <<< "${TPOT_RUNS:--,INFER_CLUSTER_DECODE_PRELOAD=0,-,INFER_CLUSTER_DECODE_PRELOAD=0}"
       i=0
       for e in "${tpot_runs[@]}"; do i=$((i + 1)); [ "$e" = - ] && e=""
         echo "--- $i: TPOT ${e:-defaults}"
         env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
           --out "$OUT/tpot_qwen3_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
       done
-      [ "${PRELOAD_WLA:-1}" = 1 ] && WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_DECODE_PRELOAD=0 INFER_CLUSTER_DECODE_MERGE=0" \
+      [ "${PRELOAD_WLA:-1}" = 1 ] && WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_DECODE_PRELOAD=0" \
         OUT="$OUT" bash "$0" wla ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A

@@ -67,15 +67,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None, k_scale=None, v_scale=None, counters=None):
+                    max_query_len=None, k_scale=None, v_scale=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
     Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
-    `v_scale` only with int8 caches. `counters`: the caller's int32 zeros that let the decode
-    kernel merge its splits itself (`attention_decode_triton.decode_attention`); one set per
-    layer, never shared by two launches in flight at once."""
+    `v_scale` only with int8 caches."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len, k_scale, v_scale, counters)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                k_scale=k_scale, v_scale=v_scale)

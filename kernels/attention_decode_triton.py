@@ -3,9 +3,7 @@
 Owns: `decode_attention` (every sequence has at most one query row), the launch config
 (`decode_config`, tuned defaults `DECODE_TUNED`, int8 defaults `DECODE_INT8`; `CVT_MODES`, the
 int8 operand conversions, lives in `attention_int8_triton`) and the split count
-(`plan_decode_splits`, with an optional second rule for small batches), and the A/B switches
-`INFER_CLUSTER_DECODE_PRELOAD=0` and `INFER_CLUSTER_DECODE_MERGE=0` (`preload_enabled`,
-`merge_enabled`; config keys "preload" and "merge" force either way).
+(`plan_decode_splits`, with an optional second rule for small batches).
 `kernels.attention_triton` re-exports these names; callers import them from there.
 
 `_decode_kernel`: grid (num_seqs, num_kv_heads, num_splits). One program owns all query heads of
@@ -13,14 +11,7 @@ one KV head (padded to >= 16 rows for tl.dot), so each K/V tile is loaded once f
 group. Each sequence's context is cut into `num_splits` equal partitions (lengths derived in the
 kernel from its own seq_len, `_split_part`) computed in parallel; with more than one, each writes
 a normalised partial output plus its log-sum-exp, and `_reduce_kernel` (grid (num_seqs,
-num_heads)) merges the non-empty ones. Given the caller's `counters` (one int32 zero per
-(sequence, KV head), `merge_fits`), the decode kernel merges them itself instead: the last of a
-sequence's programs to count itself done on an acq_rel atomic reads every partition's partials
-and writes the output (`_merge_group`), then zeroes the counter; one launch fewer per layer.
-Programs never wait for each other, so this also holds under the CPU interpreter.
-With PDL on an sm_90 GPU, and one wave of programs, each program loads its partition's first K/V
-tile before it waits for the kernel before it (`PRELOAD`): those rows were appended by earlier
-steps; the one row this step appends (position seq_len - 1) is loaded again after the wait. The split count is chosen from tensor shapes only
+num_heads)) merges the non-empty ones. The split count is chosen from tensor shapes only
 (block-table width, batch, SM count), never from seq_lens values, so a decode step can be
 captured in a CUDA graph; this module must never sync with the host or read KV positions
 >= seq_lens[i].
@@ -168,15 +159,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False,
-                   PRELOAD: tl.constexpr = False, cnt_ptr=None, MERGE: tl.constexpr = False,
-                   MERGE_G: tl.constexpr = 1, MERGE_S: tl.constexpr = 1):
+                   PRELOAD: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
     append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
-    loaded before that wait, and its one row this step appends is loaded again after it.
-    MERGE (with SPLIT): no reduce kernel. Each program counts itself done on its (sequence, KV
-    head) counter in `cnt_ptr`; the last of the sequence's partitions merges the group's partials
-    into `out` and sets the counter back to 0 for the next launch."""
+    loaded before that wait, and its one row this step appends is loaded again after it."""
     pdl_release(PDL)
     if not PRELOAD:
         pdl_wait(PDL)
@@ -262,49 +249,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                  mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
                  m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
-        if MERGE:
-            # Every thread's partial stores come before the count (bar.sync, then the counter's
-            # release at GPU scope); the last program's loads come after its acquire.
-            tl.debug_barrier()
-            counter = cnt_ptr + seq * tl.num_programs(1) + kvh
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-                tl.store(counter, 0)
-                used = tl.cdiv(ctx, part)
-                _merge_group(po_ptr + seq.to(tl.int64) * spo_s, plse_ptr + seq.to(tl.int64) * spl_s,
-                             out_ptr + row.to(tl.int64) * so_t, kvh * GROUP, used, has_query,
-                             spo_h, spo_p, spl_h, so_h, so_d, GROUP, HEAD_DIM, MERGE_G, MERGE_S,
-                             BLOCK_D)
     else:
         dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
                  mask=g_mask[:, None] & d_mask[None, :] & has_query)
-
-
-@triton.jit
-def _merge_group(po, plse, out_row, head0, used, has_query, spo_h, spo_p, spl_h, so_h, so_d,
-                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, MERGE_G: tl.constexpr,
-                 MERGE_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """MERGE: `_reduce_kernel`'s log-sum-exp merge for the GROUP query heads from `head0` of one
-    sequence, all `used` partitions in one [MERGE_G, MERGE_S, BLOCK_D] load (from L2: `.cg`, as
-    other SMs wrote them)."""
-    offs_g = tl.arange(0, MERGE_G)
-    offs_s = tl.arange(0, MERGE_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    heads = head0 + offs_g
-    gs_mask = (offs_g < GROUP)[:, None] & (offs_s < used)[None, :]
-    lse = tl.load(plse + heads[:, None] * spl_h + offs_s[None, :], mask=gs_mask,
-                  other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(lse, axis=1)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m[:, None])
-    o = tl.load(po + heads[:, None, None] * spo_h + offs_s[None, :, None] * spo_p + offs_d[None, None, :],
-                mask=gs_mask[:, :, None] & (offs_d < HEAD_DIM)[None, None, :], other=0.0,
-                cache_modifier=".cg")
-    denom = tl.sum(w, axis=1)
-    res = tl.sum(w[:, :, None] * o, axis=1) / tl.where(denom == 0.0, 1.0, denom)[:, None]
-    dst = out_row + heads[:, None] * so_h + offs_d[None, :] * so_d
-    tl.store(dst, res.to(out_row.dtype.element_ty),
-             mask=(offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :] & has_query)
 
 
 @triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
@@ -412,23 +360,6 @@ def preload_enabled() -> bool:
     return env_switch("INFER_CLUSTER_DECODE_PRELOAD")
 
 
-def merge_enabled() -> bool:
-    """False when `INFER_CLUSTER_DECODE_MERGE=0` (A/B: the split-decode reduce as its own kernel)."""
-    return env_switch("INFER_CLUSTER_DECODE_MERGE")
-
-
-_MERGE_MAX_ELEMS = 16384  # one merge's [heads, splits, head_dim] load: 128 float32 per thread at 4 warps
-
-
-def merge_fits(num_seqs, num_kv_heads, merge_g, merge_s, block_d, counters) -> bool:
-    """Whether the decode kernel can merge its partials itself: a counter for every (sequence,
-    KV head) and a merge load of at most `_MERGE_MAX_ELEMS` values (query heads per KV head x
-    splits x head_dim, padded to powers of two)."""
-    return (counters is not None and counters.dtype == torch.int32
-            and counters.numel() >= num_seqs * num_kv_heads
-            and merge_g * merge_s * block_d <= _MERGE_MAX_ELEMS)
-
-
 def _one_wave(cfg, device) -> int:
     """Programs that run at once under the split rule's target (`programs_per_sm` per SM): the
     preload pays only where every program loads its tile while the kernel before drains."""
@@ -443,12 +374,10 @@ def _reg_cap(cfg) -> dict:
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None, counters=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
-    `k_scale`/`v_scale` go with an int8 cache. `counters`: int32 zeros on q's device, one per
-    (sequence, KV head), that the kernel leaves at zero: with them a split step merges its
-    partials in the decode kernel (`merge_fits`), without a reduce launch."""
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -484,22 +413,15 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     if preload is None:
         preload = pdl and preload_enabled() and num_seqs * num_kv_heads * splits <= _one_wave(cfg, q.device)
     preload = bool(preload) and not kv_int8
-    merge_g, merge_s = triton.next_power_of_2(group), triton.next_power_of_2(splits)
-    merge = cfg.get("merge")
-    if merge is None:
-        merge = merge_enabled()
-    merge = bool(merge) and splits > 1 and merge_fits(num_seqs, num_kv_heads, merge_g, merge_s,
-                                                       block_d, counters)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload,
-        cnt_ptr=counters if merge else seq_lens, MERGE=merge, MERGE_G=merge_g, MERGE_S=merge_s,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
-    if splits > 1 and not merge:
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
+    if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,

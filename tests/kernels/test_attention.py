@@ -145,37 +145,6 @@ def test_decode_preload_matches_ref(device, dtype, num_splits, block_n, block_si
         torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
-# The split partials merged by the decode kernel's last program per (sequence, KV head)
-# (`counters`), instead of the reduce kernel: the same results, the counters back at zero after
-# each launch (the second launch reuses them), empty partitions and a row with no query.
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_splits,block_n,kv_heads", [(2, 16, 2), (3, 32, 4), (8, 16, 1)])
-def test_decode_merge_matches_ref(device, dtype, num_splits, block_n, kv_heads):
-    batch = make_batch(device, dtype, [1, 0, 1, 1], [130, 9, 1, 45], 8, kv_heads, 64, 16)
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
-    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1)
-    atol, rtol = tol(dtype)
-    counters = torch.zeros(4 * kv_heads + 3, dtype=torch.int32, device=device)
-    for preload in (False, True):
-        out = torch.full_like(q, float("nan"))
-        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, out,
-                         num_splits=num_splits, counters=counters,
-                         config=dict(block_n=block_n, merge=True, preload=preload))
-        assert not torch.isnan(out).any(), "read KV past seq_lens (NaN trap)"
-        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
-        assert int(counters.count_nonzero()) == 0
-
-
-def test_decode_merge_only_where_it_fits():
-    from infer_cluster.kernels.attention_decode_triton import merge_fits
-    counters = torch.zeros(16, dtype=torch.int32)
-    assert merge_fits(2, 8, 2, 16, 128, counters)
-    assert not merge_fits(3, 8, 2, 16, 128, counters)                      # a counter per (seq, KV head)
-    assert not merge_fits(2, 8, 2, 16, 128, None)
-    assert not merge_fits(2, 8, 2, 16, 128, counters.to(torch.int64))
-    assert not merge_fits(1, 1, 8, 256, 128, counters)                     # the merge load too big
-
-
 # Prefill / chunked prefill / mixed: odd lengths, prefixes longer than the query, q_len 0 rows,
 # decode rows mixed in, GQA, padded head dims (48, 80), page sizes 16/32.
 PREFILL_CASES = [
@@ -304,28 +273,3 @@ def test_gpu_prefill_large(gpu_device, dtype, head_dim):
     ctx_lens = [1000, 1500, 10, 2000, 64, 900]
     batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, head_dim, 16)
     check(batch, dtype, max_query_len=1000)
-
-
-MERGE_PTX = """
-from bench.ptxas_check import _decode_row, compile_sm90
-from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED as c
-_, kernel, ptrs, ints, consts, opts, dns = _decode_row("", False, True, c["block_n"], c["num_warps"],
-                                                       c["num_stages"], dict(MERGE=True, MERGE_G=2, MERGE_S=16))
-lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts,
-                                         dns).asm["ptx"].splitlines()]
-atom = next(i for i, l in enumerate(lines) if "atom.global" in l)
-print(lines[atom])
-print(max(i for i, l in enumerate(lines[:atom]) if l.startswith("bar.sync")) > max(
-    i for i, l in enumerate(lines[:atom]) if "st.global" in l))
-print(sum(".cg" in l and "ld.global" in l for l in lines[atom:]))
-"""
-
-
-def test_sm90_merge_counts_after_every_partial_store():
-    """The sm_90 build: all threads' partial stores, then a CTA barrier, then one acq_rel atomic
-    at GPU scope (the release the last program's acquire pairs with); the merge reads L2 (.cg)."""
-    from tests.kernels.conftest import run_without_interpreter
-    atom, ordered, cg_loads = run_without_interpreter(MERGE_PTX).strip().splitlines()
-    assert "atom.global.gpu.acq_rel.add" in atom
-    assert ordered == "True"
-    assert int(cg_loads) >= 2

@@ -26,7 +26,6 @@ from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowP
                        VocabParallelEmbedding)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-DECODE_COUNTERS = 4096  # int32 per layer: 16 KiB
 
 
 @dataclass
@@ -142,11 +141,6 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
-        # The decode kernel's split counters (kernels/attention.py `counters`): zeros between
-        # launches, one per (sequence, KV head) up to DECODE_COUNTERS (larger steps take the
-        # reduce kernel); this layer's own, so no two launches in flight share them.
-        self.register_buffer("decode_counters", torch.zeros(DECODE_COUNTERS, dtype=torch.int32),
-                             persistent=False)
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
@@ -162,8 +156,7 @@ class Attention(nn.Module):
                      k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                      head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
-                              self.decode_counters)
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
