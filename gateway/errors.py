@@ -85,6 +85,14 @@ def _param_of(loc) -> Optional[str]:
     return ".".join(parts) if parts else None
 
 
+def _json_message(error: dict) -> str:
+    """A body that is not JSON: what the parser expected, and where."""
+    loc = error.get("loc", ())
+    at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+    why = (error.get("ctx") or {}).get("error", "")
+    return f"the request body is not valid JSON{at}" + (f": {why}" if why else "")
+
+
 def install_error_handlers(app: FastAPI, retry_after: int, metrics) -> None:
     async def on_api_error(request: Request, exc: APIError):
         metrics.count_error(exc.code, exc.status)
@@ -92,9 +100,12 @@ def install_error_handlers(app: FastAPI, retry_after: int, metrics) -> None:
 
     async def on_validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = _param_of(first.get("loc", ()))
-        where = f"{param}: " if param else ""
-        err = APIError(f"{where}{first.get('msg', 'invalid value')}", "invalid_request", param)
+        if first.get("type") == "json_invalid":  # loc is ("body", character offset): no field
+            err = APIError(_json_message(first), "invalid_request")
+        else:
+            param = _param_of(first.get("loc", ()))
+            where = f"{param}: " if param else ""
+            err = APIError(f"{where}{first.get('msg', 'invalid value')}", "invalid_request", param)
         metrics.count_error(err.code, err.status)
         return error_response(err, retry_after)
 

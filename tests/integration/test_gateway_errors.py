@@ -63,7 +63,9 @@ def test_bad_chat_requests_are_400(gateway_cluster):
            "invalid_request", "top_logprobs")
     resp = httpx.post(f"{gateway_cluster.url}/v1/chat/completions", content=b"{not json",
                       headers={"Content-Type": "application/json"}, timeout=30)
-    _error(resp, 400, "invalid_request")
+    message = _error(resp, 400, "invalid_request")
+    assert message.startswith("the request body is not valid JSON at character 1"), message
+    assert resp.json()["error"]["param"] is None
 
 
 def test_unknown_model_is_404(gateway_cluster):
