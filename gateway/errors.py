@@ -105,7 +105,8 @@ def install_error_handlers(app: FastAPI, retry_after: int, metrics) -> None:
         else:
             param = _param_of(first.get("loc", ()))
             where = f"{param}: " if param else ""
-            err = APIError(f"{where}{first.get('msg', 'invalid value')}", "invalid_request", param)
+            msg = first.get("msg", "invalid value").removeprefix("Value error, ")  # our validators'
+            err = APIError(f"{where}{msg}", "invalid_request", param)
         metrics.count_error(err.code, err.status)
         return error_response(err, retry_after)
 

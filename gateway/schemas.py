@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NonNegInt = Field(default=None, ge=0)
 
@@ -71,6 +71,17 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value):
+        # Name the part the cluster cannot take, rather than the union's first failed branch.
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind is not None and kind != "text":
+                    raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+        return value
 
     def text(self) -> str:
         if self.content is None:

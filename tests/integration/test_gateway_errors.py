@@ -55,6 +55,11 @@ def test_bad_chat_requests_are_400(gateway_cluster):
     bad_role = {"messages": [{"role": "wizard", "content": "hi"}]}
     _error(_post(gateway_cluster, "/v1/chat/completions", bad_role), 400, "invalid_request",
            "messages.0.role")
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    message = _error(_post(gateway_cluster, "/v1/chat/completions", image), 400, "invalid_request",
+                     "messages.0.content")
+    assert message == ("messages.0.content: only text content parts are supported, "
+                       "got a part of type 'image_url'")
     no_messages = {"messages": []}
     _error(_post(gateway_cluster, "/v1/chat/completions", no_messages), 400, "invalid_request",
            "messages")
