@@ -206,3 +206,13 @@ def test_graph_max_tokens_buckets_and_validation():
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="graph_max_tokens"):
             EngineConfig(graph_max_tokens=bad)
+
+
+def test_model_help_names_every_embedded_model():
+    import dataclasses
+
+    from infer_cluster.worker.tiny_random import EMBEDDED_MODELS
+
+    help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(EngineConfig)}["model"]
+    missing = [name for name in EMBEDDED_MODELS if name not in help_text]
+    assert not missing, f"--model's help does not name {missing}"
