@@ -9,7 +9,8 @@ Must never import torch or hold a model: it runs where no GPU stack is installed
 imports it and checks `sys.modules`). Chat templates are rendered on the replica, which has the
 tokenizer.
 
-Layout: `config.py` (GatewayConfig), `schemas.py` (pydantic request/response models),
+Layout: `config.py` (GatewayConfig), `api_keys.py` / `api_key_gate.py` (HTTP API keys: reading
+them, and the ASGI check in front of every route), `schemas.py` (pydantic request/response models),
 `params.py` (request -> SamplingParams), `errors.py` (error shape and status codes),
 `backend.py` (the coordinator connection and a cached status), `generation.py` (submitting
 choices and folding their deltas), `completions.py` / `chat.py` (the two generation routes),

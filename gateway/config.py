@@ -6,8 +6,10 @@ it into one line). Never imports torch or FastAPI.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
+
+from infer_cluster.coordinator.config import is_loopback
 
 
 @dataclass
@@ -24,6 +26,8 @@ class GatewayConfig:
     log_level: str = "info"
     auth: Optional[str] = None                 # key folder (`infer-cluster keygen`) when the
                                                # coordinator runs with --auth; client or admin key
+    api_keys: tuple = field(default=(), repr=False)  # HTTP bearer keys (api_keys.py); () = none asked
+    insecure: bool = False                     # allow a non-loopback host without api_keys
 
     def __post_init__(self):
         if not self.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
@@ -31,6 +35,12 @@ class GatewayConfig:
                              f"{self.coordinator!r}")
         if not self.host:
             raise ValueError("host must not be empty")
+        if not self.api_keys and not self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"--http-host/--host {self.host} accepts HTTP requests from other machines, and "
+                "without an API key anyone who reaches the port can use the cluster; pass "
+                "--api-key-file FILE (or INFER_CLUSTER_API_KEY), or --insecure if the network "
+                "is trusted")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be a TCP port in 0..65535, got {self.port!r}")
         if self.request_timeout is not None and not self.request_timeout > 0:

@@ -26,6 +26,7 @@ _BY_CODE = {
     "invalid_config": (400, "invalid_request_error"),
     "out_of_memory": (400, "invalid_request_error"),  # can never fit this replica's KV pool
     "model_not_found": (404, "invalid_request_error"),
+    "invalid_api_key": (401, "invalid_request_error"),  # gateway API keys (api_keys.py)
     "overloaded": (503, "server_error"),
     "no_replica": (503, "server_error"),
     "unreachable": (503, "server_error"),  # the coordinator does not answer
@@ -70,6 +71,8 @@ class APIError(Exception):
 
 def error_response(err: APIError, retry_after: int) -> JSONResponse:
     headers = {"Retry-After": str(retry_after)} if err.status == 503 else None
+    if err.status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="infer-cluster"'}
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 

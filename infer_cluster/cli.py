@@ -31,7 +31,8 @@ from .cli_options import (CliError, auth_option, check_auth, coordinator_options
                           check_device, check_model)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
-from .cli_gateway import gateway_child_argv, http_options, metrics_option, start_coordinator_metrics
+from .cli_gateway import (check_gateway_config, gateway_child_argv, gateway_child_env, gateway_keys,
+                          http_options, metrics_option, start_coordinator_metrics)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
@@ -190,7 +191,7 @@ def _connect_host(host: str) -> str:
 @engine_options
 @click.pass_context
 def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port, http_port,
-          http_host, **kw):
+          http_host, api_key, api_key_file, **kw):
     """Start a coordinator and --data-parallel-size replicas as processes; stop all on
     Ctrl-C / SIGTERM (the coordinator drains in-flight requests first)."""
     from .launcher import ClusterLauncher, python_module_argv
@@ -208,6 +209,9 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
     except Exception as exc:
         raise CliError(f"error: {exc}") from None
     check_model(engine)
+    if http_port is not None:  # the gateway child's options, checked before anything starts
+        keys = gateway_keys(api_key, api_key_file)
+        check_gateway_config(host=http_host, port=http_port, api_keys=keys, insecure=cfg.insecure)
     for port, flag in ((cfg.port, "--port"), (cfg.replica_port, "--replica-port")):
         _check_port_free(cfg.host, port, flag)
     level = ctx.obj["log_level"]
@@ -216,7 +220,8 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
     client_address = f"tcp://{host}:{cfg.port}"
     replica_envs = _replica_envs(dict(os.environ), data_parallel_size, engine)
     metrics_argv = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
-    gateway = (gateway_child_argv(client_address, http_host, http_port, level, cfg.auth)
+    gateway = (gateway_child_argv(client_address, http_host, http_port, level, cfg.auth,
+                                  api_key_file, cfg.insecure)
                if http_port is not None else None)
     launcher = ClusterLauncher(
         python_module_argv("infer_cluster", "--log-level", level, "coordinator",
@@ -227,6 +232,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
          for i in range(data_parallel_size)],
         client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs,
         auth=cfg.auth, gateway_argv=gateway,
+        gateway_env=gateway_child_env(dict(os.environ), api_key),
         gateway_url=f"http://{_connect_host(http_host)}:{http_port}")
 
     def on_signal(signum, _frame):

@@ -255,9 +255,12 @@ def _range(text: str, name: str) -> tuple[int, int]:
                    "(e.g. http://127.0.0.1:8000) and report what the gateway adds over ZMQ")
 @click.option("--repeat", default=1, show_default=True, type=int,
               help="with --http: alternate ZMQ and HTTP runs this many times (pooled results)")
+@click.option("--api-key", default=None, envvar="INFER_CLUSTER_API_KEY", metavar="KEY",
+              help="with --http: the gateway's API key (sent as 'Authorization: Bearer KEY'). "
+                   "Env: INFER_CLUSTER_API_KEY")
 @auth_option
 def bench(address, num_requests, concurrency, request_rate, input_len, output_len,
-          token_id_range, seed, json_path, http_url, repeat, auth):
+          token_id_range, seed, json_path, http_url, repeat, api_key, auth):
     """Online load through a running cluster: TTFT / TPOT / end-to-end p50 and p99.
 
     With --http URL the workload runs through ZMQ (InferenceClient) and through the gateway's
@@ -272,7 +275,7 @@ def bench(address, num_requests, concurrency, request_rate, input_len, output_le
     if http_url is not None:
         from .loadgen_http import bench_both
         summary = bench_both(address, http_url, work, concurrency, request_rate, seed, repeat,
-                             auth=auth)
+                             auth=auth, api_key=api_key)
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(summary, f, indent=2)

@@ -2,8 +2,11 @@
 
 Owns: the `gateway` command (one OpenAI-compatible HTTP gateway in front of a running
 coordinator, e.g. on another host), the option groups `http_options` (`--http-port`,
-`--http-host`: `serve` then starts a gateway child) and `metrics_option` (`--metrics-port`: the
-coordinator serves Prometheus metrics itself), and the argv of a gateway child process.
+`--http-host`, `--api-key`, `--api-key-file`: `serve` then starts a gateway child) and
+`metrics_option` (`--metrics-port`: the coordinator serves Prometheus metrics itself),
+`gateway_keys` (the keys checked, as one line on error), and the argv and environment of a
+gateway child process (a key given on the command line reaches the child in its environment,
+not its argv).
 Never imports torch, and imports FastAPI only inside the `gateway` command.
 """
 
@@ -15,12 +18,25 @@ import click
 
 from .cli_options import CliError, auth_option, check_auth
 
+api_key_options_list = [
+    click.option("--api-key", default=None, envvar="INFER_CLUSTER_API_KEY", metavar="KEY",
+                 help="HTTP callers must send 'Authorization: Bearer KEY' (the openai client's "
+                      "api_key) for /v1/...; /health and /metrics stay open. A command-line key "
+                      "shows in the process list: prefer the env INFER_CLUSTER_API_KEY or "
+                      "--api-key-file"),
+    click.option("--api-key-file", default=None, envvar="INFER_CLUSTER_API_KEY_FILE",
+                 metavar="FILE", help="accepted API keys, one per line (# comments); with "
+                                      "--api-key, both are accepted. Env: INFER_CLUSTER_API_KEY_FILE"),
+]
+
 http_options_list = [
     click.option("--http-port", default=None, type=int,
                  help="also start an OpenAI-compatible HTTP gateway on this port "
                       "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"),
     click.option("--http-host", default="127.0.0.1", show_default=True,
-                 help="interface the HTTP gateway listens on (0.0.0.0 for all)"),
+                 help="interface the HTTP gateway listens on (0.0.0.0 for all; anything but "
+                      "loopback needs an API key or --insecure)"),
+    *api_key_options_list,
 ]
 
 
@@ -30,6 +46,29 @@ def http_options(func):
     return func
 
 
+def api_key_options(func):
+    for opt in reversed(api_key_options_list):
+        func = opt(func)
+    return func
+
+
+def gateway_keys(api_key: Optional[str], api_key_file: Optional[str]) -> tuple:
+    from infer_cluster.gateway.api_keys import read_api_keys  # standard library only
+    try:
+        return read_api_keys(api_key, api_key_file)
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
+
+
+def check_gateway_config(**kw):
+    """A `GatewayConfig`, or one line naming the bad option."""
+    from infer_cluster.gateway.config import GatewayConfig  # no FastAPI
+    try:
+        return GatewayConfig(**kw)
+    except ValueError as exc:
+        raise CliError(f"error: {exc}") from None
+
+
 metrics_option = click.option(
     "--metrics-port", default=None, type=int,
     help="serve Prometheus metrics of the coordinator and its replicas on this port "
@@ -37,11 +76,20 @@ metrics_option = click.option(
 
 
 def gateway_child_argv(coordinator_address: str, http_host: str, http_port: int,
-                       log_level: str, auth: Optional[str] = None) -> list[str]:
+                       log_level: str, auth: Optional[str] = None,
+                       api_key_file: Optional[str] = None, insecure: bool = False) -> list[str]:
+    import os
     from .launcher import python_module_argv
+    key_file = ["--api-key-file", os.path.abspath(os.path.expanduser(api_key_file))] if api_key_file else []
     return python_module_argv("infer_cluster", "--log-level", log_level, "gateway",
                               "--coordinator", coordinator_address, "--host", http_host,
-                              "--port", str(http_port), *(["--auth", auth] if auth else []))
+                              "--port", str(http_port), *(["--auth", auth] if auth else []),
+                              *key_file, *(["--insecure"] if insecure else []))
+
+
+def gateway_child_env(env: dict, api_key: Optional[str]) -> dict:
+    """The gateway child's environment: `env` with the command-line key in it (never in argv)."""
+    return dict(env, INFER_CLUSTER_API_KEY=api_key) if api_key else dict(env)
 
 
 def start_coordinator_metrics(port: Optional[int], host: str, client_address: str,
@@ -71,23 +119,27 @@ def start_coordinator_metrics(port: Optional[int], host: str, client_address: st
 @click.option("--request-timeout", default=None, type=float,
               help="seconds; a request still running after this ends with a 504 / error event")
 @click.option("--max-n", default=16, show_default=True, type=int, help="largest accepted `n`")
+@api_key_options
+@click.option("--insecure", is_flag=True,
+              help="listen on a non-loopback --host WITHOUT an API key: anyone who reaches the "
+                   "port can generate with the cluster. Only for a trusted, isolated network")
 @auth_option
 @click.pass_context
-def gateway(ctx, coordinator_address, host, port, served_model_name, request_timeout, max_n, auth):
+def gateway(ctx, coordinator_address, host, port, served_model_name, request_timeout, max_n,
+            api_key, api_key_file, insecure, auth):
     """Run an OpenAI-compatible HTTP gateway in front of a running coordinator.
 
     The gateway holds no model and needs no GPU: it is a client of the coordinator. Start
     several for more HTTP capacity. Try it: `curl http://HOST:PORT/v1/completions -H
     'Content-Type: application/json' -d '{"prompt": "Hello", "max_tokens": 16}'`."""
-    from infer_cluster.gateway import GatewayConfig, run_gateway
     check_auth(auth, ("client", "admin"))
-    try:
-        config = GatewayConfig(coordinator=coordinator_address, host=host, port=port,
-                               served_model_name=served_model_name,
-                               request_timeout=request_timeout, max_n=max_n,
-                               log_level=ctx.obj["log_level"] if ctx.obj else "info",
-                               auth=auth)
-    except ValueError as exc:
-        raise CliError(f"error: {exc}") from None
-    click.echo(f"gateway: http://{host}:{port}/v1 -> coordinator {coordinator_address}", err=True)
+    keys = gateway_keys(api_key, api_key_file)
+    config = check_gateway_config(coordinator=coordinator_address, host=host, port=port,
+                                  served_model_name=served_model_name,
+                                  request_timeout=request_timeout, max_n=max_n,
+                                  log_level=ctx.obj["log_level"] if ctx.obj else "info",
+                                  auth=auth, api_keys=keys, insecure=insecure)
+    from infer_cluster.gateway import run_gateway
+    click.echo(f"gateway: http://{host}:{port}/v1 -> coordinator {coordinator_address}"
+               + (f" ({len(keys)} API key(s) required)" if keys else " (no API key)"), err=True)
     run_gateway(config)

@@ -187,7 +187,8 @@ def coordinator_options(func):
         click.option("--insecure", is_flag=True,
                      help="listen on a non-loopback --host WITHOUT authentication: anyone who "
                           "can reach the ports may submit work, pause or shut down replicas, "
-                          "and register a fake replica that receives other users' prompts. "
+                          "and register a fake replica that receives other users' prompts "
+                          "(serve: also a non-loopback --http-host without an API key). "
                           "Only for a trusted, isolated network"),
     ]
     for opt in reversed(opts):

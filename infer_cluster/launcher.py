@@ -84,7 +84,8 @@ class ClusterLauncher:
                  client_address: str, log_dir: Optional[str] = None, restart_replicas: bool = True,
                  env: Optional[dict] = None, replica_envs: Optional[list[dict]] = None,
                  auth: Optional[str] = None,
-                 gateway_argv: Optional[list[str]] = None, gateway_url: Optional[str] = None):
+                 gateway_argv: Optional[list[str]] = None, gateway_url: Optional[str] = None,
+                 gateway_env: Optional[dict] = None):
         self.auth = auth  # key folder for the readiness client (admin or client key)
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
@@ -98,6 +99,7 @@ class ClusterLauncher:
                          for i, argv in enumerate(replica_argvs)]
         self.gateway = Child("gateway", gateway_argv, path("gateway")) if gateway_argv else None
         self.gateway_url = gateway_url
+        self.gateway_env = dict(gateway_env, PYTHONUNBUFFERED="1") if gateway_env is not None else self.env
         self.client_address = client_address
         self.restart_replicas = restart_replicas
         self.stop_event = threading.Event()
@@ -137,7 +139,7 @@ class ClusterLauncher:
                 if self.stop_event.wait(min(0.5, max(0.0, remaining))):
                     raise RuntimeError("stopped during startup")
         if self.gateway is not None:
-            self.gateway.start(self.env)
+            self.gateway.start(self.gateway_env)
             self._wait_gateway(deadline)
         return status
 
@@ -170,7 +172,7 @@ class ClusterLauncher:
             now = time.monotonic()
             restartable = list(zip(self.replicas, self.replica_envs))
             if self.gateway is not None:
-                restartable.append((self.gateway, self.env))
+                restartable.append((self.gateway, self.gateway_env))
             for child, env in restartable:
                 if child.is_running or not self.restart_replicas:
                     continue

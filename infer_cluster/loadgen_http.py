@@ -54,13 +54,15 @@ class HttpLoad:
     """The HTTP client for every round against one gateway: a pool of keep-alive connections.
     Use as a context manager; `run(...)` drives one round and returns its `LoadResult`."""
 
-    def __init__(self, url: str, model: Optional[str] = None):
+    def __init__(self, url: str, model: Optional[str] = None, api_key: Optional[str] = None):
         parts = urllib.parse.urlsplit(url.rstrip("/"))
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"expected an http://HOST:PORT URL for the gateway, got {url!r}")
         self._host, self._port = parts.hostname, parts.port or 80
+        self._base = parts.path
         self.path = f"{parts.path}/v1/completions"
         self.model = model
+        self.headers = dict(_JSON, **({"Authorization": f"Bearer {api_key}"} if api_key else {}))
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
@@ -89,13 +91,28 @@ class HttpLoad:
             conn.connect()
         return conn
 
+    def check_access(self) -> None:
+        """Raises PermissionError when the gateway refuses this client's API key (or lack of
+        one); any other failure raises as `http.client` does."""
+        conn = self._take()
+        conn.request("GET", f"{self._base}/v1/models", headers=self.headers)
+        resp = conn.getresponse()
+        detail = resp.read()
+        self._give(conn, resp)
+        if resp.status == 401:
+            try:
+                detail = json.loads(detail)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                detail = detail.decode(errors="replace")
+            raise PermissionError(detail)
+
     def _one(self, body: dict) -> RequestTiming:
         conn = self._take()
         started = time.monotonic()
         first = None
         num_tokens = 0
         finish_reason = None
-        conn.request("POST", self.path, body=json.dumps(body).encode(), headers=_JSON)
+        conn.request("POST", self.path, body=json.dumps(body).encode(), headers=self.headers)
         resp = conn.getresponse()
         if resp.status != 200:
             resp.read()
@@ -237,7 +254,8 @@ def paired_http_overhead(before: dict, after: dict, http: LoadResult) -> dict:
 
 
 def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
-               request_rate: Optional[float], seed: int, repeat: int, auth=None) -> dict:
+               request_rate: Optional[float], seed: int, repeat: int, auth=None,
+               api_key: Optional[str] = None) -> dict:
     """`infer-cluster bench --http`: a short warm-up through both paths, then `repeat` rounds of
     ZMQ then HTTP on the same workload (alternating, so drift in the machine's load hits both);
     prints both summaries and the difference; returns them as one dict."""
@@ -254,7 +272,7 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
     warmup = requests[: min(8, len(requests))]
     pooled = {"zmq": LoadResult(), "http": LoadResult()}
     try:
-        http_load = HttpLoad(http_url)
+        http_load = HttpLoad(http_url, api_key=api_key)
     except ValueError as exc:
         raise CliError(f"error: --http: {exc}") from None
     with InferenceClient(address, name="bench", auth=auth) as client, http_load:
@@ -262,6 +280,13 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
             client.status(timeout=5.0)
         except TimeoutError as exc:
             raise CliError(f"error: {exc}") from None
+        try:
+            http_load.check_access()
+        except PermissionError as exc:
+            raise CliError(f"error: the gateway at {http_url} refused the bench: {exc} "
+                           "(pass --api-key or set INFER_CLUSTER_API_KEY)") from None
+        except Exception as exc:
+            raise CliError(f"error: the gateway at {http_url} does not answer: {exc}") from None
         try:
             http_load.run(warmup[:1], seed=seed)
         except Exception as exc:

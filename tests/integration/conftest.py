@@ -42,7 +42,8 @@ def child_env(threads: int = 1) -> dict:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = str(threads)  # 2 CI cores shared by all replicas
-    env.pop("INFER_CLUSTER_AUTH", None)  # tests that want keys pass --auth themselves
+    for name in ("INFER_CLUSTER_AUTH", "INFER_CLUSTER_API_KEY", "INFER_CLUSTER_API_KEY_FILE"):
+        env.pop(name, None)  # tests that want keys pass --auth / --api-key themselves
     return env
 
 

@@ -39,6 +39,8 @@ def world(tmp_path_factory):
     broken = root / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
+    empty_keys = root / "empty-keys.txt"
+    empty_keys.write_text("# no key yet\n\n")
     ports = {name: free_port() for name in ("plain", "plain_r", "auth", "auth_r")}
     procs = []
     held = socket.socket()
@@ -56,6 +58,7 @@ def world(tmp_path_factory):
                 assert time.monotonic() < deadline, "coordinators did not start"
                 time.sleep(0.1)
         yield {"keys": str(keys), "broken": str(broken), "taken": held.getsockname()[1],
+               "empty_keys": str(empty_keys),
                "nothing": free_port(), "nothing_r": free_port(), **ports}
     finally:
         held.close()
@@ -83,6 +86,15 @@ MISTAKES = [
      "must differ"),
     ("non-loopback without auth", ["coordinator", "--host", "0.0.0.0", "--port", "{nothing}"],
      "--insecure"),
+    ("gateway on all interfaces without an API key", ["gateway", "--host", "0.0.0.0", "--port", "{nothing}"],
+     "--api-key-file"),
+    ("serve HTTP on all interfaces without an API key",
+     ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--http-port", "{nothing}",
+      "--http-host", "0.0.0.0"], "--api-key-file"),
+    ("missing API key file", ["gateway", "--api-key-file", "/no/such/keys.txt", "--port", "{nothing}"],
+     "/no/such/keys.txt"),
+    ("empty API key file", ["gateway", "--api-key-file", "{empty_keys}", "--port", "{nothing}"], "holds no key"),
+    ("API key with a space", ["gateway", "--api-key", "two words", "--port", "{nothing}"], "printable ASCII"),
     ("malformed device ids", ["generate", "--device-ids", "0,x", "hi"], "--device-ids"),
     ("malformed device ids (replica)",
      ["replica", "--coordinator", "tcp://127.0.0.1:{plain_r}", "--device-ids", "a"], "--device-ids"),
@@ -121,7 +133,8 @@ if not HAS_GPU:
 def test_mistake_is_one_line(world, argv, words):
     argv = [a.format(**world) for a in argv]
     env = child_env()
-    env.pop("INFER_CLUSTER_AUTH", None)
+    for name in ("INFER_CLUSTER_AUTH", "INFER_CLUSTER_API_KEY", "INFER_CLUSTER_API_KEY_FILE"):
+        env.pop(name, None)
     started = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "infer_cluster", *argv], cwd="/tmp", env=env,
                        capture_output=True, text=True, timeout=30)
