@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Run an infer-cluster on this machine in the background: one coordinator + N replicas.
+# Run an infer-cluster on this machine in the background: one coordinator + N replicas (+ a gateway).
 #
-#   deploy/local.sh up [--replicas N] [--port P] [--host H] [--auth DIR | --insecure] [-- ENGINE FLAGS...]
+#   deploy/local.sh up [--replicas N] [--port P] [--host H] [--auth DIR | --insecure]
+#                      [--http-port P [--api-key-file FILE]] [-- ENGINE FLAGS...]
 #   deploy/local.sh status        # processes (pid files) + `infer-cluster status`
 #   deploy/local.sh logs [NAME]   # tail the logs (coordinator, replica-0, ...)
-#   deploy/local.sh down          # SIGTERM (coordinator drains first), SIGKILL after a grace
+#   deploy/local.sh down          # SIGTERM (gateway, then the coordinator drains), SIGKILL after a grace
 #
 # State lives in $RUN_DIR (default ./run/infer-cluster): pids/NAME.pid, logs/NAME.log, env.
 # $PYTHON picks the interpreter (default: .venv/bin/python if present, else python3).
 # Unlike `infer-cluster serve`, nothing supervises the processes: use systemd or k8s for that.
 # --auth DIR (keys from `infer-cluster keygen DIR`; default: $INFER_CLUSTER_AUTH) turns on CURVE
 # auth for every process and for `status`; a --host other than loopback needs it (or --insecure).
+# --http-port starts an OpenAI-compatible HTTP gateway on --host once the replicas are ready;
+# --api-key-file (one key per line) makes HTTP callers send `Authorization: Bearer KEY`, and a
+# non-loopback --host needs it (or --insecure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +37,7 @@ start() {  # start NAME ARGS... (detached, own session, logs appended)
 
 up() {
     local replicas=1 port=5555 host=127.0.0.1 auth="${INFER_CLUSTER_AUTH:-}" insecure=()
+    local http_port="" api_key_file=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --replicas) replicas="$2"; shift 2 ;;
@@ -40,6 +45,8 @@ up() {
             --host) host="$2"; shift 2 ;;
             --auth) auth="$2"; shift 2 ;;
             --insecure) insecure=(--insecure); shift ;;
+            --http-port) http_port="$2"; shift 2 ;;
+            --api-key-file) api_key_file="$2"; shift 2 ;;
             --) shift; break ;;
             *) die "unknown option $1 (engine flags go after --)" ;;
         esac
@@ -51,6 +58,12 @@ up() {
         export INFER_CLUSTER_AUTH="$auth"  # every process below, and `status`, use the keys
     else
         unset INFER_CLUSTER_AUTH
+    fi
+    local key_args=()
+    if [ -n "$api_key_file" ]; then
+        [ -n "$http_port" ] || die "--api-key-file needs --http-port (it guards the HTTP gateway)"
+        [ -r "$api_key_file" ] || die "--api-key-file: cannot read $api_key_file"
+        key_args=(--api-key-file "$(cd "$(dirname "$api_key_file")" && pwd)/$(basename "$api_key_file")")
     fi
     printf 'ADDRESS=tcp://%s:%s\nINFER_CLUSTER_AUTH=%s\n' "$connect" "$port" "$auth" >"$RUN_DIR/env"
     start coordinator "$PYTHON" -m infer_cluster coordinator --host "$host" --port "$port" \
@@ -65,6 +78,7 @@ up() {
         if "$PYTHON" -m infer_cluster --log-level ERROR status --address "tcp://$connect:$port" --json \
             --timeout 1 2>/dev/null | "$PYTHON" -c "import json,sys; sys.exit(0 if json.load(sys.stdin)['coordinator']['num_replicas'] >= $replicas else 1)"; then
             echo "ready: clients connect to tcp://$connect:$port"
+            [ -n "$http_port" ] && start_gateway
             return 0
         fi
         for f in "$RUN_DIR"/pids/*.pid; do
@@ -73,6 +87,20 @@ up() {
         sleep 1
     done
     die "cluster not ready after 300 s; see $RUN_DIR/logs"
+}
+
+start_gateway() {  # uses up()'s locals: host, connect, port, http_port, key_args, insecure
+    start gateway "$PYTHON" -m infer_cluster gateway --coordinator "tcp://$connect:$port" \
+        --host "$host" --port "$http_port" ${key_args[@]+"${key_args[@]}"} ${insecure[@]+"${insecure[@]}"}
+    for _ in $(seq 1 60); do
+        if "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen('http://$connect:$http_port/health', timeout=2); sys.exit(0)" 2>/dev/null; then
+            echo "ready: HTTP on http://$connect:$http_port/v1"
+            return 0
+        fi
+        alive "$(pid_of gateway)" || die "gateway exited; see $RUN_DIR/logs/gateway.log"
+        sleep 1
+    done
+    die "the HTTP gateway was not healthy after 60 s; see $RUN_DIR/logs/gateway.log"
 }
 
 stop_one() {  # stop NAME: SIGTERM, wait up to $GRACE s, SIGKILL
@@ -88,7 +116,8 @@ stop_one() {  # stop NAME: SIGTERM, wait up to $GRACE s, SIGKILL
 
 down() {
     [ -d "$RUN_DIR/pids" ] || { echo "nothing running (no $RUN_DIR/pids)"; return 0; }
-    stop_one coordinator  # first: it drains in-flight requests while replicas still run
+    stop_one gateway      # first: no new HTTP requests
+    stop_one coordinator  # then: it drains in-flight requests while replicas still run
     local f
     for f in "$RUN_DIR"/pids/replica-*.pid; do [ -e "$f" ] && stop_one "$(basename "$f" .pid)"; done
     return 0
@@ -114,5 +143,5 @@ case "${1:-}" in
     down) down ;;
     status) status ;;
     logs) shift; logs "$@" ;;
-    *) sed -n '2,14p' "$0"; exit 2 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
 esac
