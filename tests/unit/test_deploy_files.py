@@ -67,3 +67,21 @@ def test_the_gateway_manifest_serves_with_keys():
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     assert any(env["INFER_CLUSTER_API_KEY_FILE"].startswith(m + "/") for m in mounts)
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def _unit_commands():
+    for path in sorted((DEPLOY / "systemd").glob("*.service")):
+        match = re.search(r"-m infer_cluster (\w+) ([^']*)'", path.read_text())
+        if match:  # units of `python -m infer_cluster COMMAND` (the replica unit runs the worker)
+            yield pytest.param(match.group(1), match.group(2), id=path.name)
+
+
+@pytest.mark.parametrize("name, flags", list(_unit_commands()))
+def test_systemd_commands_parse(name, flags):
+    # ${PORT}-style variables come from the env file: any port, any address will do here
+    flags = re.sub(r"\$\(\([^)]*\)\)", "5556", flags)
+    flags = re.sub(r"\$\{(\w*PORT\w*)\}", "5555", flags)
+    flags = re.sub(r"\$\{\w+\}", "tcp://127.0.0.1:5555", flags)
+    command = main.get_command(click.Context(main), name)
+    assert command is not None, f"no command {name!r}"
+    command.make_context(name, flags.split())
