@@ -59,6 +59,38 @@ class CompletionRequest(_SamplingFields):
     suffix: Optional[str] = None  # accepted only unset
     best_of: Optional[int] = Field(default=None, ge=1)  # accepted only == n
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt_shape(cls, value):
+        # One message for a wrong shape, rather than one per branch of the union.
+        if isinstance(value, str):
+            return value
+        shape = "a string, a list of token ids, or a list of strings or of token-id lists"
+        if not isinstance(value, list):
+            raise ValueError(f"must be {shape}, got {type(value).__name__}")
+        kinds = {_prompt_item_kind(item) for item in value}
+        if None in kinds:
+            bad = next(item for item in value if _prompt_item_kind(item) is None)
+            raise ValueError(f"must be {shape}; it holds a {type(bad).__name__}")
+        if len(kinds) > 1:
+            raise ValueError(f"must be {shape}, not a mix of {' and '.join(sorted(kinds))}")
+        for i, item in enumerate(value):
+            if isinstance(item, list) and any(_prompt_item_kind(t) != "token ids" for t in item):
+                raise ValueError(f"prompt {i} is a list, so it must hold only token ids (ints)")
+        return value
+
+
+def _prompt_item_kind(item) -> Optional[str]:
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        return "token ids"
+    if isinstance(item, str):
+        return "strings"
+    if isinstance(item, list):
+        return "token-id lists"
+    return None
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid")

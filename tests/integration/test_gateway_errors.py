@@ -44,6 +44,9 @@ def _error(resp, status: int, code: str, param=None) -> str:
     ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias", "not supported"),
     ({"prompt": ""}, "prompt", "must not be empty"),
     ({"prompt": [1, -2]}, None, ""),
+    ({"prompt": ["a", [1, 2]]}, "prompt", "not a mix of strings and token-id lists"),
+    ({"prompt": 5}, "prompt", "prompt: must be a string, a list of token ids"),
+    ({"prompt": [[1, "x"]]}, "prompt", "prompt 0 is a list, so it must hold only token ids"),
     ({}, "prompt", "Field required"),
 ])
 def test_bad_completion_parameters_are_400_naming_the_field(gateway_cluster, body, param, words):
