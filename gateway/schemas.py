@@ -107,12 +107,18 @@ class ChatMessageIn(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value):
-        # Name the part the cluster cannot take, rather than the union's first failed branch.
-        if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind is not None and kind != "text":
-                    raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+        # One message naming what is wrong, rather than one per branch of the union.
+        shape = 'a string or a list of {"type": "text", "text": "..."} parts'
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError(f"must be {shape}, got {type(value).__name__}")
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is not None and kind != "text":
+                raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+            if kind is None or not isinstance(part.get("text"), str):
+                raise ValueError(f"must be {shape}; part {i} is not")
         return value
 
     def text(self) -> str:

@@ -63,6 +63,11 @@ def test_bad_chat_requests_are_400(gateway_cluster):
                      "messages.0.content")
     assert message == ("messages.0.content: only text content parts are supported, "
                        "got a part of type 'image_url'")
+    for content in (5, ["hi"], [{"text": "hi"}]):
+        message = _error(_post(gateway_cluster, "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": content}]}),
+                         400, "invalid_request", "messages.0.content")
+        assert 'must be a string or a list of {"type": "text", "text": "..."} parts' in message
     no_messages = {"messages": []}
     _error(_post(gateway_cluster, "/v1/chat/completions", no_messages), 400, "invalid_request",
            "messages")
