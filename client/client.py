@@ -34,6 +34,7 @@ import zmq
 from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, ProtocolError,
                                     RequestDelta, RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
+from infer_cluster.protocol.fields import MAX_TOKEN_ID
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
 from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, ControlRequest, DeltaPayload,
                                Message, ResizeRequest, StatusRequest, SubmitRequest)
@@ -57,8 +58,9 @@ def _check_prompt(prompt) -> tuple[Optional[str], Optional[list]]:
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty")
-        if not all(type(t) is int and t >= 0 for t in ids):
-            raise InvalidRequestError("a token-id prompt must be a list of non-negative integers")
+        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in ids):
+            raise InvalidRequestError(f"a token-id prompt must be a list of integers in "
+                                      f"0..{MAX_TOKEN_ID}")
         return None, ids
     raise InvalidRequestError(f"the prompt must be a string or a list of token ids, "
                               f"got {type(prompt).__name__}")
