@@ -11,6 +11,7 @@ To map a new cluster error: add its code to `_BY_CODE`.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infer_cluster.protocol import InferClusterError
+
+log = logging.getLogger("infer_cluster.gateway")
 
 # cluster error code -> (HTTP status, OpenAI error type)
 _BY_CODE = {
@@ -76,6 +79,15 @@ def error_response(err: APIError, retry_after: int) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
+def unexpected_error_response(exc: Exception, metrics, retry_after: int) -> JSONResponse:
+    """An exception no handler expected: logged with its traceback, a 500 in OpenAI's shape."""
+    log.error("unexpected error while serving a request", exc_info=exc)
+    err = APIError(f"internal error in the gateway ({type(exc).__name__}: {exc}); see its log",
+                   "internal")
+    metrics.count_error(err.code, err.status)
+    return error_response(err, retry_after)
+
+
 def json_reply(model) -> JSONResponse:
     """A 200 reply with a response model as its JSON: the same bytes FastAPI writes for a route
     that returns the model (no aliases, None kept), built here so the lean path
@@ -119,6 +131,11 @@ def install_error_handlers(app: FastAPI, retry_after: int, metrics) -> None:
         err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(err, retry_after)
 
+    async def on_unexpected(request: Request, exc: Exception):
+        # A bug, not the caller's mistake: logged with its traceback, answered in OpenAI's shape.
+        return unexpected_error_response(exc, metrics, retry_after)
+
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

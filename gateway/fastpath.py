@@ -24,7 +24,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from . import chat, completions
-from .errors import APIError, error_response
+from .errors import APIError, error_response, unexpected_error_response
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 # path -> (request model, reply function); POST only
@@ -86,6 +86,12 @@ class LeanRoutes:
         state = self.app.state
         try:
             response = await reply(request, state, receive)
+        except APIError as err:
+            state.metrics.count_error(err.code, err.status)
+            response = error_response(err, state.config.retry_after)
+        except Exception as exc:  # a bug: still an OpenAI-shaped 500, as the app's handler gives
+            response = unexpected_error_response(exc, state.metrics, state.config.retry_after)
+        try:
             await response(scope, receive, send)  # a stream raises APIError before it starts
         except APIError as err:
             state.metrics.count_error(err.code, err.status)

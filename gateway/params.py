@@ -47,8 +47,9 @@ def build_params(req, max_tokens: Optional[int], logprobs: Optional[int]) -> Sam
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
-        # SamplingParams messages start with the field's name ("top_p must be ...").
-        first = exc.message.split(" ", 1)[0]
+        # SamplingParams messages start with the field's name ("top_p must be ...",
+        # "stop_token_ids[] must be ...").
+        first = exc.message.split(" ", 1)[0].removesuffix("[]")
         raise APIError(exc.message, "invalid_request",
                        first if first in SamplingParams.__dataclass_fields__ else None) from None
 

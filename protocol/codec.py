@@ -31,7 +31,10 @@ def _refuse_ext(code, data):
 
 def encode(message: Message, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
     """Serialise one message; refuses to build a frame the peer would reject for size."""
-    payload = msgpack.packb(message.to_wire(), use_bin_type=True)
+    try:
+        payload = msgpack.packb(message.to_wire(), use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as exc:  # e.g. an int past 64 bits
+        raise ProtocolError(f"{message.KIND.name} message cannot be encoded: {exc}") from None
     if len(payload) > max_frame_bytes:
         raise ProtocolError(f"{message.KIND.name} message is {len(payload)} bytes, over the "
                             f"frame cap of {max_frame_bytes} bytes; send a shorter prompt")

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import InvalidRequestError
+from .fields import MAX_TOKEN_ID
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 512
+MAX_COUNT = 2**31 - 1  # counts (max_tokens, top_k, ...): what any engine can mean, and fits the wire
 
 
 def _check_number(name: str, value: Any, *, lo=None, hi=None, lo_open=False, integer=False):
@@ -58,13 +60,13 @@ class SamplingParams:
 
     def __post_init__(self):
         _check_number("temperature", self.temperature, lo=0.0)
-        _check_number("top_k", self.top_k, lo=-1, integer=True)
+        _check_number("top_k", self.top_k, lo=-1, hi=MAX_COUNT, integer=True)
         if self.top_k == -1:
             self.top_k = 0
         _check_number("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0)
         _check_number("min_p", self.min_p, lo=0.0, hi=1.0)
-        _check_number("max_tokens", self.max_tokens, lo=1, integer=True)
-        _check_number("min_tokens", self.min_tokens, lo=0, integer=True)
+        _check_number("max_tokens", self.max_tokens, lo=1, hi=MAX_COUNT, integer=True)
+        _check_number("min_tokens", self.min_tokens, lo=0, hi=MAX_COUNT, integer=True)
         if self.min_tokens > self.max_tokens:
             raise InvalidRequestError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
@@ -82,7 +84,7 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise InvalidRequestError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         for t in self.stop_token_ids:
-            _check_number("stop_token_ids[]", t, lo=0, integer=True)
+            _check_number("stop_token_ids[]", t, lo=0, hi=MAX_TOKEN_ID, integer=True)
         self.stop_token_ids = list(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
@@ -91,7 +93,8 @@ class SamplingParams:
         _check_number("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
         _check_number("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         _check_number("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
-        _check_number("no_repeat_ngram_size", self.no_repeat_ngram_size, lo=0, integer=True)
+        _check_number("no_repeat_ngram_size", self.no_repeat_ngram_size, lo=0, hi=MAX_COUNT,
+                      integer=True)
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, integer=True)
 

@@ -45,6 +45,8 @@ def _error(resp, status: int, code: str, param=None) -> str:
     ({"prompt": ""}, "prompt", "must not be empty"),
     ({"prompt": [1, -2]}, None, ""),
     ({"prompt": [1, 2**40]}, None, "list of integers in 0..2147483647"),
+    ({"prompt": "hi", "stop_token_ids": [2**70]}, "stop_token_ids", "must be <= 2147483647"),
+    ({"prompt": "hi", "max_tokens": 2**70}, "max_tokens", "must be <= 2147483647"),
     ({"prompt": ["a", [1, 2]]}, "prompt", "not a mix of strings and token-id lists"),
     ({"prompt": 5}, "prompt", "prompt: must be a string, a list of token ids"),
     ({"prompt": [[1, "x"]]}, "prompt", "prompt 0 is a list, so it must hold only token ids"),

@@ -119,6 +119,10 @@ def test_bad_arguments_raise_before_sending(served):
         c.submit("x", {"temprature": 0})
     with pytest.raises(InvalidRequestError, match="timeout"):
         c.submit("x", timeout=0)
+    with pytest.raises(InvalidRequestError, match="cannot be encoded"):
+        c.submit("x", priority=2**70)  # past msgpack's 64 bits
+    with pytest.raises(InvalidRequestError, match="stop_token_ids"):
+        c.submit("x", {"stop_token_ids": [2**70]})
     h = c.submit("x", SamplingParams(max_tokens=100000), request_id="same")
     with pytest.raises(InvalidRequestError, match="already in flight"):
         c.submit("y", request_id="same")

@@ -41,6 +41,12 @@ from infer_cluster.worker.config import ConfigError, EngineConfig
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be >= 0"),
     (dict(logprobs=21), "logprobs must be <= 20"),
     (dict(logprobs=-1), "logprobs must be >= 0"),
+    # past the wire's 32-bit range (msgpack cannot even carry 2**70)
+    (dict(max_tokens=2**70), "max_tokens must be <= 2147483647"),
+    (dict(top_k=2**31), "top_k must be <= 2147483647"),
+    (dict(min_tokens=2**40), "min_tokens must be <= 2147483647"),
+    (dict(stop_token_ids=[2**70]), r"stop_token_ids\[\] must be <= 2147483647"),
+    (dict(no_repeat_ngram_size=2**40), "no_repeat_ngram_size must be <= 2147483647"),
 ])
 def test_sampling_params_reject_bad_values(kwargs, message):
     with pytest.raises(InvalidRequestError, match=message) as info:

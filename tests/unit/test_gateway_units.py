@@ -233,3 +233,32 @@ def test_fast_chunks_are_byte_identical_to_the_schema_models(text, finish_reason
             ChatChunkChoice(index=1, delta=ChatDelta(role=role, content=text),
                             finish_reason=finish_reason)]))
         same(fast, slow)
+
+
+def test_an_unexpected_error_is_an_openai_shaped_500_and_counted():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from infer_cluster.gateway.errors import install_error_handlers
+    from infer_cluster.gateway.metrics import GatewayMetrics
+
+    app = FastAPI()
+    metrics = GatewayMetrics()
+    install_error_handlers(app, 1, metrics)
+
+    @app.get("/boom")
+    async def boom():
+        raise OverflowError("Integer value out of range")
+
+    resp = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert resp.status_code == 500
+    error = resp.json()["error"]
+    assert error["code"] == "internal" and "OverflowError: Integer value out of range" in error["message"]
+    assert 'code="internal",status="500"} 1.0' in generate_latest(metrics.registry).decode()
+
+
+def test_a_value_msgpack_cannot_carry_is_a_protocol_error():
+    msg = SubmitRequest(request_id="r", prompt="x", prompt_token_ids=None, sampling_params={},
+                        priority=2**70)
+    with pytest.raises(ProtocolError, match="SUBMIT message cannot be encoded"):
+        codec.encode(msg)
