@@ -122,10 +122,15 @@ class Dispatcher:
             if now - req.pending_since > self.no_replica_timeout:
                 self._pending.pop(req.seq, None)
                 num_live = len(self.registry)
-                why = ("no replica is registered" if num_live == 0 else
-                       f"none of the {num_live} replicas accepts requests (paused or draining)")
-                self.fail(req, "no_replica", f"{why} for {self.no_replica_timeout:g} s; "
-                          "start a replica with `infer-cluster replica --coordinator ...`", now)
+                if num_live == 0:
+                    why = ("no replica is registered", "start a replica with `infer-cluster "
+                           "replica --coordinator ...`")
+                else:
+                    why = (f"none of the {num_live} replicas accepts requests (paused or draining)",
+                           "resume paused ones with `infer-cluster control resume`, or start a "
+                           "replica")
+                self.fail(req, "no_replica", f"{why[0]} for {self.no_replica_timeout:g} s; {why[1]}",
+                          now)
             elif self.registry.candidates():
                 self.dispatch(req, now)
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import NoReplicaError
 
 from .gateway_cluster import MAX_REQUESTS
 
@@ -155,6 +156,10 @@ def test_no_active_replica_is_503_and_health_follows(gateway_cluster):
             resp = _post(gateway_cluster, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
             assert "no replica is active" in _error(resp, 503, "no_replica")
             assert resp.headers["Retry-After"] == "1"
+            # Through ZMQ the request waits --no-replica-timeout (5 s), then says what to do.
+            with pytest.raises(NoReplicaError) as err:
+                c.submit("hi", {"max_tokens": 2}).result(timeout=30)
+            assert "paused or draining" in str(err.value) and "control resume" in str(err.value)
         finally:
             assert c.control("resume")["ok"]
     deadline = time.monotonic() + 5
