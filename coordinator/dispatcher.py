@@ -103,6 +103,7 @@ class Dispatcher:
                 replica.num_dispatched += 1
                 req.charged_tokens = req.load_estimate()
                 replica.outstanding_tokens += req.charged_tokens
+                log.debug("request %s -> replica %s as %s", req.request_id, replica.name, attempt_id)
                 if req.num_reroutes:
                     log.info("request %s re-routed to replica %s (attempt %d, resuming after %d "
                              "delivered tokens)", req.request_id, replica.name, req.attempt,
@@ -193,6 +194,9 @@ class Dispatcher:
             return
         state = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED,
                  "abort": RequestState.ABORTED}.get(payload.finish_reason, RequestState.FAILED)
+        if state is RequestState.FAILED:  # the client's id beside the replica's (its log's) id
+            log.info("request %s failed on replica %s (as %s): %s", req.request_id, replica.name,
+                     req.attempt_id, payload.error.message if payload.error else payload.finish_reason)
         self.end(req, payload, state, now)
 
     # ------------------------------------------------------------------ endings

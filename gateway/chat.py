@@ -36,9 +36,9 @@ async def reply(body: ChatCompletionRequest, state, receive):
     backend, metrics, config = state.backend, state.metrics, state.config
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
-    gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
-                             body.n, stream=body.stream, chat=True)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
+                             body.n, stream=body.stream, chat=True, response_id=response_id)
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)
@@ -53,7 +53,7 @@ async def reply(body: ChatCompletionRequest, state, receive):
             finish_reason=openai_finish_reason(out.finish_reason),
             logprobs=chat_logprobs(out.token_ids, out.logprobs) if body.logprobs else None))
     return json_reply(ChatCompletionResponse(id=response_id, created=created, model=model,
-                                             choices=choices, usage=gen.usage()))
+                                             choices=choices, usage=gen.usage()), response_id)
 
 
 def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,

@@ -36,9 +36,9 @@ async def reply(body: CompletionRequest, state, receive):
     model = backend.check_can_serve(body.model)
     params = completion_params(body, config.max_n)
     prompts = completion_prompts(body, config.max_batch)
-    gen = Generation.prepare(backend, metrics, prompts, per_choice(params, body.n), body.n,
-                             stream=body.stream, chat=False)
     response_id = f"cmpl-{uuid.uuid4().hex}"
+    gen = Generation.prepare(backend, metrics, prompts, per_choice(params, body.n), body.n,
+                             stream=body.stream, chat=False, response_id=response_id)
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)
@@ -53,7 +53,7 @@ async def reply(body: CompletionRequest, state, receive):
             index=c.index, text=out.text, finish_reason=openai_finish_reason(out.finish_reason),
             logprobs=completion_logprobs(out.token_ids, out.logprobs, 0) if want_logprobs else None))
     return json_reply(CompletionResponse(id=response_id, created=created, model=model,
-                                         choices=choices, usage=gen.usage()))
+                                         choices=choices, usage=gen.usage()), response_id)
 
 
 def _stream(gen: Generation, body: CompletionRequest, model: str, response_id: str,

@@ -50,6 +50,7 @@ class APIError(Exception):
         self.message = message
         self.code = code
         self.param = param
+        self.request_id: Optional[str] = None  # the reply's id once it has one (X-Request-Id)
         default_status, self.type = _BY_CODE.get(code, (500, "server_error"))
         self.status = status or default_status
 
@@ -76,6 +77,8 @@ def error_response(err: APIError, retry_after: int) -> JSONResponse:
     headers = {"Retry-After": str(retry_after)} if err.status == 503 else None
     if err.status == 401:
         headers = {"WWW-Authenticate": 'Bearer realm="infer-cluster"'}
+    if err.request_id:
+        headers = dict(headers or {}, **{"X-Request-Id": err.request_id})
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
@@ -88,11 +91,12 @@ def unexpected_error_response(exc: Exception, metrics, retry_after: int) -> JSON
     return error_response(err, retry_after)
 
 
-def json_reply(model) -> JSONResponse:
+def json_reply(model, request_id: Optional[str] = None) -> JSONResponse:
     """A 200 reply with a response model as its JSON: the same bytes FastAPI writes for a route
     that returns the model (no aliases, None kept), built here so the lean path
-    (`fastpath.py`) and the FastAPI routes answer alike."""
-    return JSONResponse(model.model_dump(mode="json"))
+    (`fastpath.py`) and the FastAPI routes answer alike. `request_id`: its X-Request-Id."""
+    return JSONResponse(model.model_dump(mode="json"),
+                        headers={"X-Request-Id": request_id} if request_id else None)
 
 
 def _param_of(loc) -> Optional[str]:

@@ -58,38 +58,50 @@ class Generation:
 
     _plan: Optional[tuple] = None  # (prompts, params per choice, n, chat) until `start`
     _started: bool = False
+    response_id: str = ""  # the HTTP reply's id; choice i is cluster request f"{id}-{i}"
 
     @classmethod
     def prepare(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
-                stream: bool, chat: bool) -> "Generation":
+                stream: bool, chat: bool, response_id: str) -> "Generation":
         """The choices of one HTTP request, not yet on the cluster: `start` submits them. A
         stream starts them last, right before it waits (`sse.EventStream`), so no set-up work
         runs between the submit and the event loop going idle: the client's IO thread needs
-        the GIL to forward the submit, and gets it only then."""
+        the GIL to forward the submit, and gets it only then. Choice i travels as cluster
+        request `{response_id}-{i}`, so the coordinator's log lines name the id the HTTP caller
+        got."""
         return cls(backend, metrics, queue=asyncio.Queue() if stream else None,
-                   _plan=(prompts, params_per_choice, n, chat))
+                   _plan=(prompts, params_per_choice, n, chat), response_id=response_id)
+
+    def _tag(self, err: APIError) -> APIError:
+        """`err` carrying this reply's id (its `X-Request-Id` header)."""
+        err.request_id = self.response_id
+        return err
 
     def start(self) -> None:
         """Submit every choice; raises `APIError` (nothing then stays on the cluster)."""
         prompts, params_per_choice, n, chat = self._plan
+        response_id = self.response_id
         client, timeout = self.backend.client, self.backend.config.request_timeout
         try:
             for p_index, prompt in enumerate(prompts):
                 for k in range(n):
                     params = params_per_choice[k]
+                    rid = f"{response_id}-{len(self.choices)}"
                     if chat:
-                        handle = client.chat(prompt, params, timeout=timeout, stream_queue=self.queue)
+                        handle = client.chat(prompt, params, request_id=rid, timeout=timeout,
+                                             stream_queue=self.queue)
                     else:
-                        handle = client.submit(prompt, params, timeout=timeout, stream_queue=self.queue)
+                        handle = client.submit(prompt, params, request_id=rid, timeout=timeout,
+                                               stream_queue=self.queue)
                     choice = Choice(len(self.choices), p_index, handle)
                     self.choices.append(choice)
                     self._by_rid[handle.request_id] = choice
         except InferClusterError as exc:
             self.cancel_unfinished()
-            raise APIError.from_cluster(exc) from None
+            raise self._tag(APIError.from_cluster(exc)) from None
         except RuntimeError as exc:  # the client is closed: the gateway is shutting down
             self.cancel_unfinished()
-            raise APIError(f"the gateway is shutting down: {exc}", "no_replica") from None
+            raise self._tag(APIError(f"the gateway is shutting down: {exc}", "no_replica")) from None
         self._started = True
         self.metrics.in_flight.inc()
 
@@ -110,13 +122,13 @@ class Generation:
                 for task in done:
                     exc = task.exception()
                     if isinstance(exc, InferClusterError):
-                        raise APIError.from_cluster(exc)
+                        raise self._tag(APIError.from_cluster(exc))
                     if exc is not None:
                         raise exc
             for c in self.choices:
                 self._settle(c, c.handle.output.finish_reason)
                 if c.finish_reason not in ("stop", "length"):
-                    raise APIError.from_final(c.finish_reason, c.handle.output.error)
+                    raise self._tag(APIError.from_final(c.finish_reason, c.handle.output.error))
         finally:
             for task in finals:
                 task.cancel()
@@ -142,7 +154,7 @@ class Generation:
         raised as `APIError` so the reply can still carry the right HTTP status."""
         choice, delta = await self.next_event()
         if delta.finished and not delta.token_ids and delta.finish_reason not in ("stop", "length"):
-            raise APIError.from_final(delta.finish_reason, delta.error)
+            raise self._tag(APIError.from_final(delta.finish_reason, delta.error))
         return choice, delta
 
     async def next_event(self) -> tuple[Choice, RequestDelta]:

@@ -73,7 +73,8 @@ class EventStream(Response):
                  include_usage: bool):
         self.status_code = 200
         self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                           "X-Request-Id": gen.response_id})
         self.gen = gen
         self.make_chunk = make_chunk
         self.make_usage_chunk = make_usage_chunk

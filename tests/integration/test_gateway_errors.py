@@ -182,3 +182,23 @@ def test_error_counts_reach_metrics(gateway_cluster):
 def test_unknown_path_is_openai_shaped_404(gateway_cluster):
     resp = httpx.get(f"{gateway_cluster.url}/v1/nothing", timeout=10)
     assert resp.status_code == 404 and json.loads(resp.text)["error"]["code"] == "not_found"
+
+
+def test_replies_carry_their_id_and_a_failure_is_logged_under_it(gateway_cluster):
+    ok = _post(gateway_cluster, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.headers["X-Request-Id"] == ok.json()["id"]
+    with httpx.stream("POST", f"{gateway_cluster.url}/v1/chat/completions", timeout=30,
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                            "stream": True}) as resp:
+        first = next(line for line in resp.iter_lines() if line.startswith("data: {"))
+        assert resp.headers["X-Request-Id"] == json.loads(first[6:])["id"]
+    # A prompt the replica refuses: the 400 names its id, and the coordinator's log line under
+    # that id names the replica and the replica's own id for the request.
+    refused = _post(gateway_cluster, "/v1/completions", {"prompt": [10**6], "max_tokens": 2})
+    _error(refused, 400, "invalid_request")
+    rid = refused.headers["X-Request-Id"]
+    assert rid.startswith("cmpl-")
+    deadline = time.monotonic() + 5
+    while f"request {rid}-0 failed on replica replica-0 (as " not in gateway_cluster.log():
+        assert time.monotonic() < deadline, gateway_cluster.log()[-2000:]
+        time.sleep(0.1)
