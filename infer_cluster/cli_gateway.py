@@ -21,9 +21,9 @@ from .cli_options import CliError, auth_option, check_auth
 api_key_options_list = [
     click.option("--api-key", default=None, envvar="INFER_CLUSTER_API_KEY", metavar="KEY",
                  help="HTTP callers must send 'Authorization: Bearer KEY' (the openai client's "
-                      "api_key) for /v1/...; /health and /metrics stay open. A command-line key "
-                      "shows in the process list: prefer the env INFER_CLUSTER_API_KEY or "
-                      "--api-key-file"),
+                      "api_key) on every route but /health, /metrics and the docs. A "
+                      "command-line key shows in the process list: prefer the env "
+                      "INFER_CLUSTER_API_KEY or --api-key-file"),
     click.option("--api-key-file", default=None, envvar="INFER_CLUSTER_API_KEY_FILE",
                  metavar="FILE", help="accepted API keys, one per line (# comments); with "
                                       "--api-key, both are accepted. Env: INFER_CLUSTER_API_KEY_FILE"),
