@@ -324,10 +324,15 @@ class EngineServer:
 
     def _on_resume(self, msg) -> None:
         self._exit_when_drained = False
+        self.io.closing = False
         self._set_state(ReplicaState.ACTIVE, msg.reason or "resumed")
 
     def _begin_drain(self, reason: str, exit_after: bool) -> None:
         self._exit_when_drained = self._exit_when_drained or exit_after
+        if self._exit_when_drained and not self.engine.has_unfinished_requests():
+            # Exiting with nothing in flight: `serve` stops the coordinator together with the
+            # replicas, so it may be gone before this state change; losing it loses nothing.
+            self.io.closing = True
         self._set_state(ReplicaState.DRAINING, reason)
 
     def _on_drain(self, msg) -> None:
