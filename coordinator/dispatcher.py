@@ -124,14 +124,12 @@ class Dispatcher:
                 self._pending.pop(req.seq, None)
                 num_live = len(self.registry)
                 if num_live == 0:
-                    why = ("no replica is registered", "start a replica with `infer-cluster "
-                           "replica --coordinator ...`")
+                    why = "no replica is registered"
+                    fix = "start a replica with `infer-cluster replica --coordinator ...`"
                 else:
-                    why = (f"none of the {num_live} replicas accepts requests (paused or draining)",
-                           "resume paused ones with `infer-cluster control resume`, or start a "
-                           "replica")
-                self.fail(req, "no_replica", f"{why[0]} for {self.no_replica_timeout:g} s; {why[1]}",
-                          now)
+                    why = f"none of the {num_live} replicas accepts requests (paused or draining)"
+                    fix = "resume paused ones with `infer-cluster control resume`, or start a replica"
+                self.fail(req, "no_replica", f"{why} for {self.no_replica_timeout:g} s; {fix}", now)
             elif self.registry.candidates():
                 self.dispatch(req, now)
 

@@ -12,10 +12,6 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-ENV_KEY = "INFER_CLUSTER_API_KEY"
-ENV_KEY_FILE = "INFER_CLUSTER_API_KEY_FILE"
-
-
 def check_key(key: str, where: str) -> str:
     """A key must fit an HTTP header as one token: printable ASCII, no spaces."""
     if not key:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 NonNegInt = Field(default=None, ge=0)
 
@@ -59,25 +59,21 @@ class CompletionRequest(_SamplingFields):
     suffix: Optional[str] = None  # accepted only unset
     best_of: Optional[int] = Field(default=None, ge=1)  # accepted only == n
 
-    @field_validator("prompt", mode="before")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _one_prompt_shape(cls, value):
-        # One message for a wrong shape, rather than one per branch of the union.
-        if isinstance(value, str):
-            return value
-        shape = "a string, a list of token ids, or a list of strings or of token-id lists"
-        if not isinstance(value, list):
-            raise ValueError(f"must be {shape}, got {type(value).__name__}")
-        kinds = {_prompt_item_kind(item) for item in value}
-        if None in kinds:
-            bad = next(item for item in value if _prompt_item_kind(item) is None)
-            raise ValueError(f"must be {shape}; it holds a {type(bad).__name__}")
-        if len(kinds) > 1:
-            raise ValueError(f"must be {shape}, not a mix of {' and '.join(sorted(kinds))}")
-        for i, item in enumerate(value):
-            if isinstance(item, list) and any(_prompt_item_kind(t) != "token ids" for t in item):
-                raise ValueError(f"prompt {i} is a list, so it must hold only token ids (ints)")
-        return value
+    def _one_prompt_shape(cls, value, handler):
+        # pydantic validates; only a failure is looked at again, for one message naming what
+        # is wrong instead of one per branch of the union (no per-token Python on success).
+        try:
+            return handler(value)
+        except ValidationError:
+            why = _prompt_shape_error(value)
+            if why is None:
+                raise
+            raise ValueError(why) from None
+
+
+_PROMPT_SHAPE = "a string, a list of token ids, or a list of strings or of token-id lists"
 
 
 def _prompt_item_kind(item) -> Optional[str]:
@@ -89,6 +85,21 @@ def _prompt_item_kind(item) -> Optional[str]:
         return "strings"
     if isinstance(item, list):
         return "token-id lists"
+    return None
+
+
+def _prompt_shape_error(value) -> Optional[str]:
+    """What is wrong with a prompt pydantic refused, or None to keep pydantic's own message."""
+    if not isinstance(value, list):
+        return f"must be {_PROMPT_SHAPE}, got {type(value).__name__}"
+    kinds = [_prompt_item_kind(item) for item in value]
+    if None in kinds:
+        return f"must be {_PROMPT_SHAPE}; it holds a {type(value[kinds.index(None)]).__name__}"
+    if len(set(kinds)) > 1:
+        return f"must be {_PROMPT_SHAPE}, not a mix of {' and '.join(sorted(set(kinds)))}"
+    for i, item in enumerate(value):
+        if isinstance(item, list) and any(_prompt_item_kind(t) != "token ids" for t in item):
+            return f"prompt {i} is a list, so it must hold only token ids (ints)"
     return None
 
 
@@ -104,22 +115,17 @@ class ChatMessageIn(BaseModel):
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
 
-    @field_validator("content", mode="before")
+    @field_validator("content", mode="wrap")
     @classmethod
-    def _text_parts_only(cls, value):
-        # One message naming what is wrong, rather than one per branch of the union.
-        shape = 'a string or a list of {"type": "text", "text": "..."} parts'
-        if value is None or isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise ValueError(f"must be {shape}, got {type(value).__name__}")
-        for i, part in enumerate(value):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind is not None and kind != "text":
-                raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
-            if kind is None or not isinstance(part.get("text"), str):
-                raise ValueError(f"must be {shape}; part {i} is not")
-        return value
+    def _text_parts_only(cls, value, handler):
+        # As for the prompt: pydantic validates, a failure gets one message naming the problem.
+        try:
+            return handler(value)
+        except ValidationError:
+            why = _content_error(value)
+            if why is None:
+                raise
+            raise ValueError(why) from None
 
     def text(self) -> str:
         if self.content is None:
@@ -128,6 +134,21 @@ class ChatMessageIn(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+
+_CONTENT_SHAPE = 'a string or a list of {"type": "text", "text": "..."} parts'
+
+
+def _content_error(value) -> Optional[str]:
+    """What is wrong with chat content pydantic refused, or None to keep its own message."""
+    if not isinstance(value, list):
+        return f"must be {_CONTENT_SHAPE}, got {type(value).__name__}"
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind is not None and kind != "text":
+            return f"only text content parts are supported, got a part of type {kind!r}"
+        if kind is None or not isinstance(part.get("text"), str):
+            return f"must be {_CONTENT_SHAPE}; part {i} is not"
+    return None
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)

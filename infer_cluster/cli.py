@@ -31,8 +31,8 @@ from .cli_options import (CliError, auth_option, check_auth, coordinator_options
                           check_device, check_model)
 from infer_cluster.coordinator.config import CoordinatorConfig
 
-from .cli_gateway import (check_gateway_config, gateway_child_argv, gateway_child_env, gateway_keys,
-                          http_options, metrics_option, start_coordinator_metrics)
+from .cli_gateway import (check_gateway_config, gateway_child_argv, gateway_keys, http_options,
+                          metrics_option, start_coordinator_metrics)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
@@ -232,7 +232,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
          for i in range(data_parallel_size)],
         client_address, log_dir=log_dir, restart_replicas=restart, replica_envs=replica_envs,
         auth=cfg.auth, gateway_argv=gateway,
-        gateway_env=gateway_child_env(dict(os.environ), api_key),
+        gateway_env={"INFER_CLUSTER_API_KEY": api_key} if api_key else None,  # never in argv
         gateway_url=f"http://{_connect_host(http_host)}:{http_port}")
 
     def on_signal(signum, _frame):

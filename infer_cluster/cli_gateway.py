@@ -4,9 +4,8 @@ Owns: the `gateway` command (one OpenAI-compatible HTTP gateway in front of a ru
 coordinator, e.g. on another host), the option groups `http_options` (`--http-port`,
 `--http-host`, `--api-key`, `--api-key-file`: `serve` then starts a gateway child) and
 `metrics_option` (`--metrics-port`: the coordinator serves Prometheus metrics itself),
-`gateway_keys` (the keys checked, as one line on error), and the argv and environment of a
-gateway child process (a key given on the command line reaches the child in its environment,
-not its argv).
+`gateway_keys` (the keys checked, as one line on error), and the argv of a gateway child
+process (`serve` hands a command-line key to the child in its environment, not its argv).
 Never imports torch, and imports FastAPI only inside the `gateway` command.
 """
 
@@ -85,11 +84,6 @@ def gateway_child_argv(coordinator_address: str, http_host: str, http_port: int,
                               "--coordinator", coordinator_address, "--host", http_host,
                               "--port", str(http_port), *(["--auth", auth] if auth else []),
                               *key_file, *(["--insecure"] if insecure else []))
-
-
-def gateway_child_env(env: dict, api_key: Optional[str]) -> dict:
-    """The gateway child's environment: `env` with the command-line key in it (never in argv)."""
-    return dict(env, INFER_CLUSTER_API_KEY=api_key) if api_key else dict(env)
 
 
 def start_coordinator_metrics(port: Optional[int], host: str, client_address: str,

@@ -99,7 +99,7 @@ class ClusterLauncher:
                          for i, argv in enumerate(replica_argvs)]
         self.gateway = Child("gateway", gateway_argv, path("gateway")) if gateway_argv else None
         self.gateway_url = gateway_url
-        self.gateway_env = dict(gateway_env, PYTHONUNBUFFERED="1") if gateway_env is not None else self.env
+        self.gateway_env = dict(self.env, **(gateway_env or {}))  # `gateway_env`: variables added
         self.client_address = client_address
         self.restart_replicas = restart_replicas
         self.stop_event = threading.Event()
