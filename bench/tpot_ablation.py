@@ -17,6 +17,9 @@ Variants (`--variants`, comma-separated, run in that order; repeat `base` to see
              config (block_n, block_k, warps, stages, split_k); `+` joins several rows in one
              variant (a step-level sweep: the table's rows were timed alone, the step runs them
              back to back under PDL, where how many programs fit beside the kernel before matters)
+  decode=KEY.VALUE[+...]  float decode attention's launch config (`DECODE_TUNED`) with integer
+             keys replaced, e.g. `decode=min_partition.4096` (at --max-model-len 4096: one
+             partition per sequence, so no reduce launch) or `decode=min_partition.1024+num_stages.3`
 Writes one JSON with every variant's p50 / p90 TPOT and its difference from the first `base`.
 """
 
@@ -55,7 +58,24 @@ def _gemv_rows(variant: str) -> dict:
     return rows
 
 
+def _decode_keys(variant: str) -> dict:
+    """`decode=KEY.VALUE+...` -> {KEY: int}; ValueError when malformed or KEY is not a config key."""
+    from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED
+    keys = {}
+    for part in variant[len("decode="):].split("+"):
+        key, _, value = part.partition(".")
+        if key not in DECODE_TUNED:
+            raise ValueError(f"{key!r} is not a decode config key")
+        keys[key] = int(value)
+    return keys
+
+
 def _known(variant: str) -> bool:
+    if variant.startswith("decode="):
+        try:
+            return bool(_decode_keys(variant))
+        except ValueError:
+            return False
     if variant.startswith("gemv="):
         try:
             return bool(_gemv_rows(variant))
@@ -88,6 +108,8 @@ def _apply(variant: str) -> None:
         gemv_triton._split_sum_kernel = _NoLaunch()
     if variant.startswith("gemv="):
         gemv_tuned.TUNED.update(_gemv_rows(variant))
+    if variant.startswith("decode="):
+        dec.DECODE_TUNED.update(_decode_keys(variant))
     if variant == "o_nosplit":
         gemv_tuned.TUNED[(1024, 2048, 1)] = GemvConfig(block_n=4, block_k=2048, num_warps=4,
                                                       num_stages=1, split_k=1, use_dot=False)
