@@ -33,9 +33,12 @@ def _common_checks(req) -> None:
         raise _unsupported("stream_options", "is only allowed when stream is true")
 
 
-def build_params(req, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
-    """`SamplingParams` for one choice; an out-of-range value is a 400 naming its field."""
+def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
+                 strict: bool = True) -> SamplingParams:
+    """`SamplingParams` for one choice; an out-of-range value is a 400 naming its field.
+    `strict`: the replica refuses a prompt plus `max_tokens` past its context (a 400)."""
     kwargs = {name: getattr(req, name) for name in _PASS_THROUGH if getattr(req, name) is not None}
+    kwargs["max_tokens_strict"] = strict
     if req.stop is not None:
         kwargs["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.seed is not None:
@@ -112,12 +115,13 @@ def chat_params(req: ChatCompletionRequest, max_n: int, max_model_len: Optional[
     if req.n > max_n:
         raise APIError(f"n: at most {max_n} choices, got {req.n}", "invalid_request", "n")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    strict = max_tokens is not None
     if max_tokens is None:
         # OpenAI chat has no output cap by default: up to the context length (the engine stops
-        # at max_model_len with finish_reason "length").
+        # at max_model_len with finish_reason "length"). A number the client gives must fit.
         max_tokens = max_model_len or 16
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return build_params(req, max_tokens, logprobs)
+    return build_params(req, max_tokens, logprobs, strict)
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict]:

@@ -57,6 +57,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     no_repeat_ngram_size: int = 0
     logprobs: Optional[int] = None  # top-N alternatives per token; 0 = only the sampled one
+    # True: a prompt plus max_tokens longer than the replica's max_model_len is refused (as the
+    # OpenAI API and vLLM refuse it) instead of ending with "length" at the context limit. The
+    # HTTP gateway sets it whenever max_tokens is the client's number or OpenAI's default.
+    max_tokens_strict: bool = False
 
     def __post_init__(self):
         _check_number("temperature", self.temperature, lo=0.0)
@@ -88,6 +92,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.max_tokens_strict, bool):
+            raise InvalidRequestError(f"max_tokens_strict must be true or false, got {self.max_tokens_strict!r}")
         if self.seed is not None:
             _check_number("seed", self.seed, lo=0, hi=2**63 - 1, integer=True)
         _check_number("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)

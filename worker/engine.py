@@ -161,6 +161,11 @@ class DynamicEngine:
         if len(ids) + len(resume) >= self.max_model_len:
             raise InvalidRequestError(f"prompt has {len(ids) + len(resume)} tokens; max_model_len is "
                                       f"{self.max_model_len} (leave room for at least one new token)")
+        if params.max_tokens_strict and len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"max_model_len is {self.max_model_len} tokens, but the prompt has {len(ids)} and "
+                f"max_tokens asks for {params.max_tokens} more ({len(ids) + params.max_tokens}); "
+                f"ask for at most {self.max_model_len - len(ids)} tokens or shorten the prompt")
         for t in resume:
             if not isinstance(t, int) or not 0 <= t < self.spec.vocab_size:
                 raise InvalidRequestError(f"resume_token_ids holds {t!r}, not a token id of this model")

@@ -108,12 +108,21 @@ def test_bad_input_is_typed_and_engine_keeps_serving(llm):
         llm.add_request([1, 99999], greedy(4))
     with pytest.raises(InvalidRequestError, match="already in use"):
         llm.add_request("dup", greedy(4), request_id=good)
+    # max_tokens_strict (the HTTP gateway's): 500 prompt tokens + 20 > 512 is refused, naming
+    # what fits; without it the request is served and ends with "length" at the context limit
+    prompt = [2 + i % 500 for i in range(500)]
+    with pytest.raises(InvalidRequestError, match=r"prompt has 500 and max_tokens asks for 20 more "
+                                                  r"\(520\); ask for at most 12 tokens"):
+        llm.add_request(prompt, greedy(20, max_tokens_strict=True))
     # 64 blocks x 16 tokens = 1024 slots; 400 prompt + 500 new tokens fits, the pool is the limit
     small = LLM("tiny-random", num_kv_blocks=8, block_size=16)
     with pytest.raises(OutOfMemoryError, match="KV blocks"):
         small.add_request(list(range(2, 100)), greedy(100))
     finals = run_to_end(llm, [good])
     assert finals[good].finish_reason == "length"
+    fits, loose = llm.generate([prompt, prompt], [greedy(12, max_tokens_strict=True), greedy(20)])
+    assert [len(fits.token_ids), fits.finish_reason] == [12, "length"]
+    assert [len(loose.token_ids), loose.finish_reason] == [12, "length"]
 
 
 def test_generate_rejects_bad_batch_without_queuing(llm):

@@ -107,6 +107,24 @@ def test_prompt_too_long_is_400_with_both_lengths(gateway_cluster, stream):
     gateway_cluster.wait_idle()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_past_the_context_is_400_saying_what_fits(gateway_cluster, stream):
+    """As the OpenAI API and vLLM answer it: a prompt plus max_tokens longer than max_model_len
+    (2048 here) is refused, not cut short with finish_reason "length". Chat without max_tokens
+    still runs to the context."""
+    body = {"model": MODEL, "prompt": [7] * 2000, "max_tokens": 100, "stream": stream}
+    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request")
+    assert "prompt has 2000 and max_tokens asks for 100 more (2100)" in message
+    assert "at most 48 tokens" in message and "max_model_len is 2048" in message
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000,
+            "stream": stream}
+    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request")
+    assert "max_tokens asks for 5000 more" in message
+    body["max_tokens"] = 48
+    assert _post(gateway_cluster, "/v1/completions", body).status_code == 200
+    gateway_cluster.wait_idle()
+
+
 def test_overload_is_503_with_retry_after(gateway_cluster):
     """MAX_REQUESTS + 16 long streams at once: exactly MAX_REQUESTS are admitted (they stay
     open until every reply is in), the rest get 503 overloaded with Retry-After."""

@@ -27,6 +27,8 @@ def test_completion_request_maps_to_sampling_params():
     assert (sp.presence_penalty, sp.frequency_penalty, sp.logprobs) == (0.1, 0.2, 2)
     assert (sp.top_k, sp.min_p, sp.repetition_penalty, sp.min_tokens, sp.ignore_eos) == (5, 0.05, 1.1, 2, True)
     assert completion_params(CompletionRequest(prompt="hi"), 4).max_tokens == 16  # OpenAI default
+    # the replica refuses a prompt + max_tokens past its context, the default 16 included
+    assert sp.max_tokens_strict and completion_params(CompletionRequest(prompt="hi"), 4).max_tokens_strict
 
 
 def test_chat_request_maps_to_sampling_params():
@@ -39,6 +41,7 @@ def test_chat_request_maps_to_sampling_params():
     plain = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], logprobs=True)
     assert chat_params(plain, 4, 2048).logprobs == 0  # logprobs of the sampled token only
     assert chat_params(plain, 4, 2048).max_tokens == 2048  # no cap given: up to the context
+    assert sp.max_tokens_strict and not chat_params(plain, 4, 2048).max_tokens_strict
 
 
 @pytest.mark.parametrize("kwargs, param", [
