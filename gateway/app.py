@@ -1,7 +1,8 @@
 """The FastAPI application: lifespan, the small routes, and wiring of the parts.
 
 Owns: `create_app(config)` (one backend connection, one metrics registry with the gateway's
-metrics and the cluster collector, error handlers, routers), `GET /v1/models`, `GET /health`
+metrics and the cluster collector, error handlers, routers), `GET /v1/models` and
+`GET /v1/models/{model}`, `GET /health`
 (200 only while at least one replica is active, from a fresh status call) and `GET /metrics`
 (Prometheus text format). State lives on `app.state`, not in module globals, so tests and
 several apps can share a process. Never imports torch.
@@ -55,6 +56,16 @@ def create_app(config: GatewayConfig) -> FastAPI:
         max_len = backend.max_model_len
         return ModelList(data=[ModelCard(id=name, created=backend.created, max_model_len=max_len)
                                for name in backend.model_names])
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> ModelCard:
+        """One model (the OpenAI client's `models.retrieve`); 404 `model_not_found` for a name
+        this cluster does not serve. Names may hold slashes (`Qwen/Qwen3-0.6B`)."""
+        if model not in backend.model_names:
+            served = ", ".join(map(repr, backend.model_names)) or "nothing (no replica is active)"
+            raise APIError(f"the model {model!r} does not exist; this cluster serves {served}",
+                           "model_not_found", "model")
+        return ModelCard(id=model, created=backend.created, max_model_len=backend.max_model_len)
 
     @app.get("/health")
     async def health():

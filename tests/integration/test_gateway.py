@@ -44,6 +44,11 @@ def test_models_and_health(gateway_cluster, oai):
     models = oai.models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].model_extra["max_model_len"] == 2048
+    one = oai.models.retrieve(MODEL)
+    assert one.id == MODEL and one.model_extra["max_model_len"] == 2048
+    with pytest.raises(openai.NotFoundError) as err:
+        oai.models.retrieve("org/no-such-model")  # a slash in the name still reaches the route
+    assert err.value.body["code"] == "model_not_found" and "no-such-model" in err.value.body["message"]
     health = httpx.get(f"{gateway_cluster.url}/health", timeout=5)
     assert health.status_code == 200 and health.json()["num_active_replicas"] == 1
 
