@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.distributed.symm_allreduce import ENV, SymmAllReduce, tp_allreduce_mode
+from infer_cluster.worker.distributed.symm_allreduce import (ENV, SymmAllReduce, name_already_bound,
+                                                             tp_allreduce_mode)
 from infer_cluster.worker.models.parallel import ParallelState
 
 
@@ -38,3 +39,15 @@ def test_parallel_state_without_fast_path_is_unchanged():
     ps = ParallelState()
     x = torch.ones(3)
     assert ps.all_reduce(x) is x
+
+
+def test_a_group_name_torch_already_bound_is_seen():
+    """A second engine in one process gets its TP group's name again (the group counter resets
+    with the process group); torch's symmetric memory would keep the first engine's store for
+    it, so `create` must see the name and fall back to NCCL."""
+    class FakeSymmMem:
+        _group_name_to_store = {"1": object()}
+
+    assert name_already_bound(FakeSymmMem, "1")
+    assert not name_already_bound(FakeSymmMem, "2")
+    assert not name_already_bound(object(), "1")  # a torch without the table

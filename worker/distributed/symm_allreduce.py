@@ -61,6 +61,15 @@ def _symm_mem():
     return symm_mem
 
 
+def name_already_bound(symm_mem, group_name: str) -> bool:
+    """Whether torch already holds a store for `group_name` in this process (from an engine
+    built here before). `destroy_process_group` resets torch's group counter, so the next
+    engine's TP group reuses the name, and `enable_symm_mem_for_group` (torch 2.11-2.13) keeps
+    the closed group's store for it. The GPU tests, which build engines one after another in
+    the pytest process, stopped after the first with this mode on (docs/parallel.md)."""
+    return group_name in getattr(symm_mem, "_group_name_to_store", {})
+
+
 class SymmAllReduce:
     """Sum of a CUDA tensor over one TP group through a symmetric buffer. Call `create`."""
 
@@ -83,6 +92,9 @@ class SymmAllReduce:
         symm_mem = _symm_mem()
         if symm_mem is None or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
             error = "this torch has no symmetric-memory all-reduce"
+        elif name_already_bound(symm_mem, group.group_name):
+            error = (f"an earlier engine of this process set it up for a group named "
+                     f"{group.group_name!r}, and torch would reuse that engine's store")
         else:
             try:
                 with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
