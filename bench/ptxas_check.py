@@ -5,7 +5,7 @@ Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target)
 `_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
 (16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
 the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
-add + RMSNorm prologue), and of the fused
+add + RMSNorm prologue; one-chunk builds where the K slice is one chunk), and of the fused
 `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), and of the sampler's kernels
 (`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state), with the launch tiles the
 entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
@@ -255,13 +255,17 @@ def gemv_variants():
             consts = dict(HAS_BIAS=False, SILU_MUL=silu, NORM=norm, HAS_RES=norm, PARTIAL=partial,
                           USE_DOT=cfg.use_dot, DOT_F32=False, EVEN_K=k % cfg.block_k == 0,
                           STAGES=cfg.num_stages, BLOCK_M=bm, BLOCK_N=cfg.block_n,
-                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)), PDL=True)
+                          BLOCK_K=cfg.block_k, NORM_BLOCK=max(16, min(k, 4096 // bm)), PDL=True,
+                          ONE_CHUNK=False)
             ptrs = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
                         out_ptr="*fp32" if partial else "*bf16", r_ptr="*bf16", nw_ptr="*bf16",
                         h_ptr="*bf16")
             tag = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-            rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts,
-                         dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()))
+            opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts, opts, ()))
+            if not cfg.use_dot and ints["k_per_split"] == cfg.block_k:  # INFER_CLUSTER_GEMV_ONE_CHUNK=1
+                rows.append((f"gemv {name} M{m} {tag} one-chunk", _gemv_kernel, ptrs, ints,
+                             dict(consts, ONE_CHUNK=True), opts, ()))
     return rows
 
 

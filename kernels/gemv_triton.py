@@ -54,8 +54,9 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _chunk_product(acc, acc3, w, k0, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_ptr, inv_rms,
                    rows_m, mask_m, shm, pid_n, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
                    HAS_RES: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
-                   EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One BLOCK_K chunk of the product: x's chunk (through the fused prologue) times W's `w`."""
+                   EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, FIRST: tl.constexpr = False):
+    """One BLOCK_K chunk of the product: x's chunk (through the fused prologue) times W's `w`.
+    `FIRST` (CUDA-core path): the products start `acc3` instead of adding to it."""
     act_dtype = x_ptr.dtype.element_ty
     offs_k = k0 + tl.arange(0, BLOCK_K)
     if EVEN_K:
@@ -88,6 +89,8 @@ def _chunk_product(acc, acc3, w, k0, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
+    elif FIRST:
+        acc3 = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     else:
         acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     return acc, acc3
@@ -108,7 +111,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
                  HAS_RES: tl.constexpr, PARTIAL: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                 BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                 ONE_CHUNK: tl.constexpr = False):
     pdl_release(PDL)  # the next small linear may start and load its weights (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -130,6 +134,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     PRELOAD: tl.constexpr = not USE_DOT
     if PRELOAD:
         w_first = _load_w(w_rows, k_begin, k_end, EVEN_K, BLOCK_K)
+    else:
+        w_first = 0  # never read: the dot path loads every chunk in its loop
     pdl_wait(PDL)
     r_rows = r_ptr + rows_m[:, None] * srm
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -148,6 +154,35 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # CUDA-core path: per-lane partial products, reduced across lanes once after the loop (a
     # reduction per chunk would shuffle, and sync warps, on every iteration).
+    if ONE_CHUNK:  # the preloaded chunk is this program's whole K slice: no loop and no
+        # float32 tile carried into one, so fewer registers and more programs per SM; the
+        # products and their sum are the same as the general path's
+        acc, acc3 = _chunk_product(acc, acc, w_first, k_begin, k_end, K, x_ptr, x_rows, r_rows,
+                                   h_ptr, nw_ptr, inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL, NORM,
+                                   HAS_RES, USE_DOT, DOT_F32, EVEN_K, BLOCK_K, FIRST=True)
+        acc = tl.sum(acc3, axis=2)
+    else:
+        acc = _product_loop(acc, w_first, w_rows, k_begin, k_end, K, x_ptr, x_rows, r_rows, h_ptr,
+                            nw_ptr, inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL, NORM, HAS_RES,
+                            USE_DOT, DOT_F32, EVEN_K, STAGES, BLOCK_M, BLOCK_N, BLOCK_K, PRELOAD)
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    out_offs = offs_m[:, None] * som + offs_n[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * sos + out_offs, acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows_n).to(tl.float32)[None, :]
+        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _product_loop(acc, w_first, w_rows, k_begin, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_ptr,
+                  inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                  HAS_RES: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+                  EVEN_K: tl.constexpr, STAGES: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRELOAD: tl.constexpr):
+    """The product over this program's K slice in BLOCK_K chunks (the first one preloaded on
+    the CUDA-core path); returns the [BLOCK_M, BLOCK_N] float32 sums."""
     acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K] if not USE_DOT else [1, 1, 1], dtype=tl.float32)
     k_rest = k_begin
     if PRELOAD:
@@ -164,14 +199,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
                                    USE_DOT, DOT_F32, EVEN_K, BLOCK_K)
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
-    out_mask = mask_m[:, None] & mask_n[None, :]
-    out_offs = offs_m[:, None] * som + offs_n[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + pid_k * sos + out_offs, acc, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rows_n).to(tl.float32)[None, :]
-        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -191,6 +219,13 @@ def _split_sum_kernel(part_ptr, b_ptr, out_ptr, M, N, SPLIT, sps, spm, som,
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def one_chunk_enabled() -> bool:
+    """`INFER_CLUSTER_GEMV_ONE_CHUNK=1`: a CUDA-core launch whose K slice is one BLOCK_K chunk
+    compiles without the chunk loop (same products and sums, fewer registers: 71 -> see
+    docs/kernels.md). Off until an H100 A/B shows it pays in the step."""
+    return os.environ.get("INFER_CLUSTER_GEMV_ONE_CHUNK", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
@@ -226,8 +261,9 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
                        HAS_RES=residual is not None, PARTIAL=partial, USE_DOT=cfg.use_dot,
                        DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
                        STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-                       NORM_BLOCK=norm_block, PDL=pdl, num_warps=cfg.num_warps,
-                       num_stages=cfg.num_stages, **pdl_launch(pdl))
+                       NORM_BLOCK=norm_block, PDL=pdl,
+                       ONE_CHUNK=not cfg.use_dot and k_per_split == block_k and one_chunk_enabled(),
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl))
     if partial:
         block = min(1024, triton.next_power_of_2(n))
         _split_sum_kernel[(triton.cdiv(n, block), m)](target, b, out, m, n, splits, target.stride(0),
