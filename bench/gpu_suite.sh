@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -398,7 +398,7 @@ for _ in range(600):
     onechunk)  # issue 11, batch-1 TPOT: INFER_CLUSTER_GEMV_ONE_CHUNK=1 builds GEMV launches whose K slice is one
       # chunk without the chunk loop (the 4 x 1024 fused-norm tile: 71 -> 40 registers, so gate_up's 1,536
       # programs fit one wave and all preload W before the PDL wait). GPU tests with it on, TPOT off / on
-      # alternating (ONECHUNK_RUNS), the down row as one 4 x 4096 chunk (switch on), workload A off / on
+      # alternating (ONECHUNK_RUNS), workload A off / on. Table rows for it: stage onechunk_rows
       INFER_CLUSTER_GEMV_ONE_CHUNK=1 timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py \
         tests/kernels/test_gemv_norm.py tests/kernels/test_gemv_one_chunk.py tests/parity/test_gpu.py \
         tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_onechunk_tests.log" | tail -4
@@ -409,10 +409,12 @@ for _ in range(600):
         env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
           --out "$OUT/tpot_onechunk_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
       done
-      INFER_CLUSTER_GEMV_ONE_CHUNK=1 python3 bench/tpot_ablation.py \
-        --variants "base,gemv=1024.3072.1:4.4096.8.1.1,base,gemv=1024.3072.1:4.4096.8.1.1" \
-        --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_onechunk_down.json" 2>&1 | grep -E "TPOT|failed|Error"
       WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_GEMV_ONE_CHUNK=1" OUT="$OUT" bash "$0" wla ;;
+    onechunk_rows)  # the batch-1 table rows the one-chunk build may want (switch on; tpot_ablation, one process
+      # each): down as one 4 x 4096 chunk; gate_up and qkv at 8 x 1024 w4 (64 registers: one wave with the o
+      # projection's programs still resident); ONECHUNK_VARIANTS picks others
+      INFER_CLUSTER_GEMV_ONE_CHUNK=1 python3 bench/tpot_ablation.py --variants "${ONECHUNK_VARIANTS:-base,gemv=1024.3072.1:4.4096.8.1.1,gemv=6144.1024.1:8.1024.4.1.1,gemv=4096.1024.1:8.1024.4.1.1,base}" \
+        --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_onechunk_rows.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A
       # runs alternating (default: the 8B shape T=1, then T=2 on / off twice)
