@@ -91,9 +91,10 @@ class HttpLoad:
             conn.connect()
         return conn
 
-    def check_access(self) -> None:
+    def check_access(self) -> Optional[int]:
         """Raises PermissionError when the gateway refuses this client's API key (or lack of
-        one); any other failure raises as `http.client` does."""
+        one); any other failure raises as `http.client` does. Returns the served model's
+        `max_model_len` (None when the gateway does not say)."""
         conn = self._take()
         conn.request("GET", f"{self._base}/v1/models", headers=self.headers)
         resp = conn.getresponse()
@@ -105,6 +106,11 @@ class HttpLoad:
             except (ValueError, KeyError, TypeError):
                 detail = detail.decode(errors="replace")
             raise PermissionError(detail)
+        try:
+            lens = [m["max_model_len"] for m in json.loads(detail)["data"] if m.get("max_model_len")]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return min(lens) if lens else None
 
     def _one(self, body: dict) -> RequestTiming:
         conn = self._take()
@@ -253,6 +259,22 @@ def paired_http_overhead(before: dict, after: dict, http: LoadResult) -> dict:
             "e2e_mean_ms_added_by_http": round((client_e2e - gw_e2e) * ms, 3)}
 
 
+def _check_fits(requests: list, max_model_len: Optional[int]) -> None:
+    """The gateway refuses a prompt plus max_tokens past the context (a 400, as the OpenAI API
+    does), while the ZMQ path cuts such a request short: the two sides would not run the same
+    workload, so the bench stops before it starts."""
+    from .cli_options import CliError
+
+    if not max_model_len:
+        return
+    longest = max((len(p) + params.max_tokens for p, params in requests if isinstance(p, list)),
+                  default=0)
+    if longest > max_model_len:
+        raise CliError(f"error: the workload's longest request is {longest} tokens (prompt + "
+                       f"output), past the cluster's max_model_len of {max_model_len}; the gateway "
+                       "refuses such requests, so lower --input-len / --output-len")
+
+
 def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
                request_rate: Optional[float], seed: int, repeat: int, auth=None,
                api_key: Optional[str] = None) -> dict:
@@ -281,12 +303,13 @@ def bench_both(address: str, http_url: str, work, concurrency: Optional[int],
         except TimeoutError as exc:
             raise CliError(f"error: {exc}") from None
         try:
-            http_load.check_access()
+            max_model_len = http_load.check_access()
         except PermissionError as exc:
             raise CliError(f"error: the gateway at {http_url} refused the bench: {exc} "
                            "(pass --api-key or set INFER_CLUSTER_API_KEY)") from None
         except Exception as exc:
             raise CliError(f"error: the gateway at {http_url} does not answer: {exc}") from None
+        _check_fits(requests, max_model_len)
         try:
             http_load.run(warmup[:1], seed=seed)
         except Exception as exc:

@@ -38,3 +38,20 @@ def test_bench_http_runs_both_paths_and_compares(gateway_cluster, tmp_path):
     assert 0 < paired["ttft_mean_ms_inside_gateway"] <= paired["ttft_mean_ms_http_client"]
     assert "what the gateway adds" in proc.stdout
     gateway_cluster.wait_idle()
+
+
+def test_bench_http_refuses_a_workload_past_the_context(gateway_cluster):
+    """The gateway answers a prompt plus max_tokens past max_model_len (2048 here) with a 400,
+    the ZMQ path cuts it short: the bench says so in one line before it sends anything."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "infer_cluster", "--log-level", "WARNING", "bench",
+         "--address", gateway_cluster.address, "--http", gateway_cluster.url, "-n", "2",
+         "--input-len", "2000", "--output-len", "100"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=150)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1] == ("error: the workload's longest request is 2100 tokens (prompt + output), "
+                         "past the cluster's max_model_len of 2048; the gateway refuses such "
+                         "requests, so lower --input-len / --output-len"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    gateway_cluster.wait_idle()
