@@ -17,6 +17,16 @@ tail_run() {
     | grep -E "^infer-cluster|^--- step|^window|compute kernels|^  kernel|Error|error" | head -24
 }
 tag() { echo "$1" | tr -c 'A-Za-z0-9\n' '_'; }  # an env assignment as a file-name part
+# Batch-1 TPOT (bench/latency.py, Qwen3-0.6B shape) once per entry of RUNS (comma-separated env
+# settings, "-" for none), in that order, so A/B runs alternate. tpot_alternating RUNS NAME
+tpot_alternating() {
+  local runs e i=0; IFS=, read -ra runs <<< "$1"
+  for e in "${runs[@]}"; do i=$((i + 1)); [ "$e" = - ] && e=""
+    echo "--- $i: TPOT ${e:-defaults}"
+    env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
+      --out "$OUT/${2}_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
+  done
+}
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -386,13 +396,7 @@ for _ in range(600):
       # on the Qwen3 shape with the tile on and off
       timeout 300 python3 -m pytest -q -m gpu tests/kernels/test_attention.py tests/kernels/test_pdl.py \
         tests/kernels/test_qkv_prep.py tests/parity/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_preload_tests.log" | tail -4
-      IFS=, read -ra tpot_runs <<< "${TPOT_RUNS:--,INFER_CLUSTER_DECODE_PRELOAD=0,-,INFER_CLUSTER_DECODE_PRELOAD=0}"
-      i=0
-      for e in "${tpot_runs[@]}"; do i=$((i + 1)); [ "$e" = - ] && e=""
-        echo "--- $i: TPOT ${e:-defaults}"
-        env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
-          --out "$OUT/tpot_qwen3_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
-      done
+      tpot_alternating "${TPOT_RUNS:--,INFER_CLUSTER_DECODE_PRELOAD=0,-,INFER_CLUSTER_DECODE_PRELOAD=0}" tpot_qwen3
       [ "${PRELOAD_WLA:-1}" = 1 ] && WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_DECODE_PRELOAD=0" \
         OUT="$OUT" bash "$0" wla ;;
     onechunk)  # issue 11, batch-1 TPOT: INFER_CLUSTER_GEMV_ONE_CHUNK=1 builds GEMV launches whose K slice is one
@@ -402,13 +406,7 @@ for _ in range(600):
       INFER_CLUSTER_GEMV_ONE_CHUNK=1 timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py \
         tests/kernels/test_gemv_norm.py tests/kernels/test_gemv_one_chunk.py tests/parity/test_gpu.py \
         tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_onechunk_tests.log" | tail -4
-      IFS=, read -ra oc_runs <<< "${ONECHUNK_RUNS:--,INFER_CLUSTER_GEMV_ONE_CHUNK=1,-,INFER_CLUSTER_GEMV_ONE_CHUNK=1}"
-      i=0
-      for e in "${oc_runs[@]}"; do i=$((i + 1)); [ "$e" = - ] && e=""
-        echo "--- $i: TPOT ${e:-defaults}"
-        env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape --max-model-len 4096 \
-          --out "$OUT/tpot_onechunk_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
-      done
+      tpot_alternating "${ONECHUNK_RUNS:--,INFER_CLUSTER_GEMV_ONE_CHUNK=1,-,INFER_CLUSTER_GEMV_ONE_CHUNK=1}" tpot_onechunk
       WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_GEMV_ONE_CHUNK=1" OUT="$OUT" bash "$0" wla ;;
     onechunk_rows)  # the batch-1 table rows the one-chunk build may want (switch on; tpot_ablation, one process
       # each): down as one 4 x 4096 chunk; gate_up and qkv at 8 x 1024 w4 (64 registers: one wave with the o

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+
 def check_key(key: str, where: str) -> str:
     """A key must fit an HTTP header as one token: printable ASCII, no spaces."""
     if not key:

@@ -61,10 +61,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def retrieve_model(model: str) -> ModelCard:
         """One model (the OpenAI client's `models.retrieve`); 404 `model_not_found` for a name
         this cluster does not serve. Names may hold slashes (`Qwen/Qwen3-0.6B`)."""
-        if model not in backend.model_names:
-            served = ", ".join(map(repr, backend.model_names)) or "nothing (no replica is active)"
-            raise APIError(f"the model {model!r} does not exist; this cluster serves {served}",
-                           "model_not_found", "model")
+        backend.check_model_name(model)
         return ModelCard(id=model, created=backend.created, max_model_len=backend.max_model_len)
 
     @app.get("/health")

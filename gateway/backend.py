@@ -108,7 +108,14 @@ class ClusterBackend:
             reason = ("the coordinator does not answer" if not self.status.get("coordinator")
                       else "no replica is active (none registered, or all paused / draining)")
             raise APIError(f"cannot serve requests now: {reason}; retry later", "no_replica")
-        if model is not None and model not in self.model_names:
-            raise APIError(f"the model {model!r} does not exist; this cluster serves "
-                           f"{', '.join(map(repr, self.model_names))}", "model_not_found", "model")
+        if model is not None:
+            self.check_model_name(model)
         return model or self.default_model
+
+    def check_model_name(self, model: str) -> None:
+        """404 `model_not_found` naming what is served, when `model` is not one of this
+        cluster's names."""
+        if model not in self.model_names:
+            served = ", ".join(map(repr, self.model_names)) or "nothing (no replica is active)"
+            raise APIError(f"the model {model!r} does not exist; this cluster serves {served}",
+                           "model_not_found", "model")

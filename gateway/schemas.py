@@ -62,15 +62,20 @@ class CompletionRequest(_SamplingFields):
     @field_validator("prompt", mode="wrap")
     @classmethod
     def _one_prompt_shape(cls, value, handler):
-        # pydantic validates; only a failure is looked at again, for one message naming what
-        # is wrong instead of one per branch of the union (no per-token Python on success).
-        try:
-            return handler(value)
-        except ValidationError:
-            why = _prompt_shape_error(value)
-            if why is None:
-                raise
-            raise ValueError(why) from None
+        return _explained(value, handler, _prompt_shape_error)
+
+
+def _explained(value, handler, explain):
+    """A wrap validator's body: pydantic validates; only a failure is looked at again, by
+    `explain(value)`, for one message naming what is wrong instead of one per branch of a
+    union (no per-item Python on success). `explain` returns None to keep pydantic's message."""
+    try:
+        return handler(value)
+    except ValidationError:
+        why = explain(value)
+        if why is None:
+            raise
+        raise ValueError(why) from None
 
 
 _PROMPT_SHAPE = "a string, a list of token ids, or a list of strings or of token-id lists"
@@ -118,14 +123,7 @@ class ChatMessageIn(BaseModel):
     @field_validator("content", mode="wrap")
     @classmethod
     def _text_parts_only(cls, value, handler):
-        # As for the prompt: pydantic validates, a failure gets one message naming the problem.
-        try:
-            return handler(value)
-        except ValidationError:
-            why = _content_error(value)
-            if why is None:
-                raise
-            raise ValueError(why) from None
+        return _explained(value, handler, _content_error)
 
     def text(self) -> str:
         if self.content is None:
@@ -149,6 +147,7 @@ def _content_error(value) -> Optional[str]:
         if kind is None or not isinstance(part.get("text"), str):
             return f"must be {_CONTENT_SHAPE}; part {i} is not"
     return None
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)

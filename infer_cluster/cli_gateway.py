@@ -11,6 +11,7 @@ Never imports torch, and imports FastAPI only inside the `gateway` command.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import click
@@ -77,7 +78,6 @@ metrics_option = click.option(
 def gateway_child_argv(coordinator_address: str, http_host: str, http_port: int,
                        log_level: str, auth: Optional[str] = None,
                        api_key_file: Optional[str] = None, insecure: bool = False) -> list[str]:
-    import os
     from .launcher import python_module_argv
     key_file = ["--api-key-file", os.path.abspath(os.path.expanduser(api_key_file))] if api_key_file else []
     return python_module_argv("infer_cluster", "--log-level", log_level, "gateway",
