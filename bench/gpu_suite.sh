@@ -399,19 +399,19 @@ for _ in range(600):
       tpot_alternating "${TPOT_RUNS:--,INFER_CLUSTER_DECODE_PRELOAD=0,-,INFER_CLUSTER_DECODE_PRELOAD=0}" tpot_qwen3
       [ "${PRELOAD_WLA:-1}" = 1 ] && WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_DECODE_PRELOAD=0" \
         OUT="$OUT" bash "$0" wla ;;
-    onechunk)  # issue 11, batch-1 TPOT: INFER_CLUSTER_GEMV_ONE_CHUNK=1 builds GEMV launches whose K slice is one
-      # chunk without the chunk loop (the 4 x 1024 fused-norm tile: 71 -> 40 registers, so gate_up's 1,536
-      # programs fit one wave and all preload W before the PDL wait). GPU tests with it on, TPOT off / on
+    onechunk)  # issue 11, batch-1 TPOT: the GEMV one-chunk build (default; INFER_CLUSTER_GEMV_ONE_CHUNK=0 is the
+      # general build) compiles launches whose K slice is one chunk without the chunk loop (the 4 x 1024
+      # fused-norm tile: 71 -> 40 registers, so gate_up's 1,536 programs fit one wave). GPU tests, TPOT off / on
       # alternating (ONECHUNK_RUNS), workload A off / on. Table rows for it: stage onechunk_rows
-      INFER_CLUSTER_GEMV_ONE_CHUNK=1 timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py \
+      timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_gemv.py \
         tests/kernels/test_gemv_norm.py tests/kernels/test_gemv_one_chunk.py tests/parity/test_gpu.py \
         tests/parity/test_norm_fuse.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_onechunk_tests.log" | tail -4
-      tpot_alternating "${ONECHUNK_RUNS:--,INFER_CLUSTER_GEMV_ONE_CHUNK=1,-,INFER_CLUSTER_GEMV_ONE_CHUNK=1}" tpot_onechunk
-      WLA_RUNS="qwen3-0.6b-shape 1 1,qwen3-0.6b-shape 1 1 INFER_CLUSTER_GEMV_ONE_CHUNK=1" OUT="$OUT" bash "$0" wla ;;
-    onechunk_rows)  # the batch-1 table rows the one-chunk build may want (switch on; tpot_ablation, one process
-      # each): down as one 4 x 4096 chunk; gate_up and qkv at 8 x 1024 w4 (64 registers: one wave with the o
-      # projection's programs still resident); ONECHUNK_VARIANTS picks others
-      INFER_CLUSTER_GEMV_ONE_CHUNK=1 python3 bench/tpot_ablation.py --variants "${ONECHUNK_VARIANTS:-base,gemv=1024.3072.1:4.4096.8.1.1,gemv=6144.1024.1:8.1024.4.1.1,gemv=4096.1024.1:8.1024.4.1.1,base}" \
+      tpot_alternating "${ONECHUNK_RUNS:-INFER_CLUSTER_GEMV_ONE_CHUNK=0,-,INFER_CLUSTER_GEMV_ONE_CHUNK=0,-}" tpot_onechunk
+      WLA_RUNS="qwen3-0.6b-shape 1 1 INFER_CLUSTER_GEMV_ONE_CHUNK=0,qwen3-0.6b-shape 1 1" OUT="$OUT" bash "$0" wla ;;
+    onechunk_rows)  # the batch-1 table rows the one-chunk build may want (tpot_ablation, one process each): down
+      # as one 4 x 4096 chunk; gate_up and qkv at 8 x 1024 w4 (64 registers: one wave with the o projection's
+      # programs still resident); ONECHUNK_VARIANTS picks others. H100, 2026-11-28: none beat the table
+      python3 bench/tpot_ablation.py --variants "${ONECHUNK_VARIANTS:-base,gemv=1024.3072.1:4.4096.8.1.1,gemv=6144.1024.1:8.1024.4.1.1,gemv=4096.1024.1:8.1024.4.1.1,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_onechunk_rows.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A

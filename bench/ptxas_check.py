@@ -263,7 +263,7 @@ def gemv_variants():
             tag = f"{'dot' if cfg.use_dot else 'fma'} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             rows.append((f"gemv {name} M{m} {tag}", _gemv_kernel, ptrs, ints, consts, opts, ()))
-            if not cfg.use_dot and ints["k_per_split"] == cfg.block_k:  # INFER_CLUSTER_GEMV_ONE_CHUNK=1
+            if not cfg.use_dot and ints["k_per_split"] == cfg.block_k:  # the one-chunk build (default)
                 rows.append((f"gemv {name} M{m} {tag} one-chunk", _gemv_kernel, ptrs, ints,
                              dict(consts, ONE_CHUNK=True), opts, ()))
     return rows
