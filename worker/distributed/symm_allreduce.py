@@ -61,13 +61,29 @@ def _symm_mem():
     return symm_mem
 
 
-def name_already_bound(symm_mem, group_name: str) -> bool:
-    """Whether torch already holds a store for `group_name` in this process (from an engine
-    built here before). `destroy_process_group` resets torch's group counter, so the next
-    engine's TP group reuses the name, and `enable_symm_mem_for_group` (torch 2.11-2.13) keeps
-    the closed group's store for it. The GPU tests, which build engines one after another in
-    the pytest process, stopped after the first with this mode on (docs/parallel.md)."""
-    return group_name in getattr(symm_mem, "_group_name_to_store", {})
+def bound_to_another_group(symm_mem, group) -> bool:
+    """Whether torch already holds a symmetric-memory store under `group`'s name that is not this
+    group's (an engine built earlier in this process). `destroy_process_group` resets torch's
+    group counter, so the next engine's TP group reuses the name, and `enable_symm_mem_for_group`
+    (torch 2.11-2.13) keeps the closed group's store for it. The GPU tests, which build engines
+    one after another in the pytest process, stopped after the first with this mode on
+    (docs/parallel.md). A store this same group set up (a second `create` on it) is fine; when
+    torch's private tables cannot tell, the answer is yes (NCCL is always safe)."""
+    bound = getattr(symm_mem, "_group_name_to_store", {}).get(group.group_name)
+    if bound is None:
+        return False
+    try:
+        from torch.distributed import distributed_c10d as c10d
+        return getattr(bound, "underlying_store", None) is not c10d._get_process_group_store(group)
+    except Exception:
+        return True
+
+
+def _on_every_rank(flag: bool, control_group) -> bool:
+    """True when `flag` holds on every rank of the control group (a MIN all-reduce)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control_group)
+    return bool(t.item())
 
 
 class SymmAllReduce:
@@ -92,24 +108,27 @@ class SymmAllReduce:
         symm_mem = _symm_mem()
         if symm_mem is None or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
             error = "this torch has no symmetric-memory all-reduce"
-        elif name_already_bound(symm_mem, group.group_name):
+        elif bound_to_another_group(symm_mem, group):
             error = (f"an earlier engine of this process set it up for a group named "
                      f"{group.group_name!r}, and torch would reuse that engine's store")
-        else:
-            try:
-                with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
-                    warnings.simplefilter("ignore")
-                    if hasattr(symm_mem, "enable_symm_mem_for_group"):
-                        symm_mem.enable_symm_mem_for_group(group.group_name)
-                buffer = symm_mem.empty(BUFFER_BYTES, dtype=torch.uint8, device=device)
-                symm_mem.rendezvous(buffer, group.group_name)
-            except Exception as exc:  # unsupported driver/topology: NCCL still works
-                buffer, error = None, f"{type(exc).__name__}: {exc}"
-        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int64)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=control_group)
-        if not int(ok.item()):
-            if error:
-                log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL", error)
+        # Agree before the rendezvous (a collective of its own): a rank that skipped it would
+        # leave the others waiting there.
+        if not _on_every_rank(not error, control_group):
+            log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
+                        error or "another rank of the group cannot set it up")
+            return None
+        try:
+            with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
+                warnings.simplefilter("ignore")
+                if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                    symm_mem.enable_symm_mem_for_group(group.group_name)
+            buffer = symm_mem.empty(BUFFER_BYTES, dtype=torch.uint8, device=device)
+            symm_mem.rendezvous(buffer, group.group_name)
+        except Exception as exc:  # unsupported driver/topology: NCCL still works
+            buffer, error = None, f"{type(exc).__name__}: {exc}"
+        if not _on_every_rank(buffer is not None, control_group):
+            log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
+                        error or "another rank of the group could not set it up")
             return None
         return cls(group, buffer, mode)
 
