@@ -53,7 +53,7 @@ def _decode_ptrs(kv):
     int8 = kv == "*i8"
     return dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ks_ptr="*fp32" if int8 else kv,
                 vs_ptr="*fp32" if int8 else kv, bt_ptr="*i32", qsl_ptr="*i32",
-                lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32", cnt_ptr="*i32")
+                lens_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
 
 
 def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
@@ -143,11 +143,6 @@ def variants():
             rows.append(_decode_row(f"decode {kv[1:]} split={split} d128 n{cfg['block_n']}",
                                     int8, split, cfg["block_n"], cfg["num_warps"],
                                     cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
-        if not int8:  # the batch-1 build of CUDA decode graphs: PDL, preload, fused reduce (16 splits)
-            rows.append(_decode_row(f"decode {kv[1:]} split=True d128 n{cfg['block_n']} preload fused-reduce",
-                                    int8, True, cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
-                                    dict(PDL=True, PRELOAD=True, FUSED_REDUCE=True, BLOCK_S=16,
-                                         CHUNK=16)))
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
         for d in (64, 128, 256):
             bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)

@@ -67,16 +67,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None, k_scale=None, v_scale=None, decode_counters=None):
+                    max_query_len=None, k_scale=None, v_scale=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
     Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
-    `v_scale` only with int8 caches. `decode_counters` (optional, Triton decode only): a zeroed
-    int32 tensor the caller keeps, >= num_seqs * num_kv_heads slots, which lets the decode kernel
-    merge its split partitions itself (`decode_attention(counters=...)`)."""
+    `v_scale` only with int8 caches."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len, k_scale, v_scale,
-                                      decode_counters)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                k_scale=k_scale, v_scale=v_scale)

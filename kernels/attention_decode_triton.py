@@ -11,11 +11,7 @@ one KV head (padded to >= 16 rows for tl.dot), so each K/V tile is loaded once f
 group. Each sequence's context is cut into `num_splits` equal partitions (lengths derived in the
 kernel from its own seq_len, `_split_part`) computed in parallel; with more than one, each writes
 a normalised partial output plus its log-sum-exp, and `_reduce_kernel` (grid (num_seqs,
-num_heads)) merges the non-empty ones. Fused reduce (`counters`, what decode CUDA graphs pass):
-each program counts itself in a per-(sequence, KV head) int32 counter after its partial is
-stored, and the last to arrive merges that group's heads (`_merge_head`, shared with
-`_reduce_kernel`) and zeroes the counter; one launch per layer instead of two, which is what
-batch-1 decode pays for (`INFER_CLUSTER_DECODE_FUSED_REDUCE=0` for the A/B). The split count is chosen from tensor shapes only
+num_heads)) merges the non-empty ones. The split count is chosen from tensor shapes only
 (block-table width, batch, SM count), never from seq_lens values, so a decode step can be
 captured in a CUDA graph; this module must never sync with the host or read KV positions
 >= seq_lens[i].
@@ -152,36 +148,9 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
     return acc, m_new, l_i
 
 
-@triton.jit
-def _merge_head(po, plse, spo_p, used, dst, so_d, has_query, HEAD_DIM: tl.constexpr,
-                BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One head's output from its first `used` partial outputs (`po`, partition stride `spo_p`)
-    and their log2-sum-exps (`plse`), weighted by exp2(lse - max); stored at `dst` (masked
-    off without `has_query`). The partials are read through L2 (".cg"): in the fused reduce
-    other programs wrote them."""
-    offs_s = tl.arange(0, BLOCK_S)
-    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf"), cache_modifier=".cg"),
-               axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = 0.0
-    for s0 in range(0, used, CHUNK):
-        offs = s0 + tl.arange(0, CHUNK)
-        s_mask = offs < used
-        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf"), cache_modifier=".cg") - m)
-        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-        acc += tl.sum(w[:, None] * o, axis=0)
-        denom += tl.sum(w, axis=0)
-    out = acc / tl.where(denom == 0.0, 1.0, denom)
-    tl.store(dst + offs_d * so_d, out.to(dst.dtype.element_ty), mask=d_mask & has_query)
-
-
 @triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr,
-                   plse_ptr, cnt_ptr, scale_log2,
+                   plse_ptr, scale_log2,
                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt,
                    so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
@@ -190,15 +159,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False,
-                   PRELOAD: tl.constexpr = False, FUSED_REDUCE: tl.constexpr = False,
-                   BLOCK_S: tl.constexpr = 1, CHUNK: tl.constexpr = 1):
+                   PRELOAD: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
     append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
-    loaded before that wait, and its one row this step appends is loaded again after it.
-    FUSED_REDUCE (with SPLIT): the last program of a (sequence, KV head) to finish, counted in
-    `cnt_ptr`, merges the partials of its query heads as `_reduce_kernel` would, and zeroes the
-    counter again for the next launch."""
+    loaded before that wait, and its one row this step appends is loaded again after it."""
     pdl_release(PDL)
     if not PRELOAD:
         pdl_wait(PDL)
@@ -284,22 +249,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                  mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
                  m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
-        if FUSED_REDUCE:
-            # Every thread's partial stores come before the barrier, the barrier before the
-            # counter's release; the last arrival's acquire comes before its loads of the others'
-            # partials (empty and query-less partitions arrive too, so the count is the grid's).
-            tl.debug_barrier()
-            cnt = cnt_ptr + seq * tl.num_programs(1) + kvh
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(2) - 1:
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero for the next launch
-                used = tl.cdiv(ctx, _split_part(ctx, tl.num_programs(2), BLOCK_N))
-                dst = out_ptr + row.to(tl.int64) * so_t
-                for g in tl.static_range(GROUP):
-                    head = kvh * GROUP + g
-                    _merge_head(po_ptr + seq.to(tl.int64) * spo_s + head * spo_h,
-                                plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h, spo_p, used,
-                                dst + head * so_h, so_d, has_query, HEAD_DIM, BLOCK_S, CHUNK, BLOCK_D)
     else:
         dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
@@ -323,10 +272,26 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
     ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
     used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
-    _merge_head(po_ptr + seq.to(tl.int64) * spo_s + head * spo_h,
-                plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h, spo_p, used,
-                out_ptr + row.to(tl.int64) * so_t + head * so_h, so_d, has_query, HEAD_DIM,
-                BLOCK_S, CHUNK, BLOCK_D)
+    plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
+    po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
+    offs_s = tl.arange(0, BLOCK_S)
+    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = 0.0
+    for s0 in range(0, used, CHUNK):
+        offs = s0 + tl.arange(0, CHUNK)
+        s_mask = offs < used
+        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
+        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        denom += tl.sum(w, axis=0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + row.to(tl.int64) * so_t + head * so_h + offs_d * so_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
 
 def _sm_count(device) -> int:
@@ -408,30 +373,11 @@ def _reg_cap(cfg) -> dict:
     return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
 
 
-def fused_reduce_enabled() -> bool:
-    """False when `INFER_CLUSTER_DECODE_FUSED_REDUCE=0` (A/B: the partitions merged by
-    `_reduce_kernel` even where the caller passes counters)."""
-    return env_switch("INFER_CLUSTER_DECODE_FUSED_REDUCE")
-
-
-def _counters_for(counters, num_seqs, num_kv_heads, device):
-    """`counters` if the fused reduce can use it for this launch (enough slots), else None."""
-    if counters is None or not fused_reduce_enabled():
-        return None
-    if counters.dtype != torch.int32 or counters.device != device or not counters.is_contiguous():
-        raise ValueError(f"decode counters must be a contiguous int32 tensor on {device}, got "
-                         f"{counters.dtype} on {counters.device}")
-    return counters if counters.numel() >= num_seqs * num_kv_heads else None
-
-
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None, counters=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
-    `k_scale`/`v_scale` go with an int8 cache. `counters`: a zeroed int32 tensor of at least
-    num_seqs * num_kv_heads slots that the caller keeps across launches (the kernel leaves it
-    zeroed); with it a split launch merges its partitions in its last program per KV head
-    instead of a second kernel (`fused_reduce_enabled`)."""
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -463,22 +409,20 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     else:  # never read: KV_INT8 is off
         scales, s_strides = (k_cache, v_cache), (0,) * 6
     pdl = pdl_enabled(q)
-    counters = _counters_for(counters, num_seqs, num_kv_heads, q.device) if splits > 1 else None
-    block_s = triton.next_power_of_2(splits)
     preload = cfg.get("preload")
     if preload is None:
         preload = pdl and preload_enabled() and num_seqs * num_kv_heads * splits <= _one_wave(cfg, q.device)
     preload = bool(preload) and not kv_int8
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
-        part_lse, counters if counters is not None else seq_lens, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+        part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload,
-        FUSED_REDUCE=counters is not None, BLOCK_S=block_s, CHUNK=min(block_s, 16),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
-    if splits > 1 and counters is None:
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
+    if splits > 1:
+        block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
             *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),

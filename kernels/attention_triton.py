@@ -76,7 +76,7 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                           max_query_len=None, k_scale=None, v_scale=None, decode_counters=None):
+                           max_query_len=None, k_scale=None, v_scale=None):
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if seq_lens.shape[0] == 0 or q.shape[0] == 0:
@@ -88,7 +88,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
         return out
     if max_query_len == 1:
         decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                         k_scale=k_scale, v_scale=v_scale, counters=decode_counters)
+                         k_scale=k_scale, v_scale=v_scale)
     else:
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                           max_query_len, out, k_scale=k_scale, v_scale=v_scale)

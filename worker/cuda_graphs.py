@@ -38,8 +38,6 @@ from .models.decoder import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-COUNTERS_PER_SEQ = 64  # KV heads per sequence the decode counters cover (int32 each)
-
 
 def capture_sizes(max_batch: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s <= max_batch]
@@ -70,10 +68,6 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, **i32)
         self.seq_lens = torch.ones(max_batch, **i32)
         self.query_start_loc = torch.arange(max_batch + 1, **i32)
-        # The decode kernel's per-(sequence, KV head) arrival counters (fused reduce); every
-        # graph's launches leave them zeroed. Rank shards with more KV heads per sequence than
-        # COUNTERS_PER_SEQ keep the separate reduce kernel.
-        self.decode_counters = torch.zeros(max_batch * COUNTERS_PER_SEQ, **i32)
         self.stage_in = (torch.zeros(max_batch, 2, stage_hidden, dtype=stage_dtype, device=device)
                          if stage_hidden else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -88,7 +82,7 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
         for bs in reversed(self.sizes):
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
-                                     self.query_start_loc[:bs + 1], 1, self.decode_counters)
+                                     self.query_start_loc[:bs + 1], 1)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             if self.stage_in is not None:
                 args += (self.stage_in[:bs],)

@@ -37,9 +37,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor          # [num_seqs] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32
     max_query_len: int              # host int: lets attention pick the decode kernel without a sync
-    # Zeroed int32 slots (>= num_seqs * KV heads) kept across steps: decode merges its split
-    # partitions in its own last program (kernels/attention_decode_triton.py). Decode graphs own one.
-    decode_counters: Optional[torch.Tensor] = None
 
 
 class LayerKV(NamedTuple):
@@ -159,8 +156,7 @@ class Attention(nn.Module):
                      k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                      head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
-                              meta.decode_counters)
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
