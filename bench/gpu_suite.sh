@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -413,6 +413,14 @@ for _ in range(600):
       # programs still resident); ONECHUNK_VARIANTS picks others. H100, 2026-11-28: none beat the table
       python3 bench/tpot_ablation.py --variants "${ONECHUNK_VARIANTS:-base,gemv=1024.3072.1:4.4096.8.1.1,gemv=6144.1024.1:8.1024.4.1.1,gemv=4096.1024.1:8.1024.4.1.1,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_onechunk_rows.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
+    symmfail)  # issue 11: the failure path `INFER_CLUSTER_TP_ALLREDUCE=auto` needs before it can be the default: a
+      # killed rank with the symmetric-memory all-reduce really set up (each case in a fresh interpreter), then the
+      # 8B T=2 auto / T=1 / NCCL A/B (SYMM_RUNS)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 420 python3 -m pytest -q -m gpu tests/distributed/test_gpu_symm_failure.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/symm_failure_tests.log" | tail -4
+      WLA_RUNS="${SYMM_RUNS:-llama-3-8b-shape 2 1 INFER_CLUSTER_TP_ALLREDUCE=auto,llama-3-8b-shape 1 1,llama-3-8b-shape 2 1}" \
+        OUT="$OUT" bash "$0" wla ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A
       # runs alternating (default: the 8B shape T=1, then T=2 on / off twice)

@@ -60,6 +60,7 @@ def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints, async_s
     engine = started.track(engine_with_callback(dist_checkpoints["llama"], calls, tensor_parallel_size=2,
                                                 async_scheduling=async_scheduling, **ENGINE))
     assert engine.async_scheduling == async_scheduling  # async: a step is in flight at the kill
+    assert engine.runner.tp_allreduce == "nccl"  # CPU ranks (gloo): no symmetric memory
     rids = start_requests(engine)
     victim = engine.runner.rank_pids[0]
     killed_at = time.monotonic()

@@ -172,6 +172,13 @@ class DistributedRunner:
         return graphs.replays if graphs is not None else 0
 
     @property
+    def tp_allreduce(self) -> str:
+        """The TP all-reduce rank 0 set up: a symmetric-memory mode (`auto`, `one_shot`,
+        `two_shot`) or `nccl` (the default, and where the ranks fell back to it)."""
+        fast = self._shard.runner.ps.fast_all_reduce if self._shard is not None else None
+        return fast.mode if fast is not None else "nccl"
+
+    @property
     def error(self) -> Optional[str]:
         """Why the rank group failed, or None while it is healthy."""
         monitor = getattr(self, "_monitor", None)
