@@ -94,7 +94,7 @@ class RequestHandle:
         if out.finish_reason == "error":
             err = out.error or {}
             exc = error_from_code(err.get("code", "internal"),
-                                  err.get("message", "request failed"))
+                                  err.get("message", "request failed"), err.get("param"))
             exc.output = out
             raise exc
         return out

@@ -37,8 +37,10 @@ async def reply(body: ChatCompletionRequest, state, receive):
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    cap = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
-                             body.n, stream=body.stream, chat=True, response_id=response_id)
+                             body.n, stream=body.stream, chat=True, response_id=response_id,
+                             param_names={"prompt": "messages", "max_tokens": cap})
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)

@@ -60,7 +60,8 @@ class APIError(Exception):
 
     @classmethod
     def from_cluster(cls, exc: InferClusterError, param: Optional[str] = None) -> "APIError":
-        return cls(exc.message, exc.code, param)
+        """The reply for a cluster error; `param` defaults to the field the error names."""
+        return cls(exc.message, exc.code, param or getattr(exc, "param", None))
 
     @classmethod
     def from_final(cls, finish_reason: str, error: Optional[dict]) -> "APIError":
@@ -70,7 +71,7 @@ class APIError(Exception):
                        "aborted")
         error = error or {}
         code = str(error.get("code") or ("timeout" if finish_reason == "timeout" else "internal"))
-        return cls(str(error.get("message") or "the request failed"), code)
+        return cls(str(error.get("message") or "the request failed"), code, error.get("param") or None)
 
 
 def error_response(err: APIError, retry_after: int) -> JSONResponse:

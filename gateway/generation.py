@@ -57,25 +57,36 @@ class Generation:
     _interrupted: bool = False
 
     _plan: Optional[tuple] = None  # (prompts, params per choice, n, chat) until `start`
+    # The cluster's names of request fields -> this endpoint's (chat: "prompt" is "messages"),
+    # for the `param` of an error reply.
+    param_names: dict = field(default_factory=dict)
     _started: bool = False
     response_id: str = ""  # the HTTP reply's id; choice i is cluster request f"{id}-{i}"
 
     @classmethod
     def prepare(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
-                stream: bool, chat: bool, response_id: str) -> "Generation":
+                stream: bool, chat: bool, response_id: str,
+                param_names: Optional[dict] = None) -> "Generation":
         """The choices of one HTTP request, not yet on the cluster: `start` submits them. A
         stream starts them last, right before it waits (`sse.EventStream`), so no set-up work
         runs between the submit and the event loop going idle: the client's IO thread needs
         the GIL to forward the submit, and gets it only then. Choice i travels as cluster
         request `{response_id}-{i}`, so the coordinator's log lines name the id the HTTP caller
-        got."""
+        got. `param_names`: see the field."""
         return cls(backend, metrics, queue=asyncio.Queue() if stream else None,
-                   _plan=(prompts, params_per_choice, n, chat), response_id=response_id)
+                   _plan=(prompts, params_per_choice, n, chat), response_id=response_id,
+                   param_names=param_names or {})
 
     def _tag(self, err: APIError) -> APIError:
-        """`err` carrying this reply's id (its `X-Request-Id` header)."""
+        """`err` carrying this reply's id (its `X-Request-Id` header), its `param` in this
+        endpoint's words."""
         err.request_id = self.response_id
+        err.param = self.param_names.get(err.param, err.param)
         return err
+
+    def error_of(self, delta: RequestDelta) -> APIError:
+        """The error reply for a choice's failed final delta."""
+        return self._tag(APIError.from_final(delta.finish_reason, delta.error))
 
     def start(self) -> None:
         """Submit every choice; raises `APIError` (nothing then stays on the cluster)."""
@@ -154,7 +165,7 @@ class Generation:
         raised as `APIError` so the reply can still carry the right HTTP status."""
         choice, delta = await self.next_event()
         if delta.finished and not delta.token_ids and delta.finish_reason not in ("stop", "length"):
-            raise self._tag(APIError.from_final(delta.finish_reason, delta.error))
+            raise self.error_of(delta)
         return choice, delta
 
     async def next_event(self) -> tuple[Choice, RequestDelta]:

@@ -24,7 +24,6 @@ from typing import Callable
 
 from starlette.responses import Response
 
-from .errors import APIError
 from .generation import ClientGone, Generation, wait_for_disconnect
 
 DONE = b"data: [DONE]\n\n"
@@ -115,7 +114,7 @@ class EventStream(Response):
             if delta.finished and delta.finish_reason not in ("stop", "length"):
                 if delta.token_ids or delta.text:
                     frames.append(sse(make_chunk(choice, delta, final=False)))
-                err = APIError.from_final(delta.finish_reason, delta.error)
+                err = gen.error_of(delta)
                 gen.metrics.count_error(err.code, err.status)
                 frames.append(sse(json.dumps(err.body())))
                 gen.cancel_unfinished()

@@ -1,8 +1,8 @@
 """Typed errors shared by every process.
 
 Owns: the error classes a user can see, each with a stable `code` string so an error can cross
-the wire (as `{"code": ..., "message": ...}`) and be raised again as the same type on the other
-side. Never imports torch.
+the wire (as `{"code": ..., "message": ...}`, plus `"param"` when the error names the request
+field at fault) and be raised again as the same type on the other side. Never imports torch.
 
 To add an error: subclass `InferClusterError`, give it a unique `code`; `error_from_code` finds
 it through the registry built below.
@@ -10,18 +10,24 @@ it through the registry built below.
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class InferClusterError(Exception):
     """Base of every error this project raises on purpose."""
 
     code = "internal"
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, param: Optional[str] = None):
         super().__init__(message)
         self.message = message
+        self.param = param  # the request field at fault ("prompt", "max_tokens"), if one is
 
     def to_dict(self) -> dict:
-        return {"code": self.code, "message": self.message}
+        d = {"code": self.code, "message": self.message}
+        if self.param:
+            d["param"] = self.param
+        return d
 
 
 class InvalidRequestError(InferClusterError, ValueError):
@@ -97,6 +103,6 @@ for _cls in _all_subclasses(InferClusterError):
     ERRORS_BY_CODE[_cls.code] = _cls
 
 
-def error_from_code(code: str, message: str) -> InferClusterError:
+def error_from_code(code: str, message: str, param: Optional[str] = None) -> InferClusterError:
     """Rebuild a typed error from its wire form; unknown codes become the base class."""
-    return ERRORS_BY_CODE.get(code, InferClusterError)(message)
+    return ERRORS_BY_CODE.get(code, InferClusterError)(message, param=param or None)

@@ -76,6 +76,13 @@ def _logprob_data(depth: int = 0):
 class ErrorInfo(Struct):
     code: str = wire(string(64, min_len=1))
     message: str = wire(string(64 * 1024), default="")
+    param: str = wire(string(64), default="")  # the request field at fault, "" for none
+
+    def to_dict(self) -> dict:
+        d = {"code": self.code, "message": self.message}
+        if self.param:
+            d["param"] = self.param
+        return d
 
 
 @dataclass(kw_only=True)
@@ -182,7 +189,8 @@ class DeltaPayload(Struct):
         error = None
         if delta.error is not None:
             error = ErrorInfo(code=str(delta.error.get("code", "engine")),
-                              message=str(delta.error.get("message", "")))
+                              message=str(delta.error.get("message", "")),
+                              param=str(delta.error.get("param") or ""))
         return cls(request_id=delta.request_id, token_ids=list(delta.token_ids), text=delta.text,
                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, error=error,
                    num_prompt_tokens=delta.num_prompt_tokens,
@@ -213,6 +221,8 @@ def delta_wire(delta: RequestDelta, prompt_token_ids: Optional[list] = None) -> 
     if delta.error is not None:
         d["error"] = {"code": str(delta.error.get("code", "engine")),
                       "message": str(delta.error.get("message", ""))}
+        if delta.error.get("param"):
+            d["error"]["param"] = str(delta.error["param"])
     if delta.num_prompt_tokens:
         d["num_prompt_tokens"] = delta.num_prompt_tokens
     if delta.num_cached_tokens:

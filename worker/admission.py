@@ -49,12 +49,14 @@ def check_lengths(num_prompt: int, resume: list, params: SamplingParams, max_mod
     `max_tokens` must fit the context; resumed ids must be token ids, fewer than max_tokens."""
     if num_prompt + len(resume) >= max_model_len:
         raise InvalidRequestError(f"prompt has {num_prompt + len(resume)} tokens; max_model_len is "
-                                  f"{max_model_len} (leave room for at least one new token)")
+                                  f"{max_model_len} (leave room for at least one new token)",
+                                  param="prompt")
     if params.max_tokens_strict and num_prompt + params.max_tokens > max_model_len:
         raise InvalidRequestError(
             f"max_model_len is {max_model_len} tokens, but the prompt has {num_prompt} and "
             f"max_tokens asks for {params.max_tokens} more ({num_prompt + params.max_tokens}); "
-            f"ask for at most {max_model_len - num_prompt} tokens or shorten the prompt")
+            f"ask for at most {max_model_len - num_prompt} tokens or shorten the prompt",
+            param="max_tokens")
     for t in resume:
         if not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InvalidRequestError(f"resume_token_ids holds {t!r}, not a token id of this model")

@@ -98,8 +98,9 @@ def test_abort_frees_blocks(llm):
 def test_bad_input_is_typed_and_engine_keeps_serving(llm):
     good = llm.add_request("a request in flight", greedy(8))
     llm.step()
-    with pytest.raises(InvalidRequestError, match="max_model_len"):
+    with pytest.raises(InvalidRequestError, match="max_model_len") as refused:
         llm.add_request([2 + i % 500 for i in range(600)], greedy(4))
+    assert refused.value.param == "prompt"  # the field at fault, for the gateway's 400
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         llm.add_request("x", SamplingParams(max_tokens=0))
     with pytest.raises(InvalidRequestError, match="empty"):
@@ -112,8 +113,9 @@ def test_bad_input_is_typed_and_engine_keeps_serving(llm):
     # what fits; without it the request is served and ends with "length" at the context limit
     prompt = [2 + i % 500 for i in range(500)]
     with pytest.raises(InvalidRequestError, match=r"prompt has 500 and max_tokens asks for 20 more "
-                                                  r"\(520\); ask for at most 12 tokens"):
+                                                  r"\(520\); ask for at most 12 tokens") as refused:
         llm.add_request(prompt, greedy(20, max_tokens_strict=True))
+    assert refused.value.param == "max_tokens"
     # 64 blocks x 16 tokens = 1024 slots; 400 prompt + 500 new tokens fits, the pool is the limit
     small = LLM("tiny-random", num_kv_blocks=8, block_size=16)
     with pytest.raises(OutOfMemoryError, match="KV blocks"):

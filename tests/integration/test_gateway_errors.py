@@ -98,11 +98,12 @@ def test_unknown_model_is_404(gateway_cluster):
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompt_too_long_is_400_with_both_lengths(gateway_cluster, stream):
     body = {"model": MODEL, "prompt": [7] * 3000, "max_tokens": 4, "stream": stream}
-    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request")
+    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request", "prompt")
     assert "3000" in message and "2048" in message
     chat = {"messages": [{"role": "user", "content": "capital of France " * 1500}], "stream": stream,
             "max_tokens": 4}
-    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request")
+    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request",
+                     "messages")
     assert "max_model_len is 2048" in message
     gateway_cluster.wait_idle()
 
@@ -113,13 +114,17 @@ def test_max_tokens_past_the_context_is_400_saying_what_fits(gateway_cluster, st
     (2048 here) is refused, not cut short with finish_reason "length". Chat without max_tokens
     still runs to the context."""
     body = {"model": MODEL, "prompt": [7] * 2000, "max_tokens": 100, "stream": stream}
-    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request")
+    message = _error(_post(gateway_cluster, "/v1/completions", body), 400, "invalid_request",
+                     "max_tokens")
     assert "prompt has 2000 and max_tokens asks for 100 more (2100)" in message
     assert "at most 48 tokens" in message and "max_model_len is 2048" in message
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000,
             "stream": stream}
-    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request")
+    message = _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request",
+                     "max_completion_tokens")  # the field this request used
     assert "max_tokens asks for 5000 more" in message
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000, "stream": stream}
+    _error(_post(gateway_cluster, "/v1/chat/completions", chat), 400, "invalid_request", "max_tokens")
     body["max_tokens"] = 48
     assert _post(gateway_cluster, "/v1/completions", body).status_code == 200
     gateway_cluster.wait_idle()

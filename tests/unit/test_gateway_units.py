@@ -89,7 +89,20 @@ def test_final_deltas_map_to_errors():
     assert APIError.from_final("abort", None).status == 503
     assert APIError.from_final("timeout", {"code": "timeout", "message": "late"}).status == 504
     err = APIError.from_final("error", {"code": "invalid_request", "message": "prompt has 9 tokens"})
-    assert (err.status, err.message) == (400, "prompt has 9 tokens")
+    assert (err.status, err.message, err.param) == (400, "prompt has 9 tokens", None)
+    err = APIError.from_final("error", {"code": "invalid_request", "message": "m", "param": "max_tokens"})
+    assert err.param == "max_tokens"
+
+
+def test_a_cluster_error_keeps_the_field_it_names():
+    from infer_cluster.protocol import InvalidRequestError, error_from_code
+    exc = InvalidRequestError("too long", param="prompt")
+    assert exc.to_dict() == {"code": "invalid_request", "message": "too long", "param": "prompt"}
+    assert InvalidRequestError("x").to_dict() == {"code": "invalid_request", "message": "x"}
+    again = error_from_code(**exc.to_dict())
+    assert type(again) is InvalidRequestError and again.param == "prompt"
+    assert APIError.from_cluster(again).param == "prompt"
+    assert APIError.from_cluster(again, "messages").param == "messages"
 
 
 def _scrape(status) -> dict:

@@ -243,6 +243,8 @@ def test_peek_request_id():
     (RequestDelta(request_id="d", token_ids=[5], finish_reason="length", num_prompt_tokens=40,
                   num_cached_tokens=16, num_cached_tokens_host=16), None),
     (RequestDelta(request_id="c", finish_reason="error", error={"code": "engine", "message": "x"}), []),
+    (RequestDelta(request_id="f", finish_reason="error",
+                  error={"code": "invalid_request", "message": "too long", "param": "prompt"}), None),
     (RequestDelta(request_id="d", token_ids=[5], finish_reason="length",
                   metrics=RequestMetrics(100.0, 100.5, 101.25, 103.0)), None),
     (RequestDelta(request_id="e", finish_reason="abort", metrics=RequestMetrics(100.0)), None),
