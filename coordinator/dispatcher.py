@@ -27,6 +27,10 @@ from .routing import RoutingInfo, RoutingPolicy
 
 log = logging.getLogger("infer_cluster.coordinator")
 
+# Error codes of a replica's refusal of the request itself (too long, past the context, can
+# never fit the KV pool): the client's fault, counted as `num_refused`, not `num_failed`.
+REFUSAL_CODES = frozenset({"invalid_request", "invalid_config", "out_of_memory"})
+
 
 @dataclass
 class CoordinatorStats:
@@ -34,7 +38,8 @@ class CoordinatorStats:
     num_completed: int = 0       # ended with stop / length
     num_aborted: int = 0         # cancelled by a client
     num_client_gone_aborts: int = 0
-    num_failed: int = 0          # ended with an error
+    num_failed: int = 0          # ended with an error (not a refusal)
+    num_refused: int = 0         # refused by a replica for what the request asks (REFUSAL_CODES)
     num_timeouts: int = 0
     num_rejected: int = 0        # refused at admission (invalid, overloaded, draining)
     num_overloaded: int = 0
@@ -193,7 +198,9 @@ class Dispatcher:
         state = {"stop": RequestState.FINISHED, "length": RequestState.FINISHED,
                  "abort": RequestState.ABORTED}.get(payload.finish_reason, RequestState.FAILED)
         if state is RequestState.FAILED:  # the client's id beside the replica's (its log's) id
-            log.info("request %s failed on replica %s (as %s): %s", req.request_id, replica.name,
+            log.info("request %s %s on replica %s (as %s): %s", req.request_id,
+                     "refused" if payload.error and payload.error.code in REFUSAL_CODES else "failed",
+                     replica.name,
                      req.attempt_id, payload.error.message if payload.error else payload.finish_reason)
         self.end(req, payload, state, now)
 
@@ -220,6 +227,8 @@ class Dispatcher:
         elif state is RequestState.FAILED:
             if final is not None and final.finish_reason == "timeout":
                 self.stats.num_timeouts += 1
+            elif final is not None and final.error is not None and final.error.code in REFUSAL_CODES:
+                self.stats.num_refused += 1
             else:
                 self.stats.num_failed += 1
         if notify_client and final is not None:

@@ -36,7 +36,7 @@ _COORDINATOR_COUNTERS = [
 ]
 _OUTCOMES = [("completed", "num_completed"), ("aborted", "num_aborted"),
              ("client_gone", "num_client_gone_aborts"), ("failed", "num_failed"),
-             ("timeout", "num_timeouts")]
+             ("refused", "num_refused"), ("timeout", "num_timeouts")]
 _COORDINATOR_GAUGES = [
     ("infer_cluster_coordinator_requests_in_flight", "num_in_flight", "Requests the coordinator is tracking"),
     ("infer_cluster_coordinator_requests_pending", "num_pending", "Requests waiting for any replica"),

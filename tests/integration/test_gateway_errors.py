@@ -222,6 +222,11 @@ def test_replies_carry_their_id_and_a_failure_is_logged_under_it(gateway_cluster
     rid = refused.headers["X-Request-Id"]
     assert rid.startswith("cmpl-")
     deadline = time.monotonic() + 5
-    while f"request {rid}-0 failed on replica replica-0 (as " not in gateway_cluster.log():
+    while f"request {rid}-0 refused on replica replica-0 (as " not in gateway_cluster.log():
         assert time.monotonic() < deadline, gateway_cluster.log()[-2000:]
         time.sleep(0.1)
+    # ... and the coordinator counts it as refused (the request's fault), not as failed.
+    text = httpx.get(f"{gateway_cluster.url}/metrics", timeout=10).text
+    counts = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("infer_cluster_coordinator_requests_total{outcome=")}
+    assert counts["refused"] >= 1 and counts["failed"] == 0, counts

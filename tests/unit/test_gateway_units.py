@@ -113,7 +113,7 @@ def _scrape(status) -> dict:
 
 def test_cluster_collector_reads_status_at_scrape_time():
     status = {"coordinator": {"num_reroutes": 3, "num_replica_deaths": 1, "num_replica_departures": 2,
-                              "num_in_flight": 5, "num_completed": 7},
+                              "num_in_flight": 5, "num_completed": 7, "num_refused": 2},
               "replicas": [{"name": "r0", "state": "active", "num_running": 2, "num_waiting": 1,
                             "num_total_blocks": 100, "num_free_blocks": 60, "kv_used": 0.4,
                             "num_preemptions": 4, "prefix_cache_hit_tokens": 32},
@@ -125,6 +125,7 @@ def test_cluster_collector_reads_status_at_scrape_time():
     assert value[("infer_cluster_coordinator_replica_departures_total", ())] == 2
     assert value[("infer_cluster_coordinator_requests_in_flight", ())] == 5
     assert value[("infer_cluster_coordinator_requests_total", (("outcome", "completed"),))] == 7
+    assert value[("infer_cluster_coordinator_requests_total", (("outcome", "refused"),))] == 2
     r0 = (("replica", "r0"),)
     assert value[("infer_cluster_replica_num_running", r0)] == 2
     assert value[("infer_cluster_replica_kv_blocks_used", r0)] == 40
