@@ -48,9 +48,10 @@ def dma_upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def step_capacity(max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
-    """int64 values `DynamicContext.prepare` packs at most: ids, positions and slots per token,
+    """int64 words `DynamicContext.prepare` packs at most: ids, positions and slots per token,
     the block table, five short per-sequence lists, and one padding value for each of its nine
-    parts (each starts 16 bytes aligned)."""
+    parts (each starts 16 bytes aligned). Its int32 parts (block table, seq_lens, query starts)
+    take half a word per value plus at most 1.5 of padding, so this bound holds for them too."""
     return 3 * max_num_batched_tokens + max_num_seqs * max_blocks_per_seq + 5 * max_num_seqs + 1 + 9
 
 

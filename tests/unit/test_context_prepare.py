@@ -1,6 +1,7 @@
 """`DynamicContext.prepare` packs a step's host lists into one buffer: every view it hands out
 holds its own values and starts 16 bytes aligned whatever the token and sequence counts (Triton
-specializes kernels on pointer alignment; an odd offset would compile a new variant mid-run)."""
+specializes kernels on pointer alignment; an odd offset would compile a new variant mid-run),
+and the attention metadata comes as int32 views of it (no cast kernels per step)."""
 
 import torch
 
@@ -17,8 +18,13 @@ def test_views_are_aligned_and_hold_their_values():
                            ScheduledRequest("c", [11], 8, [2, 6], True)], 5)
     inputs = ctx.prepare(out)
     meta = inputs.meta
-    for t in (inputs.input_ids, inputs.positions, meta.slot_mapping, inputs.sample_indices):
+    for t in (inputs.input_ids, inputs.positions, meta.slot_mapping, inputs.sample_indices,
+              meta.seq_lens, meta.query_start_loc, meta.block_tables):
         assert t.data_ptr() % 16 == 0
+    # What the kernels read as int32 arrives as int32 (no cast launches), ids as int64
+    assert [t.dtype for t in (meta.block_tables, meta.seq_lens, meta.query_start_loc)] == [torch.int32] * 3
+    assert [t.dtype for t in (inputs.input_ids, inputs.positions, meta.slot_mapping)] == [torch.int64] * 3
+    assert meta.block_tables.is_contiguous()
     assert inputs.input_ids.tolist() == [5, 6, 7, 9, 11]
     assert inputs.positions.tolist() == [0, 1, 2, 17, 8]
     assert meta.slot_mapping.tolist() == [32, 33, 34, 3 * 8 + 1, 6 * 8 + 0]
