@@ -99,7 +99,13 @@ class DynamicContext:
         views = [(v if p.dtype == i64 else v.view(torch.int32))[:n]
                  for v, p, n in zip(torch.split(flat, [len(w) for w in words]), parts, sizes)]
         if fill:  # pending tokens: from the previous step's draw, on the device
-            views[0][views[7]] = prev_ids[views[8]]
+            if (len(fill) == sizes[0] and prev_ids.dtype == torch.int64 and prev_ids.shape[0] >= sizes[0]
+                    and _is_identity(parts[7]) and _is_identity(parts[8])):
+                # A steady decode batch: row i continues the previous draw's row i, so the draw
+                # is the input as it is (no gather / scatter launches).
+                views[0] = prev_ids[:sizes[0]]
+            else:
+                views[0][views[7]] = prev_ids[views[8]]
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape),
                                  seq_lens=views[4], query_start_loc=views[5],
                                  max_query_len=rows.max_query_len)
@@ -115,4 +121,9 @@ def _as_words(part: np.ndarray) -> np.ndarray:
     if pad:
         part = np.concatenate([part, np.zeros(pad, dtype=part.dtype)])
     return part.view(np.int64)
+
+
+def _is_identity(rows: np.ndarray) -> bool:
+    """Whether `rows` is 0, 1, ..., len - 1."""
+    return bool(np.array_equal(rows, np.arange(len(rows))))
 

@@ -33,3 +33,28 @@ def test_views_are_aligned_and_hold_their_values():
     assert meta.query_start_loc.tolist() == [0, 3, 4, 5]
     assert meta.block_tables.tolist() == [[4, 0, 0], [0, 7, 3], [2, 6, 0]]
     assert inputs.sample_request_ids == ["a", "c"]
+
+
+def _decode_out(positions: dict) -> SchedulerOutput:
+    """One pending-input decode row per request (async scheduling's steady steps); request
+    "a" owns block 0, "b" block 1, "c" block 2."""
+    reqs = [ScheduledRequest(rid, [0], pos, ["abc".index(rid)], True, pending_input=True)
+            for rid, pos in positions.items()]
+    return SchedulerOutput(reqs, len(reqs))
+
+
+def test_pending_inputs_come_from_the_previous_draw():
+    ctx = DynamicContext(num_layers=1, num_blocks=32, block_size=8, num_kv_heads=1, head_dim=4,
+                         dtype=torch.float32, device=torch.device("cpu"))
+    draw = torch.tensor([71, 72, 73], dtype=torch.int64)
+    # A steady batch (row i continues row i): the draw is the input, read as it is
+    steady = ctx.prepare(_decode_out({"a": 3, "b": 5, "c": 6}), draw, [0, 1, 2])
+    assert steady.input_ids.tolist() == [71, 72, 73]
+    assert steady.input_ids.data_ptr() == draw.data_ptr()
+    assert steady.meta.slot_mapping.tolist() == [3, 8 + 5, 16 + 6]
+    # The batch changed order / lost a row: gathered from the draw's rows
+    moved = ctx.prepare(_decode_out({"c": 7, "a": 4}), draw, [2, 0])
+    assert moved.input_ids.tolist() == [73, 71]
+    assert moved.input_ids.data_ptr() != draw.data_ptr()
+    fewer = ctx.prepare(_decode_out({"a": 5}), draw, [0])  # row 0 of three: still row 0
+    assert fewer.input_ids.tolist() == [71]
