@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -421,6 +421,19 @@ for _ in range(600):
         | tee "$OUT/symm_failure_tests.log" | tail -4
       WLA_RUNS="${SYMM_RUNS:-llama-3-8b-shape 2 1 INFER_CLUSTER_TP_ALLREDUCE=auto,llama-3-8b-shape 1 1,llama-3-8b-shape 2 1}" \
         OUT="$OUT" bash "$0" wla ;;
+    stepinputs)  # issue 11, batch-1 TPOT: a steady decode step's inputs without device launches (int32 metadata
+      # packed in the upload, the draw read as the input ids; 2aaf620). prepare_cost on the GPU, then TPOT alternating
+      # between this tree and OLD_TREE (a checkout of the commit before, e.g. `git worktree add old-tree d42a6c9`
+      # here: an untracked folder travels with the tree), then the step timeline
+      timeout 120 python3 bench/prepare_cost.py --device cuda --out "$OUT/prepare_cost.json" 2>&1 | tail -4
+      for i in 1 2; do
+        for tree in "$PWD" ${OLD_TREE:+"$OLD_TREE"}; do
+          echo "--- $i: TPOT $tree"
+          (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+            --max-model-len 4096 --out "$OUT/tpot_stepinputs_${i}_$(basename "$tree").json" 2>&1 | grep -E "tpot_ms_p50")
+        done
+      done
+      TIMELINE_LINES=12 OUT="$OUT" bash "$0" timeline ;;
     greedyids)  # issue 11: greedy steps at T > 1 gather argmax pairs, not logits (INFER_CLUSTER_TP_GREEDY_IDS=0:
       # the logits gathered inside the forward, as before). The GPU distributed tests, then GREEDY_RUNS workload A
       # runs alternating (default: the 8B shape T=1, then T=2 on / off twice)
