@@ -217,6 +217,7 @@ def test_replies_carry_their_id_and_a_failure_is_logged_under_it(gateway_cluster
         assert resp.headers["X-Request-Id"] == json.loads(first[6:])["id"]
     # A prompt the replica refuses: the 400 names its id, and the coordinator's log line under
     # that id names the replica and the replica's own id for the request.
+    before = _outcomes(gateway_cluster)
     refused = _post(gateway_cluster, "/v1/completions", {"prompt": [10**6], "max_tokens": 2})
     _error(refused, 400, "invalid_request")
     rid = refused.headers["X-Request-Id"]
@@ -225,8 +226,24 @@ def test_replies_carry_their_id_and_a_failure_is_logged_under_it(gateway_cluster
     while f"request {rid}-0 refused on replica replica-0 (as " not in gateway_cluster.log():
         assert time.monotonic() < deadline, gateway_cluster.log()[-2000:]
         time.sleep(0.1)
-    # ... and the coordinator counts it as refused (the request's fault), not as failed.
-    text = httpx.get(f"{gateway_cluster.url}/metrics", timeout=10).text
-    counts = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
-              if line.startswith("infer_cluster_coordinator_requests_total{outcome=")}
-    assert counts["refused"] >= 1 and counts["failed"] == 0, counts
+    # ... and the coordinator counts it as refused (the request's fault), not as failed (the
+    # cluster is shared with the module's other tests: compare with the counts before it).
+    after = _outcomes(gateway_cluster)
+    assert after["refused"] == before["refused"] + 1 and after["failed"] == before["failed"], (before, after)
+
+
+def _outcomes(cluster) -> dict:
+    """The coordinator's ended requests by outcome, from the gateway's /metrics (the status it
+    reads is refreshed every 0.5 s, so this waits for it to settle: two equal reads)."""
+    def read():
+        text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+        return {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("infer_cluster_coordinator_requests_total{outcome=")}
+    last, deadline = read(), time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.6)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    return last
