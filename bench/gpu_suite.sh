@@ -427,7 +427,7 @@ for _ in range(600):
       # here: an untracked folder travels with the tree), then the step timeline
       timeout 120 python3 bench/prepare_cost.py --device cuda --out "$OUT/prepare_cost.json" 2>&1 | tail -4
       for i in 1 2; do
-        for tree in "$PWD" ${OLD_TREE:+"$OLD_TREE"}; do
+        for tree in "$PWD" ${OLD_TREE:+"$(cd "$OLD_TREE" && pwd)"}; do
           echo "--- $i: TPOT $tree"
           (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
             --max-model-len 4096 --out "$OUT/tpot_stepinputs_${i}_$(basename "$tree").json" 2>&1 | grep -E "tpot_ms_p50")
