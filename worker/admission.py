@@ -4,7 +4,8 @@ lengths against the context.
 Owns `tokenize_prompt` (a string through the tokenizer, or a token-id list checked against the
 vocabulary) and `check_lengths` (prompt and resumed tokens against `max_model_len`, the strict
 `max_tokens` rule, resumed ids and their count). Every refusal is an `InvalidRequestError`
-whose message names the value and the limit. Plain Python, no torch; `DynamicEngine.add_request`
+whose message names the value and the limit, and whose `param` names the request field at
+fault where a client set it (`prompt`, `max_tokens`), for the gateway's 400. Plain Python, no torch; `DynamicEngine.add_request`
 calls both before it builds the `Request`. Whether the request fits the KV pool is the
 scheduler's call (`Scheduler.add`), not this module's.
 
@@ -34,11 +35,12 @@ def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> tuple[Optiona
             for t in ids:
                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
                     raise InvalidRequestError(f"prompt token id {t!r} is outside the vocabulary "
-                                              f"[0, {vocab_size})")
+                                              f"[0, {vocab_size})", param="prompt")
     else:
-        raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+                                  param="prompt")
     if not ids:
-        raise InvalidRequestError("prompt is empty")
+        raise InvalidRequestError("prompt is empty", param="prompt")
     return text, ids
 
 

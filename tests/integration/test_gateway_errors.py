@@ -219,7 +219,7 @@ def test_replies_carry_their_id_and_a_failure_is_logged_under_it(gateway_cluster
     # that id names the replica and the replica's own id for the request.
     before = _outcomes(gateway_cluster)
     refused = _post(gateway_cluster, "/v1/completions", {"prompt": [10**6], "max_tokens": 2})
-    _error(refused, 400, "invalid_request")
+    _error(refused, 400, "invalid_request", "prompt")  # an id outside the vocabulary
     rid = refused.headers["X-Request-Id"]
     assert rid.startswith("cmpl-")
     deadline = time.monotonic() + 5
