@@ -88,8 +88,12 @@ class DynamicContext:
         # specializes kernels on pointer alignment, and a view at an odd offset would compile a
         # second variant in the middle of serving (bench/cold_start.py --log-compiles found one).
         sizes = [len(p) for p in parts]
-        words = [_as_words(p) for p in parts]
-        packed = np.concatenate(words)
+        words = [_words(p) for p in parts]
+        packed = np.zeros(sum(words), dtype=i64)  # one allocation; each part copied in once
+        as_bytes, offset = packed.view(np.uint8), 0
+        for p, w in zip(parts, words):
+            as_bytes[offset:offset + p.nbytes] = np.ascontiguousarray(p).view(np.uint8)
+            offset += 8 * w
         if self.device.type != "cuda":
             flat = torch.from_numpy(packed)
         elif upload is not None:
@@ -97,7 +101,7 @@ class DynamicContext:
         else:
             flat = dma_upload(packed, self.device)
         views = [(v if p.dtype == i64 else v.view(torch.int32))[:n]
-                 for v, p, n in zip(torch.split(flat, [len(w) for w in words]), parts, sizes)]
+                 for v, p, n in zip(torch.split(flat, words), parts, sizes)]
         if fill:  # pending tokens: from the previous step's draw, on the device
             if (len(fill) == sizes[0] and prev_ids.dtype == torch.int64 and prev_ids.shape[0] >= sizes[0]
                     and _is_identity(parts[7]) and _is_identity(parts[8])):
@@ -113,14 +117,10 @@ class DynamicContext:
                           sample_request_ids=rows.sample_ids)
 
 
-def _as_words(part: np.ndarray) -> np.ndarray:
-    """`part` (int64 or int32) zero-padded to a multiple of 16 bytes, as int64 words (the upload's
-    unit); the device views int32 parts back as int32."""
-    per_16 = 16 // part.itemsize
-    pad = -len(part) % per_16
-    if pad:
-        part = np.concatenate([part, np.zeros(pad, dtype=part.dtype)])
-    return part.view(np.int64)
+def _words(part: np.ndarray) -> int:
+    """int64 words `part` (int64 or int32) takes in the upload, padded to a multiple of 16
+    bytes; the device views int32 parts back as int32."""
+    return -(-part.nbytes // 16) * 2
 
 
 def _is_identity(rows: np.ndarray) -> bool:
