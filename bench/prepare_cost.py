@@ -1,6 +1,8 @@
 """Host side of a steady decode step's inputs: what `DynamicContext.prepare` launches on the
 device and how long it takes on the host, for async scheduling's steady steps (every row's
-input id is the previous step's pending draw, rows in the same order).
+input id is the previous step's pending draw, rows in the same order), and how long
+`Sampler.classify` (which rows need which sampler feature) takes for greedy and for sampled
+rows.
 
 Counts the tensor operations `prepare` dispatches (views and slices left out: they launch
 nothing) with a `TorchDispatchMode`, and times `prepare` (median of `--repeats` rounds of
@@ -35,6 +37,31 @@ def steady_step(batch: int, context: int, block_size: int):
     reqs = [ScheduledRequest(f"r{i}", [0], context, list(range(i * blocks, (i + 1) * blocks)), True,
                              pending_input=True) for i in range(batch)]
     return SchedulerOutput(reqs, batch)
+
+
+def timed_us(fn, calls: int, repeats: int, sync=None) -> float:
+    """Median over `repeats` rounds of the mean microseconds of one of `calls` calls."""
+    rounds = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync is not None:
+            sync()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def classify_us(batch: int, kind: str, calls: int, repeats: int) -> float:
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+
+    params = SamplingParams(temperature=0) if kind == "greedy" else SamplingParams(temperature=0.8, top_p=0.9)
+    rows = [SamplingRequestState(params, [1, 2], [3], None, (2,), request_id=f"r{i}") for i in range(batch)]
+    sampler = Sampler()
+    return timed_us(lambda: sampler.classify(rows, 151936), calls, repeats)
 
 
 def launched_ops(fn) -> list[str]:
@@ -84,19 +111,14 @@ def main(argv=None) -> int:
         call = lambda: ctx.prepare(out, draw, prev_rows)  # noqa: E731
         call()  # warm-up (the block-table mirror fills)
         ops = launched_ops(call)
-        rounds = []
-        for _ in range(args.repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                call()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            rounds.append((time.perf_counter() - start) / args.calls * 1e6)
-        row = dict(batch=batch, ops=len(ops), op_names=sorted(set(ops)), prepare_us=statistics.median(rounds))
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+        row = dict(batch=batch, ops=len(ops), op_names=sorted(set(ops)),
+                   prepare_us=timed_us(call, args.calls, args.repeats, sync),
+                   classify_greedy_us=classify_us(batch, "greedy", args.calls, args.repeats),
+                   classify_sampled_us=classify_us(batch, "sampled", args.calls, args.repeats))
         rows.append(row)
-        print(f"batch {batch:4d}: {row['ops']} ops {row['op_names']}; prepare {row['prepare_us']:.1f} us")
+        print(f"batch {batch:4d}: {row['ops']} ops {row['op_names']}; prepare {row['prepare_us']:.1f} us; "
+              f"classify greedy {row['classify_greedy_us']:.1f} us, sampled {row['classify_sampled_us']:.1f} us")
     write_json(args.out, dict(device=str(device), context=args.context, rows=rows))
     return 0
 

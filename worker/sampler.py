@@ -172,11 +172,15 @@ class Sampler:
             table, seeds, seeded = self.plans.gather(self.plans.slots(rows, vocab_size, scratch_slots))
         finally:
             self.plans.free_scratch(scratch_slots)
-        flags = table[:, FLAGS]
-        min_tokens_rows = [i for i in rows_with(flags, MIN_TOKENS)
+        flags = table[:, FLAGS].astype(np.int64)
+        present = int(np.bitwise_or.reduce(flags)) if len(flags) else 0  # a feature no row uses costs nothing
+
+        def rows_of(bit: int) -> list:
+            return rows_with(flags, bit) if present & bit else []
+        min_tokens_rows = [i for i in rows_of(MIN_TOKENS)
                            if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens]
-        return RowClasses(table, seeds, seeded, rows_with(flags, PENALTIES), rows_with(flags, LOGPROBS),
-                          rows_with(flags, RANDOM), min_tokens_rows)
+        return RowClasses(table, seeds, seeded, rows_of(PENALTIES), rows_of(LOGPROBS), rows_of(RANDOM),
+                          min_tokens_rows)
 
     def draw_greedy_ids(self, token_ids: torch.Tensor, rows: list[SamplingRequestState]) -> "DeviceDraw":
         """The draw of a step whose rows are all plain greedy (`RowClasses.plain_greedy`) from

@@ -13,4 +13,5 @@ def test_a_steady_step_dispatches_nothing(tmp_path):
                  "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["ops"], r["op_names"]) for r in rows] == [(1, 0, []), (3, 0, [])]
-    assert all(r["prepare_us"] > 0 for r in rows)
+    assert all(r["prepare_us"] > 0 and r["classify_greedy_us"] > 0 and r["classify_sampled_us"] > 0
+               for r in rows)
