@@ -423,8 +423,9 @@ for _ in range(600):
         OUT="$OUT" bash "$0" wla ;;
     stepinputs)  # issue 11, batch-1 TPOT: a steady decode step's inputs without device launches (int32 metadata
       # packed in the upload, the draw read as the input ids; 2aaf620). prepare_cost on the GPU, then TPOT alternating
-      # between this tree and OLD_TREE (a checkout of the commit before, e.g. `git worktree add old-tree d42a6c9`
-      # here: an untracked folder travels with the tree), then the step timeline
+      # between this tree and OLD_TREE (the commit before as plain files, e.g. `mkdir old-tree && git archive
+      # d42a6c9 | tar -x -C old-tree` here: an untracked folder travels with the tree, a nested git checkout
+      # would not), then the step timeline
       timeout 120 python3 bench/prepare_cost.py --device cuda --out "$OUT/prepare_cost.json" 2>&1 | tail -4
       for i in 1 2; do
         for tree in "$PWD" ${OLD_TREE:+"$(cd "$OLD_TREE" && pwd)"}; do
