@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
+from bench.step_overhead import decode_step  # noqa: E402
 
 _NO_LAUNCH = {"split", "split_with_sizes", "slice", "view", "alias", "as_strided", "_reshape_alias",
               "detach", "lift_fresh", "select", "unsqueeze", "squeeze", "t", "expand"}
@@ -31,12 +32,10 @@ _NO_LAUNCH = {"split", "split_with_sizes", "slice", "view", "alias", "as_strided
 
 def steady_step(batch: int, context: int, block_size: int):
     """A decode step of `batch` rows, each continuing the previous draw's row of its index."""
-    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
-
-    blocks = -(-(context + 1) // block_size)
-    reqs = [ScheduledRequest(f"r{i}", [0], context, list(range(i * blocks, (i + 1) * blocks)), True,
-                             pending_input=True) for i in range(batch)]
-    return SchedulerOutput(reqs, batch)
+    out = decode_step(batch, context, block_size)
+    for r in out.requests:
+        r.pending_input = True
+    return out
 
 
 def timed_us(fn, calls: int, repeats: int, sync=None) -> float:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
+from infer_cluster.protocol.errors import REFUSAL_CODES
 from infer_cluster.protocol.messages import AbortRequest, DeltaPayload, DispatchRequest, ErrorInfo
 
 from .clients import ClientRegistry
@@ -27,10 +28,6 @@ from .routing import RoutingInfo, RoutingPolicy
 
 log = logging.getLogger("infer_cluster.coordinator")
 
-# Error codes of a replica's refusal of the request itself (too long, past the context, can
-# never fit the KV pool): the client's fault, counted as `num_refused`, not `num_failed`.
-REFUSAL_CODES = frozenset({"invalid_request", "invalid_config", "out_of_memory"})
-
 
 @dataclass
 class CoordinatorStats:
@@ -39,7 +36,7 @@ class CoordinatorStats:
     num_aborted: int = 0         # cancelled by a client
     num_client_gone_aborts: int = 0
     num_failed: int = 0          # ended with an error (not a refusal)
-    num_refused: int = 0         # refused by a replica for what the request asks (REFUSAL_CODES)
+    num_refused: int = 0         # refused by a replica for what the request asks (protocol REFUSAL_CODES)
     num_timeouts: int = 0
     num_rejected: int = 0        # refused at admission (invalid, overloaded, draining)
     num_overloaded: int = 0
@@ -199,8 +196,7 @@ class Dispatcher:
                  "abort": RequestState.ABORTED}.get(payload.finish_reason, RequestState.FAILED)
         if state is RequestState.FAILED:  # the client's id beside the replica's (its log's) id
             log.info("request %s %s on replica %s (as %s): %s", req.request_id,
-                     "refused" if payload.error and payload.error.code in REFUSAL_CODES else "failed",
-                     replica.name,
+                     "refused" if _refused(payload) else "failed", replica.name,
                      req.attempt_id, payload.error.message if payload.error else payload.finish_reason)
         self.end(req, payload, state, now)
 
@@ -227,7 +223,7 @@ class Dispatcher:
         elif state is RequestState.FAILED:
             if final is not None and final.finish_reason == "timeout":
                 self.stats.num_timeouts += 1
-            elif final is not None and final.error is not None and final.error.code in REFUSAL_CODES:
+            elif final is not None and _refused(final):
                 self.stats.num_refused += 1
             else:
                 self.stats.num_failed += 1
@@ -285,3 +281,9 @@ class Dispatcher:
             log.warning("client %s gone (%s): aborted its %d request(s)", identity.hex(), reason,
                         len(reqs))
         return len(reqs)
+
+
+def _refused(final: DeltaPayload) -> bool:
+    """The replica refused the request itself (protocol `REFUSAL_CODES`), not failed it."""
+    return final.error is not None and final.error.code in REFUSAL_CODES
+

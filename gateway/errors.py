@@ -61,7 +61,7 @@ class APIError(Exception):
     @classmethod
     def from_cluster(cls, exc: InferClusterError, param: Optional[str] = None) -> "APIError":
         """The reply for a cluster error; `param` defaults to the field the error names."""
-        return cls(exc.message, exc.code, param or getattr(exc, "param", None))
+        return cls(exc.message, exc.code, param or exc.param)
 
     @classmethod
     def from_final(cls, finish_reason: str, error: Optional[dict]) -> "APIError":

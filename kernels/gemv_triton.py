@@ -162,7 +162,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     # reduction per chunk would shuffle, and sync warps, on every iteration).
     if ONE_CHUNK:  # the preloaded chunk is this program's whole K slice: no loop and no
         # float32 tile carried into one, so fewer registers and more programs per SM; the
-        # products and their sum are the same as the general path's
+        # products are the general path's (their sum across lanes may run in another order)
         acc, acc3 = _chunk_product(acc, acc, w_first, k_begin, k_end, K, x_ptr, x_rows, r_rows,
                                    h_ptr, nw_ptr, inv_rms, rows_m, mask_m, shm, pid_n, SILU_MUL, NORM,
                                    HAS_RES, USE_DOT, DOT_F32, EVEN_K, BLOCK_K, FIRST=True)

@@ -103,6 +103,11 @@ for _cls in _all_subclasses(InferClusterError):
     ERRORS_BY_CODE[_cls.code] = _cls
 
 
+# Codes of a replica refusing the request itself (bad or too long, can never fit the KV pool):
+# the client's fault, not a failure of the cluster (the coordinator counts them apart).
+REFUSAL_CODES = frozenset(cls.code for cls in (InvalidRequestError, ConfigError, OutOfMemoryError))
+
+
 def error_from_code(code: str, message: str, param: Optional[str] = None) -> InferClusterError:
     """Rebuild a typed error from its wire form; unknown codes become the base class."""
     return ERRORS_BY_CODE.get(code, InferClusterError)(message, param=param or None)

@@ -5,8 +5,8 @@ Owns `tokenize_prompt` (a string through the tokenizer, or a token-id list check
 vocabulary) and `check_lengths` (prompt and resumed tokens against `max_model_len`, the strict
 `max_tokens` rule, resumed ids and their count). Every refusal is an `InvalidRequestError`
 whose message names the value and the limit, and whose `param` names the request field at
-fault where a client set it (`prompt`, `max_tokens`), for the gateway's 400. Plain Python, no torch; `DynamicEngine.add_request`
-calls both before it builds the `Request`. Whether the request fits the KV pool is the
+fault where a client set it (`prompt`, `max_tokens`), for the gateway's 400. Plain Python, no
+torch; `DynamicEngine.add_request` calls both before it builds the `Request`. Whether the request fits the KV pool is the
 scheduler's call (`Scheduler.add`), not this module's.
 
 To add a rule: a check here raising `InvalidRequestError`, and a case in

@@ -106,6 +106,6 @@ class RowPlans:
 
 def rows_with(flags: np.ndarray, bit: int) -> list[int]:
     """The positions whose flags have `bit`, as a list."""
-    return np.flatnonzero(flags.astype(np.int64) & bit).tolist()
+    return np.flatnonzero(np.asarray(flags, dtype=np.int64) & bit).tolist()
 
 

@@ -79,11 +79,16 @@ def bound_to_another_group(symm_mem, group) -> bool:
         return True
 
 
-def _on_every_rank(flag: bool, control_group) -> bool:
-    """True when `flag` holds on every rank of the control group (a MIN all-reduce)."""
+def _on_every_rank(flag: bool, control_group, error: str) -> bool:
+    """True when `flag` holds on every rank of the control group (a MIN all-reduce); otherwise
+    logs why the TP all-reduce stays on NCCL (`error`: this rank's reason, "" if it had none)."""
     t = torch.tensor([1 if flag else 0], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control_group)
-    return bool(t.item())
+    if t.item():
+        return True
+    log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
+                error or "another rank of the group could not set it up")
+    return False
 
 
 class SymmAllReduce:
@@ -113,9 +118,7 @@ class SymmAllReduce:
                      f"{group.group_name!r}, and torch would reuse that engine's store")
         # Agree before the rendezvous (a collective of its own): a rank that skipped it would
         # leave the others waiting there.
-        if not _on_every_rank(not error, control_group):
-            log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
-                        error or "another rank of the group cannot set it up")
+        if not _on_every_rank(not error, control_group, error):
             return None
         try:
             with warnings.catch_warnings():  # enable_symm_mem_for_group is deprecated in newer torch
@@ -126,9 +129,7 @@ class SymmAllReduce:
             symm_mem.rendezvous(buffer, group.group_name)
         except Exception as exc:  # unsupported driver/topology: NCCL still works
             buffer, error = None, f"{type(exc).__name__}: {exc}"
-        if not _on_every_rank(buffer is not None, control_group):
-            log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
-                        error or "another rank of the group could not set it up")
+        if not _on_every_rank(buffer is not None, control_group, error):
             return None
         return cls(group, buffer, mode)
 
