@@ -8,8 +8,10 @@ before it can be the default.
 the buffer up but sends only tensors of >= 2 MiB there (none here), so it checks the set-up
 beside NCCL. Each case runs in a fresh interpreter: torch cannot register a TP group's name twice in one
 process, so an engine built after others in the pytest process falls back to NCCL (and the
-case would test NCCL again). The child reports which all-reduce it really set up.
-Run: `pytest -m gpu tests/distributed/test_gpu_symm_failure.py`."""
+case would test NCCL again). The child reports which all-reduce it really set up, and a hang
+prints every thread's stack. `two_shot` is a strict xfail: it hung on 2x H200 (2026-11-28),
+since a kernel at the barrier with a dead peer never ends (docs/parallel.md); it turns red
+once that is fixed. Run: `pytest -m gpu tests/distributed/test_gpu_symm_failure.py`."""
 
 import json
 import os
@@ -25,14 +27,18 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA devices", allow_module_level=True)
 
 KILL_ONE_RANK = """
-import json, os, signal, sys, time
+import faulthandler, json, logging, os, signal, sys, time
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("infer_cluster.worker.distributed").setLevel(logging.DEBUG)
 path, eager = sys.argv[1], sys.argv[2] == "eager"
 report = {}
 llm = LLM(path, tensor_parallel_size=2, enforce_eager=eager, device="cuda", dtype="float32",
           block_size=16, num_kv_blocks=256, max_num_batched_tokens=24, max_num_seqs=8)
 report["mode"] = llm.engine.runner.tp_allreduce
+print("SET UP " + json.dumps(report), file=sys.stderr, flush=True)
+faulthandler.dump_traceback_later(60)  # a hang shows every thread's stack in the failure message
 long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 rids = {llm.add_request([5 + i, 6, 7], long) for i in range(2)}
 for _ in range(3):
@@ -48,12 +54,17 @@ report["finals"] = [[d.finish_reason, (d.error or {}).get("message", "")] for d 
 closed_at = time.monotonic()
 llm.close()
 report["close_s"] = time.monotonic() - closed_at
+faulthandler.cancel_dump_traceback_later()
 print("REPORT " + json.dumps(report), flush=True)
 """
 
 
 @pytest.mark.timeout(200, method="thread")
-@pytest.mark.parametrize("mode", ["two_shot", "auto"])
+@pytest.mark.parametrize("mode", [
+    pytest.param("two_shot", marks=pytest.mark.xfail(strict=True, reason=(
+        "known: a kernel at the barrier with a dead peer never ends, so rank 0's process "
+        "cannot drain (docs/parallel.md, Failure handling); measured 2026-11-28"))),
+    "auto"])
 @pytest.mark.parametrize("eager", ["eager", "graphs"])
 def test_killed_rank_fails_within_10s_on_symmetric_memory(dist_checkpoints, mode, eager):
     env = dict(os.environ, INFER_CLUSTER_TP_ALLREDUCE=mode, NCCL_NVLS_ENABLE="0",
@@ -66,7 +77,7 @@ def test_killed_rank_fails_within_10s_on_symmetric_memory(dist_checkpoints, mode
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)  # the child and its rank processes
         out, err = child.communicate()
-        pytest.fail(f"the engine did not finish within 150 s after a rank was killed:\n{err[-3000:]}")
+        pytest.fail(f"the engine did not finish within 150 s after a rank was killed:\n{err[-12000:]}")
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
