@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -432,6 +432,24 @@ for _ in range(600):
           echo "--- $i: TPOT $tree"
           (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
             --max-model-len 4096 --out "$OUT/tpot_stepinputs_${i}_$(basename "$tree").json" 2>&1 | grep -E "tpot_ms_p50")
+        done
+      done
+      TIMELINE_LINES=12 OUT="$OUT" bash "$0" timeline ;;
+    greedygraph)  # issue 11, batch-1 TPOT: the split argmax captured in the T=1 decode graph
+      # (INFER_CLUSTER_GREEDY_GRAPH_MAX, 0: off) on top of the step-input changes. GPU tests, then TPOT alternating
+      # OLD_TREE (the tree before the step-input changes, as plain files; see stepinputs) / off / on, twice,
+      # then the step timeline with it on
+      timeout 200 python3 -m pytest -q -m gpu tests/kernels/test_argmax.py tests/parity/test_gpu.py \
+        -k "argmax or greedy_graphs or tiny_float32" -p no:cacheprovider 2>&1 | tee "$OUT/greedygraph_tests.log" | tail -3
+      for i in 1 2; do
+        if [ -n "${OLD_TREE:-}" ]; then
+          tree="$(cd "$OLD_TREE" && pwd)"; echo "--- $i: TPOT $tree"
+          (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+            --max-model-len 4096 --out "$OUT/tpot_greedygraph_${i}_old.json" 2>&1 | grep -E "tpot_ms_p50")
+        fi
+        for g in 0 32; do echo "--- $i: TPOT INFER_CLUSTER_GREEDY_GRAPH_MAX=$g"
+          INFER_CLUSTER_GREEDY_GRAPH_MAX=$g timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+            --max-model-len 4096 --out "$OUT/tpot_greedygraph_${i}_$g.json" 2>&1 | grep -E "tpot_ms_p50"
         done
       done
       TIMELINE_LINES=12 OUT="$OUT" bash "$0" timeline ;;

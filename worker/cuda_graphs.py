@@ -12,8 +12,10 @@ config) and captures it in the same order, calling `before_capture(bs)` (a barri
 group: never a collective inside a capture) before each size; the NCCL collectives inside the
 forward are captured, not run, so ranks meet in the eager warm-up before each capture. A replay
 names its batch (`run(..., batch=)`), which rank 0 broadcasts, so ranks never pick on their own.
-A T > 1 shard also captures a greedy variant of each size (`greedy_forward`: the same forward
-ending in the argmax pairs' gather, so the graph returns ids; `run(..., greedy=True)`).
+A greedy variant of each size up to `greedy_max_batch` can be captured too (`greedy_forward`:
+the same forward ending in an argmax, so the graph returns ids; `run(..., greedy=True)`): a
+T > 1 shard ends it in the argmax pairs' gather (every size), a single rank in the split argmax
+(small sizes, where the eager argmax after the replay is a visible part of the step).
 `release()` destroys the graphs: NCCL cannot destroy or abort a communicator while a captured
 graph still holds it, so graphs go before the process group does.
 
@@ -51,14 +53,16 @@ class DecodeGraphs:
     def __init__(self, forward_logits, kv_caches, max_batch: int, max_blocks_per_seq: int,
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
                  capture_error_mode: str = "global", stage_hidden: int = 0,
-                 stage_dtype: Optional[torch.dtype] = None, greedy_forward: Optional[Callable] = None):
+                 stage_dtype: Optional[torch.dtype] = None, greedy_forward: Optional[Callable] = None,
+                 greedy_max_batch: Optional[int] = None):
         """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured (with
         `stage_hidden` > 0: `forward_logits(..., kv_caches, stage_in)`, `stage_in` a
         `[rows, 2, stage_hidden]` view of the static stage input, see the module docstring).
         `before_capture(bs)` runs before each size's warm-up (ranks of one replica: a barrier);
         `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
         from invalidating the capture. `greedy_forward` (same arguments; returns the argmax ids
-        of the rows) is captured too, per size, into the same pool: `run(..., greedy=True)`."""
+        of the rows) is captured too, per size up to `greedy_max_batch` (None: every size),
+        into the same pool: `run(..., greedy=True)`."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
@@ -72,6 +76,7 @@ class DecodeGraphs:
                          if stage_hidden else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps served by a graph (tests check that graphs really ran)
+        self.greedy_replays = 0  # of those, steps served by a greedy variant
         self.outputs: dict[int, torch.Tensor] = {}
         self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.greedy_outputs: dict[int, torch.Tensor] = {}
@@ -87,6 +92,8 @@ class DecodeGraphs:
             if self.stage_in is not None:
                 args += (self.stage_in[:bs],)
             for forward, graphs, outputs in variants:
+                if graphs is self.greedy_graphs and greedy_max_batch is not None and bs > greedy_max_batch:
+                    continue
                 if before_capture is not None:
                     before_capture(bs)
                 forward(*args)  # warm-up: Triton compiles/autotunes outside the capture
@@ -102,6 +109,10 @@ class DecodeGraphs:
     def can_run(self, num_seqs: int, max_query_len: int, num_tokens: int, num_sampled: int) -> bool:
         return (max_query_len == 1 and num_tokens == num_seqs == num_sampled
                 and num_seqs <= self.max_batch)
+
+    def has_greedy(self, batch: int) -> bool:
+        """Whether the captured size `batch` has a greedy variant."""
+        return batch in self.greedy_graphs
 
     def batch_for(self, num_seqs: int) -> int:
         """The captured size a batch of `num_seqs` decodes replays (padded up)."""
@@ -131,8 +142,11 @@ class DecodeGraphs:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
+        if bs not in graphs:
+            raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(graphs)})")
         graphs[bs].replay()
         self.replays += 1
+        self.greedy_replays += greedy
         return outputs[bs][:n]
 
     def release(self) -> None:

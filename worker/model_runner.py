@@ -19,9 +19,12 @@ from typing import Callable, Optional
 import torch
 
 from infer_cluster.protocol import OutOfMemoryError
+from infer_cluster.protocol.errors import ConfigError
 
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs
+from infer_cluster.kernels.argmax import row_argmax
+
 from .cuda_graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs, build_mixed_graphs
 from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
@@ -34,6 +37,22 @@ from .scheduler_output import SchedulerOutput
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# The largest decode batch whose graph also has a greedy variant (the split argmax captured after
+# the LM head, so an all-greedy step launches no argmax of its own); 0 turns it off.
+GREEDY_GRAPH_ENV = "INFER_CLUSTER_GREEDY_GRAPH_MAX"
+GREEDY_GRAPH_MAX_DEFAULT = 32
+
+
+def greedy_graph_max() -> int:
+    raw = os.environ.get(GREEDY_GRAPH_ENV, "").strip()
+    try:
+        value = int(raw) if raw else GREEDY_GRAPH_MAX_DEFAULT
+    except ValueError:
+        raise ConfigError(f"{GREEDY_GRAPH_ENV}={raw!r} is not a whole number of sequences") from None
+    if value < 0:
+        raise ConfigError(f"{GREEDY_GRAPH_ENV}={raw!r} must be 0 (off) or more")
+    return value
 
 
 def resolve_device(config: EngineConfig, local_rank: int = 0) -> torch.device:
@@ -123,8 +142,12 @@ class ModelRunner:
         addresses, so a new pool needs new graphs."""
         if self._uses_graphs:
             max_blocks = -(-self.max_model_len // self.config.block_size)
+            greedy_max = greedy_graph_max()
             self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
-                                       min(self.config.max_num_seqs, 512), max_blocks, self.device)
+                                       min(self.config.max_num_seqs, 512), max_blocks, self.device,
+                                       greedy_forward=self._greedy_forward if greedy_max else None,
+                                       greedy_max_batch=greedy_max)
+            self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
             self.mixed_graphs = build_mixed_graphs(
                 self._forward_sampled, self.context.kv_caches,
                 min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
@@ -135,6 +158,7 @@ class ModelRunner:
             if graphs is not None:
                 graphs.release()
         self.graphs = self.mixed_graphs = None
+        self.takes_greedy_ids = False
 
     # -- resize (worker/kv_resize.py plans it; DynamicEngine.reset_cache drives it) -------------
 
@@ -316,6 +340,11 @@ class ModelRunner:
         hidden, residual = self.model(input_ids, positions, meta, kv_caches, final_norm=False)
         return self.model.compute_logits(hidden, residual, gather)
 
+    def _greedy_forward(self, input_ids, positions, meta, kv_caches) -> torch.Tensor:
+        """The decode forward of an all-greedy step (the body of the greedy graphs): the
+        argmax ids (int64 `[rows]`) of `_forward_logits`."""
+        return row_argmax(self._forward_logits(input_ids, positions, meta, kv_caches))
+
     def _forward_stage_decode(self, input_ids, positions, meta, kv_caches, stage_in=None):
         """Decode-only forward of a pipeline stage (the body of its CUDA graphs at P > 1):
         `stage_in` `[rows, 2, hidden]` from the previous stage (None on the first). Returns
@@ -352,8 +381,8 @@ class ModelRunner:
         """Called once a step's ids reached the host: a tensor/pipeline-parallel runner raises
         there if its rank group failed during the step; one rank has nothing to check."""
 
-    # One rank holds the whole vocabulary: the argmax of its logits costs the sampler no more
-    # than here, so `execute` always returns logits (a T > 1 runner takes ids, runner.py).
+    # With greedy decode graphs (`INFER_CLUSTER_GREEDY_GRAPH_MAX`), an all-greedy step may ask
+    # `execute` for the argmax ids instead of the logits (as a T > 1 runner does, runner.py).
     takes_greedy_ids = False
 
     @property
@@ -365,19 +394,24 @@ class ModelRunner:
                 prev_rows: tuple = (), greedy_ids: bool = False) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
-        `DynamicContext.prepare`. `greedy_ids` is for runners that `takes_greedy_ids`."""
+        `DynamicContext.prepare`. `greedy_ids` (only where `takes_greedy_ids`; the caller found
+        every sampled row plain greedy): the rows' argmax ids (int64) instead of the logits, from
+        the greedy graph where the step replays one."""
         inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
-        if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n,
-                                                           len(inputs.sample_request_ids)):
-            return self.graphs.run(inputs.input_ids, inputs.positions, meta), inputs.sample_request_ids
-        if self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
-            return (self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices),
-                    inputs.sample_request_ids)
-        logits = self._forward_sampled(inputs.input_ids, inputs.positions, meta, self.context.kv_caches,
-                                       inputs.sample_indices)
-        return logits, inputs.sample_request_ids
+        ids = inputs.sample_request_ids
+        if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n, len(ids)):
+            greedy = greedy_ids and self.graphs.has_greedy(self.graphs.batch_for(n))
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, meta, greedy=greedy)
+            if greedy:
+                return logits, ids
+        elif self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
+            logits = self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices)
+        else:
+            logits = self._forward_sampled(inputs.input_ids, inputs.positions, meta, self.context.kv_caches,
+                                           inputs.sample_indices)
+        return (row_argmax(logits) if greedy_ids and len(ids) else logits), ids
 
     @torch.inference_mode()
     def execute_stage(self, inputs: StepInputs, hidden: Optional[torch.Tensor] = None,

@@ -169,3 +169,30 @@ def test_async_unresolved_rows_match_sync_on_gpu(checkpoints, monkeypatch):
     _assert_same_outputs(outputs(llm, params), want)
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.engine._inflight
+
+
+@pytest.mark.parametrize("greedy_max", ["4", "0"])
+def test_greedy_graphs_give_the_logits_graphs_tokens(checkpoints, monkeypatch, greedy_max):
+    """All-greedy decode steps of up to INFER_CLUSTER_GREEDY_GRAPH_MAX rows replay the greedy
+    variant (the split argmax inside the graph), larger ones the logits graph with the argmax
+    after it; both give the tokens of the eager engine, with async scheduling and without."""
+    from infer_cluster.worker import LLM
+
+    monkeypatch.setenv("INFER_CLUSTER_GREEDY_GRAPH_MAX", greedy_max)
+    prompts = make_prompts()[:6]
+    # Requests end one after another, so the decode batch shrinks from 6 rows to 1.
+    params = [SamplingParams(temperature=0, max_tokens=8 + 4 * i, ignore_eos=True) for i in range(6)]
+    kw = dict(device="cuda", dtype="float32", num_kv_blocks=512, max_num_seqs=8)
+    want = [o.token_ids for o in LLM(checkpoints["qwen3"], enforce_eager=True, **kw).generate(
+        prompts, params, use_tqdm=False)]
+    for async_scheduling in (True, False):
+        llm = LLM(checkpoints["qwen3"], async_scheduling=async_scheduling, **kw)
+        graphs = llm.engine.runner.graphs
+        assert sorted(graphs.greedy_graphs) == ([1, 2, 4] if greedy_max == "4" else [])
+        assert llm.engine.runner.takes_greedy_ids == (greedy_max == "4")
+        got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+        assert graphs.replays > 0
+        assert (graphs.greedy_replays > 0) == (greedy_max == "4")
+        assert graphs.greedy_replays < graphs.replays  # the 6- and 8-row steps took the logits graph
+        llm.close()
