@@ -8,8 +8,7 @@ the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up als
 add + RMSNorm prologue; one-chunk builds where the K slice is one chunk), and of the fused
 `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), and of the sampler's kernels
 (`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state, the split
-argmax), with the launch tiles the
-entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
+argmax), with the launch tiles the entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
 constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
 loads). Prints one row per variant; exits 1 if any variant spills. Never runs a kernel.
