@@ -7,9 +7,10 @@ Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target)
 the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
 add + RMSNorm prologue; one-chunk builds where the K slice is one chunk), and of the fused
 `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), and of the sampler's kernels
-(`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state, the split
-argmax), with the launch tiles the entry points pick, specialised as the JIT would for contiguous caches (strides equal to 1 become
-constants, multiples of 16 carry the divisibility hint, 16-byte-aligned pointers), then Triton's
+(`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state) and of the
+split argmax (`argmax_variants`), with the launch tiles the entry points pick, specialised as
+the JIT would for contiguous caches (strides equal to 1 become constants, multiples of 16 carry
+the divisibility hint, 16-byte-aligned pointers), then Triton's
 bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
 loads). Prints one row per variant; exits 1 if any variant spills. Never runs a kernel.
 
@@ -167,7 +168,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants() + _qkv_prep_variants() + sampler_variants()
+    return rows + gemv_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():
@@ -212,15 +213,6 @@ def sampler_variants():
                               HAS_MASS=has, **act),
                          dict(num_warps=8),
                          ("sx", "vocab")))
-    from infer_cluster.kernels import argmax_triton as am
-    nparts = -(-vocab // am.BLOCK)
-    for xd in ("*fp32", "*bf16"):
-        rows.append((f"argmax parts {xd[1:]}", am._part_kernel,
-                     dict(x_ptr=xd, val_ptr="*fp32", idx_ptr="*i32"),
-                     dict(sx=vocab, vocab=vocab, nparts=nparts), dict(BLOCK=am.BLOCK),
-                     dict(num_warps=am._WARPS), ("sx", "vocab", "nparts")))
-    rows.append(("argmax pick", am._pick_kernel, dict(val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64"),
-                 dict(nparts=nparts, vocab=vocab), dict(BLOCK_P=128), dict(num_warps=1), ("nparts", "vocab")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
     rows.append(("penalties apply", pt._apply_kernel,
@@ -230,6 +222,22 @@ def sampler_variants():
     rows.append(("penalties append", pt._append_kernel,
                  dict(ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", slots_ptr="*i64", tokens_ptr="*i64"),
                  dict(s_ids=1024, s_cnt=1024), dict(CH=pt.CH), dict(num_warps=4), ("s_ids", "s_cnt")))
+    return rows
+
+
+def argmax_variants():
+    """The split row argmax (kernels/argmax_triton.py) at the Qwen3-0.6B vocabulary, float32
+    and bf16 logits, as `row_argmax_triton` launches it."""
+    from infer_cluster.kernels import argmax_triton as am
+    vocab, rows = 151936, []
+    nparts = -(-vocab // am.BLOCK)
+    for xd in ("*fp32", "*bf16"):
+        rows.append((f"argmax parts {xd[1:]}", am._part_kernel,
+                     dict(x_ptr=xd, val_ptr="*fp32", idx_ptr="*i32"),
+                     dict(sx=vocab, vocab=vocab, nparts=nparts), dict(BLOCK=am.BLOCK),
+                     dict(num_warps=am._WARPS), ("sx", "vocab", "nparts")))
+    rows.append(("argmax pick", am._pick_kernel, dict(val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64"),
+                 dict(nparts=nparts, vocab=vocab), dict(BLOCK_P=128), dict(num_warps=1), ("nparts", "vocab")))
     return rows
 
 
