@@ -3,7 +3,9 @@ and the idle gap before it.
 
 Starts the offline engine with CUDA graphs (Qwen3-0.6B shape, dummy bf16 weights), runs one
 request to a steady decode, profiles `--steps` steps with `torch.profiler` (CUPTI records the
-kernels inside graph replays), and prints per step: kernels, GPU busy time, idle gaps, span; then
+kernels inside graph replays), and prints per step: kernels, GPU busy time, idle gaps, span and
+period (steps are cut before each step's upload kernel, so the period is the time per token,
+the gap at the step boundary included; `--copies` shows the memcpys there too); then
 per kernel name the count per step, mean time and mean gap before it; and the kernel sequence of
 one step (`--show`). bench/decode_kernels.py profiles the same step eagerly (launch by launch);
 this one shows what the graph replay leaves between kernels, the part no single kernel owns.
@@ -32,18 +34,37 @@ def short(name: str) -> str:
     return name[:60]
 
 
-def split_steps(kernels, min_gap_us: float):
-    """Kernels (start, end, name) sorted by start, cut into steps at idle gaps >= min_gap_us."""
+def split_steps(kernels, min_gap_us: float, first: str = ""):
+    """Events (start, end, name) sorted by start, cut into steps: before every event named
+    `first` (the kernel that opens each step) where the profile has one, else at idle gaps
+    >= min_gap_us."""
+    cut_at_first = bool(first) and any(name == first for _, _, name in kernels)
     steps, cur, last_end = [], [], None
     for k in kernels:
-        if cur and k[0] - last_end >= min_gap_us:
+        if cur and (k[2] == first if cut_at_first else k[0] - last_end >= min_gap_us):
             steps.append(cur)
             cur = []
         cur.append(k)
         last_end = k[1] if last_end is None else max(last_end, k[1])
     if cur:
         steps.append(cur)
+    if cut_at_first:  # the profile's first events belong to a step that began before it
+        steps = [st for st in steps if st[0][2] == first]
     return steps
+
+
+def step_rows(steps) -> list[dict]:
+    """Per step: events, busy time (their durations summed; PDL overlap can make it exceed the
+    span), span (first start to last end), idle (span - busy) and period (this step's first
+    start to the next step's: the time per token, boundary included; None for the last)."""
+    rows = []
+    for i, s in enumerate(steps):
+        busy = sum(e - b for b, e, _ in s)
+        span = max(e for _, e, _ in s) - s[0][0]
+        period = steps[i + 1][0][0] - s[0][0] if i + 1 < len(steps) else None
+        rows.append({"kernels": len(s), "busy_us": busy, "span_us": span, "idle_us": span - busy,
+                     "period_us": period})
+    return rows
 
 
 def main(argv=None):
@@ -53,6 +74,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--step-gap-us", type=float, default=15.0,
                     help="an idle gap at least this long separates two steps")
+    ap.add_argument("--first-kernel", default="_mapped_read_kernel",
+                    help="the kernel that opens every step (the step upload): steps are cut before it, "
+                         "so a step's period includes the boundary; '' cuts at idle gaps instead")
+    ap.add_argument("--copies", action="store_true",
+                    help="keep memcpy / memset events in the timeline (the ids' device-to-host copy, the "
+                         "copies into the graph's static buffers), named 'Memcpy DtoH' and so on")
     ap.add_argument("--show", type=int, default=1, help="print the kernel sequence of this many steps")
     ap.add_argument("--out", default="bench/results/decode_timeline.json")
     args = ap.parse_args(argv)
@@ -78,20 +105,22 @@ def main(argv=None):
             llm.step()
         torch.cuda.synchronize()
     kernels = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name
-                     and "Memset" not in e.name)
+                     if e.device_type == torch.autograd.DeviceType.CUDA
+                     and (args.copies or ("Memcpy" not in e.name and "Memset" not in e.name)))
     llm.abort(rid)
     llm.close()
-    steps = [s for s in split_steps(kernels, args.step_gap_us) if len(s) > 50]  # decode steps only
+    steps = [s for s in split_steps(kernels, args.step_gap_us, args.first_kernel)
+             if len(s) > 50]  # decode steps only
     if not steps:
         print("no decode step found in the profile")
         return 1
     per_name = defaultdict(lambda: {"n": 0, "us": 0.0, "gap_us": 0.0})
-    rows = []
+    rows = step_rows(steps)
+    typical = statistics.median(r["kernels"] for r in rows)
+    if any(r["kernels"] > 1.5 * typical for r in rows):
+        print(f"warning: a step holds more than 1.5x the median {typical:.0f} events: a step without "
+              f"{args.first_kernel or 'a long idle gap'} merged into the one before it")
     for s in steps:
-        busy = sum(e - b for b, e, _ in s)
-        span = s[-1][1] - s[0][0]
-        rows.append({"kernels": len(s), "busy_us": busy, "span_us": span, "idle_us": span - busy})
         prev_end = None
         for b, e, name in s:
             d = per_name[name]
@@ -100,8 +129,10 @@ def main(argv=None):
             d["gap_us"] += 0.0 if prev_end is None else max(0.0, b - prev_end)
             prev_end = e if prev_end is None else max(prev_end, e)
     n = len(steps)
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    print(f"{n} decode steps (median): {med['kernels']:.0f} kernels, span {med['span_us']:.1f} us, "
+    med = {k: statistics.median(r[k] for r in rows if r[k] is not None) if any(r[k] is not None for r in rows)
+           else None for k in rows[0]}
+    period = f", period {med['period_us']:.1f} us" if med["period_us"] is not None else ""
+    print(f"{n} decode steps (median): {med['kernels']:.0f} kernels, span {med['span_us']:.1f} us{period}, "
           f"busy {med['busy_us']:.1f} us, idle between kernels {med['idle_us']:.1f} us "
           f"({med['idle_us'] / max(med['kernels'] - 1, 1):.2f} us per boundary)")
     table = sorted(per_name.items(), key=lambda kv: -kv[1]["us"])
@@ -109,14 +140,18 @@ def main(argv=None):
     for name, d in table:
         print(f"{name:<60} {d['n'] / n:>8.1f} {d['us'] / d['n']:>8.2f} {d['gap_us'] / d['n']:>7.2f} "
               f"{d['us'] / n:>8.1f}")
+    sequences = []
     for s in steps[:args.show]:
         print("--- one step: start us, kernel us, gap before us, kernel")
-        prev_end = s[0][0]
+        prev_end, seq = s[0][0], []
         for b, e, name in s:
-            print(f"{b - s[0][0]:9.1f} {e - b:7.2f} {b - prev_end:6.2f}  {name}")
+            seq.append([round(b - s[0][0], 2), round(e - b, 2), round(b - prev_end, 2), name])
+            print(f"{seq[-1][0]:9.1f} {seq[-1][1]:7.2f} {seq[-1][2]:6.2f}  {name}")
             prev_end = max(prev_end, e)
+        sequences.append(seq)
     write_json(args.out, {"model": args.model, "prompt_len": args.prompt_len, "steps": rows,
-                          "median": med, "per_kernel": {k: v for k, v in table},
+                          "median": med, "per_kernel": {k: v for k, v in table}, "sequences": sequences,
+                          "copies": args.copies, "first_kernel": args.first_kernel,
                           "device": torch.cuda.get_device_name()})
     return 0
 

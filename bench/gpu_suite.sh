@@ -256,7 +256,9 @@ for _ in range(600):
           --max-model-len 4096 --out "$OUT/tpot_qwen3_normfuse$f.json" 2>&1 | tail -8
       done ;;
     timeline)  # issue 11: one batch-1 decode step as the graph replays it: kernels in order, gaps between
-      timeout 200 python3 bench/decode_timeline.py --steps 10 --out "$OUT/decode_timeline.json" 2>&1 | tail -${TIMELINE_LINES:-290} ;;
+      # (TIMELINE_FLAGS=--copies: the memcpys too; the sequence is also in the JSON)
+      timeout 200 python3 bench/decode_timeline.py --steps 10 ${TIMELINE_FLAGS:-} --out "$OUT/decode_timeline.json" 2>&1 \
+        | tail -${TIMELINE_LINES:-290} ;;
     pdl)  # issue 11: programmatic dependent launch for the small-batch GEMVs, first W tile loaded before
       # the wait (kernels/pdl.py). GPU tests of gemv / fused norm / decode attention, batch-1 TPOT with
       # INFER_CLUSTER_PDL=0 then 1, then the step timeline with PDL on
