@@ -131,6 +131,10 @@ class SymmAllReduce:
             buffer, error = None, f"{type(exc).__name__}: {exc}"
         if not _on_every_rank(buffer is not None, control_group, error):
             return None
+        if dist.get_rank(group) == 0:
+            log.warning("%s=%s: the symmetric-memory all-reduce is on. If a rank dies, a kernel waiting "
+                        "for it never ends: the requests still fail at once, but this replica's process "
+                        "cannot stop and must be killed (docs/parallel.md, Failure handling)", ENV, mode)
         return cls(group, buffer, mode)
 
     def fits(self, x: torch.Tensor) -> bool:
