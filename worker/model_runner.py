@@ -4,7 +4,8 @@ pool, and runs one forward pass per `SchedulerOutput`.
 Owns: device/dtype resolution, weight loading (checkpoint or `dummy`), the warm-up pass that
 measures activation memory before the KV pool is sized from `gpu_memory_utilization`, and
 `execute()`. It sees nothing of the scheduler but the `SchedulerOutput`, and returns logits of
-the rows to sample; sampling happens in the engine.
+the rows to sample (or, for a step the engine found all plain greedy, their argmax ids, from the
+greedy decode graphs where they apply); sampling happens in the engine.
 To extend (CUDA graphs, other attention backends): wrap `_forward`, keep `execute`'s contract.
 """
 
@@ -18,13 +19,12 @@ from typing import Callable, Optional
 
 import torch
 
+from infer_cluster.kernels.argmax import row_argmax
 from infer_cluster.protocol import OutOfMemoryError
 from infer_cluster.protocol.errors import ConfigError
 
 from .config import EngineConfig
 from .context import DynamicContext, StepInputs
-from infer_cluster.kernels.argmax import row_argmax
-
 from .cuda_graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs, build_mixed_graphs
 from .kv_copy import HostKVPool, build_host_pool, staging_device_bytes
@@ -45,6 +45,7 @@ GREEDY_GRAPH_MAX_DEFAULT = 32
 
 
 def greedy_graph_max() -> int:
+    """`INFER_CLUSTER_GREEDY_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
     raw = os.environ.get(GREEDY_GRAPH_ENV, "").strip()
     try:
         value = int(raw) if raw else GREEDY_GRAPH_MAX_DEFAULT
