@@ -67,6 +67,12 @@ def step_rows(steps) -> list[dict]:
     return rows
 
 
+def median_known(values):
+    """The median of the values that are not None (None if there are none)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b-shape")
@@ -129,8 +135,7 @@ def main(argv=None):
             d["gap_us"] += 0.0 if prev_end is None else max(0.0, b - prev_end)
             prev_end = e if prev_end is None else max(prev_end, e)
     n = len(steps)
-    med = {k: statistics.median(r[k] for r in rows if r[k] is not None) if any(r[k] is not None for r in rows)
-           else None for k in rows[0]}
+    med = {k: median_known(r[k] for r in rows) for k in rows[0]}
     period = f", period {med['period_us']:.1f} us" if med["period_us"] is not None else ""
     print(f"{n} decode steps (median): {med['kernels']:.0f} kernels, span {med['span_us']:.1f} us{period}, "
           f"busy {med['busy_us']:.1f} us, idle between kernels {med['idle_us']:.1f} us "

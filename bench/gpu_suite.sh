@@ -27,6 +27,13 @@ tpot_alternating() {
       --out "$OUT/${2}_$i.json" 2>&1 | grep -E "tpot_ms_p|ttft_ms\""
   done
 }
+# Batch-1 TPOT p50 of the engine in TREE (this checkout, or an older one as plain files), with the
+# ENV settings. tpot_in_tree TREE OUT_JSON [ENV=VALUE ...]
+tpot_in_tree() {
+  local tree out; tree=$(cd "$1" && pwd); out=$(realpath -m "$2"); shift 2
+  (cd "$tree" && env PYTHONPATH="/tmp/site:$tree" "$@" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+    --max-model-len 4096 --out "$out" 2>&1 | grep -E "tpot_ms_p50")
+}
 for stage in "$@"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case $stage in
@@ -432,8 +439,7 @@ for _ in range(600):
       for i in 1 2; do
         for tree in "$PWD" ${OLD_TREE:+"$(cd "$OLD_TREE" && pwd)"}; do
           echo "--- $i: TPOT $tree"
-          (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
-            --max-model-len 4096 --out "$OUT/tpot_stepinputs_${i}_$(basename "$tree").json" 2>&1 | grep -E "tpot_ms_p50")
+          tpot_in_tree "$tree" "$OUT/tpot_stepinputs_${i}_$(basename "$tree").json"
         done
       done
       TIMELINE_LINES=12 OUT="$OUT" bash "$0" timeline ;;
@@ -445,13 +451,10 @@ for _ in range(600):
         -k "argmax or greedy_graphs or tiny_float32" -p no:cacheprovider 2>&1 | tee "$OUT/greedygraph_tests.log" | tail -3
       for i in 1 2; do
         if [ -n "${OLD_TREE:-}" ]; then
-          tree="$(cd "$OLD_TREE" && pwd)"; echo "--- $i: TPOT $tree"
-          (cd "$tree" && PYTHONPATH="/tmp/site:$tree" timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
-            --max-model-len 4096 --out "$OUT/tpot_greedygraph_${i}_old.json" 2>&1 | grep -E "tpot_ms_p50")
+          echo "--- $i: TPOT $OLD_TREE"; tpot_in_tree "$OLD_TREE" "$OUT/tpot_greedygraph_${i}_old.json"
         fi
         for g in 0 32; do echo "--- $i: TPOT INFER_CLUSTER_GREEDY_GRAPH_MAX=$g"
-          INFER_CLUSTER_GREEDY_GRAPH_MAX=$g timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
-            --max-model-len 4096 --out "$OUT/tpot_greedygraph_${i}_$g.json" 2>&1 | grep -E "tpot_ms_p50"
+          tpot_in_tree . "$OUT/tpot_greedygraph_${i}_$g.json" INFER_CLUSTER_GREEDY_GRAPH_MAX=$g
         done
       done
       TIMELINE_LINES=12 OUT="$OUT" bash "$0" timeline ;;

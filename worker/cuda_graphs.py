@@ -141,9 +141,9 @@ class DecodeGraphs:
         if bs > n:  # padding rows: attend to one (stale) slot, write nothing
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
+        if greedy and not self.has_greedy(bs):
+            raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
-        if bs not in graphs:
-            raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(graphs)})")
         graphs[bs].replay()
         self.replays += 1
         self.greedy_replays += greedy

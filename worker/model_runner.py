@@ -403,8 +403,9 @@ class ModelRunner:
         n = inputs.input_ids.shape[0]
         ids = inputs.sample_request_ids
         if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n, len(ids)):
-            greedy = greedy_ids and self.graphs.has_greedy(self.graphs.batch_for(n))
-            logits = self.graphs.run(inputs.input_ids, inputs.positions, meta, greedy=greedy)
+            bs = self.graphs.batch_for(n)
+            greedy = greedy_ids and self.graphs.has_greedy(bs)
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, meta, batch=bs, greedy=greedy)
             if greedy:
                 return logits, ids
         elif self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
