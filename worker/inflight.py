@@ -8,7 +8,9 @@ rows marked `pending_input` get their input id from the latest launch's draw, on
 `LaunchedStep` owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
 `token_ids` feed the next step's `pending_input` rows), and the copy of the draw to the host:
 into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
-`wait()` blocks on that event only, asks the runner whether the step's device work can be
+`wait()` blocks on that event only (`device_wait.wait_event`: with the runner's
+`wait_gave_up` check, a poll that gives up once a rank group failed, since a symmetric-memory
+all-reduce whose peer died never ends), asks the runner whether the step's device work can be
 trusted (`verify_step`: a tensor/pipeline-parallel group that failed during the step raises
 there; a single-rank runner's is a no-op), then builds the `SamplerOutput` (the sampler redoes the
 rare rows its candidate path flagged there: a sync, after the event anyway; the ids it changed
@@ -34,6 +36,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
+from .device_wait import wait_event
 from .sampler import DeviceDraw, Sampler, SamplerOutput, SamplingRequestState
 from .scheduler_output import SchedulerOutput
 
@@ -52,9 +55,11 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 class LaunchedStep:
     def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: DeviceDraw,
-                 verify: Optional[Callable[[], None]] = None):
+                 verify: Optional[Callable[[], None]] = None,
+                 gave_up: Optional[Callable[[], bool]] = None):
         self.out = out
         self._verify = verify  # the runner's check that the step's device work is trustworthy
+        self._gave_up = gave_up  # the runner's `wait_gave_up`: its group failed, stop waiting
         self.row_ids = row_ids
         self.row_of = {rid: i for i, rid in enumerate(row_ids)}
         self.draw = draw
@@ -74,8 +79,10 @@ class LaunchedStep:
         """Block until the ids are on the host; returns {request id: token id},
         {request id: logprob entry (deferred) or None} and the requests whose provisional id
         the sampler's redo changed (`SamplerOutput.redrawn`)."""
-        if self._event is not None:
-            self._event.synchronize()
+        if self._event is not None and not wait_event(self._event, self._gave_up):
+            if self._verify is not None:
+                self._verify()  # raises: the group failed while the step was on the device
+            raise RuntimeError("the step's device work was given up")
         if self._verify is not None:  # a rank group: did it stay healthy through the step?
             self._verify()
         values = self._values.flatten().tolist() if self._values is not None else None
@@ -86,10 +93,11 @@ class LaunchedStep:
 
     def abandon(self) -> None:
         """A failure: wait (ignoring device errors) until the device is done with the step, so
-        its blocks can be freed."""
+        its blocks can be freed. A failed rank group's device may never be done: then the wait
+        ends at once (the runner takes no more steps, so nothing reuses the blocks)."""
         try:
             if self._event is not None:
-                self._event.synchronize()
+                wait_event(self._event, self._gave_up)
         except Exception:  # the device fault is reported by the step that raised
             pass
 
@@ -125,7 +133,7 @@ class InFlightSteps:
             draw = sampler.draw_greedy_ids(result, rows)
         else:  # the runner's logits are this step's own tensor: the sampler may edit them in place
             draw = sampler.draw(result, rows, logits_writable=True, classes=classes)
-        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step)
+        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step, runner.wait_gave_up)
         self.steps.append(self.last)
         return self.last
 
@@ -177,7 +185,7 @@ class SubmittedStep:
             # The check closes over the runner and ticket, not self: a cycle through the
             # launched step would keep its device tensors alive until a GC pass.
             self.launched = _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
-                                  lambda: runner.settle(ticket))
+                                  lambda: runner.settle(ticket), runner.wait_gave_up)
         return self.launched
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
@@ -188,7 +196,8 @@ class SubmittedStep:
             return self.launched.wait(sampler)
         logits, row_ids = self._runner.collect(self._ticket)
         self._ticket = None
-        return _draw(self.out, logits, row_ids, sampler, self._requests, self._eos).wait(sampler)
+        return _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
+                     gave_up=self._runner.wait_gave_up).wait(sampler)
 
     def abandon(self) -> None:
         """A failure elsewhere: let the runner take this step's logits (if the group is still
@@ -215,9 +224,11 @@ def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingReq
 
 
 def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
-          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None) -> LaunchedStep:
+          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None,
+          gave_up: Optional[Callable[[], bool]] = None) -> LaunchedStep:
     """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
     live requests by id."""
     rows = _rows(row_ids, requests, eos_token_ids)
     # The runner's logits are this step's own tensor: the sampler may edit them in place.
-    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True), verify)
+    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True), verify,
+                        gave_up)

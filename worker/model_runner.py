@@ -382,6 +382,9 @@ class ModelRunner:
         """Called once a step's ids reached the host: a tensor/pipeline-parallel runner raises
         there if its rank group failed during the step; one rank has nothing to check."""
 
+    # One GPU's device always drains: waits on its steps block (worker/device_wait.py).
+    wait_gave_up = None
+
     # With greedy decode graphs (`INFER_CLUSTER_GREEDY_GRAPH_MAX`), an all-greedy step may ask
     # `execute` for the argmax ids instead of the logits (as a T > 1 runner does, runner.py).
     takes_greedy_ids = False

@@ -54,8 +54,11 @@ report["finals"] = [[d.finish_reason, (d.error or {}).get("message", "")] for d 
 closed_at = time.monotonic()
 llm.close()
 report["close_s"] = time.monotonic() - closed_at
+report["device_stuck"] = llm.engine.runner.device_stuck
 faulthandler.cancel_dump_traceback_later()
 print("REPORT " + json.dumps(report), flush=True)
+print("EXITING", file=sys.stderr, flush=True)
+faulthandler.dump_traceback_later(20)  # an interpreter exit that hangs shows where
 """
 
 

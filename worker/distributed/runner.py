@@ -23,6 +23,12 @@ With async scheduling too, the engine takes a group's logits with `collect_queue
 wait, no host wait), queues their draw, and submits the group's next step with its pending
 rows filled from that draw; `settle(ticket)` after the ids reached the host checks the group.
 
+With a symmetric-memory TP all-reduce (`tp_allreduce` other than `nccl`) a failed group may
+leave rank 0's device unable to finish its queued work (worker/device_wait.py): waits on the
+steps poll with `wait_gave_up`, and after a failure the device gets `FAILED_DRAIN_S` to finish.
+If it does not, it is left as it is (graphs, process group and buffers kept until the process
+exits), so the requests still end and `close()` still returns.
+
 Must never run a step after a failure (ranks could be mid-collective), never block forever
 (collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
 a rank process behind (`close()`, also run at interpreter exit). To extend: per-step work for
@@ -46,6 +52,7 @@ from infer_cluster.protocol.errors import ConfigError
 
 from ..block_table import BlockTableMirror
 from ..config import EngineConfig
+from ..device_wait import drained, keep_until_exit, wait_event
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
 from ..scheduler_output import SchedulerOutput
@@ -56,6 +63,10 @@ from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending
 from .topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
+
+# After a failure with a symmetric-memory all-reduce: how long rank 0's device gets to finish
+# its queued work before it counts as stuck behind a kernel that waits for the dead rank.
+FAILED_DRAIN_S = 2.0
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -120,6 +131,7 @@ class DistributedRunner:
         self._block_mirror = BlockTableMirror()  # the step tables, built from what changed
         self._uncollected: list[StepTicket] = []  # submitted, not collected (STOP waits for them)
         self._shard: Optional[RankShard] = None
+        self._stuck: Optional[bool] = None  # after a failure: the device did not drain
         self._ranks: list[RankProcess] = []
         device = resolve_device(config, 0)
         dtype = resolve_dtype(config, hf_config, device)
@@ -184,11 +196,48 @@ class DistributedRunner:
         monitor = getattr(self, "_monitor", None)
         return monitor.error if monitor is not None else None
 
+    @property
+    def wait_gave_up(self) -> Optional[Callable[[], bool]]:
+        """For waits on rank 0's device (worker/device_wait.py): a check that turns true once
+        the group failed, where a failure may leave the device never finishing (a
+        symmetric-memory all-reduce); None where waits may block (NCCL's abort ends its kernels)."""
+        return self._failed if self._may_get_stuck else None
+
+    def _failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def _may_get_stuck(self) -> bool:
+        device = getattr(self, "device", None)  # set once the shard is built
+        return device is not None and device.type == "cuda" and self.tp_allreduce != "nccl"
+
+    def _device_settled(self) -> bool:
+        """After a failure: whether rank 0's device finished its queued work, so that its graphs
+        and process group may be torn down. Always with NCCL; with a symmetric-memory all-reduce
+        it is checked once, for up to `FAILED_DRAIN_S`."""
+        if not self._may_get_stuck or self._shard is None:
+            return True
+        if self._stuck is None:
+            self._stuck = not drained(self.device, FAILED_DRAIN_S)
+            if self._stuck:
+                log.error("rank 0's device did not finish its queued work within %g s of the "
+                          "failure (a symmetric-memory all-reduce waits for the dead rank); its "
+                          "graphs, process group and buffers stay until this process exits",
+                          FAILED_DRAIN_S)
+        return not self._stuck
+
+    @property
+    def device_stuck(self) -> bool:
+        """True once a failure left rank 0's device unable to finish (see `_device_settled`):
+        this process cannot free its device state and should exit (worker/replica_main.py)."""
+        return bool(self._stuck)
+
     def _check_usable(self) -> None:
         if self._closed:
             raise RankFailedError("the tensor/pipeline-parallel runner is closed")
         if self.error is not None:
-            self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
+            if self._device_settled():
+                self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
             raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
 
     def submit(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
@@ -223,7 +272,10 @@ class DistributedRunner:
                 if ticket.work is not None:
                     self._shard.relay.wait(ticket.work)
                 if self.device.type == "cuda":  # see execute(): only logits of a healthy group
-                    torch.cuda.current_stream(self.device).synchronize()
+                    event = torch.cuda.Event()
+                    event.record(torch.cuda.current_stream(self.device))
+                    if not wait_event(event, self.wait_gave_up):
+                        raise RankFailedError("the rank group failed during the step")
             except Exception as exc:
                 raise self._step_failure(exc) from None
             if self.error is not None:
@@ -331,9 +383,13 @@ class DistributedRunner:
         if not stopped:  # ranks that got no STOP exit at their stdin's EOF (a pending send fails)
             close_stdin(self._ranks)
         if own_group:
-            if self._shard is not None:
-                self._shard.release_graphs()
-            RankGroups.destroy()
+            if self.error is not None and not self._device_settled():
+                keep_until_exit(self._shard)  # freeing its device state would wait forever
+                keep_until_exit(getattr(dist.distributed_c10d, "_world", None))  # every group
+            else:
+                if self._shard is not None:
+                    self._shard.release_graphs()
+                RankGroups.destroy()
         reap(self._ranks, self.options.shutdown_timeout_s)
         if self._bootstrap is not None and self._bootstrap.is_alive():
             # Its peers are dead now, so its collectives fail fast; a rendezvous wait can last
@@ -410,7 +466,8 @@ class DistributedRunner:
             self._monitor.fail(f"step failed on rank 0: {type(exc).__name__}: {exc}")
         log.debug("rank 0's view of the failure", exc_info=exc)
         try:  # the replaying thread lets go of the graphs so that the NCCL abort can finish
-            self._shard.release_graphs()
+            if self._device_settled():
+                self._shard.release_graphs()
         except Exception:
             log.debug("releasing the decode graphs after the failure raised", exc_info=True)
         self._monitor.handled.wait(timeout=3.0)  # on_fatal has run before the step reports
