@@ -5,7 +5,8 @@ with `cudaHostRegister(cudaHostRegisterPortable | cudaHostRegisterMapped)` (flag
 that the DMA engines can copy it at link speed AND kernels can read and write it in place
 (UVA zero-copy, `kernels/kv_swap_triton.py`). Registered rather than taken from torch's pinned
 allocator, which rounds every allocation up to a power of two (a 9 GiB pool would pin 16 GiB).
-Unregistered when the buffer dies, after the device has finished with it.
+Unregistered when the buffer dies, after the device has finished with it (not at interpreter
+exit, when the process's end releases it).
 
 Device pointer: `cuMemHostGetDevicePointer` gives the address kernels must use. On x86-64 with
 unified addressing (every CUDA 12 GPU; `cudaDevAttrCanUseHostPointerForRegisteredMem` = 1 on
@@ -51,7 +52,9 @@ class HostBuffer:
         if pin and total:
             ptr = self._storage.data_ptr()
             _register(ptr, total)
-            weakref.finalize(self._storage, _unregister, ptr)
+            # Not at interpreter exit: the process's end releases the registration anyway, and
+            # the device may be stuck (worker/device_wait.py), so the sync would never return.
+            weakref.finalize(self._storage, _unregister, ptr).atexit = False
             try:
                 dev_ptr = _mapped_device_pointer(ptr)
             except RuntimeError as exc:  # page-locked for DMA, but kernels cannot reach it

@@ -17,7 +17,7 @@ from infer_cluster.worker.distributed.symm_allreduce import (ENV, SymmAllReduce,
 from infer_cluster.worker.models.parallel import ParallelState
 
 
-@pytest.mark.parametrize("value,mode", [(None, "nccl"), ("", "nccl"), ("AUTO", "auto"), (" one_shot ", "one_shot"),
+@pytest.mark.parametrize("value,mode", [(None, "auto"), ("", "auto"), ("NCCL", "nccl"), (" one_shot ", "one_shot"),
                                         ("two_shot", "two_shot")])
 def test_mode_from_environment(monkeypatch, value, mode):
     if value is None:

@@ -43,11 +43,12 @@ ENV = "INFER_CLUSTER_TP_ALLREDUCE"
 MODES = ("nccl", "auto", "one_shot", "two_shot")
 BUFFER_BYTES = 8 << 20  # largest tensor the symmetric path takes; larger ones use NCCL
 TWO_SHOT_MIN_BYTES = 2 << 20  # auto: NCCL below this, two-shot from here up (bench/allreduce.py)
+DEFAULT_MODE = "auto"
 
 
 def tp_allreduce_mode() -> str:
-    """The mode `INFER_CLUSTER_TP_ALLREDUCE` asks for (`nccl` when unset)."""
-    mode = os.environ.get(ENV, "nccl").strip().lower() or "nccl"
+    """The mode `INFER_CLUSTER_TP_ALLREDUCE` asks for (`auto` when unset)."""
+    mode = os.environ.get(ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if mode not in MODES:
         raise ConfigError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}")
     return mode
@@ -132,9 +133,8 @@ class SymmAllReduce:
         if not _on_every_rank(buffer is not None, control_group, error):
             return None
         if dist.get_rank(group) == 0:
-            log.warning("%s=%s: the symmetric-memory all-reduce is on. If a rank dies, a kernel waiting "
-                        "for it never ends: the requests still fail at once, but this replica's process "
-                        "cannot stop and must be killed (docs/parallel.md, Failure handling)", ENV, mode)
+            log.info("TP all-reduce: %s (%s; symmetric memory from %d KiB to %d KiB)", mode, ENV,
+                     (TWO_SHOT_MIN_BYTES if mode == "auto" else 0) >> 10, BUFFER_BYTES >> 10)
         return cls(group, buffer, mode)
 
     def fits(self, x: torch.Tensor) -> bool:
