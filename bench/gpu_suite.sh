@@ -422,13 +422,13 @@ for _ in range(600):
       # programs still resident); ONECHUNK_VARIANTS picks others. H100, 2026-11-28: none beat the table
       python3 bench/tpot_ablation.py --variants "${ONECHUNK_VARIANTS:-base,gemv=1024.3072.1:4.4096.8.1.1,gemv=6144.1024.1:8.1024.4.1.1,gemv=4096.1024.1:8.1024.4.1.1,base}" \
         --model qwen3-0.6b-shape --max-model-len 4096 --out "$OUT/tpot_onechunk_rows.json" 2>&1 | grep -E "TPOT|failed|Error" ;;
-    symmfail)  # issue 11: the failure path `INFER_CLUSTER_TP_ALLREDUCE=auto` needs before it can be the default: a
-      # killed rank with the symmetric-memory all-reduce really set up (each case in a fresh interpreter), then the
-      # 8B T=2 auto / T=1 / NCCL A/B (SYMM_RUNS)
+    symmfail)  # issue 11: the failure path of the symmetric-memory all-reduce (`auto`, the default since 2026-11-28):
+      # a killed rank with it really set up (each case in a fresh interpreter), then the 8B T=2 auto / T=1 / NCCL A/B
+      # (SYMM_RUNS)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 420 python3 -m pytest -q -m gpu tests/distributed/test_gpu_symm_failure.py -p no:cacheprovider 2>&1 \
         | tee "$OUT/symm_failure_tests.log" | tail -4
-      WLA_RUNS="${SYMM_RUNS:-llama-3-8b-shape 2 1 INFER_CLUSTER_TP_ALLREDUCE=auto,llama-3-8b-shape 1 1,llama-3-8b-shape 2 1}" \
+      WLA_RUNS="${SYMM_RUNS:-llama-3-8b-shape 2 1 INFER_CLUSTER_TP_ALLREDUCE=auto,llama-3-8b-shape 1 1,llama-3-8b-shape 2 1 INFER_CLUSTER_TP_ALLREDUCE=nccl}" \
         OUT="$OUT" bash "$0" wla ;;
     stepinputs)  # issue 11, batch-1 TPOT: a steady decode step's inputs without device launches (int32 metadata
       # packed in the upload, the draw read as the input ids; 2aaf620). prepare_cost on the GPU, then TPOT alternating

@@ -1,5 +1,5 @@
-"""The tensor-parallel all-reduce of mid-sized tensors through torch's symmetric memory, as an
-opt-in next to NCCL.
+"""The tensor-parallel all-reduce of mid-sized tensors through torch's symmetric memory, next
+to NCCL.
 
 Owns: one symmetric buffer per TP group (`torch.distributed._symmetric_memory`, CUDA only) and
 the choice, per call, between torch's one-shot and two-shot symmetric-memory all-reduces and the
@@ -8,16 +8,17 @@ buffer, meets the peers at a signal-pad barrier and sums every peer's buffer (re
 into the output; two-shot reduces one half per rank and gathers. Only non-multicast ops are used:
 NVLink multicast (the `multimem_*` ops) stays off (see the device notes in docs/parallel.md).
 
-`INFER_CLUSTER_TP_ALLREDUCE` picks the path when a replica's groups are built: `nccl` (the
-default), `auto` (two-shot for tensors of `TWO_SHOT_MIN_BYTES` up to the buffer, NCCL for the
-rest), `one_shot` / `two_shot` (that kernel for every size that fits the buffer). NCCL is the
-default because it measured as fast or faster where decode lives: in CUDA graphs on 2x H100
-(bench/allreduce.py, 2026-11-26) NCCL took 8-16 us up to 1 MiB, one-shot 9-17 us, two-shot
-12-18 us; only at 2-8 MiB did two-shot win (21 vs 30 us at 2 MiB). Workload A at T=2 with one-shot
-up to 8 MiB: Qwen3-0.6B shape 0.89x NCCL, Llama-3-8B shape 1.01x. A symmetric-memory kernel
-also waits for its peers at a barrier that the NCCL abort of a failed replica does not reach
-(docs/parallel.md, "Failure handling"). Tensors larger than the buffer (long prefill chunks)
-always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
+`INFER_CLUSTER_TP_ALLREDUCE` picks the path when a replica's groups are built: `auto` (the
+default: two-shot for tensors of `TWO_SHOT_MIN_BYTES` up to the buffer, NCCL for the rest),
+`nccl` (every all-reduce through NCCL), `one_shot` / `two_shot` (that kernel for every size that
+fits the buffer). In CUDA graphs on 2x H100 (bench/allreduce.py, 2026-11-26) NCCL took 8-16 us
+up to 1 MiB, one-shot 9-17 us, two-shot 12-18 us; at 2-8 MiB two-shot won (21 vs 30 us at
+2 MiB), hence `auto`'s range. Workload A at T=2 on 2x H200 (2026-11-28, ef588ad): Llama-3-8B
+shape 1.006-1.010x NCCL, Qwen3-0.6B shape 1.02x. A symmetric-memory kernel waits for its peers
+at a barrier that the NCCL abort of a failed replica does not reach, so a killed rank leaves
+rank 0's device stuck; the runner's waits give up and its device state is left alone
+(worker/device_wait.py, docs/parallel.md "Failure handling"). Tensors larger than the buffer
+(long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
 group), so a rank that cannot set the buffer up turns the feature off everywhere instead of
 leaving the ranks in different collectives.
 
@@ -82,13 +83,15 @@ def bound_to_another_group(symm_mem, group) -> bool:
 
 def _on_every_rank(flag: bool, control_group, error: str) -> bool:
     """True when `flag` holds on every rank of the control group (a MIN all-reduce); otherwise
-    logs why the TP all-reduce stays on NCCL (`error`: this rank's reason, "" if it had none)."""
+    logs why the TP all-reduce stays on NCCL (`error`: this rank's reason, "" if it had none): a
+    warning when `INFER_CLUSTER_TP_ALLREDUCE` asked for it, info when only the default did."""
     t = torch.tensor([1 if flag else 0], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=control_group)
     if t.item():
         return True
-    log.warning("symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
-                error or "another rank of the group could not set it up")
+    level = logging.WARNING if os.environ.get(ENV, "").strip() else logging.INFO
+    log.log(level, "symmetric-memory all-reduce unavailable (%s); the TP all-reduce uses NCCL",
+            error or "another rank of the group could not set it up")
     return False
 
 
