@@ -61,6 +61,7 @@ def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints, async_s
                                                 async_scheduling=async_scheduling, **ENGINE))
     assert engine.async_scheduling == async_scheduling  # async: a step is in flight at the kill
     assert engine.runner.tp_allreduce == "nccl"  # CPU ranks (gloo): no symmetric memory
+    assert engine.runner.wait_gave_up is None  # so the waits on steps block (device_wait.py)
     rids = start_requests(engine)
     victim = engine.runner.rank_pids[0]
     killed_at = time.monotonic()
@@ -78,6 +79,7 @@ def test_killed_rank_fails_replica_within_10s(started, dist_checkpoints, async_s
     assert seconds < 1.0
     with pytest.raises(RankFailedError, match="rank 1"):
         engine.runner.execute(SchedulerOutput())
+    assert not engine.runner.device_stuck  # a device that drains is torn down as before
 
 
 @pytest.mark.timeout(60)
