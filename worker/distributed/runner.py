@@ -222,8 +222,9 @@ class DistributedRunner:
             if self._stuck:
                 log.error("rank 0's device did not finish its queued work within %g s of the "
                           "failure (a symmetric-memory all-reduce waits for the dead rank); its "
-                          "graphs, process group and buffers stay until this process exits",
-                          FAILED_DRAIN_S)
+                          "graphs, process group and buffers stay until this process exits, which "
+                          "should be through os._exit (a normal exit may abort in torch's NCCL "
+                          "watchdog)", FAILED_DRAIN_S)
         return not self._stuck
 
     @property
