@@ -18,9 +18,9 @@ shape 1.006-1.010x NCCL, Qwen3-0.6B shape 1.02x. A symmetric-memory kernel waits
 at a barrier that the NCCL abort of a failed replica does not reach, so a killed rank leaves
 rank 0's device stuck; the runner's waits give up and its device state is left alone
 (worker/device_wait.py, docs/parallel.md "Failure handling"). Tensors larger than the buffer
-(long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice (a MIN over the control
-group), so a rank that cannot set the buffer up turns the feature off everywhere instead of
-leaving the ranks in different collectives.
+(long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice (a
+MIN over the control group), so a rank that cannot set the buffer up turns the feature off
+everywhere instead of leaving the ranks in different collectives.
 
 To tune: run `bench/allreduce.py` on a 2-GPU machine and set `TWO_SHOT_MIN_BYTES` /
 `BUFFER_BYTES` from its table. To add an algorithm: a name in `MODES` and a branch in `__call__`.
