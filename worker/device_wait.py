@@ -1,8 +1,10 @@
 """Waits for the device that a failed rank group cannot hang.
 
 Owns: `wait_event` (block until a CUDA event ran, or give up when a check says the group
-failed), `drained` (whether a stream's queued work finishes within a bound) and
-`keep_until_exit` (device state that must never be freed).
+failed), `drained` (whether a stream's queued work finishes within a bound), `StuckWatch`
+(rank 0's device under a group whose failure may leave it stuck: the check for the waits and
+the one bounded drain after a failure) and `keep_until_exit` (device state that must never be
+freed).
 
 Why: with the tensor-parallel all-reduce on torch's symmetric memory
 (`INFER_CLUSTER_TP_ALLREDUCE`, worker/distributed/symm_allreduce.py) a rank waits for its peers
@@ -10,8 +12,8 @@ inside a kernel, at a signal-pad barrier. When a peer dies, that kernel never en
 abort does not reach it, so every later kernel on rank 0's stream waits behind it. A blocking
 `Event.synchronize()` or `torch.cuda.synchronize()` then never returns, and rank 0 lives in the
 engine's own process (docs/parallel.md, "Failure handling"). The runner hands its failure check
-(`DistributedRunner.wait_gave_up`) to the waits on its steps. Those waits poll the event. They
-return once the event ran, or as soon as the check is true. Runners whose device always drains
+(`StuckWatch.gave_up`, as `DistributedRunner.wait_gave_up`) to the waits on its steps. Those
+waits poll the event. They return once the event ran, or as soon as the check is true. Runners whose device always drains
 (one GPU; NCCL, whose abort ends its kernels) pass no check and keep the blocking wait.
 
 A device that did not drain keeps its state: freeing a graph, a symmetric buffer or a process
@@ -29,10 +31,13 @@ To extend: a new blocking wait on a rank group's device goes through `wait_event
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 from typing import Callable, Optional
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def wait_event(event: torch.cuda.Event, gave_up: Optional[Callable[[], bool]] = None,
@@ -57,6 +62,34 @@ def drained(device: torch.device, timeout_s: float) -> bool:
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return wait_event(event, timeout_s=timeout_s)
+
+
+class StuckWatch:
+    """Rank 0's device under a rank group. `may_get_stuck` (CUDA with a symmetric-memory
+    all-reduce): `gave_up` is the group's failure check `failed` for the waits on its steps,
+    else None (the waits block). `settled()` after a failure: whether the device finished its
+    queued work, checked once, for up to `drain_s`; `stuck` is True once it did not."""
+
+    def __init__(self, device: Optional[torch.device] = None, may_get_stuck: bool = False,
+                 failed: Optional[Callable[[], bool]] = None, drain_s: float = 0.0):
+        self.gave_up = failed if may_get_stuck else None
+        self.stuck = False
+        self._device, self._drain_s = device, drain_s
+        self._checked = False
+
+    def settled(self) -> bool:
+        if self.gave_up is None:
+            return True
+        if not self._checked:
+            self._checked = True
+            self.stuck = not drained(self._device, self._drain_s)
+            if self.stuck:
+                log.error("rank 0's device did not finish its queued work within %g s of the "
+                          "failure (a symmetric-memory all-reduce waits for the dead rank); its "
+                          "graphs, process group and buffers stay until this process exits, which "
+                          "should be through os._exit (a normal exit may abort in torch's NCCL "
+                          "watchdog)", self._drain_s)
+        return not self.stuck
 
 
 def keep_until_exit(obj) -> None:

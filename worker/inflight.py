@@ -79,10 +79,8 @@ class LaunchedStep:
         """Block until the ids are on the host; returns {request id: token id},
         {request id: logprob entry (deferred) or None} and the requests whose provisional id
         the sampler's redo changed (`SamplerOutput.redrawn`)."""
-        if self._event is not None and not wait_event(self._event, self._gave_up):
-            if self._verify is not None:
-                self._verify()  # raises: the group failed while the step was on the device
-            raise RuntimeError("the step's device work was given up")
+        if self._event is not None:  # gives up early only once the group failed: verify raises
+            wait_event(self._event, self._gave_up)
         if self._verify is not None:  # a rank group: did it stay healthy through the step?
             self._verify()
         values = self._values.flatten().tolist() if self._values is not None else None

@@ -2,9 +2,9 @@
 
 Owns: building the `EngineConfig` and `DynamicEngine` (bad options and unknown models become one
 logged line and exit code 2), SIGTERM / SIGINT handling (drain, then a second signal exits at
-once), wiring a dead tensor-parallel rank to an immediate stop, and the exit code (an immediate one when
-that failure left rank 0's device stuck: worker/device_wait.py). The serving
-itself is `EngineServer` (worker/server.py). Entry points: `python -m infer_cluster.worker` and
+once), wiring a dead tensor-parallel rank to an immediate stop, and the exit code (an immediate
+one when that failure left rank 0's device stuck: worker/device_wait.py). The serving itself is
+`EngineServer` (worker/server.py). Entry points: `python -m infer_cluster.worker` and
 `infer-cluster replica`.
 """
 
@@ -77,7 +77,8 @@ def run_replica(server_config: ServerConfig, engine_options: dict) -> int:
     if getattr(engine.runner, "device_stuck", False):
         # A symmetric-memory all-reduce waits on the dead rank forever (worker/device_wait.py):
         # the interpreter's teardown could wait on that device, so leave without it.
-        log.error("exiting without tearing down rank 0's device, which is stuck behind the dead rank")
+        log.error("exiting without tearing down rank 0's device, which is stuck behind the "
+                  "dead rank")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from infer_cluster.worker.device_wait import keep_until_exit, wait_event
+from infer_cluster.worker.device_wait import StuckWatch, keep_until_exit, wait_event
 
 
 class SlowEvent:
@@ -67,3 +67,17 @@ def test_kept_state_gets_a_reference_nothing_removes():
     keep_until_exit(obj)
     assert sys.getrefcount(obj) == before + 1
     keep_until_exit(None)  # nothing to keep: no error
+
+
+def test_a_watch_without_a_check_is_always_settled():
+    # One GPU, NCCL, or before the shard exists: the waits block and nothing is ever stuck.
+    watch = StuckWatch()
+    assert watch.gave_up is None and watch.settled() and not watch.stuck
+    watch = StuckWatch(may_get_stuck=False, failed=lambda: True)
+    assert watch.gave_up is None and watch.settled() and not watch.stuck
+
+
+def test_a_watch_that_may_get_stuck_hands_out_the_failure_check():
+    failed = threading.Event()
+    watch = StuckWatch(may_get_stuck=True, failed=failed.is_set, drain_s=0.1)
+    assert watch.gave_up == failed.is_set and not watch.stuck

@@ -43,6 +43,16 @@ class PendingIds:
     ids: torch.Tensor
     rows: Sequence[int]
 
+    @classmethod
+    def pair(cls, fill: Sequence[int], prev_ids: Optional[torch.Tensor],
+             prev_rows: Sequence[int]) -> Optional["PendingIds"]:
+        """The payload offsets `fill` (from `pack_step_pending`) paired with the previous
+        draw's rows; None when no row waits."""
+        if len(fill) != len(prev_rows) or (fill and prev_ids is None):
+            raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
+                             f"previous rows were given")
+        return cls(fill, prev_ids, prev_rows) if fill else None
+
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` (pinned, non-blocking on CUDA; itself on the CPU)."""

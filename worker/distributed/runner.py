@@ -32,7 +32,9 @@ exits), so the requests still end and `close()` still returns.
 Must never run a step after a failure (ranks could be mid-collective), never block forever
 (collectives time out after `INFER_CLUSTER_DIST_TIMEOUT_S`, ranks heartbeat), and never leave
 a rank process behind (`close()`, also run at interpreter exit). To extend: per-step work for
-every rank goes into `RankShard.run_step`; new process bookkeeping into `launcher.py`.
+every rank goes into `RankShard.run_step`; new process bookkeeping into `launcher.py`. A
+submitted micro-batch is a `StepTicket` (tickets.py); the model's split over T ranks is checked
+by `topology.check_divisible`.
 """
 
 from __future__ import annotations
@@ -48,11 +50,9 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from infer_cluster.protocol.errors import ConfigError
-
 from ..block_table import BlockTableMirror
 from ..config import EngineConfig
-from ..device_wait import drained, keep_until_exit, wait_event
+from ..device_wait import StuckWatch, keep_until_exit, wait_event
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
 from ..scheduler_output import SchedulerOutput
@@ -60,7 +60,8 @@ from .channel import PendingIds
 from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
 from .shard import RankGroups, RankShard
 from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending
-from .topology import DistributedOptions, RankLayout
+from .tickets import StepTicket, take
+from .topology import DistributedOptions, RankLayout, check_divisible
 
 log = logging.getLogger(__name__)
 
@@ -69,45 +70,6 @@ log = logging.getLogger(__name__)
 FAILED_DRAIN_S = 2.0
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def check_divisible(spec: ModelSpec, tp: int) -> None:
-    """Raise `ConfigError` if the model's heads or MLP cannot be split over `tp` ranks."""
-    problems = []
-    if spec.num_heads % tp:
-        problems.append(f"num_attention_heads ({spec.num_heads})")
-    kv = spec.num_kv_heads
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        problems.append(f"num_key_value_heads ({kv}) (needs a multiple or a divisor of tp)")
-    if spec.intermediate_size % tp:
-        problems.append(f"intermediate_size ({spec.intermediate_size})")
-    if problems:
-        raise ConfigError(f"tensor_parallel_size {tp} does not divide {', '.join(problems)}")
-
-
-def _pending_ids(fill: Sequence[int], prev_ids: Optional[torch.Tensor],
-                 prev_rows: Sequence[int]) -> Optional[PendingIds]:
-    """The payload offsets `fill` (from `pack_step_pending`) paired with the previous draw's rows."""
-    if len(fill) != len(prev_rows) or (fill and prev_ids is None):
-        raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
-                         f"previous rows were given")
-    return PendingIds(fill, prev_ids, prev_rows) if fill else None
-
-
-def _take(ticket: "StepTicket") -> None:
-    """A step's logits are taken once (`collect` or `collect_queued`)."""
-    if ticket.done:
-        raise RuntimeError("this step was already collected")
-    ticket.done = True
-
-
-@dataclasses.dataclass(eq=False)  # compared by identity (`in`, `remove` on the uncollected list)
-class StepTicket:
-    """A submitted micro-batch: the buffer its logits land in and the receive filling it."""
-    logits: torch.Tensor
-    work: object  # the logits' receive (None: the step samples nothing)
-    request_ids: list[str]
-    done: bool = False
 
 
 class DistributedRunner:
@@ -131,7 +93,9 @@ class DistributedRunner:
         self._block_mirror = BlockTableMirror()  # the step tables, built from what changed
         self._uncollected: list[StepTicket] = []  # submitted, not collected (STOP waits for them)
         self._shard: Optional[RankShard] = None
-        self._stuck: Optional[bool] = None  # after a failure: the device did not drain
+        # Rank 0's device after a failure (worker/device_wait.py); set up with the shard.
+        self._watch = StuckWatch()
+        self.wait_gave_up: Optional[Callable[[], bool]] = None  # the waits on steps block
         self._ranks: list[RankProcess] = []
         device = resolve_device(config, 0)
         dtype = resolve_dtype(config, hf_config, device)
@@ -160,6 +124,13 @@ class DistributedRunner:
             torch.cuda.set_device(self._shard.device)
         self.num_kv_blocks = self._shard.runner.num_kv_blocks
         self.device = self._shard.device
+        monitor = self._monitor  # the check holds the monitor, not the runner
+        may_get_stuck = self.device.type == "cuda" and self.tp_allreduce != "nccl"
+        self._watch = StuckWatch(self.device, may_get_stuck, lambda: monitor.error is not None,
+                                 FAILED_DRAIN_S)
+        # For waits on rank 0's device: gives up once the group failed where a failure may leave
+        # the device never finishing (a symmetric-memory all-reduce); None: the waits block.
+        self.wait_gave_up = self._watch.gave_up
         self.dtype = self._shard.dtype
         self.vocab_size = spec.vocab_size
         # Every rank takes its shard's argmax and only (value, id) pairs are gathered when all
@@ -197,47 +168,16 @@ class DistributedRunner:
         return monitor.error if monitor is not None else None
 
     @property
-    def wait_gave_up(self) -> Optional[Callable[[], bool]]:
-        """For waits on rank 0's device (worker/device_wait.py): a check that turns true once
-        the group failed, where a failure may leave the device never finishing (a
-        symmetric-memory all-reduce); None where waits may block (NCCL's abort ends its kernels)."""
-        return self._failed if self._may_get_stuck else None
-
-    def _failed(self) -> bool:
-        return self.error is not None
-
-    @property
-    def _may_get_stuck(self) -> bool:
-        device = getattr(self, "device", None)  # set once the shard is built
-        return device is not None and device.type == "cuda" and self.tp_allreduce != "nccl"
-
-    def _device_settled(self) -> bool:
-        """After a failure: whether rank 0's device finished its queued work, so that its graphs
-        and process group may be torn down. Always with NCCL; with a symmetric-memory all-reduce
-        it is checked once, for up to `FAILED_DRAIN_S`."""
-        if not self._may_get_stuck or self._shard is None:
-            return True
-        if self._stuck is None:
-            self._stuck = not drained(self.device, FAILED_DRAIN_S)
-            if self._stuck:
-                log.error("rank 0's device did not finish its queued work within %g s of the "
-                          "failure (a symmetric-memory all-reduce waits for the dead rank); its "
-                          "graphs, process group and buffers stay until this process exits, which "
-                          "should be through os._exit (a normal exit may abort in torch's NCCL "
-                          "watchdog)", FAILED_DRAIN_S)
-        return not self._stuck
-
-    @property
     def device_stuck(self) -> bool:
-        """True once a failure left rank 0's device unable to finish (see `_device_settled`):
+        """True once a failure left rank 0's device unable to finish (worker/device_wait.py):
         this process cannot free its device state and should exit (worker/replica_main.py)."""
-        return bool(self._stuck)
+        return self._watch.stuck
 
     def _check_usable(self) -> None:
         if self._closed:
             raise RankFailedError("the tensor/pipeline-parallel runner is closed")
         if self.error is not None:
-            if self._device_settled():
+            if self._watch.settled():
                 self._shard.release_graphs()  # lets a pending NCCL abort finish (see _on_failure)
             raise RankFailedError(f"tensor/pipeline-parallel replica is down: {self.error}")
 
@@ -250,7 +190,7 @@ class DistributedRunner:
         self._check_usable()
         shard = self._shard
         header, payload, fill = pack_step_pending(out, shard.block_size, self._block_mirror)
-        pending = _pending_ids(fill, prev_ids, prev_rows)
+        pending = PendingIds.pair(fill, prev_ids, prev_rows)
         try:
             with self._step_lock:
                 header = self._graph_or_eager(header)
@@ -266,7 +206,7 @@ class DistributedRunner:
     def collect(self, ticket: "StepTicket") -> tuple[torch.Tensor, list[str]]:
         """The logits `[num_sampled, vocab]` and request ids of a submitted step (steps are
         collected in submit order). Raises `RankFailedError` if the group failed."""
-        _take(ticket)
+        take(ticket)
         try:
             self._check_usable()
             try:
@@ -292,7 +232,7 @@ class DistributedRunner:
         only after `settle(ticket)`, called once the draw's ids reached the host: it raises
         `RankFailedError` if the group failed meanwhile (see `verify_step`)."""
         self._check_usable()
-        _take(ticket)
+        take(ticket)
         try:
             if ticket.work is not None:
                 ticket.work.wait()  # NCCL: a stream wait; gloo (CPU): the receive itself
@@ -340,7 +280,7 @@ class DistributedRunner:
         if greedy_ids and self.takes_greedy_ids and header.num_sampled:
             header = dataclasses.replace(header, greedy_ids=1)
             self.greedy_id_steps += 1
-        pending = _pending_ids(fill, prev_ids, prev_rows)
+        pending = PendingIds.pair(fill, prev_ids, prev_rows)
         try:
             with self._step_lock:
                 header = self._graph_or_eager(header)
@@ -384,7 +324,7 @@ class DistributedRunner:
         if not stopped:  # ranks that got no STOP exit at their stdin's EOF (a pending send fails)
             close_stdin(self._ranks)
         if own_group:
-            if self.error is not None and not self._device_settled():
+            if self.error is not None and not self._watch.settled():
                 keep_until_exit(self._shard)  # freeing its device state would wait forever
                 keep_until_exit(getattr(dist.distributed_c10d, "_world", None))  # every group
             else:
@@ -467,7 +407,7 @@ class DistributedRunner:
             self._monitor.fail(f"step failed on rank 0: {type(exc).__name__}: {exc}")
         log.debug("rank 0's view of the failure", exc_info=exc)
         try:  # the replaying thread lets go of the graphs so that the NCCL abort can finish
-            if self._device_settled():
+            if self._watch.settled():
                 self._shard.release_graphs()
         except Exception:
             log.debug("releasing the decode graphs after the failure raised", exc_info=True)

@@ -1,7 +1,8 @@
 """Where each rank sits in a replica's T x P grid, and the timeouts every rank agrees on.
 
-Owns: `RankLayout` (global rank -> pipeline stage, tensor-parallel rank, layer range, its TP
-group's ranks, its pipeline neighbours, the last stage's leader) and `DistributedOptions`
+Owns: `check_divisible` (whether a model's heads and MLP split over T ranks), `RankLayout`
+(global rank -> pipeline stage, tensor-parallel rank, layer range, its TP group's ranks, its
+pipeline neighbours, the last stage's leader) and `DistributedOptions`
 (rendezvous address, collective / heartbeat / start-up timeouts, read from the environment
 once, validated with clear messages). Plain Python: it must never import torch, so the
 layout can be unit-tested and read by the rank start-up preamble before torch loads.
@@ -16,8 +17,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infer_cluster.protocol.errors import ConfigError
+
+if TYPE_CHECKING:  # the spec's module imports torch
+    from ..models.decoder import ModelSpec
+
+
+def check_divisible(spec: "ModelSpec", tp: int) -> None:
+    """Raise `ConfigError` if the model's heads or MLP cannot be split over `tp` ranks."""
+    problems = []
+    if spec.num_heads % tp:
+        problems.append(f"num_attention_heads ({spec.num_heads})")
+    kv = spec.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(f"num_key_value_heads ({kv}) (needs a multiple or a divisor of tp)")
+    if spec.intermediate_size % tp:
+        problems.append(f"intermediate_size ({spec.intermediate_size})")
+    if problems:
+        raise ConfigError(f"tensor_parallel_size {tp} does not divide {', '.join(problems)}")
 
 
 @dataclass(frozen=True)
