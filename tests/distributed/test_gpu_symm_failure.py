@@ -93,5 +93,8 @@ def test_killed_rank_fails_within_10s_on_symmetric_memory(dist_checkpoints, mode
     assert len(report["finals"]) == 2 and report["failed_after_s"] < 10, report
     assert all(reason == "error" and "rank 1" in message for reason, message in report["finals"]), report
     assert report["close_s"] < 10, report
-    if mode == "two_shot":  # every all-reduce waited at the barrier: the device cannot drain
-        assert report["device_stuck"], report
+    # `device_stuck` is in the report but not asserted: whether a kernel is waiting at the barrier
+    # when the rank dies depends on timing (a kill between steps fails the next step's header
+    # broadcast before any kernel is queued, and then the device drains). The eager `two_shot`
+    # case failed once in four runs on 2x H200 (2026-11-28, log not kept) after this assertion
+    # was added; both outcomes must end the requests and let close() return.
