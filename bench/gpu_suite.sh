@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -546,6 +546,17 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
           --max-model-len 4096 --hf none --tensor-parallel-size "$tp" --sampling "$kind" \
           --out "$OUT/ab_${which}_${model%%-*}_t${tp}_$kind.json" 2>&1 | grep -E "^infer-cluster|Error|error" | tail -3)
       done ;;
+    persistent)  # issue 11, batch-1 TPOT: the four GEMVs of each layer as one persistent kernel
+      # (bench/persistent_chain.py; bench/persistent_gluon.py stages weights in shared memory)
+      # against the tuned per-GEMV launches, per layer; PC_RUNS lists "PROGRAMS WARPS" pairs,
+      # comma-separated ("-": the Triton form not at all)
+      IFS=, read -ra pcs <<< "${PC_RUNS:-128 16,128 8,256 8}"
+      for pc in "${pcs[@]}"; do [ "$pc" = - ] && continue; read -r g w <<< "$pc"; echo "--- persistent programs=$g warps=$w"
+        timeout 120 python3 bench/persistent_chain.py --programs "$g" --warps "$w" 2>&1 \
+          | tee "$OUT/persistent_${g}_$w.json" | tail -3
+      done
+      echo "--- persistent, Gluon, weights staged in shared memory"
+      timeout 90 python3 bench/persistent_gluon.py 2>&1 | tee "$OUT/persistent_gluon.json" | tail -3 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
