@@ -27,6 +27,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
     os.path.abspath(__file__))]
 sys.path.insert(0, _ROOT)
 
+from bench.graph_timing import best_replay_s  # noqa: E402
+
 SHAPES = {
     "qwen3-0.6b": {"layers": 28, "qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
                    "down": (1024, 3072), "lm_head": (151936, 1024)},
@@ -84,26 +86,8 @@ def _op(kind, x, w, cfg=None):
 
 def time_op(fn, weights, replays=6):
     """Seconds per op: one graph runs fn over the weight copies `reps` times; best replay."""
-    import torch
-    fn(weights[0])  # compile / pick kernels outside the capture
-    torch.cuda.synchronize()
     per_graph = max(5, min(50, _GRAPH_BYTES // max(1, weights[0].numel() * weights[0].element_size())))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(per_graph):
-            fn(weights[i % len(weights)])
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del graph
-    return best / per_graph
+    return best_replay_s(lambda i: fn(weights[i % len(weights)]), per_graph, replays)
 
 
 def _inputs(model, shape, m, dtype, l2_hot=False):

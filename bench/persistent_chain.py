@@ -32,8 +32,14 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bench.graph_timing import best_replay_s  # noqa: E402
+
 HIDDEN, QKV, ATTN, INTER = 1024, 4096, 2048, 3072
 EPS = 1e-6
+BYTES_PER_LAYER = (QKV * HIDDEN + HIDDEN * ATTN + 2 * INTER * HIDDEN + HIDDEN * INTER) * 2
+# Reads of the barrier counter before a program gives up (programs that are not all resident
+# then end with wrong numbers, which the error check shows, instead of hanging the device).
+SPIN_CAP = tl.constexpr(131072)
 
 
 @triton.jit
@@ -44,11 +50,10 @@ def _arrive(bar_ptr):
 
 @triton.jit
 def _wait(bar_ptr, target):
-    """Spins until the counter reaches `target`; gives up after SPIN_CAP reads, so programs that
-    are not all resident end with wrong numbers (the error check shows it) instead of a hang."""
+    """Spins until the counter reaches `target`, or SPIN_CAP reads."""
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     spins = 0
-    while (seen < target) & (spins < 131072):
+    while (seen < target) & (spins < SPIN_CAP):
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         spins += 1
     tl.debug_barrier()
@@ -185,14 +190,14 @@ def _barriers_kernel(bar_ptr, phases, G: tl.constexpr):
     _wait(bar_ptr, phases * G)
 
 
-def barrier_us(programs: int, warps: int, phases: int, replays: int, inner: int) -> float:
+def barrier_us(programs: int, warps: int, phases: int, args) -> float:
     """Microseconds per grid barrier (arrive + wait) among `programs` resident programs."""
     bar = torch.zeros(1, dtype=torch.int32, device="cuda")
 
     def run():
         bar.zero_()
         _barriers_kernel[(programs,)](bar, phases, G=programs, num_warps=warps)
-    return _graph(run, replays, inner) / phases
+    return best_replay_s(lambda _: run(), args.inner, args.replays) * 1e6 / phases
 
 
 class Weights:
@@ -244,24 +249,32 @@ def baseline_step(w: Weights, y, r):
     return y, r
 
 
-class Persistent:
-    def __init__(self, w: Weights, programs: int, prefetch: int, device: str, warps: int = 16):
+class ChainBuffers:
+    """A persistent chain's activations (bf16 vectors; the residual alternates between `ra` and
+    `rb`) and its barrier counter, starting from the input `y0`, `r0`."""
+
+    def __init__(self, y0: torch.Tensor, r0: torch.Tensor):
+        bf = dict(dtype=torch.bfloat16, device=y0.device)
+        self.y, self.ra = y0.reshape(-1).clone(), r0.reshape(-1).clone()
+        self.qkv, self.gu = torch.zeros(QKV, **bf), torch.zeros(2 * INTER, **bf)
+        self.o, self.rb = torch.zeros(HIDDEN, **bf), torch.zeros(HIDDEN, **bf)
+        self.bar = torch.zeros(1, dtype=torch.int32, device=y0.device)
+
+    def activations(self) -> tuple:
+        return self.y, self.qkv, self.o, self.gu, self.ra, self.rb
+
+
+class Persistent(ChainBuffers):
+    def __init__(self, w: Weights, programs: int, prefetch: int, y0, r0, warps: int = 16):
         if QKV % programs or HIDDEN % programs or (2 * INTER) % (3 * programs):
             raise SystemExit(f"--programs {programs} does not tile the Qwen3-0.6B shapes")
+        super().__init__(y0, r0)
         self.w, self.g, self.prefetch, self.warps = w, programs, prefetch, warps
-        bf = dict(dtype=torch.bfloat16, device=device)
-        self.y = torch.zeros(HIDDEN, **bf)
-        self.qkv = torch.zeros(QKV, **bf)
-        self.o = torch.zeros(HIDDEN, **bf)
-        self.gu = torch.zeros(2 * INTER, **bf)
-        self.ra = torch.zeros(HIDDEN, **bf)
-        self.rb = torch.zeros(HIDDEN, **bf)
-        self.bar = torch.zeros(1, dtype=torch.int32, device=device)
 
     def _args(self):
         w, g = self.w, self.g
-        return ((self.y, self.qkv, self.o, self.gu, self.ra, self.rb, w.wq, w.wo, w.wgu, w.wd, w.n1,
-                 w.n2, self.bar, w.layers, EPS),
+        return ((*self.activations(), w.wq, w.wo, w.wgu, w.wd, w.n1, w.n2, self.bar, w.layers,
+                 EPS),
                 dict(G=g, H=HIDDEN, NQ=QKV, A=ATTN, I=INTER, BQ=QKV // g, BO=HIDDEN // g,
                      BG=2 * INTER // (3 * g), BD=HIDDEN // g, PREFETCH=self.prefetch,
                      num_warps=self.warps))
@@ -289,24 +302,9 @@ class Persistent:
         return self.y, self.ra
 
 
-def _graph(fn, replays: int, inner: int):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / inner)
-    return best
+def us_per_layer(run, args) -> float:
+    """Microseconds per layer of `run()` (one whole chain), `args.inner` chains per graph."""
+    return best_replay_s(lambda _: run(), args.inner, args.replays) * 1e6 / args.layers
 
 
 def start(args, programs: int):
@@ -328,9 +326,23 @@ def start(args, programs: int):
     base_y, _ = baseline_step(w, y0.clone(), r0.clone())
     out["baseline_rel_err"] = err(base_y)
     ys, rs = y0.clone(), r0.clone()
-    out["baseline_us_per_layer"] = _graph(lambda: baseline_step(w, ys, rs), args.replays,
-                                          args.inner) / args.layers
+    out["baseline_us_per_layer"] = us_per_layer(lambda: baseline_step(w, ys, rs), args)
     return w, y0, r0, out, err
+
+
+def time_form(out: dict, key: str, run, err, args) -> None:
+    """One persistent form: the error of its first chain's output, then its µs per layer."""
+    y, _ = run()
+    torch.cuda.synchronize()
+    out[key + "_rel_err"] = err(y)
+    out[key + "_us_per_layer"] = us_per_layer(run, args)
+
+
+def finish(out: dict) -> dict:
+    """`out` with the layer's weight bytes and their time at 3 TB/s."""
+    out["bytes_mb_per_layer"] = round(BYTES_PER_LAYER / 1e6, 2)
+    out["bound_us_per_layer_at_3tbs"] = round(BYTES_PER_LAYER / 3e6, 2)
+    return out
 
 
 def main(argv=None):
@@ -346,25 +358,15 @@ def main(argv=None):
         print("persistent_chain: no CUDA device; nothing to time")
         return 0
     w, y0, r0, out, err = start(args, args.programs)
-    dev = "cuda"
     for prefetch in (1, 0, 2):
-        p = Persistent(w, args.programs, prefetch, dev, args.warps)
+        p = Persistent(w, args.programs, prefetch, y0, r0, args.warps)
         key = ("persistent_no_prefetch", "persistent", "persistent_l2")[prefetch]
         out[key + "_build"] = info = p.resident()
         if not info["fits"]:
             continue
-        p.y.copy_(y0.reshape(-1))
-        p.ra.copy_(r0.reshape(-1))
-        y, _ = p.run()
-        torch.cuda.synchronize()
-        out[key + "_rel_err"] = err(y)
-        out[key + "_us_per_layer"] = _graph(p.run, args.replays, args.inner) / args.layers
-    out["barrier_us"] = barrier_us(args.programs, args.warps, 4 * args.layers, args.replays,
-                                   args.inner)
-    mb = (QKV * HIDDEN + HIDDEN * ATTN + 2 * INTER * HIDDEN + HIDDEN * INTER) * 2 / 1e6
-    out["bytes_mb_per_layer"] = round(mb, 2)
-    out["bound_us_per_layer_at_3tbs"] = round(mb / 3.0, 2)
-    print(json.dumps(out))
+        time_form(out, key, p.run, err, args)
+    out["barrier_us"] = barrier_us(args.programs, args.warps, 4 * args.layers, args)
+    print(json.dumps(finish(out)))
     return 0
 
 

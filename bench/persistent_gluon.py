@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from persistent_chain import (ATTN, EPS, HIDDEN, INTER, QKV, Weights, _graph,  # noqa: E402
-                              start)
+from persistent_chain import (ATTN, EPS, HIDDEN, INTER, QKV, SPIN_CAP,  # noqa: E402
+                              ChainBuffers, Weights, finish, start, time_form)
 
 try:
     from triton.experimental import gluon
@@ -68,7 +68,7 @@ if gluon is not None:
     def _wait(bar_ptr, target):
         seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         spins = 0
-        while (seen < target) & (spins < 131072):
+        while (seen < target) & (spins < SPIN_CAP):
             seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
             spins += 1
         _cta_sync()
@@ -84,11 +84,14 @@ if gluon is not None:
         return (w * (hf * inv).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
 
     @gluon.jit
+    def _store_rows(out_ptr, row0, acc, R: gl.constexpr, layout: gl.constexpr):
+        gl.store(out_ptr + row0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout)),
+                 acc.to(gl.bfloat16))
+
+    @gluon.jit
     def _dot_store(smem, x, out_ptr, row0, R: gl.constexpr, layout: gl.constexpr):
         w = smem.load(layout).to(gl.float32)
-        y = gl.sum(w * gl.expand_dims(x, 0), axis=1)
-        gl.store(out_ptr + row0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout)),
-                 y.to(gl.bfloat16))
+        _store_rows(out_ptr, row0, gl.sum(w * gl.expand_dims(x, 0), axis=1), R, layout)
 
     @gluon.jit
     def _down_part(smem, gu_ptr, k0, I: gl.constexpr, row_l: gl.constexpr, layout: gl.constexpr):
@@ -175,8 +178,7 @@ if gluon is not None:
             acc = _down_part(sd0, gu_ptr, 0, I, row_l, tile)
             acc += _down_part(sd1, gu_ptr, 1024, I, row_l, tile)
             acc += _down_part(sd2, gu_ptr, 2048, I, row_l, tile)
-            gl.store(y_ptr + rd + gl.arange(0, BD, layout=gl.SliceLayout(1, tile)),
-                     acc.to(gl.bfloat16))
+            _store_rows(y_ptr, rd, acc, BD, tile)
             _arrive(bar_ptr)
             phase += 1
         cp.wait_group(0)
@@ -191,11 +193,6 @@ if gluon is not None:
 
     BOX = 256  # TMA box width (elements); every tile is [rows, 256] boxes
 
-    @gluon.jit
-    def _store_rows(out_ptr, row0, acc, R: gl.constexpr, layout: gl.constexpr):
-        gl.store(out_ptr + row0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout)),
-                 acc.to(gl.bfloat16))
-
     NU = 52  # ring units of [8, 256] bf16 (4 KB): three phases' tiles in flight at most
 
     @gluon.jit
@@ -207,6 +204,16 @@ if gluon is not None:
             for cb in gl.static_range(CB):
                 tma.async_copy_global_to_shared(desc, [row0 + rb * 8, cb * 256], bar,
                                                 ring.index((base + rb * CB + cb) % NU))
+
+    @gluon.jit
+    def _phase_wait(bar_ptr, target, NO_SYNC: gl.constexpr):
+        if not NO_SYNC:
+            _wait(bar_ptr, target)
+
+    @gluon.jit
+    def _phase_arrive(bar_ptr, NO_SYNC: gl.constexpr):
+        if not NO_SYNC:
+            _arrive(bar_ptr)
 
     @gluon.jit
     def _landed(bar, par, NO_W: gl.constexpr):
@@ -277,55 +284,48 @@ if gluon is not None:
                 for t in gl.static_range(3):
                     _ring_issue(dg, layer * 2 * I + (pid + t * G) * BG, GB, CH, ring,
                                 c + UQ + UO + t * GB * CH, bg, NU)
-            if not NO_SYNC:
-                _wait(bar_ptr, phase * G)
+            _phase_wait(bar_ptr, phase * G, NO_SYNC)
             x = _normed(y_ptr, ra_ptr, rb_ptr, n1_ptr + layer * H, eps, pid, H, vec_l)
             xs.slice(0, H).store(x.to(gl.bfloat16))
             _cta_sync()
             _landed(bq, par, NO_W)
             _ring_rows(ring, c, xs, qkv_ptr, rq, QB, CH, NU, tile, NO_W)
-            if not NO_SYNC:
-                _arrive(bar_ptr)
+            _phase_arrive(bar_ptr, NO_SYNC)
             phase += 1
             # o; down's tile requested (into units the qkv tile and the last down tile left)
             fence_async_shared()
             if not NO_W:
                 mbarrier.expect(bd, UD * UNIT_BYTES)
                 _ring_issue(dd, layer * H + rd, 1, CI, ring, c + UQ + UO + UG, bd, NU)
-            if not NO_SYNC:
-                _wait(bar_ptr, phase * G)
+            _phase_wait(bar_ptr, phase * G, NO_SYNC)
             xs.slice(0, A).store(gl.load(qkv_ptr + gl.arange(0, A, layout=vec_l),
                                          cache_modifier=".cg"))
             _cta_sync()
             _landed(bo, par, NO_W)
             _ring_rows(ring, c + UQ, xs, o_ptr, ro, 1, CA, NU, tile, NO_W)
-            if not NO_SYNC:
-                _arrive(bar_ptr)
+            _phase_arrive(bar_ptr, NO_SYNC)
             phase += 1
             # gate_up; the next layer's qkv tile requested
             fence_async_shared()
             if not NO_W:
                 mbarrier.expect(bq, UQ * UNIT_BYTES)
                 _ring_issue(dq, nxt * NQ + rq, QB, CH, ring, c + PER, bq, NU)
-            if not NO_SYNC:
-                _wait(bar_ptr, phase * G)
+            _phase_wait(bar_ptr, phase * G, NO_SYNC)
             x = _normed(o_ptr, rb_ptr, ra_ptr, n2_ptr + layer * H, eps, pid, H, vec_l)
             xs.slice(0, H).store(x.to(gl.bfloat16))
             _cta_sync()
             _landed(bg, par, NO_W)
             for t in gl.static_range(3):
                 _ring_rows(ring, c + UQ + UO + t * GB * CH, xs, gu_ptr, (pid + t * G) * BG, GB,
-                           CH, NU, tile)
-            if not NO_SYNC:
-                _arrive(bar_ptr)
+                           CH, NU, tile, NO_W)
+            _phase_arrive(bar_ptr, NO_SYNC)
             phase += 1
             # down; the next layer's o tile requested
             fence_async_shared()
             if not NO_W:
                 mbarrier.expect(bo, UO * UNIT_BYTES)
                 _ring_issue(do, nxt * H + ro, 1, CA, ring, c + PER + UQ, bo, NU)
-            if not NO_SYNC:
-                _wait(bar_ptr, phase * G)
+            _phase_wait(bar_ptr, phase * G, NO_SYNC)
             for k in gl.static_range(I // 1024):
                 offs = k * 1024 + gl.arange(0, 1024, layout=vec_l)
                 gate = gl.load(gu_ptr + offs, cache_modifier=".cg").to(gl.float32)
@@ -335,18 +335,18 @@ if gluon is not None:
             _cta_sync()
             _landed(bd, par, NO_W)
             _ring_rows(ring, c + UQ + UO + UG, xs, y_ptr, rd, 1, CI, NU, tile, NO_W)
-            if not NO_SYNC:
-                _arrive(bar_ptr)
+            _phase_arrive(bar_ptr, NO_SYNC)
             phase += 1
         _landed(bq, layers & 1, NO_W)  # the unused requests for layer 0 land before the exit
         _landed(bo, layers & 1, NO_W)
 
 
-class Staged:
+class Staged(ChainBuffers):
     """One form's buffers and launch. `tma`: 0 the `cp.async` form; 1 the ring; 2 the ring
     without weights; 3 the ring without barriers."""
 
-    def __init__(self, w: Weights, device: str, tma: int = 0):
+    def __init__(self, w: Weights, y0, r0, tma: int = 0):
+        super().__init__(y0, r0)
         self.w, self.tma = w, tma
         if tma:
             def desc(t, rows):
@@ -355,29 +355,17 @@ class Staged:
                 return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, BOX],
                                         lay)
             self.descs = tuple(desc(t, 8) for t in (w.wq, w.wo, w.wgu, w.wd))
-        bf = dict(dtype=torch.bfloat16, device=device)
-        self.y, self.qkv = torch.zeros(HIDDEN, **bf), torch.zeros(QKV, **bf)
-        self.o, self.gu = torch.zeros(HIDDEN, **bf), torch.zeros(2 * INTER, **bf)
-        self.ra, self.rb = torch.zeros(HIDDEN, **bf), torch.zeros(HIDDEN, **bf)
-        self.bar = torch.zeros(1, dtype=torch.int32, device=device)
 
     def run(self):
-        w = self.w
+        w, common = self.w, dict(G=G, H=HIDDEN, NQ=QKV, A=ATTN, I=INTER, BO=BO, BG=BG, BD=BD,
+                                 num_warps=WARPS)
         self.bar.zero_()
         if self.tma:
-            return self._run_tma()
-        _staged_kernel[(G,)](
-            self.y, self.qkv, self.o, self.gu, self.ra, self.rb, w.wq, w.wo, w.wgu, w.wd, w.n1,
-            w.n2, self.bar, w.layers, EPS, G=G, H=HIDDEN, NQ=QKV, A=ATTN, I=INTER, BQ=BQ, BO=BO,
-            BG=BG, BD=BD, num_warps=WARPS)
-        return self.y, self.ra
-
-    def _run_tma(self):
-        w = self.w
-        _ring_kernel[(G,)](
-            *self.descs, self.y, self.qkv, self.o, self.gu, self.ra, self.rb, w.n1, w.n2,
-            self.bar, w.layers, EPS, G=G, H=HIDDEN, NQ=QKV, A=ATTN, I=INTER, BO=BO, BG=BG,
-            BD=BD, NU=NU, num_warps=WARPS, NO_W=self.tma == 2, NO_SYNC=self.tma == 3)
+            _ring_kernel[(G,)](*self.descs, *self.activations(), w.n1, w.n2, self.bar, w.layers,
+                               EPS, NU=NU, NO_W=self.tma == 2, NO_SYNC=self.tma == 3, **common)
+        else:
+            _staged_kernel[(G,)](*self.activations(), w.wq, w.wo, w.wgu, w.wd, w.n1, w.n2,
+                                 self.bar, w.layers, EPS, BQ=BQ, **common)
         return self.y, self.ra
 
 
@@ -395,19 +383,10 @@ def main(argv=None):
         print(f"persistent_gluon: needs {G} SMs for its resident programs")
         return 0
     w, y0, r0, out, err = start(args, G)
-    dev = "cuda"
-    for key, use_tma in (("persistent_smem", 0), ("persistent_tma_ring", 1),
-                         ("ring_without_weights", 2), ("ring_without_barriers", 3)):
-        s = Staged(w, dev, use_tma)
-        s.y.copy_(y0.reshape(-1))
-        s.ra.copy_(r0.reshape(-1))
-        y, _ = s.run()
-        torch.cuda.synchronize()
-        out[key + "_rel_err"] = err(y)
-        out[key + "_us_per_layer"] = _graph(s.run, args.replays, args.inner) / args.layers
-    out["bound_us_per_layer_at_3tbs"] = round(
-        (QKV * HIDDEN + HIDDEN * ATTN + 2 * INTER * HIDDEN + HIDDEN * INTER) * 2 / 3e6, 2)
-    print(json.dumps(out))
+    for key, form in (("persistent_smem", 0), ("persistent_tma_ring", 1),
+                      ("ring_without_weights", 2), ("ring_without_barriers", 3)):
+        time_form(out, key, Staged(w, y0, r0, form).run, err, args)
+    print(json.dumps(finish(out)))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Waits for the device that a failed rank group cannot hang.
 
 Owns: `wait_event` (block until a CUDA event ran, or give up when a check says the group
-failed), `drained` (whether a stream's queued work finishes within a bound), `StuckWatch`
+failed), `drained` (the same for the work queued so far on a device's stream), `StuckWatch`
 (rank 0's device under a group whose failure may leave it stuck: the check for the waits and
 the one bounded drain after a failure) and `keep_until_exit` (device state that must never be
 freed).
@@ -57,11 +57,13 @@ def wait_event(event: torch.cuda.Event, gave_up: Optional[Callable[[], bool]] = 
     return True
 
 
-def drained(device: torch.device, timeout_s: float) -> bool:
-    """Whether the work queued so far on `device`'s current stream finishes within `timeout_s`."""
+def drained(device: torch.device, timeout_s: Optional[float] = None,
+            gave_up: Optional[Callable[[], bool]] = None) -> bool:
+    """Whether the work queued so far on `device`'s current stream finishes (`wait_event`'s
+    rules: within `timeout_s`, before `gave_up()`; blocking with neither)."""
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
-    return wait_event(event, timeout_s=timeout_s)
+    return wait_event(event, gave_up, timeout_s)
 
 
 class StuckWatch:

@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from ..block_table import BlockTableMirror
 from ..config import EngineConfig
-from ..device_wait import StuckWatch, keep_until_exit, wait_event
+from ..device_wait import StuckWatch, drained, keep_until_exit
 from ..model_runner import resolve_device, resolve_dtype
 from ..models.decoder import ModelSpec
 from ..scheduler_output import SchedulerOutput
@@ -213,9 +213,7 @@ class DistributedRunner:
                 if ticket.work is not None:
                     self._shard.relay.wait(ticket.work)
                 if self.device.type == "cuda":  # see execute(): only logits of a healthy group
-                    event = torch.cuda.Event()
-                    event.record(torch.cuda.current_stream(self.device))
-                    if not wait_event(event, self.wait_gave_up):
+                    if not drained(self.device, gave_up=self.wait_gave_up):
                         raise RankFailedError("the rank group failed during the step")
             except Exception as exc:
                 raise self._step_failure(exc) from None
