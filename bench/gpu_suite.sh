@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -557,6 +557,21 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
       done
       echo "--- persistent, Gluon, weights staged in shared memory"
       timeout 90 python3 bench/persistent_gluon.py 2>&1 | tee "$OUT/persistent_gluon.json" | tail -3 ;;
+    fusedmlp)  # issue 11, batch-1 TPOT: each layer's MLP as one launch (kernels/mlp_triton.py)
+      # against the two GEMVs, per layer (FM_CONFIGS: channels-per-program x warps, comma-separated;
+      # "-" skips it), then batch-1 TPOT for each FM_RUNS entry "MLP ATTN_O" (the two switches
+      # INFER_CLUSTER_FUSED_MLP / INFER_CLUSTER_FUSED_ATTN_O), in order
+      if [ "${FM_CONFIGS:-}" != - ]; then
+        timeout 200 python3 bench/fused_mlp.py --configs "${FM_CONFIGS:-16x8,32x8,16x16}" 2>&1 \
+          | tee "$OUT/fused_mlp.json" | tail -3
+      fi
+      IFS=, read -ra fms <<< "${FM_RUNS:-0 0,1 0,1 1,0 0,1 0,1 1}"
+      i=0; for fm in "${fms[@]}"; do i=$((i + 1)); read -r a b <<< "$fm"
+        echo "--- TPOT INFER_CLUSTER_FUSED_MLP=$a INFER_CLUSTER_FUSED_ATTN_O=$b"
+        INFER_CLUSTER_FUSED_MLP=$a INFER_CLUSTER_FUSED_ATTN_O=$b timeout 150 python3 bench/latency.py \
+          --model qwen3-0.6b-shape --max-model-len 4096 2>&1 | tee "$OUT/fused_tpot_${i}_$a$b.log" \
+          | grep tpot_ms_p50
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

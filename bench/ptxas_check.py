@@ -168,7 +168,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
+    return rows + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():
@@ -283,6 +283,23 @@ def gemv_variants():
             if not cfg.use_dot and ints["k_per_split"] == cfg.block_k:  # the one-chunk build (default)
                 rows.append((f"gemv {name} M{m} {tag} one-chunk", _gemv_kernel, ptrs, ints,
                              dict(consts, ONE_CHUNK=True), opts, ()))
+    return rows
+
+
+def mlp_variants(configs=((16, 8),)):
+    """The fused batch-1 MLP (kernels/mlp_triton.py) at the Qwen3-0.6B shape, with and without
+    the zeroing of the other accumulator, at `configs` (channels per program, warps)."""
+    from infer_cluster.kernels.mlp_triton import _mlp_kernel
+    hidden, inter, rows = 1024, 3072, []
+    ptrs = dict(x_ptr="*fp32", r_ptr="*bf16", h_ptr="*bf16", nw_ptr="*bf16", wgu_ptr="*bf16",
+                wd_ptr="*bf16", acc_ptr="*fp32", zero_ptr="*fp32")
+    ints = dict(M=1, K=hidden, I=inter, sxm=hidden, srm=hidden, shm=hidden, swgu=hidden,
+                swd=inter, sam=hidden)
+    for block_c, warps in configs:
+        for zero in (True, False):
+            consts = dict(HAS_RES=True, HAS_ZERO=zero, EVEN_K=True, EVEN_C=True, BLOCK_M=1, BLOCK_C=block_c, BLOCK_K=hidden)
+            rows.append((f"mlp {block_c}ch w{warps} zero={zero}", _mlp_kernel, ptrs, ints, consts,
+                         dict(num_warps=warps), ("M",)))
     return rows
 
 

@@ -79,8 +79,11 @@ def _chunk_product(acc, acc3, w, k0, k_end, K, x_ptr, x_rows, r_rows, h_ptr, nw_
         act = (gate / (1.0 + tl.exp(-gate))).to(act_dtype).to(tl.float32)
         x = (act * up.to(tl.float32)).to(act_dtype)
     if NORM:  # x holds the layer input; normalise it as rms_norm_ref does, rounding alike
+        # (x may be a fused MLP's float32 sums: rounded to the norm weight's dtype first, as the
+        # unfused down projection's output would have been)
+        act_dtype = nw_ptr.dtype.element_ty
         in_k = offs_k[None, :] < k_end
-        h = x.to(tl.float32)
+        h = x.to(act_dtype).to(tl.float32)
         if HAS_RES:
             r = tl.load(r_rows + offs_k[None, :], mask=in_k, other=0.0).to(tl.float32)
             h = (h + r).to(act_dtype)
@@ -146,12 +149,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     r_rows = r_ptr + rows_m[:, None] * srm
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # rms of the whole row of h = x (+ r), whatever K slice this program multiplies
-        act_dtype = x_ptr.dtype.element_ty
+        act_dtype = nw_ptr.dtype.element_ty  # x's own, or x is float32 sums to round to it
         sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for c0 in range(0, K, NORM_BLOCK):
             offs_c = c0 + tl.arange(0, NORM_BLOCK)
             mask_c = offs_c[None, :] < K
-            hc = tl.load(x_rows + offs_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+            hc = tl.load(x_rows + offs_c[None, :], mask=mask_c, other=0.0).to(act_dtype).to(tl.float32)
             if HAS_RES:  # the unfused path rounds the sum to the activation dtype
                 rc = tl.load(r_rows + offs_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
                 hc = (hc + rc).to(act_dtype).to(tl.float32)
@@ -239,10 +242,10 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
     """`norm` = (residual or None, norm weight, eps, new-residual buffer or None) for the fused
     add + RMSNorm prologue; the kernel fills the buffer with x + residual."""
     m, n = x.shape[0], weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=weight.dtype, device=x.device)
     if m == 0 or n == 0 or k == 0:
         if norm is not None and norm[0] is not None:
-            torch.add(x, norm[0], out=norm[3])  # the residual stays defined whatever the shape
+            torch.add(x.to(norm[3].dtype), norm[0], out=norm[3])  # the residual stays defined whatever the shape
         if m == 0 or n == 0:
             return out
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
@@ -266,7 +269,7 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
                        r.stride(0), h.stride(0),
                        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None,
                        HAS_RES=residual is not None, PARTIAL=partial, USE_DOT=cfg.use_dot,
-                       DOT_F32=x.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
+                       DOT_F32=weight.dtype == torch.float32 or _interpreting(), EVEN_K=k % block_k == 0,
                        STAGES=cfg.num_stages, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
                        NORM_BLOCK=norm_block, PDL=pdl,
                        ONE_CHUNK=not cfg.use_dot and k_per_split == block_k and one_chunk_enabled(),
@@ -279,14 +282,15 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
     return out
 
 
-def _check(x, weight, bias, k):
+def _check(x, weight, bias, k, float32_x: bool = False):
+    """`float32_x`: x may also be float32 whatever W's dtype (the fused norm's sums input)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.shape[0] > MAX_M:
         raise ValueError(f"linear_small handles at most {MAX_M} rows, got {x.shape[0]}")
     if weight.shape[1] != k:
         raise ValueError(f"weight {tuple(weight.shape)} does not take inputs of width {k}")
-    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+    if x.dtype not in _DTYPES or (weight.dtype != x.dtype and not (float32_x and x.dtype == torch.float32)):
         raise ValueError(f"x and weight must share a float dtype, got {x.dtype} and {weight.dtype}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
@@ -315,18 +319,21 @@ def rms_norm_linear_small_triton(x, residual, norm_weight, eps: float, weight,
                                  bias: Optional[torch.Tensor] = None, cfg: GemvConfig = GemvConfig()):
     """`(F.linear(h_normed, weight, bias), h)` where `h = x + residual` (x when residual is None:
     then h is x itself, not a copy) and `h_normed = rms_norm_ref(h, norm_weight, eps)`: the add and
-    the norm run in the GEMV's prologue, one launch instead of two."""
+    the norm run in the GEMV's prologue, one launch instead of two. With a residual, `x` may
+    also be float32 sums (a fused MLP's, kernels/mlp_triton.py): rounded to the weight's dtype
+    first, so `h` and the output are in the weight's dtype."""
     k = x.shape[1] if x.dim() == 2 else -1
-    _check(x, weight, bias, k)
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual must match x {tuple(x.shape)} {x.dtype}, got "
+    dtype = weight.dtype
+    _check(x, weight, bias, k, float32_x=residual is not None)
+    if residual is not None and (residual.shape != x.shape or residual.dtype != dtype):
+        raise ValueError(f"residual must match x {tuple(x.shape)} {dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
-    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
-        raise ValueError(f"norm weight must be [{k}] of {x.dtype}, got {tuple(norm_weight.shape)} "
+    if norm_weight.shape != (k,) or norm_weight.dtype != dtype:
+        raise ValueError(f"norm weight must be [{k}] of {dtype}, got {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype}")
     x_in, x = x, _unit_stride(x)
     residual = _unit_stride(residual) if residual is not None else None
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x_in
+    h = torch.empty(x.shape, dtype=dtype, device=x.device) if residual is not None else x_in
     bias = bias.contiguous() if bias is not None else None
     out = _launch(x, _unit_stride(weight), bias, k, cfg, silu_mul=False,
                   norm=(residual, norm_weight.contiguous(), float(eps), h if residual is not None else None))

@@ -35,7 +35,10 @@ def rms_norm(x, weight, eps, residual=None):
 
 def add_rms_norm(x, residual, weight, eps, norm=rms_norm):
     """`(norm(x + residual), x + residual)`, or `(norm(x), x)` when residual is None. `norm`:
-    `rms_norm` or `rms_norm_ref`."""
+    `rms_norm` or `rms_norm_ref`. A float32 `x` beside a residual of another dtype (a fused
+    MLP's sums, kernels/mlp.py) is rounded to the residual's dtype first."""
     if residual is None:
         return norm(x, weight, eps), x
+    if x.dtype != residual.dtype:
+        x = x.to(residual.dtype)
     return norm(x, weight, eps, residual)
