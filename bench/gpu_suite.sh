@@ -559,18 +559,15 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
       timeout 90 python3 bench/persistent_gluon.py 2>&1 | tee "$OUT/persistent_gluon.json" | tail -3 ;;
     fusedmlp)  # issue 11, batch-1 TPOT: each layer's MLP as one launch (kernels/mlp_triton.py)
       # against the two GEMVs, per layer (FM_CONFIGS: channels-per-program x warps, comma-separated;
-      # "-" skips it), then batch-1 TPOT for each FM_RUNS entry "MLP ATTN_O" (the two switches
-      # INFER_CLUSTER_FUSED_MLP / INFER_CLUSTER_FUSED_ATTN_O), in order
+      # "-" skips it), then batch-1 TPOT for each FM_RUNS entry (INFER_CLUSTER_FUSED_MLP), in order
       if [ "${FM_CONFIGS:-}" != - ]; then
         timeout 200 python3 bench/fused_mlp.py --configs "${FM_CONFIGS:-16x8,32x8,16x16}" 2>&1 \
           | tee "$OUT/fused_mlp.json" | tail -3
       fi
-      IFS=, read -ra fms <<< "${FM_RUNS:-0 0,1 0,1 1,0 0,1 0,1 1}"
-      i=0; for fm in "${fms[@]}"; do i=$((i + 1)); read -r a b <<< "$fm"
-        echo "--- TPOT INFER_CLUSTER_FUSED_MLP=$a INFER_CLUSTER_FUSED_ATTN_O=$b"
-        INFER_CLUSTER_FUSED_MLP=$a INFER_CLUSTER_FUSED_ATTN_O=$b timeout 150 python3 bench/latency.py \
-          --model qwen3-0.6b-shape --max-model-len 4096 2>&1 | tee "$OUT/fused_tpot_${i}_$a$b.log" \
-          | grep tpot_ms_p50
+      IFS=, read -ra fms <<< "${FM_RUNS:-0,1,0,1}"
+      i=0; for a in "${fms[@]}"; do i=$((i + 1)); echo "--- TPOT INFER_CLUSTER_FUSED_MLP=$a"
+        INFER_CLUSTER_FUSED_MLP=$a timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+          --max-model-len 4096 2>&1 | tee "$OUT/fused_tpot_${i}_$a.log" | grep tpot_ms_p50
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -31,8 +31,6 @@ can sweep it through `decode_attention(config=...)`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -257,35 +255,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                  mask=g_mask[:, None] & d_mask[None, :] & has_query)
 
 
-@triton.jit
-def used_partitions(lens_ptr, seq, has_query, num_splits, BLOCK_N: tl.constexpr):
-    """How many of a sequence's partitions hold tokens (recomputed from seq_lens as the decode
-    kernel cut them); 0 for a sequence with no query row."""
-    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
-    return tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
-
-
-@triton.jit
-def merge_partials(po, plse, used, offs_d, d_mask, spo_p, BLOCK_S: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One head's output at dims `offs_d` (float32 `[BLOCK_D]`) from its first `used` normalised
-    partial outputs (`po`, partition stride `spo_p`) weighted by their log2-sum-exp (`plse`)."""
-    offs_s = tl.arange(0, BLOCK_S)
-    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = 0.0
-    for s0 in range(0, used, CHUNK):
-        offs = s0 + tl.arange(0, CHUNK)
-        s_mask = offs < used
-        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
-        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-        acc += tl.sum(w[:, None] * o, axis=0)
-        denom += tl.sum(w, axis=0)
-    return acc / tl.where(denom == 0.0, 1.0, denom)
-
-
 @triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
 def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
                    spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
@@ -301,12 +270,26 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
     head = tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
-    used = used_partitions(lens_ptr, seq, has_query, num_splits, BLOCK_N)
+    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
     plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
     po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
+    offs_s = tl.arange(0, BLOCK_S)
+    m = tl.max(tl.load(plse + offs_s, mask=offs_s < used, other=float("-inf")), axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    out = merge_partials(po, plse, used, offs_d, d_mask, spo_p, BLOCK_S, CHUNK, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = 0.0
+    for s0 in range(0, used, CHUNK):
+        offs = s0 + tl.arange(0, CHUNK)
+        s_mask = offs < used
+        w = tl.exp2(tl.load(plse + offs, mask=s_mask, other=float("-inf")) - m)
+        o = tl.load(po + offs[:, None] * spo_p + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        denom += tl.sum(w, axis=0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + row.to(tl.int64) * so_t + head * so_h + offs_d * so_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
@@ -390,23 +373,11 @@ def _reg_cap(cfg) -> dict:
     return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
 
 
-class DecodePartials(NamedTuple):
-    """A split decode's normalised partial outputs `[seqs, heads, splits, head_dim]` and their
-    log2-sum-exp `[seqs, heads, splits]` (float32), before any merge; `block_n` is the tile the
-    partitions were cut in (`used_partitions` needs it)."""
-    out: torch.Tensor
-    lse: torch.Tensor
-    splits: int
-    block_n: int
-
-
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None, reduce=True):
+                     num_splits=None, config=None, k_scale=None, v_scale=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
-    `k_scale`/`v_scale` go with an int8 cache. `reduce=False`: a split decode returns its
-    `DecodePartials` unmerged (`out` untouched), for a kernel that merges them itself
-    (kernels/attention_o_triton.py); an unsplit one writes `out` and returns it, as always."""
+    `k_scale`/`v_scale` go with an int8 cache."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -450,8 +421,6 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
         OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
-    if splits > 1 and not reduce:
-        return DecodePartials(part_out, part_lse, splits, block_n)
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](

@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
-from infer_cluster.kernels.attention_o import (attention_o_small, fused_attention_o_enabled,
-                                               use_fused_attention_o)
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
 
 from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
@@ -142,21 +140,14 @@ class Attention(nn.Module):
                                                                 spec.num_kv_heads * d],
                                              spec.qkv_bias, ps, num_replicas=[1, kv_replicas, kv_replicas])
         self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
-        # The split merge and o_proj as one launch (kernels/attention_o.py), one rank only.
-        self.fuse_o = tp == 1 and fused_attention_o_enabled() and self.o_proj.use_gemv
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
 
-    def fused_o_applies(self, x: torch.Tensor) -> bool:
-        """Whether a step whose layer input is like `x` runs attention + o_proj as float32 sums."""
-        return use_fused_attention_o(self.fuse_o, x, self.q_size, self.o_proj.weight.shape[0])
-
-    def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache, sums=None):
-        """Everything after the qkv projection: prep, attention, o_proj. `sums`: the fused
-        attention + o accumulators (DecoderModel.forward); then the output is float32."""
+    def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
+        """Everything after the qkv projection: prep, attention, o_proj."""
         n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
@@ -165,10 +156,6 @@ class Attention(nn.Module):
         q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
                      k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                      head_dim=self.head_dim)
-        if sums is not None:
-            return attention_o_small(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                     meta.seq_lens, self.scale, meta.max_query_len,
-                                     self.o_proj.weight, *sums, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
         return self.o_proj(out.reshape(n, self.q_size))
@@ -206,15 +193,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec, ps)
 
-    def forward(self, x, residual, positions, meta, kv_cache, rope_cache, o_sums=None, mlp_sums=None):
+    def forward(self, x, residual, positions, meta, kv_cache, rope_cache, mlp_sums=None):
         # Each add + norm runs in the projection after it (one launch on the small-batch path;
-        # residual None on the first layer: the input is the residual). `o_sums` / `mlp_sums`:
-        # the fused attention + o's and the fused MLP's accumulators (DecoderModel.forward);
-        # their outputs are float32, which the next add + norm rounds.
+        # residual None on the first layer: the input is the residual). `mlp_sums`: the fused
+        # MLP's accumulators (DecoderModel.forward); then the output is float32, which the next
+        # add + norm rounds.
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
-        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache, o_sums)
+        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
         gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
@@ -260,30 +247,23 @@ class DecoderModel(nn.Module):
         (rows selected alike), which runs the final add + norm inside the LM head's GEMV."""
         if self.is_first:
             hidden = self.embed_tokens(input_ids)
-        o_sums, mlp_sums = self._step_sums(hidden)
+        sums = self._mlp_sums(hidden)
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache,
-                                     _pair(o_sums, i, last), _pair(mlp_sums, i, last))
+                                     _pair(sums, i, last))
         if hidden.dtype != residual.dtype and (final_norm or not self.is_last):
             hidden = hidden.to(residual.dtype)  # (compute_logits takes the float32 sums as they are)
         if self.is_last and final_norm:
             hidden, _ = self.norm(hidden, residual)
         return hidden, residual
 
-    def _step_sums(self, hidden: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """Zeroed float32 accumulator pairs (`[2, rows, hidden]`) for this step's fused
-        attention + o and fused MLPs (kernels/attention_o.py's and kernels/mlp.py's rules; None
-        where a rule says no), from one allocation."""
-        if not self.layers:
-            return None, None
-        layer = self.layers[0]
-        wanted = (layer.self_attn.fused_o_applies(hidden), layer.mlp.fused_applies(hidden))
-        if not any(wanted):
-            return None, None
-        sums = torch.zeros(2 * sum(wanted), *hidden.shape, dtype=torch.float32, device=hidden.device)
-        pairs = iter(sums.split(2))
-        return tuple(next(pairs) if w else None for w in wanted)
+    def _mlp_sums(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """The fused MLPs' zeroed float32 accumulator pair (`[2, rows, hidden]`) when this step
+        runs them (kernels/mlp.py's rule), else None."""
+        if not self.layers or not self.layers[0].mlp.fused_applies(hidden):
+            return None
+        return torch.zeros(2, *hidden.shape, dtype=torch.float32, device=hidden.device)
 
     def compute_logits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None,
                        gather: bool = True) -> torch.Tensor:
