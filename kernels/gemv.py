@@ -155,6 +155,11 @@ def rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias: Optional[
     """`(linear(rms_norm(x + residual)), x + residual)` in one launch on the small path; with
     residual None, `(linear(rms_norm(x)), x)`. Elsewhere the separate norm and linear."""
     if use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
+        # Keyed on x's dtype. After a fused MLP (kernels/mlp.py) x is its float32 sums, so the
+        # next layer's qkv takes the heuristic launch, not the table's bf16 row, and the LM head
+        # (no untuned fused launch that wide) keeps its norm apart: measured faster than the
+        # table's rows in that step (H200, 2026-11-28: TPOT 0.721 vs 0.732 ms; the table was
+        # tuned with two GEMVs before the qkv, docs/kernels.md "The fused batch-1 MLP").
         cfg = fused_norm_config(x.shape[0], weight.shape[0], weight.shape[1], x.element_size(), _hopper(x))
         if cfg is not None:
             from .gemv_triton import rms_norm_linear_small_triton

@@ -147,3 +147,20 @@ def test_qwen3_shape_in_a_cuda_graph(gpu_device):
         torch.cuda.synchronize()
         assert torch.count_nonzero(sums[1]) == 0
         _check(out, h, x, r, nw, wgu, wd)
+
+
+def test_float32_sums_take_the_launches_measured_after_a_fused_mlp(monkeypatch):
+    # The next layer's qkv and the LM head read the fused MLP's float32 sums. Measured in the
+    # step (H200): the heuristic launch for the qkv and the LM head's norm apart beat the table's
+    # bf16 rows there (TPOT 0.721 vs 0.732 ms), so float32 sums keep the float32 choice.
+    from infer_cluster.kernels import gemv, gemv_triton
+    seen = []
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    monkeypatch.setattr(gemv_triton, "rms_norm_linear_small_triton",
+                        lambda *a: seen.append(a[-1]) or (None, None))
+    r, nw = torch.zeros(1, 1024, dtype=torch.bfloat16), torch.ones(1024, dtype=torch.bfloat16)
+    qkv = torch.empty(4096, 1024, dtype=torch.bfloat16)
+    gemv.rms_norm_linear_small(torch.zeros(1, 1024, dtype=torch.bfloat16), r, nw, 1e-6, qkv)
+    gemv.rms_norm_linear_small(torch.zeros(1, 1024), r, nw, 1e-6, qkv)
+    assert seen == [gemv.TUNED[(4096, 1024, 1)], gemv.heuristic_config(1, 4096, 1024)]
+    assert gemv.fused_norm_config(1, 151936, 1024, itemsize=4) is None  # LM head: norm apart
