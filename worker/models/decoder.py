@@ -210,8 +210,9 @@ class DecoderLayer(nn.Module):
 
 def _pair(sums: Optional[torch.Tensor], i: int, last: int) -> Optional[tuple]:
     """Layer i's (accumulator, accumulator to zero) from a pair. Layers alternate the two: layer
-    i adds into one and zeroes the other, which its predecessor filled and its own next kernel
-    has read by then, and which layer i + 1 adds into. Layer 0 finds both zeroed at the start."""
+    i adds into one and zeroes the other, which layer i - 1's MLP filled and layer i's qkv has
+    read by then (the fused MLP zeroes after its PDL wait), and which layer i + 1 adds into.
+    Layers 0 and 1 find theirs zeroed at the start."""
     if sums is None:
         return None
     return sums[i % 2], sums[(i + 1) % 2] if 0 < i < last else None
