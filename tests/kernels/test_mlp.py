@@ -67,6 +67,15 @@ def test_fused_mlp_matches_torch(device, dtype, m, shape):
     _check(acc, h, x, r, nw, wgu, wd)
 
 
+def test_fused_mlp_without_residual(device):
+    # A first layer's MLP would have no residual: x itself is normalised and returned as h.
+    x, _, nw, wgu, wd = _inputs(device, torch.bfloat16, 2, 48, 40)
+    acc = torch.zeros(2, 48, device=device)
+    _, h = fused_mlp_small_triton(x, None, nw, 1e-6, wgu, wd, acc, block_c=16, num_warps=4)
+    assert h is x
+    _check(acc, h, x, torch.zeros_like(x), nw, wgu, wd)  # x + 0 == x: the same reference
+
+
 def test_fused_mlp_adds_into_acc(device):
     # The sums are added to what acc holds (the caller zeroes it): twice gives twice.
     x, r, nw, wgu, wd = _inputs(device, torch.float32, 1, 32, 48)
