@@ -16,7 +16,9 @@ Variants (`--variants`, comma-separated, run in that order; repeat `base` to see
   gemv=N.K.M:BN.BK.W.S.SPLIT[+...]  the GEMV table row (N, K, M bucket) replaced by a CUDA-core
              config (block_n, block_k, warps, stages, split_k); `+` joins several rows in one
              variant (a step-level sweep: the table's rows were timed alone, the step runs them
-             back to back under PDL, where how many programs fit beside the kernel before matters)
+             back to back under PDL, where how many programs fit beside the kernel before matters;
+             batch-1 steps run the MLP fused, so the gate_up and down rows matter only with
+             INFER_CLUSTER_FUSED_MLP=0 in the environment)
   decode=KEY.VALUE[+...]  float decode attention's launch config (`DECODE_TUNED`) with integer
              keys replaced, e.g. `decode=min_partition.4096` (at --max-model-len 4096: one
              partition per sequence, so no reduce launch) or `decode=min_partition.1024+num_stages.3`
