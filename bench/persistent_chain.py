@@ -345,14 +345,21 @@ def finish(out: dict) -> dict:
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def chain_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every chain bench takes (layers, replays, chains per replay), described by
+    the first paragraph of `doc` (shared with bench/persistent_gluon.py and bench/fused_mlp.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--programs", type=int, default=128, help="persistent programs (all resident)")
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--warps", type=int, default=16)
     ap.add_argument("--inner", type=int, default=10, help="chains per graph replay")
+    return ap
+
+
+def main(argv=None):
+    ap = chain_parser(__doc__)
+    ap.add_argument("--programs", type=int, default=128, help="persistent programs (all resident)")
+    ap.add_argument("--warps", type=int, default=16)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("persistent_chain: no CUDA device; nothing to time")

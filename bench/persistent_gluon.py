@@ -19,7 +19,6 @@ with one buffer per phase, one phase ahead, was timed there too and removed: the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from persistent_chain import (ATTN, EPS, HIDDEN, INTER, QKV, SPIN_CAP,  # noqa: E402
-                              ChainBuffers, Weights, finish, start, time_form)
+                              ChainBuffers, Weights, chain_parser, finish, start, time_form)
 
 try:
     from triton.experimental import gluon
@@ -370,12 +369,7 @@ class Staged(ChainBuffers):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--inner", type=int, default=10, help="chains per graph replay")
-    args = ap.parse_args(argv)
+    args = chain_parser(__doc__).parse_args(argv)
     if not torch.cuda.is_available() or gluon is None:
         print("persistent_gluon: no CUDA device or no Gluon; nothing to time")
         return 0

@@ -286,11 +286,14 @@ def gemv_variants():
     return rows
 
 
-def mlp_variants(configs=((16, 8),)):
+def mlp_variants(configs=None):
     """The fused batch-1 MLP (kernels/mlp_triton.py) at the Qwen3-0.6B shape, with and without
-    the zeroing of the other accumulator, at `configs` (channels per program, warps)."""
+    the zeroing of the other accumulator, at `configs` (channels per program, warps; by default
+    the one `fused_mlp_config` picks)."""
+    from infer_cluster.kernels.mlp import fused_mlp_config
     from infer_cluster.kernels.mlp_triton import _mlp_kernel
     hidden, inter, rows = 1024, 3072, []
+    configs = configs or (fused_mlp_config(1, hidden, inter),)
     ptrs = dict(x_ptr="*fp32", r_ptr="*bf16", h_ptr="*bf16", nw_ptr="*bf16", wgu_ptr="*bf16",
                 wd_ptr="*bf16", acc_ptr="*fp32", zero_ptr="*fp32")
     ints = dict(M=1, K=hidden, I=inter, sxm=hidden, srm=hidden, shm=hidden, swgu=hidden,

@@ -47,10 +47,9 @@ def fused_mlp_config(rows: int, hidden: int, inter: int) -> Optional[tuple[int, 
 def use_fused_mlp(enabled: bool, x: torch.Tensor, inter: int) -> bool:
     """The layers' rule: switch on, the small-batch GEMV path for `x` (kernels/gemv.py), a shape
     `fused_mlp_config` takes, and on CUDA a GPU of compute capability 9.x (where it was measured)."""
-    from .gemv import use_small_path
-    if not (use_small_path(enabled, x) and fused_mlp_config(x.shape[0], x.shape[1], inter)):
-        return False
-    return not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] == 9
+    from .gemv import _hopper, use_small_path
+    return bool(use_small_path(enabled, x) and fused_mlp_config(x.shape[0], x.shape[1], inter)
+                and _hopper(x))
 
 
 def fused_mlp_ref(x, residual, norm_weight, eps, gate_up_weight, down_weight):

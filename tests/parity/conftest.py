@@ -1,4 +1,5 @@
-"""Tiny random checkpoints of each supported family, built once per test session."""
+"""Tiny random checkpoints of each supported family, built once per test session, and the on /
+off comparison the kernel-switch parity tests share (`spied_outputs`, `assert_same_greedy`)."""
 
 import pytest
 
@@ -27,3 +28,26 @@ FAMILIES = {
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     return {name: str(build_checkpoint(root / name, spec, seed=1234)) for name, spec in FAMILIES.items()}
+
+
+def spied_outputs(path, monkeypatch, module, name: str, env: str, on: bool, prompts, params, **kw):
+    """One small float32 engine built with the switch `env` on or off: `(llm, [(token_ids,
+    logprobs)] per prompt, how often module.name ran)` (a spy counts the entry point's calls)."""
+    from infer_cluster.worker import LLM
+
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setenv(env, "1" if on else "0")
+    llm = LLM(path, dtype="float32", block_size=16, num_kv_blocks=32, max_num_seqs=4,
+              max_num_batched_tokens=64, **kw)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return llm, [(o.token_ids, o.logprobs) for o in outs], len(calls)
+
+
+def assert_same_greedy(got, want):
+    """Same tokens for every prompt, and each step's chosen-token logprob within 1e-4."""
+    for (tokens, lps), (ref_tokens, ref_lps) in zip(got, want):
+        assert tokens == ref_tokens
+        for step, ref_step in zip(lps, ref_lps):
+            assert step[0] == pytest.approx(ref_step[0], abs=1e-4)

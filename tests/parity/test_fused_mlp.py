@@ -12,32 +12,18 @@ import torch
 from infer_cluster.kernels import mlp_triton as mt
 from infer_cluster.protocol import SamplingParams
 
-from .conftest import FAMILIES
+from .conftest import FAMILIES, assert_same_greedy, spied_outputs
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
 PARAMS = SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True)
-REAL = mt.fused_mlp_small_triton  # before any test wraps it
 
 
 def _run(path, monkeypatch, fused: bool, **kw):
     """One engine's output with the fused MLP on or off, and how often its kernel ran."""
-    from infer_cluster.worker import LLM
-
-    calls = []
-    monkeypatch.setattr(mt, "fused_mlp_small_triton", lambda *a, **k: calls.append(1) or REAL(*a, **k))
-    monkeypatch.setenv("INFER_CLUSTER_FUSED_MLP", "1" if fused else "0")
-    llm = LLM(path, dtype="float32", block_size=16, num_kv_blocks=32, max_num_seqs=4,
-              max_num_batched_tokens=64, **kw)
-    out = llm.generate([PROMPT], PARAMS, use_tqdm=False)[0]
-    return llm, (out.token_ids, out.logprobs), len(calls)
-
-
-def _assert_same(got, want):
-    assert got[0] == want[0]
-    for step, ref_step in zip(got[1], want[1]):
-        assert step[0] == pytest.approx(ref_step[0], abs=1e-4)
+    return spied_outputs(path, monkeypatch, mt, "fused_mlp_small_triton", "INFER_CLUSTER_FUSED_MLP",
+                         fused, [PROMPT], PARAMS, **kw)
 
 
 @pytest.mark.skipif(HAS_CUDA or not INTERPRET, reason="CPU case: needs TRITON_INTERPRET=1")
@@ -49,7 +35,7 @@ def test_fused_mlp_matches_unfused_interpreted(checkpoints, monkeypatch, family)
     assert unfused_calls == 0
     layers = llm.engine.runner.model.spec.num_layers
     assert fused_calls == layers * (PARAMS.max_tokens - 1)  # every decode step, every layer
-    _assert_same(got, want)
+    assert_same_greedy(got, want)
 
 
 @pytest.mark.gpu
@@ -61,4 +47,4 @@ def test_fused_mlp_matches_unfused_with_cuda_graphs(checkpoints, monkeypatch, fa
     llm, got, fused_calls = _run(checkpoints[family], monkeypatch, fused=True, **kw)
     assert unfused_calls == 0 and fused_calls > 0  # (captured calls: replays are not counted)
     assert llm.engine.runner.graphs.replays > 0
-    _assert_same(got, want)
+    assert_same_greedy(got, want)

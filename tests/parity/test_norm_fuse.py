@@ -11,7 +11,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
-from .conftest import FAMILIES
+from .conftest import FAMILIES, assert_same_greedy, spied_outputs
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -23,23 +23,8 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True
 def _run(path, monkeypatch, fuse: bool, **kw):
     """Outputs of one engine built with the fusion on or off, and how often the fused kernel ran."""
     import infer_cluster.kernels.gemv_triton as gt
-    from infer_cluster.worker import LLM
-
-    calls = []
-    real = gt.rms_norm_linear_small_triton
-    monkeypatch.setattr(gt, "rms_norm_linear_small_triton", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv("INFER_CLUSTER_NORM_FUSE", "1" if fuse else "0")
-    llm = LLM(path, dtype="float32", block_size=16, num_kv_blocks=32, max_num_seqs=4,
-              max_num_batched_tokens=64, **kw)
-    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-    return llm, [(o.token_ids, o.logprobs) for o in outs], len(calls)
-
-
-def _assert_same(got, want):
-    for (tokens, lps), (ref_tokens, ref_lps) in zip(got, want):
-        assert tokens == ref_tokens
-        for step, ref_step in zip(lps, ref_lps):
-            assert step[0] == pytest.approx(ref_step[0], abs=1e-4)
+    return spied_outputs(path, monkeypatch, gt, "rms_norm_linear_small_triton", "INFER_CLUSTER_NORM_FUSE",
+                         fuse, PROMPTS, PARAMS, **kw)
 
 
 @pytest.mark.skipif(HAS_CUDA or not INTERPRET, reason="CPU case: needs TRITON_INTERPRET=1")
@@ -51,7 +36,7 @@ def test_fused_norm_matches_unfused_interpreted(checkpoints, monkeypatch, family
     assert unfused_calls == 0
     # Decode steps (<= 16 rows): both norms of both layers fused, every step.
     assert fused_calls >= 2 * 2 * (PARAMS.max_tokens - 1)
-    _assert_same(got, want)
+    assert_same_greedy(got, want)
 
     # The final norm folded into the LM head (`forward(final_norm=False)` then
     # `compute_logits(hidden, residual)`) gives the logits of the separately normed hidden.
@@ -71,4 +56,4 @@ def test_fused_norm_matches_unfused_with_cuda_graphs(checkpoints, monkeypatch, f
     llm, got, fused_calls = _run(checkpoints[family], monkeypatch, fuse=True, **kw)
     assert unfused_calls == 0 and fused_calls > 0  # (captured calls: graph replays are not counted)
     assert llm.engine.runner.graphs is None or llm.engine.runner.graphs.replays > 0
-    _assert_same(got, want)
+    assert_same_greedy(got, want)
