@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp tpot_kinds coldstart_empty
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -569,6 +569,22 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
         INFER_CLUSTER_FUSED_MLP=$a timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
           --max-model-len 4096 2>&1 | tee "$OUT/fused_tpot_${i}_$a.log" | grep tpot_ms_p50
       done ;;
+    tpot_kinds)  # batch-1 TPOT by request kind (bench/latency.py --sampling all, then top_p alone), one
+      # engine per entry of TK_RUNS (INFER_CLUSTER_FUSED_MLP values, comma-separated), in that order
+      IFS=, read -ra tks <<< "${TK_RUNS:-1,0,1}"
+      i=0; for a in "${tks[@]}"; do i=$((i + 1))
+        for kind in all top_p; do echo "--- TPOT $kind INFER_CLUSTER_FUSED_MLP=$a"
+          INFER_CLUSTER_FUSED_MLP=$a timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+            --max-model-len 4096 --sampling $kind --out "$OUT/tpot_kinds_${i}_${a}_$kind.json" 2>&1 \
+            | grep -E '"sampling"|tpot_ms_p50|Error'
+        done
+      done ;;
+    coldstart_empty)  # start-up and first / warm runs with an empty Triton cache (a fresh
+      # TRITON_CACHE_DIR), workload A, byte-level tokenizer; --log-compiles lists what a run compiled
+      TRITON_CACHE_DIR=$(mktemp -d) timeout 400 python3 bench/cold_start.py --model qwen3-0.6b-shape \
+        --load-format dummy --dtype bfloat16 --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 \
+        --max-model-len 4096 --tokenizer bytelevel --log-compiles --out "$OUT/coldstart_empty.json" 2>&1 \
+        | grep -v "it/s\]" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -1,8 +1,10 @@
 """Batch-1 decode latency (TPOT) vs its bandwidth bound (weight bytes / measured bandwidth).
 
-Runs one request at a time (prompt `--prompt-len`, `--output-len` new tokens, greedy,
-ignore_eos) through the offline engine's step API, timing every decode step; reports the median
-TPOT, TTFT, and the bound from bench/roofline.py. Writes JSON.
+Runs one request at a time (prompt `--prompt-len`, `--output-len` new tokens, ignore_eos) through
+the offline engine's step API, timing every decode step; reports the median TPOT, TTFT, and the
+bound from bench/roofline.py. Writes JSON. `--sampling` picks the request kind, with the same
+parameters as bench/throughput.py's kinds (greedy by default; `all` times each kind in turn on
+one engine, and writes one JSON row per kind).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
+from bench.throughput import ALL_KINDS, SAMPLING_KINDS, sampling_params  # noqa: E402
 
 ASYNC_MODES = {"on": True, "off": False, "auto": "auto"}
 
@@ -35,22 +38,46 @@ def main(argv=None):
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
                     help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
+    ap.add_argument("--sampling", default="greedy", choices=[*SAMPLING_KINDS, "all"],
+                    help="request kind (bench/throughput.py's SAMPLING_KINDS); all: each in turn")
     ap.add_argument("--out", default="bench/results/latency.json")
     args = ap.parse_args(argv)
 
     import torch
 
-    from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
               num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
               async_scheduling=ASYNC_MODES[args.async_scheduling])
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    kinds = list(ALL_KINDS) if args.sampling == "all" else [args.sampling]
+    rows = {kind: time_kind(llm, kind, args) for kind in kinds}
+    device = None
+    if torch.cuda.is_available():
+        from bench.roofline import measure_device, model_numbers
+        device = measure_device()
+        bound_ms = model_numbers(args.model)["weight_bytes"] / (device["copy_GBps"] * 1e9) * 1e3
+        for res in rows.values():
+            res["tpot_bound_ms"] = bound_ms
+            res["fraction_of_bound"] = bound_ms / res["tpot_ms_p50"]
+    for res in rows.values():
+        print(json.dumps(res, indent=1))
+    if len(rows) == 1:
+        out = next(iter(rows.values()))
+    else:
+        out = {"model": args.model, "kinds": rows}
+    if device is not None:
+        out["device"] = device
+    write_json(args.out, out)
+
+
+def time_kind(llm, kind: str, args) -> dict:
+    """Batch-1 TTFT and TPOT of `args.repeats` requests of one kind (after one warm-up request)."""
     ttfts, tpots = [], []
+    span = min(5000, llm.engine.spec.vocab_size - 10)  # prompt ids in [10, 10 + span)
     for r in range(args.repeats + 1):
-        prompt = [(r * 131 + j * 7) % 5000 + 10 for j in range(args.prompt_len)]
-        rid = llm.add_request(prompt, params)
+        prompt = [(r * 131 + j * 7) % span + 10 for j in range(args.prompt_len)]
+        rid = llm.add_request(prompt, sampling_params(kind, [args.output_len], seed=r)[0])
         stamps = []
         t0 = time.perf_counter()
         done = False
@@ -69,25 +96,15 @@ def main(argv=None):
                     stamps.append(time.perf_counter())
                     done = d.finished
         if first_steps and r > 0:
-            print(f"repeat {r}: steps up to the first token: " + "; ".join(
+            print(f"{kind} repeat {r}: steps up to the first token: " + "; ".join(
                 f"{1e3 * sec:.2f} ms {phases}" for sec, phases in first_steps))
         if r == 0:
             continue  # warm-up
         ttfts.append(stamps[0] - t0)
         tpots.extend(b - a for a, b in zip(stamps, stamps[1:]))
-    res = {"model": args.model, "async_scheduling": llm.engine.async_scheduling, "ttft_ms": statistics.median(ttfts) * 1e3,
-           "tpot_ms_p50": statistics.median(tpots) * 1e3,
-           "tpot_ms_p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3}
-    if torch.cuda.is_available():
-        from bench.roofline import measure_device, model_numbers
-        dev = measure_device()
-        m = model_numbers(args.model)
-        res["tpot_bound_ms"] = m["weight_bytes"] / (dev["copy_GBps"] * 1e9) * 1e3
-        res["device"] = dev
-        res["fraction_of_bound"] = res["tpot_bound_ms"] / res["tpot_ms_p50"]
-    print(json.dumps({k: v for k, v in res.items() if k != "device"}, indent=1))
-    write_json(args.out, res)
-
+    return {"model": args.model, "sampling": kind, "async_scheduling": llm.engine.async_scheduling,
+            "ttft_ms": statistics.median(ttfts) * 1e3, "tpot_ms_p50": statistics.median(tpots) * 1e3,
+            "tpot_ms_p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3}
 
 if __name__ == "__main__":
     main()
