@@ -25,6 +25,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
+from bench.throughput import SAMPLING_KINDS, sampling_params  # noqa: E402
 
 
 def short(name: str) -> str:
@@ -86,6 +87,9 @@ def main(argv=None):
     ap.add_argument("--copies", action="store_true",
                     help="keep memcpy / memset events in the timeline (the ids' device-to-host copy, the "
                          "copies into the graph's static buffers), named 'Memcpy DtoH' and so on")
+    ap.add_argument("--sampling", default="greedy", choices=list(SAMPLING_KINDS),
+                    help="the request's kind (bench/throughput.py's SAMPLING_KINDS): a greedy step replays "
+                         "the greedy graph, the others the logits graph and then the sampler's kernels")
     ap.add_argument("--show", type=int, default=1, help="print the kernel sequence of this many steps")
     ap.add_argument("--out", default="bench/results/decode_timeline.json")
     args = ap.parse_args(argv)
@@ -96,13 +100,12 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/decode_timeline.py: no CUDA device; nothing to profile")
         return 0
-    from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=8, num_kv_blocks=1024,
               max_model_len=4096)
     rid = llm.add_request(list(range(10, 10 + args.prompt_len)),
-                          SamplingParams(temperature=0, max_tokens=64 + 4 * args.steps, ignore_eos=True))
+                          sampling_params(args.sampling, [64 + 4 * args.steps], seed=0)[0])
     for _ in range(32):
         llm.step()
     torch.cuda.synchronize()
@@ -137,7 +140,7 @@ def main(argv=None):
     n = len(steps)
     med = {k: median_known(r[k] for r in rows) for k in rows[0]}
     period = f", period {med['period_us']:.1f} us" if med["period_us"] is not None else ""
-    print(f"{n} decode steps (median): {med['kernels']:.0f} kernels, span {med['span_us']:.1f} us{period}, "
+    print(f"{args.sampling}: {n} decode steps (median): {med['kernels']:.0f} kernels, span {med['span_us']:.1f} us{period}, "
           f"busy {med['busy_us']:.1f} us, idle between kernels {med['idle_us']:.1f} us "
           f"({med['idle_us'] / max(med['kernels'] - 1, 1):.2f} us per boundary)")
     table = sorted(per_name.items(), key=lambda kv: -kv[1]["us"])
@@ -154,7 +157,7 @@ def main(argv=None):
             print(f"{seq[-1][0]:9.1f} {seq[-1][1]:7.2f} {seq[-1][2]:6.2f}  {name}")
             prev_end = max(prev_end, e)
         sequences.append(seq)
-    write_json(args.out, {"model": args.model, "prompt_len": args.prompt_len, "steps": rows,
+    write_json(args.out, {"model": args.model, "sampling": args.sampling, "prompt_len": args.prompt_len, "steps": rows,
                           "median": med, "per_kernel": {k: v for k, v in table}, "sequences": sequences,
                           "copies": args.copies, "first_kernel": args.first_kernel,
                           "device": torch.cuda.get_device_name()})

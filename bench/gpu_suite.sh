@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp tpot_kinds coldstart_empty
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp tpot_kinds coldstart_empty tpot_where
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -579,6 +579,18 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
             | grep -E '"sampling"|tpot_ms_p50|Error'
         done
       done ;;
+    tpot_where)  # where a batch-1 step's time goes by request kind (TW_KINDS, comma-separated): host
+      # phases against the graph alone (step_profile.py), the GPU timeline of a step (decode_timeline.py),
+      # and the sampler alone at one row under cProfile (sampler_profile.py)
+      IFS=, read -ra tw <<< "${TW_KINDS:-greedy,sampled,penalties,top_p}"
+      for kind in "${tw[@]}"; do echo "--- $kind"
+        timeout 150 python3 bench/step_profile.py --sampling $kind --out "$OUT/step_profile_$kind.json" 2>&1 | tail -2
+        timeout 150 python3 bench/decode_timeline.py --sampling $kind --steps 10 \
+          --out "$OUT/decode_timeline_$kind.json" > "$OUT/decode_timeline_$kind.log" 2>&1
+        grep -A 16 "decode steps (median)" "$OUT/decode_timeline_$kind.log"
+      done
+      timeout 150 python3 bench/sampler_profile.py --rows 1 --cprofile --profile --kinds greedy,sampled,penalties,top_p_only \
+        --out "$OUT/sampler_profile_1row.json" > "$OUT/sampler_profile_1row.log" 2>&1; grep "ms per call" "$OUT/sampler_profile_1row.log" ;;
     coldstart_empty)  # start-up and first / warm runs with an empty Triton cache (a fresh
       # TRITON_CACHE_DIR), workload A, byte-level tokenizer; --log-compiles lists what a run compiled
       TRITON_CACHE_DIR=$(mktemp -d) timeout 400 python3 bench/cold_start.py --model qwen3-0.6b-shape \

@@ -1,7 +1,7 @@
 """Where one decode step's time goes at batch 1: host phases against the GPU's own time.
 
-Drives one request (prompt `--prompt-len`, `--output-len` greedy tokens) through the offline
-engine's step API and splits each step's wall time into the engine's phases (schedule,
+Drives one request (prompt `--prompt-len`, `--output-len` tokens of the `--sampling` kind)
+through the offline engine's step API and splits each step's wall time into the engine's phases (schedule,
 `ModelRunner.execute` = input prep + graph launch, the sampler's device half `draw`, `wait` for
 the step's ids (the device sync), update, text; with `--async-scheduling on` the wait overlaps
 the next step), then times the batch-1 decode CUDA graph alone with events (the GPU floor per step).
@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.report import write_json  # noqa: E402
+from bench.throughput import SAMPLING_KINDS, sampling_params  # noqa: E402
 
 
 def _timed(obj, name, acc):
@@ -39,19 +40,20 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--async-scheduling", default="auto", choices=["on", "off", "auto"])
+    ap.add_argument("--sampling", default="greedy", choices=list(SAMPLING_KINDS),
+                    help="the request's kind (bench/throughput.py's SAMPLING_KINDS)")
     ap.add_argument("--out", default="bench/results/step_profile.json")
     args = ap.parse_args(argv)
 
     import torch
 
-    from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
 
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=8, num_kv_blocks=256,
               max_model_len=2048,
               async_scheduling={"on": True, "off": False, "auto": "auto"}[args.async_scheduling])
     eng = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    params = sampling_params(args.sampling, [args.output_len], seed=0)[0]
     acc: dict[str, float] = {}
     _timed(eng.runner, "execute", acc)
     _timed(eng.sampler, "draw", acc)
@@ -89,9 +91,9 @@ def main(argv=None):
         torch.cuda.synchronize()
         graph_ms = start.elapsed_time(end) / 200
     tpot = statistics.median(tpots) * 1e3
-    res = {"model": args.model, "async_scheduling": eng.async_scheduling, "tpot_ms_p50": tpot, "graph_replay_ms": graph_ms,
+    res = {"model": args.model, "sampling": args.sampling, "async_scheduling": eng.async_scheduling, "tpot_ms_p50": tpot, "graph_replay_ms": graph_ms,
            "host_phase_us_per_step": per_step_us}
-    print(f"batch-1 TPOT p50 {tpot:.3f} ms; decode graph alone {graph_ms if graph_ms is None else round(graph_ms, 3)} ms")
+    print(f"{args.sampling}: batch-1 TPOT p50 {tpot:.3f} ms; decode graph alone {graph_ms if graph_ms is None else round(graph_ms, 3)} ms")
     print("per step (us):", {k: round(v, 1) for k, v in per_step_us.items()})
     write_json(args.out, res)
     llm.close()
