@@ -570,12 +570,12 @@ qwen3-0.6b-shape 1 1 --sampling top_p,qwen3-0.6b-shape 2 1 --sampling top_p}" \
           --max-model-len 4096 2>&1 | tee "$OUT/fused_tpot_${i}_$a.log" | grep tpot_ms_p50
       done ;;
     tpot_kinds)  # batch-1 TPOT by request kind (bench/latency.py --sampling all, then top_p alone), one
-      # engine per entry of TK_RUNS (INFER_CLUSTER_FUSED_MLP values, comma-separated), in that order
-      IFS=, read -ra tks <<< "${TK_RUNS:-1,0,1}"
-      i=0; for a in "${tks[@]}"; do i=$((i + 1))
-        for kind in all top_p; do echo "--- TPOT $kind INFER_CLUSTER_FUSED_MLP=$a"
-          INFER_CLUSTER_FUSED_MLP=$a timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
-            --max-model-len 4096 --sampling $kind --out "$OUT/tpot_kinds_${i}_${a}_$kind.json" 2>&1 \
+      # engine per entry of TK_RUNS (env settings, comma-separated, "-" for none), in that order
+      IFS=, read -ra tks <<< "${TK_RUNS:--}"
+      i=0; for e in "${tks[@]}"; do i=$((i + 1)); [ "$e" = - ] && e=""
+        for kind in all top_p; do echo "--- TPOT $kind ${e:-defaults}"
+          env $e timeout 150 python3 bench/latency.py --model qwen3-0.6b-shape \
+            --max-model-len 4096 --sampling $kind --out "$OUT/tpot_kinds_${i}_$kind.json" 2>&1 \
             | grep -E '"sampling"|tpot_ms_p50|Error'
         done
       done ;;

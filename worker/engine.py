@@ -44,6 +44,7 @@ from .admission import Prompt, check_lengths, tokenize_prompt
 from .block_allocator import BlockAllocator
 from .config import EngineConfig
 from .detokenizer import piece_table
+from .draw_graphs import DrawGraphs
 from .engine_stats import engine_capacity, engine_stats, request_phase
 from .host_tier import HostTier
 from .inflight import InFlightSteps
@@ -96,6 +97,9 @@ class DynamicEngine:
             runner_factory = DistributedRunner
         factory = runner_factory or ModelRunner
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
+        # Small all-random steps replay the sampler's draw from CUDA graphs (worker/draw_graphs.py),
+        # kept across sampler resets; None off CUDA or with INFER_CLUSTER_DRAW_GRAPH_MAX=0.
+        self.draw_graphs = DrawGraphs.for_device(self.runner.device)
         self._reset_bookkeeping()
         log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
         if config.pipeline_parallel_size > 1:
@@ -120,7 +124,7 @@ class DynamicEngine:
                                    getattr(self.runner, "loads_landed", None), getattr(self.runner, "wait_load", None))
         # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
         # (a few per row); this CPU generator only draws the keys of unseeded rows.
-        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))
+        self.sampler = Sampler(torch.Generator().manual_seed(config.seed), self.draw_graphs)
         if self.text is not None:
             self.text = TextStage(self.tokenizer, self.byte_table)
         self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
@@ -372,7 +376,10 @@ class DynamicEngine:
         self.sampler.release(request_id)  # penalty state kept on the device between steps
 
     def close(self) -> None:
-        """Release the runner's processes (tensor/pipeline-parallel ranks); idempotent."""
+        """Release the draw graphs and the runner's processes (tensor/pipeline-parallel ranks);
+        idempotent."""
+        if self.draw_graphs is not None:
+            self.draw_graphs.release()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

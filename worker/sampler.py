@@ -29,6 +29,9 @@ pinned memory behind an event, worker/inflight.py); `finish` turns their host co
 `SamplerOutput`; `__call__` is both with one `.tolist()` between. A request's rows may be drawn
 again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
 no_repeat_ngram_size (its map needs the ids on the host).
+Small steps whose rows are all random on the candidate path, with no penalties, bans or
+logprobs, replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
+kernels, a few host operations instead of ~25 (at batch 1 the eager draw's host time set TPOT).
 Random rows with top_k / top_p take a candidate path whose id is provisional where the row's
 kept set did not fit its candidates; the flags ride in the same transfer as the ids, and
 `finish` redoes those rows on the full path (same uniform: same result as a synchronous draw).
@@ -52,9 +55,10 @@ from typing import Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
+from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms, use_sample_kernels
 from infer_cluster.protocol.sampling_params import SamplingParams
 
+from .draw_graphs import DrawGraphs, DrawPlan
 from .logprob_pack import logprob_pack, lse_and_block_maxima
 from .logprob_rows import DeferredLogprob, LogprobRows
 from .random_stream import step_uniforms
@@ -142,9 +146,13 @@ class _Scratch:
 class Sampler:
     """Batched sampler; holds the default generator and the penalty state of live requests."""
 
-    def __init__(self, default_generator: Optional[torch.Generator] = None):
+    def __init__(self, default_generator: Optional[torch.Generator] = None,
+                 draw_graphs: Optional[DrawGraphs] = None):
         # None means torch's global RNG; unseeded rows are not reproducible anyway.
         self.default_generator = default_generator
+        # Small all-random steps replay their draw from a CUDA graph (worker/draw_graphs.py);
+        # the owner (the engine) keeps it across sampler resets and releases it.
+        self.draw_graphs = draw_graphs
         self.state: Optional[SamplingState] = None
         self.plans = RowPlans()  # each live request's fixed sampler row (worker/row_plans.py)
 
@@ -212,6 +220,11 @@ class Sampler:
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
             token_ids = logits.argmax(dim=-1)
             return DeviceDraw(token_ids, token_ids, None, len(rows))
+        if (self.draw_graphs is not None and len(random_rows) == len(rows)
+                and not (penalty_rows or logprob_rows or min_tokens_rows)):
+            draw = self._graph_draw(logits, rows, classes)
+            if draw is not None:
+                return draw
 
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
@@ -350,9 +363,10 @@ class Sampler:
             ban_tokens(x, ban_rows, ban_ids)
         return entries
 
-    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> RandomRows:
-        """Per-row parameters and uniforms, moved to the device in one copy. `plan`: the rows'
-        (table, seeds, seeded) from `RowPlans.gather`."""
+    def _random_plan(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> DrawPlan:
+        """The random rows' parameters packed for one upload, and the host lists the draw plans
+        with. `plan`: the rows' (table, seeds, seeded) from `RowPlans.gather`. Draws the keys of
+        unseeded rows: call it once per step."""
         table, seeds, seeded = plan
         steps = [len(r.output_token_ids) + r.num_pending for r in rows]  # the one per-step column
         if not seeded.all():
@@ -369,7 +383,6 @@ class Sampler:
                 gen = self.default_generator
                 seeds[drawn] = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
                                              device=gen.device if gen is not None else "cpu").tolist()
-        vocab = x.shape[1]
         # The uniforms: Philox on the device where the draw runs Triton (the seeds' and steps'
         # 64 bits ride in the float64 upload as raw bits), else on the host.
         on_device = use_sample_kernels(x)
@@ -381,13 +394,38 @@ class Sampler:
         else:
             packed[4] = step_uniforms(seeds.tolist(), steps)[:, 0]
         top_k, need = table[:, TOP_K], table[:, NEED]
-        top_p_alone = any_top_p_alone(top_k, need, vocab)
-        packed = dma_upload(packed, x.device)
+        return DrawPlan(packed, top_k.astype(np.int64).tolist(), table[:, TOP_P].tolist(),
+                        table[:, MIN_P].tolist(), need.astype(np.int64).tolist(),
+                        any_top_p_alone(top_k, need, x.shape[1]))
+
+    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> RandomRows:
+        """Per-row parameters and uniforms, moved to the device in one copy. `plan`: the rows'
+        (table, seeds, seeded) from `RowPlans.gather`."""
+        p = self._random_plan(rows, x, plan)
+        packed = dma_upload(p.packed, x.device)
+        on_device = p.packed.shape[0] == 6
         uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
         return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                          min_p=packed[3].float(), uniform=uniform, host_top_k=top_k.astype(np.int64).tolist(),
-                          host_top_p=table[:, TOP_P].tolist(), host_min_p=table[:, MIN_P].tolist(),
-                          need=need.astype(np.int64).tolist(), top_p_alone=top_p_alone)
+                          min_p=packed[3].float(), uniform=uniform, host_top_k=p.host_top_k,
+                          host_top_p=p.host_top_p, host_min_p=p.host_min_p, need=p.need,
+                          top_p_alone=p.top_p_alone)
+
+    def _graph_draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
+                    classes: "RowClasses") -> Optional["DeviceDraw"]:
+        """The draw of a step whose rows are all random, on the candidate path and free of
+        edits and logprobs, replayed from a CUDA graph (worker/draw_graphs.py); None where the
+        step does not qualify (nothing was drawn: the caller takes the eager path)."""
+        graphs, n, vocab = self.draw_graphs, len(rows), logits.shape[1]
+        table = classes.table
+        need = table[:, NEED]
+        if (not graphs.fits(n) or not use_sample_kernels(logits) or logits.stride(1) != 1
+                or not need.all() or need.max() > MAX_CANDIDATES):
+            return None
+        if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab)):
+            return None
+        plan = self._random_plan(rows, logits, (table, classes.seeds, classes.seeded))
+        transfer, unresolved = graphs.draw(logits, plan)
+        return DeviceDraw(transfer[:n], transfer, None, n, unresolved=unresolved, random_rows=list(range(n)))
 
 
 def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
