@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call (the device machine keeps nothing between calls).
-# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp tpot_kinds coldstart_empty tpot_where topk
+# Usage: bash bench/gpu_suite.sh STAGE...   stages: env tests parity roofline kernels tpot workloadA small llama8b dist_tests tp coldstart coldstart_meta profile sampling parallel int8 int8_workload gateway hosttier kvswap resize tiertrace stepkernels decodekernels gemv gemv_tpot int8variants async qkvprep int8round2 int8mma normfuse int8trace timeline pdl tp_quick dp allreduce stagegraphs pipeline backlog ncclsweep t2timeline t2tail t2gemv t2verify ablation wla kinds_tp sampler_kernels topp_cut topp_profile ab_wla greedyids preload onechunk onechunk_rows symmfail stepinputs greedygraph persistent fusedmlp tpot_kinds coldstart_empty tpot_where
 # Writes logs and JSON under ${OUT:-bench/results}.
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -74,7 +74,6 @@ for stage in "$@"; do
     coldstart_meta) python3 bench/cold_start.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
           --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 --tokenizer metaspace \
           --out "$OUT/coldstart_metaspace.json" 2>&1 | grep -v "it/s\]" | tail -7 ;;
-    topk) timeout 200 python3 bench/topk_blocks.py --out "$OUT/topk_blocks.json" 2>&1 | tail -12 ;;  # the candidate top-k: topk vs sorts, in graphs
     profile) python3 bench/step_profile.py --out "$OUT/step_profile.json" 2>&1 | tail -3 ;;
     tp_quick)  # issue 11 when little device time is left (one 2-GPU call of ~3 min): workload A,
       # Qwen3-0.6B shape, T=2 (async scheduling on, then off) and T=1, then GPU parity at T=2 with graphs and the killed-rank test.

@@ -39,7 +39,6 @@ in the same way, so both paths keep the same set.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -49,7 +48,6 @@ import torch
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
 from infer_cluster.kernels.row_stats import block_maxima
 from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, full_draw, use_sample_kernels
-from infer_cluster.protocol.errors import ConfigError
 
 from .top_p_cut import top_p_threshold, top_p_threshold_kernel  # noqa: F401 (the draw's and tests' names)
 
@@ -158,7 +156,7 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         # One launch for the filters and the draw (kernels/sample_triton.py), same semantics.
         idx = _subset_index(cand, n, dev)
         xc = _take(x, idx, cand, n)
-        vals, ids = topk(xc, width, maxima)
+        vals, ids = topk_by_blocks(xc, width, maxima) if maxima is not None else topk(xc, width)
         mc, tc = _take(m, idx, cand, n), _take(inv_t, idx, cand, n)
         top_p, min_p, u = (_take(rows.top_p, idx, cand, n), _take(rows.min_p, idx, cand, n),
                            _take(rows.uniform, idx, cand, n))
@@ -387,35 +385,16 @@ def _index(values: list[int], device: torch.device) -> torch.Tensor:
 TOPK_BLOCK = ROW_STATS_BLOCK  # the sampler's logprobs take these block maxima from `row_stats`
 
 
-def topk(x: torch.Tensor, k: int,
-         maxima: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x.topk(k, dim=-1)` for a wide float `x` [n, vocab]: the same values (sorted, highest
     first; which id of a tie comes first may differ). On CUDA it goes through block maxima:
     every value of the top k lies in one of the k blocks with the largest maxima (k blocks with
     a larger maximum would each hold a larger value), so one reduction over the vocabulary and
     two small topks replace a full-width selection, about a third of its time at workload A's
-    batch. Up to `topk_sort_rows()` rows the small topks are sorts (`topk_by_sorts`).
-    `maxima`: x's block maxima where the caller has them (only when `_topk_by_blocks` holds)."""
+    batch."""
     if not _topk_by_blocks(x, k):
         return x.topk(k, dim=-1)
-    if x.shape[0] <= topk_sort_rows():
-        return topk_by_sorts(x, k, maxima)
-    return topk_by_blocks(x, k, maxima)
-
-
-TOPK_SORT_ENV = "INFER_CLUSTER_TOPK_SORT_ROWS"
-TOPK_SORT_ROWS_DEFAULT = 64
-
-
-def topk_sort_rows() -> int:
-    """The most rows whose candidate top-k takes `topk_by_sorts` (`INFER_CLUSTER_TOPK_SORT_ROWS`,
-    the default when unset; 0: never, the A/B); a `ConfigError` names a bad value."""
-    raw = os.environ.get(TOPK_SORT_ENV, "").strip()
-    if not raw:
-        return TOPK_SORT_ROWS_DEFAULT
-    if not raw.isdigit():
-        raise ConfigError(f"{TOPK_SORT_ENV}={raw!r} must be a whole number of rows (0: never)")
-    return int(raw)
+    return topk_by_blocks(x, k)
 
 
 def _topk_by_blocks(x: torch.Tensor, k: int) -> bool:
@@ -441,36 +420,6 @@ def topk_by_blocks(x: torch.Tensor, k: int,
         cand = x.gather(1, cols)
     vals, pos = cand.topk(k, dim=-1)
     return vals, cols.gather(1, pos)
-
-
-SORT_RUN = 16  # columns per run of `topk_by_sorts`' second level
-
-
-def topk_by_sorts(x: torch.Tensor, k: int,
-                  maxima: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`topk_by_blocks` with sorts where it calls `topk`: the same values (sorted, highest
-    first). torch's `topk` selects within one thread block per row, ~33 us for a single row of
-    the Qwen3 vocabulary's block maxima on an H200; a sort of up to 4,096 values per row is one
-    in-block kernel. Three levels: the k blocks with the largest maxima; inside their columns the
-    k runs of `SORT_RUN` with the largest maxima (the same argument as for blocks); a sort of
-    those k x `SORT_RUN` values."""
-    n, vocab = x.shape
-    b = TOPK_BLOCK
-    if maxima is None:
-        maxima = block_maxima(x, b)
-    kb = min(k, maxima.shape[1])
-    blocks = maxima.sort(dim=-1, descending=True).indices[:, :kb]
-    cols = (blocks.unsqueeze(-1) * b + torch.arange(b, device=x.device)).view(n, -1)
-    if vocab % b:  # a short last block: its columns past the vocabulary take no part
-        cand = x.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))
-    else:
-        cand = x.gather(1, cols)
-    runs = cand.view(n, -1, SORT_RUN).amax(dim=-1)
-    kr = min(k, runs.shape[1])
-    top_runs = runs.sort(dim=-1, descending=True).indices[:, :kr]
-    pos = (top_runs.unsqueeze(-1) * SORT_RUN + torch.arange(SORT_RUN, device=x.device)).view(n, -1)
-    ordered = cand.gather(1, pos).sort(dim=-1, descending=True)
-    return ordered.values[:, :k], cols.gather(1, pos.gather(1, ordered.indices[:, :k]))
 
 
 def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:

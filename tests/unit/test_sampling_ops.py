@@ -227,24 +227,18 @@ def test_cuda_draws_the_same_tokens_as_the_cpu():
     assert (cpu != cuda).sum() <= len(cases) // 200
 
 
-@pytest.mark.parametrize("seed", range(7))
-@pytest.mark.parametrize("name", ["topk_by_blocks", "topk_by_sorts"])
-def test_topk_by_blocks_equals_torch_topk(seed, name):
-    """Same values as torch.topk (ties included: bf16-rounded logits; seed 6: a row of one
-    value), ids that hold them, winners in the ragged tail block too (and a vocabulary of whole
-    blocks, with no tail), for both block-maxima forms."""
-    from infer_cluster.worker import sampling_ops
-    from infer_cluster.worker.sampling_ops import TOPK_BLOCK
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_by_blocks_equals_torch_topk(seed):
+    """Same values as torch.topk (ties included: bf16-rounded logits), ids that hold them,
+    winners in the ragged tail block too (and a vocabulary of whole blocks, with no tail)."""
+    from infer_cluster.worker.sampling_ops import TOPK_BLOCK, topk_by_blocks
     g = torch.Generator().manual_seed(seed)
     vocab = 9000 + 1237 * seed if seed < 5 else 80 * TOPK_BLOCK
     x = torch.randn(5, vocab, generator=g).to(torch.bfloat16).float()
     if seed % 2:
         x[:, -3:] += 8.0
-    if seed == 6:
-        x[1] = 0.5
-        x[2, ::3] = 4.0
-    for k in (1, 5, 50, 58, 300, 512):
-        vals, ids = getattr(sampling_ops, name)(x, k)
+    for k in (1, 5, 50, 58, 300):
+        vals, ids = topk_by_blocks(x, k)
         assert torch.equal(vals, x.topk(k, dim=-1).values)
         assert torch.equal(x.gather(1, ids), vals)
         assert all(len(set(r)) == k for r in ids.tolist())
@@ -274,15 +268,3 @@ def test_philox_equals_the_word_by_word_round_on_random_words():
     got = philox4x32(words[:4], [np.uint64(5), np.uint64(2**32 - 1)])
     want = _philox_word_by_word(words[:4], [np.uint64(5), np.uint64(2**32 - 1)])
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
-
-
-def test_topk_sort_rows_switch(monkeypatch):
-    from infer_cluster.protocol.errors import ConfigError
-    from infer_cluster.worker.sampling_ops import TOPK_SORT_ENV, TOPK_SORT_ROWS_DEFAULT, topk_sort_rows
-    monkeypatch.delenv(TOPK_SORT_ENV, raising=False)
-    assert topk_sort_rows() == TOPK_SORT_ROWS_DEFAULT
-    monkeypatch.setenv(TOPK_SORT_ENV, "0")
-    assert topk_sort_rows() == 0
-    monkeypatch.setenv(TOPK_SORT_ENV, "some")
-    with pytest.raises(ConfigError, match=TOPK_SORT_ENV):
-        topk_sort_rows()
