@@ -201,11 +201,21 @@ class DrawGraphs:
             ids, unresolved, aux = _draw_body(x, packed, host)
             return torch.cat((ids, unresolved)), aux
 
-        torch.cuda.synchronize(self.device)
         body()  # warm-up: Triton compiles outside the capture
+        # Captured on a side stream after the current one's queued work, without
+        # `torch.cuda.graph`'s device sync and `empty_cache`: this runs mid-serving, where
+        # emptying the allocator's cache made the next steps allocate afresh.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            transfer, aux = body()
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                transfer, aux = body()
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
         self._pool = graph.pool()
         g = _Graph(graph, packed, transfer, aux)
         self._graphs[key] = g
