@@ -125,7 +125,7 @@ class DrawGraphs:
         self.device = device
         self.max_batch = max_batch
         self._graphs: dict[tuple, _Graph] = {}
-        self._logits: dict[torch.dtype, torch.Tensor] = {}  # [max bucket, vocab] static input per dtype
+        self._logits: dict[tuple, torch.Tensor] = {}  # (dtype, vocab) -> [max bucket, vocab] static input
         self._pool = None
         # The parameters' pinned staging rows, one per step in flight at most (a row is written
         # again once the copy that read it last ran: its event, normally long done).
@@ -184,10 +184,11 @@ class DrawGraphs:
         return transfer, DeferredUnresolved(logits.clone(), g.aux[:, :n].clone(), plan)
 
     def _static_logits(self, dtype: torch.dtype, vocab: int) -> torch.Tensor:
-        x = self._logits.get(dtype)
-        if x is None or x.shape[1] != vocab:
+        """The static logits input of (dtype, vocab): kept while any graph may read it."""
+        x = self._logits.get((dtype, vocab))
+        if x is None:
             x = torch.zeros(bucket_for(self.max_batch), vocab, dtype=dtype, device=self.device)
-            self._logits[dtype] = x
+            self._logits[(dtype, vocab)] = x
         return x
 
     def _capture(self, key: tuple) -> _Graph:
