@@ -9,6 +9,7 @@ To add an option: add a field with a default, check it in `__post_init__`, and e
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -19,6 +20,20 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "int8")
 MICROBATCH_MODES = ("auto", "on", "off")
 LOAD_FORMATS = ("auto", "dummy")
+
+
+def env_count(name: str, default: int, unit: str, most: Optional[int] = None) -> int:
+    """A whole number of `unit` from the environment variable `name` (`default` when unset; 0
+    means off where the caller says so); a `ConfigError` names the variable on a bad value."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number of {unit}") from None
+    if value < 0 or (most is not None and value > most):
+        limit = f" up to {most}" if most is not None else " or more"
+        raise ConfigError(f"{name}={raw!r} must be 0 (off){limit}")
+    return value
 
 
 def _positive_int(name, value, allow_none=False):

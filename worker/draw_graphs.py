@@ -33,7 +33,6 @@ of the packed parameters if it is a per-row value.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,8 +40,7 @@ import numpy as np
 import torch
 
 from infer_cluster.kernels.sample import philox_uniforms
-from infer_cluster.protocol.errors import ConfigError
-
+from .config import env_count
 from .sampling_ops import RandomRows, Unresolved, draw_random_rows
 
 log = logging.getLogger(__name__)
@@ -57,14 +55,7 @@ _SLOTS = 4  # pinned staging rows for the parameters
 
 def draw_graph_max() -> int:
     """`INFER_CLUSTER_DRAW_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
-    raw = os.environ.get(DRAW_GRAPH_ENV, "").strip()
-    try:
-        value = int(raw) if raw else DRAW_GRAPH_MAX_DEFAULT
-    except ValueError:
-        raise ConfigError(f"{DRAW_GRAPH_ENV}={raw!r} is not a whole number of rows") from None
-    if not 0 <= value <= BUCKETS[-1]:
-        raise ConfigError(f"{DRAW_GRAPH_ENV}={raw!r} must be 0 (off) up to {BUCKETS[-1]}")
-    return value
+    return env_count(DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, "rows", most=BUCKETS[-1])
 
 
 def bucket_for(n: int) -> int:
@@ -149,14 +140,13 @@ class DrawGraphs:
     def accepts(self, logits: torch.Tensor, width: int, top_p_alone: bool) -> bool:
         """Whether a graph serves these logits (`fits` their rows) at this width and variant:
         captured already, or room for one more (`MAX_GRAPHS`)."""
-        n, vocab = logits.shape
-        return self.fits(n) and (len(self._graphs) < MAX_GRAPHS
+        return self.fits(logits.shape[0]) and (len(self._graphs) < MAX_GRAPHS
                                  or self._key(logits, width, top_p_alone) in self._graphs)
 
     @staticmethod
     def _key(logits: torch.Tensor, width: int, top_p_alone: bool) -> tuple:
-        n, vocab = logits.shape
-        return (logits.dtype, bucket_for(n), vocab, width, top_p_alone)
+        rows, vocab = logits.shape
+        return (logits.dtype, bucket_for(rows), vocab, width, top_p_alone)
 
     def draw(self, logits: torch.Tensor, plan: DrawPlan):
         """(transfer [2n] int64: ids then redo flags, `DeferredUnresolved`) of a step whose rows
@@ -196,10 +186,8 @@ class DrawGraphs:
         x = self._static_logits(dtype, vocab)[:bs]
         packed = torch.zeros(bs, PACKED_ROWS, dtype=torch.float64, device=self.device)
         packed[:, :3] = 1.0  # temperature 1, top_k 1, top_p 1: benign rows for the warm-up and padding
-        host = _HostLists(bs, width, top_p_alone)
-
         def body():
-            ids, unresolved, aux = _draw_body(x, packed, host)
+            ids, unresolved, aux = _draw_body(x, packed, width, top_p_alone)
             return torch.cat((ids, unresolved)), aux
 
         body()  # warm-up: Triton compiles outside the capture
@@ -236,26 +224,18 @@ class DrawGraphs:
             self._pool = None
 
 
-@dataclass
-class _HostLists:
-    """What the captured draw plans with on the host: the width and the top-p-alone variant
-    (the key); the per-row values themselves are device inputs."""
-
-    rows: int
-    width: int
-    top_p_alone: bool
-
-
-def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, host: _HostLists):
+def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, width: int, top_p_alone: bool):
     """The captured draw: ids [bs], redo flags [bs] int64, and the `[8, bs]` float64 values a
-    redo needs, from logits `x` and the packed parameters `[bs, 6]`."""
+    redo needs, from logits `x` and the packed parameters `[bs, 6]`. Only the candidate width and
+    the top-p-alone variant (the key) are planned on the host; the host lists a redo reads are
+    the step's own (`DeferredUnresolved`), so placeholders stand in for them here."""
+    rows = x.shape[0]
     packed = packed_rows.T  # the columns as `Sampler` packs them
     bits = packed[4:6].contiguous().view(torch.int64)
     params = RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
                         min_p=packed[3].float(), uniform=philox_uniforms(bits[0], bits[1]),
-                        host_top_k=[0] * host.rows, host_top_p=[1.0] * host.rows,
-                        host_min_p=[0.0] * host.rows, need=[host.width] * host.rows,
-                        top_p_alone=host.top_p_alone)
+                        host_top_k=[0] * rows, host_top_p=[1.0] * rows, host_min_p=[0.0] * rows,
+                        need=[width] * rows, top_p_alone=top_p_alone)
     ids, unresolved = draw_random_rows(x, params, private=True)
     aux = torch.stack((unresolved.m[:, 0].double(), unresolved.inv_t[:, 0].double(),
                        unresolved.kth[:, 0].double(), params.temperature.double(), params.top_k.double(),

@@ -21,9 +21,8 @@ import torch
 
 from infer_cluster.kernels.argmax import row_argmax
 from infer_cluster.protocol import OutOfMemoryError
-from infer_cluster.protocol.errors import ConfigError
 
-from .config import EngineConfig
+from .config import EngineConfig, env_count
 from .context import DynamicContext, StepInputs
 from .cuda_graphs import DecodeGraphs
 from .mixed_graphs import MixedGraphs, build_mixed_graphs
@@ -46,14 +45,7 @@ GREEDY_GRAPH_MAX_DEFAULT = 32
 
 def greedy_graph_max() -> int:
     """`INFER_CLUSTER_GREEDY_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
-    raw = os.environ.get(GREEDY_GRAPH_ENV, "").strip()
-    try:
-        value = int(raw) if raw else GREEDY_GRAPH_MAX_DEFAULT
-    except ValueError:
-        raise ConfigError(f"{GREEDY_GRAPH_ENV}={raw!r} is not a whole number of sequences") from None
-    if value < 0:
-        raise ConfigError(f"{GREEDY_GRAPH_ENV}={raw!r} must be 0 (off) or more")
-    return value
+    return env_count(GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, "sequences")
 
 
 def resolve_device(config: EngineConfig, local_rank: int = 0) -> torch.device:

@@ -415,10 +415,10 @@ class Sampler:
         """The draw of a step whose rows are all random, on the candidate path and free of
         edits and logprobs, replayed from a CUDA graph (worker/draw_graphs.py); None where the
         step does not qualify (nothing was drawn: the caller takes the eager path)."""
-        graphs, n, vocab = self.draw_graphs, len(rows), logits.shape[1]
+        graphs, n, vocab = self.draw_graphs, len(rows), logits.shape[1]  # `accepts` checks n
         table = classes.table
         need = table[:, NEED]
-        if (not graphs.fits(n) or not use_sample_kernels(logits) or logits.stride(1) != 1
+        if (not use_sample_kernels(logits) or logits.stride(1) != 1
                 or not need.all() or need.max() > MAX_CANDIDATES):
             return None
         if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab)):
