@@ -86,7 +86,7 @@ def main(argv=None):
     args = parse_args(argv)
     from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
-    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
 
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     tmp = tempfile.TemporaryDirectory()

@@ -44,7 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--fit-prefixes", type=int, default=4, help="requests' worth of blocks in the device pool")
     ap.add_argument("--kv-offload-gib", type=float, default=None, help="default: every prefix fits")
     ap.add_argument("--copy-modes", default=None,
-                    help="tier-on runs, one per host<->device copy path (kernel, runs, gather; default: the engine's, see worker/kv_copy.py)")
+                    help="tier-on runs, one per host<->device copy path (kernel, runs, gather; default: the engine's, see worker/kv/copy.py)")
     ap.add_argument("--prefill-splits", type=int, default=None,
                     help="override kernels/attention_prefill_triton.PREFILL_SPLITS (split KV for short queries)")
     ap.add_argument("--warmup-requests", type=int, default=24,
@@ -172,7 +172,7 @@ class _CopyTimers:
     def __enter__(self):
         if not self.on:
             return self
-        from infer_cluster.worker import kv_copy, kv_copy_dma
+        from infer_cluster.worker.kv import copy as kv_copy; from infer_cluster.worker.kv import copy_dma as kv_copy_dma
         targets = [(kv_copy.HostKVPool, "swap"), (kv_copy.HostKVPool, "wait_loads"),
                    (kv_copy_dma.StagedCopier, "_in"), (kv_copy_dma.StagedCopier, "_out"),
                    (kv_copy_dma, "kv_swap"), (kv_copy_dma, "block_ids_on"), (kv_copy, "block_ids_on")]
@@ -205,10 +205,10 @@ def scheduler_only(args, num_kv_blocks: int, num_host_blocks: int) -> dict:
     """The host-side work of the workload without a model: schedule + update with a fixed
     sampled token, tier off and on. Returns seconds, steps and copies per run."""
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.block_allocator import BlockAllocator
-    from infer_cluster.worker.host_tier import HostTier
-    from infer_cluster.worker.request import Request
-    from infer_cluster.worker.scheduler import Scheduler
+    from infer_cluster.worker.sched.block_allocator import BlockAllocator
+    from infer_cluster.worker.sched.host_tier import HostTier
+    from infer_cluster.worker.sched.request import Request
+    from infer_cluster.worker.sched.scheduler import Scheduler
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     out = {}
     for name, host in (("off", 0), ("on", num_host_blocks)):
@@ -234,8 +234,8 @@ def bytes_per_block(args) -> int:
     """Bytes of one KV block of this model (all layers), as the runner sizes it."""
     import torch
 
-    from infer_cluster.worker.context import DynamicContext
-    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.runner.context import DynamicContext
+    from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
     from infer_cluster.worker.models.decoder import ModelSpec
     spec = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(args.model)))
     dev_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -263,11 +263,11 @@ def main(argv=None):
     print(f"model={args.model} requests={args.num_requests} prefixes={args.num_prefixes}x{args.prefix_len} "
           f"device pool={num_kv_blocks} blocks ({args.fit_prefixes} requests' worth) host tier={gib} GiB")
     if args.scheduler_only:
-        from infer_cluster.worker.kv_copy import host_pool_blocks
+        from infer_cluster.worker.kv.copy import host_pool_blocks
         res = scheduler_only(args, num_kv_blocks, host_pool_blocks(gib, bytes_per_block(args)))
         write_json(args.out, {"args": vars(args), "scheduler_only": res})
         return 0
-    from infer_cluster.worker.kv_copy import DEFAULT_COPY_MODE
+    from infer_cluster.worker.kv.copy import DEFAULT_COPY_MODE
     modes = (args.copy_modes or DEFAULT_COPY_MODE).split(",")
     runs = [("off", 0.0, "kernel")] + [("on" if i == 0 else f"on:{m}", gib, m) for i, m in enumerate(modes)]
     if args.warmup_requests > 0:

@@ -48,7 +48,7 @@ def parse_args(argv=None):
 def build(args, dtype_name):
     import torch
 
-    from infer_cluster.worker.kv_copy import HostKVPool, host_pool_blocks, staging_blocks
+    from infer_cluster.worker.kv.copy import HostKVPool, host_pool_blocks, staging_blocks
     from infer_cluster.worker.models.decoder import LayerKV
     dev = torch.device(args.device)
     n, shape = args.device_blocks, (args.device_blocks, args.block_size, args.kv_heads, args.head_dim)

@@ -29,7 +29,7 @@ from bench.report import write_json  # noqa: E402
 def make_step(rows, context: int, block_size: int):
     """`rows`: query lengths, one per sequence; a row of length q computes positions
     context .. context + q - 1 and samples its last one."""
-    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
     per_seq = -(-(context + max(rows)) // block_size)
     reqs = []

@@ -55,7 +55,7 @@ def timed_us(fn, calls: int, repeats: int, sync=None) -> float:
 
 def classify_us(batch: int, kind: str, calls: int, repeats: int) -> float:
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 
     params = SamplingParams(temperature=0) if kind == "greedy" else SamplingParams(temperature=0.8, top_p=0.9)
     rows = [SamplingRequestState(params, [1, 2], [3], None, (2,), request_id=f"r{i}") for i in range(batch)]
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from infer_cluster.worker.context import DynamicContext
+    from infer_cluster.worker.runner.context import DynamicContext
 
     device = torch.device(args.device)
     blocks = -(-(args.context + 1) // args.block_size)

@@ -50,7 +50,7 @@ def measure_device(size_mib: int = 1024, n: int = 4096):
 
 
 def model_numbers(model: str) -> dict:
-    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
     from infer_cluster.worker.models.decoder import ModelSpec
 
     s = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(model)))
@@ -99,7 +99,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results/roofline.json")
     args = ap.parse_args(argv)
     from bench.workload import random_workload
-    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
 
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, outs = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len), vocab)

@@ -47,7 +47,7 @@ def main(argv=None):
     import torch
 
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)

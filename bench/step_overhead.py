@@ -25,7 +25,7 @@ from bench.report import write_json  # noqa: E402
 
 
 def decode_step(batch: int, context: int, block_size: int):
-    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
     blocks_per_seq = -(-(context + 1) // block_size)
     reqs = []

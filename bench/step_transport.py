@@ -40,7 +40,7 @@ BLOCK = 16
 
 
 def make_step(batch: int, context: int):
-    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
     per_seq = -(-(context + 1) // BLOCK)
     return SchedulerOutput([ScheduledRequest(f"r{i}", [7 + i % 100], context,
@@ -51,7 +51,7 @@ def make_step(batch: int, context: int):
 def context_for(batch: int, context: int):
     import torch
 
-    from infer_cluster.worker.context import DynamicContext
+    from infer_cluster.worker.runner.context import DynamicContext
 
     blocks = batch * -(-(context + 1) // BLOCK) + 1
     return DynamicContext(1, blocks, BLOCK, 1, 8, torch.float32, torch.device("cpu"))
@@ -67,7 +67,7 @@ def encode(out) -> bytes:
 def decode(data: bytes):
     import msgpack
 
-    from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
     _, n, rows = msgpack.unpackb(data, raw=False)
     return SchedulerOutput([ScheduledRequest(str(i), list(t), int(s), list(b), bool(x))

@@ -267,7 +267,7 @@ def run_hf(mode, model_path, dtype, device, load_format, prompts, out_lens):
 
 def main(argv=None):
     args = parse_args(argv)
-    from infer_cluster.worker.loader import load_hf_config, resolve_model_path
+    from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
 
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),

@@ -3,7 +3,7 @@
 Owns: making a socket's monitor (a PAIR on a unique inproc address), draining the events that
 have arrived, and closing it. What an event means is the owner's business: the client's IO
 (client/io_thread.py, client/loop_io.py) turns them into a one-line reason why nothing answers,
-the replica's IO (worker/replica_io.py) into a fatal deployment error. Never imports torch.
+the replica's IO (worker/serving/replica_io.py) into a fatal deployment error. Never imports torch.
 
 To watch another event: pass its `zmq.EVENT_*` flag in `events` and handle it in the owner.
 """

@@ -1,7 +1,7 @@
 """`POST /v1/chat/completions`: a conversation in, the assistant's reply out.
 
 Owns: the route and the chat response / chunk shapes. The messages travel to the replica,
-which renders them with its model's chat template (`worker/chat.py`); a model without one ends
+which renders them with its model's chat template (`worker/text/chat.py`); a model without one ends
 the request with `invalid_request`, which reaches the caller as a 400. Never imports torch.
 """
 

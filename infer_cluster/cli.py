@@ -308,8 +308,8 @@ def replica(coordinator_address, name, drain_timeout, auth, **kw):
         raise CliError(f"error: {exc}") from None
     check_model(engine)
     check_device(engine)
-    from infer_cluster.worker.replica_main import run_replica  # loads torch: replicas need it
-    from infer_cluster.worker.server import ServerConfig
+    from infer_cluster.worker.serving.replica_main import run_replica  # loads torch: replicas need it
+    from infer_cluster.worker.serving.server import ServerConfig
     try:
         server_cfg = ServerConfig(coordinator=coordinator_address, name=name,
                                   drain_timeout=drain_timeout, auth=auth)

@@ -106,7 +106,7 @@ def check_model(engine: dict) -> None:
     any process or torch import (the engine's own checks would take seconds to get there)."""
     import json
     import os
-    from infer_cluster.worker.tiny_random import EMBEDDED_MODELS  # torch-free
+    from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS  # torch-free
     for flag in ("model", "tokenizer"):
         name = engine.get(flag)
         if not name or name in EMBEDDED_MODELS:

@@ -12,7 +12,7 @@ Layouts (`SwapLayout` checks them once, when a pool is built):
 `to_host`, else to the device). Indices are int tensors of equal length; on CUDA they live on the
 device. A block may appear at most once on the written side.
 Dispatch: Triton when the device pool is on CUDA (the host pool must then be mapped into the
-device's address space: `worker/kv_copy.py` registers it so), the torch reference elsewhere
+device's address space: `worker/kv/copy.py` registers it so), the torch reference elsewhere
 (`INFER_CLUSTER_KERNELS` overrides, see `dispatch.py`).
 Must never allocate device memory per call beyond the index tensors the caller passes, and never
 synchronize the host. To extend (a new field, e.g. fp8 scales): add it to the device tuples and

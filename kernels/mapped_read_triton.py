@@ -2,9 +2,9 @@
 
 Owns: `mapped_read_triton(src, out)`: `out[:] = src[:]` for 1-D tensors of one dtype, where `src`
 is host memory that the device can address (registered with cudaHostRegisterMapped, see
-worker/host_memory.py; Triton's launcher turns its host pointer into the device address and fails
+worker/device/host_memory.py; Triton's launcher turns its host pointer into the device address and fails
 loudly if there is none). The SMs pull the bytes over PCIe, so the copy never waits for a copy
-engine that other streams keep busy (worker/step_upload.py says why that matters). Under
+engine that other streams keep busy (worker/device/upload.py says why that matters). Under
 `TRITON_INTERPRET=1` both tensors live on the CPU and the same program runs.
 Must never be given pageable host memory on CUDA, and never synchronize.
 To extend: other layouts (2-D, strided) would take strides like the other kernels here.

@@ -9,12 +9,12 @@ __all__ = ["LLM", "EngineConfig", "DynamicEngine"]
 
 def __getattr__(name):
     if name == "LLM":
-        from .llm import LLM
+        from infer_cluster.worker.llm import LLM
         return LLM
     if name == "EngineConfig":
-        from .config import EngineConfig
+        from infer_cluster.worker.config import EngineConfig
         return EngineConfig
     if name == "DynamicEngine":
-        from .engine import DynamicEngine
+        from infer_cluster.worker.engine.engine import DynamicEngine
         return DynamicEngine
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

@@ -15,9 +15,9 @@ import os
 import socket
 import sys
 
-from .config import EngineConfig
-from .replica_main import run_replica
-from .server import ServerConfig
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.serving.replica_main import run_replica
+from infer_cluster.worker.serving.server import ServerConfig
 
 
 def _list_of_ints(text: str) -> list[int]:

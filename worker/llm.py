@@ -18,9 +18,9 @@ from typing import Optional, Sequence, Union
 
 from infer_cluster.protocol import RequestDelta, RequestOutput, SamplingParams
 
-from .config import EngineConfig
-from .engine import DynamicEngine, Prompt
-from .text_stage import TextWorker
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.engine.engine import DynamicEngine, Prompt
+from infer_cluster.worker.text.text_stage import TextWorker
 
 
 class LLM:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from infer_cluster.worker.distributed.channel import StepChannel
 from infer_cluster.worker.distributed.step_codec import STOP_HEADER, Op, pack_step, unpack_step
-from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 BLOCK = 4
 

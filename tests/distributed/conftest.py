@@ -11,7 +11,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 from tests.parity.conftest import FAMILIES
-from infer_cluster.worker.tiny_random import build_checkpoint
+from infer_cluster.worker.loading.embedded import build_checkpoint
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)

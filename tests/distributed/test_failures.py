@@ -17,8 +17,8 @@ import pytest
 from infer_cluster.protocol import ConfigError, SamplingParams
 from infer_cluster.worker import LLM
 from infer_cluster.worker.config import EngineConfig
-from infer_cluster.worker.engine import DynamicEngine
-from infer_cluster.worker.scheduler_output import SchedulerOutput
+from infer_cluster.worker.engine.engine import DynamicEngine
+from infer_cluster.worker.sched.output import SchedulerOutput
 from infer_cluster.worker.distributed import DistributedRunner, RankFailedError
 
 from .conftest import ENGINE, is_running, kill_pids, wait_gone

@@ -11,8 +11,8 @@ process, so an engine built after others in the pytest process falls back to NCC
 case would test NCCL again). The child reports which all-reduce it really set up, and a hang
 prints every thread's stack. With `two_shot` the kernel at the barrier never ends once its peer
 died, so rank 0's device never drains: the waits on the steps give up and `close()` leaves the
-device state alone (worker/device_wait.py). The runner then reports `device_stuck`, and the
-child leaves with `os._exit`, as a replica process does (worker/replica_main.py): an interpreter
+device state alone (worker/device/wait.py). The runner then reports `device_stuck`, and the
+child leaves with `os._exit`, as a replica process does (worker/serving/replica_main.py): an interpreter
 teardown may meet torch's NCCL watchdog still polling the stuck collectives (it aborted the
 process at exit in the eager case on 2x H200, 2026-11-28).
 Run: `pytest -m gpu tests/distributed/test_gpu_symm_failure.py`."""

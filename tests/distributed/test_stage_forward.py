@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from infer_cluster.worker.config import EngineConfig
-from infer_cluster.worker.loader import load_hf_config
-from infer_cluster.worker.model_runner import ModelRunner
+from infer_cluster.worker.loading.loader import load_hf_config
+from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.models.decoder import AttentionMetadata, ModelSpec
 
 BLOCK = 8

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from infer_cluster.worker.context import DynamicContext
+from infer_cluster.worker.runner.context import DynamicContext
 from infer_cluster.worker.distributed.step_codec import (HEADER_LEN, STOP_HEADER, Op, StepFormatError,
                                                          StepHeader, is_decode_only, pack_step,
                                                          unpack_step)
-from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 8

@@ -7,7 +7,7 @@ import pytest
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
-from infer_cluster.worker.context import DynamicContext
+from infer_cluster.worker.runner.context import DynamicContext
 
 
 def greedy(n, **kw):
@@ -182,8 +182,8 @@ def test_unresolved_rows_are_redone_and_rewound(monkeypatch, setting):
     """Rows the candidate path cannot settle give the same tokens (seeded) with few candidates
     (most rows redone) as with the default count, in sync and async mode; async mode rewinds
     the requests whose pending input changed and still gives every request its full output."""
-    from infer_cluster.worker import sampling_ops
-    from infer_cluster.worker.scheduler import Scheduler
+    from infer_cluster.worker.sampling import ops as sampling_ops
+    from infer_cluster.worker.sched.scheduler import Scheduler
 
     kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
     params = unresolved_params()

@@ -1,4 +1,4 @@
-"""The sampler's draw replayed from CUDA graphs (worker/draw_graphs.py) against the eager draw:
+"""The sampler's draw replayed from CUDA graphs (worker/sampling/draw_graphs.py) against the eager draw:
 the same ids and redo flags step after step for every candidate-path kind and batch size, the
 same ids after a redo, the eager path for the rows a graph does not take, and the same
 generations through the engine with the graphs on and off. The switch and the buckets are
@@ -9,9 +9,9 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, DrawGraphs,
+from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, DrawGraphs,
                                               bucket_for, draw_graph_max)
-from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -6,7 +6,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
-from infer_cluster.worker.context import DynamicContext
+from infer_cluster.worker.runner.context import DynamicContext
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

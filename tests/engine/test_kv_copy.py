@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from infer_cluster.worker.kv_copy import HostKVPool, staging_device_bytes
-from infer_cluster.worker.kv_copy_dma import consecutive_runs
+from infer_cluster.worker.kv.copy import HostKVPool, staging_device_bytes
+from infer_cluster.worker.kv.copy_dma import consecutive_runs
 from infer_cluster.worker.models.decoder import LayerKV
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -95,7 +95,7 @@ def test_modes_and_staging_budget():
     with pytest.raises(ValueError, match="copy_mode"):
         HostKVPool(kv, 4, 2, copy_mode="memcpy")
     assert HostKVPool(kv, 4, 2, copy_mode="kernel")._staged is None  # no staging buffer
-    assert HostKVPool(kv, 4, 2).copy_mode == "runs"  # the default (see worker/kv_copy.py)
+    assert HostKVPool(kv, 4, 2).copy_mode == "runs"  # the default (see worker/kv/copy.py)
     assert staging_device_bytes(1.0, 1 << 20, "kernel") == 0
     assert staging_device_bytes(1.0, 1 << 20) == 256 << 20
     assert staging_device_bytes(0.0, 1 << 20, "runs") == 0

@@ -10,10 +10,10 @@ import gc
 
 import pytest
 
-import infer_cluster.worker.engine as engine_mod
+import infer_cluster.worker.engine.engine as engine_mod
 from infer_cluster.worker import LLM
-from infer_cluster.worker.inflight import LaunchedStep, SubmittedStep
-from infer_cluster.worker.model_runner import ModelRunner
+from infer_cluster.worker.engine.inflight import LaunchedStep, SubmittedStep
+from infer_cluster.worker.runner.model_runner import ModelRunner
 
 from .test_async_scheduling import (PROMPTS, SETTINGS, drain, greedy, outputs, reference_params,  # noqa: F401
                                     unresolved_params)
@@ -126,8 +126,8 @@ def test_async_microbatch_redone_rows_rewind_the_next_step_of_their_group(depth_
     """The sampler's redo (rows the candidate path could not settle) changes ids that the
     group's next step, submitted before the collect, already used as pending inputs: those
     requests are rewound and still get the synchronous loop's tokens."""
-    from infer_cluster.worker import sampling_ops
-    from infer_cluster.worker.scheduler import Scheduler
+    from infer_cluster.worker.sampling import ops as sampling_ops
+    from infer_cluster.worker.sched.scheduler import Scheduler
 
     kw = dict(block_size=8, num_kv_blocks=64)
     params = unresolved_params()

@@ -8,8 +8,8 @@ import pytest
 
 from infer_cluster.protocol import RequestOutput, SamplingParams
 from infer_cluster.worker.config import EngineConfig
-from infer_cluster.worker.engine import DynamicEngine
-from infer_cluster.worker.text_stage import TextStage, TextWorker
+from infer_cluster.worker.engine.engine import DynamicEngine
+from infer_cluster.worker.text.text_stage import TextStage, TextWorker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +107,7 @@ def test_threaded_text_equals_inline(engines, stop_of):
 def test_deferred_logprobs_are_built_by_the_text_stage(engines):
     """With `defer_logprobs` the engine's raw deltas carry unbuilt entries; the text thread
     builds them, and the client gets the same logprobs as from the inline engine."""
-    from infer_cluster.worker.logprob_rows import DeferredLogprob
+    from infer_cluster.worker.text.logprob_rows import DeferredLogprob
     inline, raw = engines
     params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=n)
               for n in (0, 1, 3, 5, None)]

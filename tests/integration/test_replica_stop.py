@@ -2,7 +2,7 @@
 on Ctrl-C) exits cleanly with nothing in flight: its closing state change may find the
 coordinator gone, which loses nothing and must not read as a failure in its log.
 
-The replica marks itself closing before it queues that state change (worker/server.py
+The replica marks itself closing before it queues that state change (worker/serving/server.py
 `_begin_drain`). Before, it did so only once drained, and a loaded machine could let the IO
 thread send the change in between: a WARNING and a needless re-registration (a CI flake of
 tests/integration/test_cli.py). This test runs the coordinator-first order; that interleaving

@@ -20,13 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def engine():
     from infer_cluster.worker.config import EngineConfig
-    from infer_cluster.worker.engine import DynamicEngine
+    from infer_cluster.worker.engine.engine import DynamicEngine
     return DynamicEngine(EngineConfig(model="tiny-random", num_kv_blocks=256))
 
 
 def _run(engine, rid, prompt, params, resume=None) -> list:
     """Dispatch like the replica server does and return the deltas' (tokens, text)."""
-    from infer_cluster.worker.server import EngineServer
+    from infer_cluster.worker.serving.server import EngineServer
     server = EngineServer.__new__(EngineServer)  # only the dispatch path, no sockets
     server.engine, server._prompt_ids, server.text = engine, {}, None  # the engine makes its text
     sent = []

@@ -8,7 +8,7 @@ import torch
 
 from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap_ref
 from infer_cluster.kernels.kv_swap_triton import kv_swap_triton
-from infer_cluster.worker.host_memory import HostBuffer
+from infer_cluster.worker.device.host_memory import HostBuffer
 
 NUM_LAYERS, NUM_DEVICE, NUM_HOST = 3, 9, 7
 

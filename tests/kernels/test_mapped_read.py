@@ -1,6 +1,6 @@
 """`mapped_read_triton` (kernels/mapped_read_triton.py) against the plain copy it replaces: on
 the CPU under the interpreter, and on CUDA from page-locked, device-mapped host memory; and
-`MappedUpload` (worker/step_upload.py), whose ring of host rows must never hand the device a
+`MappedUpload` (worker/device/upload.py), whose ring of host rows must never hand the device a
 row the host has already rewritten."""
 
 import os
@@ -38,7 +38,7 @@ def test_rejects_mismatched_tensors():
 @cuda
 @pytest.mark.parametrize("n", SIZES)
 def test_reads_mapped_host_memory_on_cuda(n):
-    from infer_cluster.worker.host_memory import HostBuffer
+    from infer_cluster.worker.device.host_memory import HostBuffer
     buf = HostBuffer([((max(n, 1),), torch.int64)], pin=True)
     assert buf.is_mapped
     src = buf.tensors[0][:n]
@@ -54,7 +54,7 @@ def test_reads_mapped_host_memory_on_cuda(n):
 def test_upload_ring_wraps_without_overwriting_pending_rows():
     """More uploads than ring rows, each read by a kernel queued behind a long-running one: every
     device tensor holds what its own call was given."""
-    from infer_cluster.worker.step_upload import MappedUpload
+    from infer_cluster.worker.device.upload import MappedUpload
     up = MappedUpload(torch.device("cuda"), capacity=4096, slots=3)
     assert up.enabled
     big = torch.randn(4096, 4096, device="cuda")

@@ -12,7 +12,7 @@ import random
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampling_state import SamplingState
+from infer_cluster.worker.sampling.state import SamplingState
 
 VOCAB = 300
 KINDS = [SamplingParams(repetition_penalty=1.3),

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_cluster.worker.random_stream import philox4x32
+from infer_cluster.worker.sampling.random_stream import philox4x32
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """The sampler's draw kernels (kernels/sample_triton.py) against their plain-torch references,
-the torch paths of worker/sampling_ops.py and the host Philox stream: the same ids, the same
+the torch paths of worker/sampling/ops.py and the host Philox stream: the same ids, the same
 "unresolved" flags and top-k thresholds, the same ids after the redo, and the same uniforms.
 
 `INFER_CLUSTER_KERNELS` picks the path (dispatch.use_triton), so one call of the public
@@ -12,10 +12,10 @@ import torch
 
 from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.random_stream import step_uniforms
-from infer_cluster.worker import sampling_ops
-from infer_cluster.worker.sampler import Sampler, SamplingRequestState
-from infer_cluster.worker.sampling_ops import (TOP_K_TIE_MARGIN, RandomRows, draw_random_rows,
+from infer_cluster.worker.sampling.random_stream import step_uniforms
+from infer_cluster.worker.sampling import ops as sampling_ops
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.ops import (TOP_K_TIE_MARGIN, RandomRows, draw_random_rows,
                                                sample_random_rows)
 
 VOCAB = 1000  # wider than TOP_P_CANDIDATES: top-p rows take the candidate path and its mass pass

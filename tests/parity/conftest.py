@@ -3,7 +3,7 @@ off comparison the kernel-switch parity tests share (`spied_outputs`, `assert_sa
 
 import pytest
 
-from infer_cluster.worker.tiny_random import build_checkpoint
+from infer_cluster.worker.loading.embedded import build_checkpoint
 
 FAMILIES = {
     # GQA (4 query heads over 2 KV heads), untied LM head

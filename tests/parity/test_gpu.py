@@ -31,7 +31,7 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager, async_schedu
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     mixed = llm.engine.runner.mixed_graphs
     assert (mixed is None) == enforce_eager
-    if mixed is not None:  # the prompts' steps replayed the mixed-step graphs (worker/mixed_graphs.py)
+    if mixed is not None:  # the prompts' steps replayed the mixed-step graphs (worker/runner/mixed_graphs.py)
         assert mixed.replays > 0
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     for i, (p, out) in enumerate(zip(prompts, outs)):
@@ -128,7 +128,7 @@ def test_sync_debug_draw_never_blocks_the_host(kind):
     """`Sampler.draw` of each kind queues its work without one host sync (any would raise under
     `torch.cuda.set_sync_debug_mode("error")`), a first draw of a request included. Exactness
     is tested elsewhere (tests/unit/test_sampler.py, the async tests below)."""
-    from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 
     n, vocab = 64, 151936
     kinds = list(SYNC_DEBUG_KINDS) if kind == "mixed" else [kind]
@@ -157,7 +157,7 @@ def test_sync_debug_draw_never_blocks_the_host(kind):
 def test_async_unresolved_rows_match_sync_on_gpu(checkpoints, monkeypatch):
     """The candidate path's flagged rows (redone in `Sampler.finish`, rewound when a step in
     flight used the provisional id) give the synchronous loop's outputs on the device."""
-    from infer_cluster.worker import LLM, sampling_ops
+    from infer_cluster.worker import LLM; from infer_cluster.worker.sampling import ops as sampling_ops
     from tests.engine.test_async_scheduling import outputs, unresolved_params
 
     monkeypatch.setattr(sampling_ops, "TOP_P_CANDIDATES", 2)

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 def wide_head_checkpoints(tmp_path_factory):
     """The tiny families with 32-wide heads (2 query heads over 1 KV head; qwen3 sets head_dim),
     so the int8 q @ K^T MMA runs (it needs a reduction of at least 32; narrower heads fall back)."""
-    from infer_cluster.worker.tiny_random import build_checkpoint
+    from infer_cluster.worker.loading.embedded import build_checkpoint
 
     root = tmp_path_factory.mktemp("wide_heads")
     specs = {name: dict(spec, num_attention_heads=2, num_key_value_heads=1,

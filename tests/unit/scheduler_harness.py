@@ -7,10 +7,10 @@ the harness checks the allocator's invariants after every step.
 
 
 from infer_cluster.protocol import SamplingParams
-from infer_cluster.worker.block_allocator import BlockAllocator
-from infer_cluster.worker.request import Request
-from infer_cluster.worker.scheduler import Scheduler
-from infer_cluster.worker.scheduler_output import SchedulerOutput
+from infer_cluster.worker.sched.block_allocator import BlockAllocator
+from infer_cluster.worker.sched.request import Request
+from infer_cluster.worker.sched.scheduler import Scheduler
+from infer_cluster.worker.sched.output import SchedulerOutput
 
 EOS = 0
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from infer_cluster.worker.block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
+from infer_cluster.worker.sched.block_allocator import NO_PARENT, BlockAllocator, hash_block, hash_full_blocks
 
 
 def free_order(alloc: BlockAllocator) -> list[int]:

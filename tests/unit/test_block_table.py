@@ -8,11 +8,11 @@ step are written."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from infer_cluster.worker.block_table import BlockTableMirror
-from infer_cluster.worker.request import Request
+from infer_cluster.worker.kv.block_table import BlockTableMirror
+from infer_cluster.worker.sched.request import Request
 from infer_cluster.protocol import SamplingParams
-from infer_cluster.worker.scheduler_output import SchedulerOutput, ScheduledRequest
-from infer_cluster.worker.step_rows import step_rows
+from infer_cluster.worker.sched.output import SchedulerOutput, ScheduledRequest
+from infer_cluster.worker.runner.step_rows import step_rows
 
 
 def scheduled(rid, blocks, epoch):

@@ -203,7 +203,7 @@ def test_cpu_replicas_leave_one_core_for_the_coordinator_and_gateway():
 def test_graph_max_tokens_buckets_and_validation():
     from infer_cluster.protocol.errors import ConfigError
     from infer_cluster.worker.config import EngineConfig
-    from infer_cluster.worker.mixed_graphs import token_buckets
+    from infer_cluster.worker.runner.mixed_graphs import token_buckets
 
     assert token_buckets(512) == [16, 32, 64, 128, 256, 512]
     assert token_buckets(100) == [16, 32, 64, 100]
@@ -217,7 +217,7 @@ def test_graph_max_tokens_buckets_and_validation():
 def test_model_help_names_every_embedded_model():
     import dataclasses
 
-    from infer_cluster.worker.tiny_random import EMBEDDED_MODELS
+    from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS
 
     help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(EngineConfig)}["model"]
     missing = [name for name in EMBEDDED_MODELS if name not in help_text]

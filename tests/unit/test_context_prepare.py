@@ -5,8 +5,8 @@ and the attention metadata comes as int32 views of it (no cast kernels per step)
 
 import torch
 
-from infer_cluster.worker.context import DynamicContext
-from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.runner.context import DynamicContext
+from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 
 def test_views_are_aligned_and_hold_their_values():

@@ -74,7 +74,7 @@ def test_handler_tables_cover_every_kind_a_peer_sends():
                      ReplyKind.STEP_OUTPUT, LifecycleKind.REPLICA_STATE, LifecycleKind.RESIZE_DONE}
     assert client_kinds <= set(FRONT_HANDLERS)
     assert replica_kinds <= set(BACK_HANDLERS)
-    from infer_cluster.worker.replica_io import ENGINE_COMMANDS
+    from infer_cluster.worker.serving.replica_io import ENGINE_COMMANDS
     assert ENGINE_COMMANDS == {RequestKind.DISPATCH, RequestKind.ABORT, ControlKind.PAUSE,
                                ControlKind.RESUME, ControlKind.DRAIN, ControlKind.SHUTDOWN,
                                ControlKind.RESIZE_KV}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import AutoTokenizer
 
-from infer_cluster.worker.detokenizer import IncrementalDetokenizer as _Detokenizer, byte_level_table
-from infer_cluster.worker.tiny_random import build_tokenizer
+from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer as _Detokenizer, byte_level_table
+from infer_cluster.worker.loading.embedded import build_tokenizer
 
 
 def IncrementalDetokenizer(tok, *args, **kwargs):  # noqa: N802 - stands in for the class

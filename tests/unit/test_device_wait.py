@@ -1,4 +1,4 @@
-"""worker/device_wait.py on the CPU: the poll that gives up when a rank group failed, the bound,
+"""worker/device/wait.py on the CPU: the poll that gives up when a rank group failed, the bound,
 and the blocking wait that stays for runners whose device always drains. The event here is a
 stand-in with CUDA events' two methods (`query`, `synchronize`); on a GPU the waits run in the
 killed-rank tests (tests/distributed/test_gpu_symm_failure.py)."""
@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from infer_cluster.worker.device_wait import StuckWatch, keep_until_exit, wait_event
+from infer_cluster.worker.device.wait import StuckWatch, keep_until_exit, wait_event
 
 
 class SlowEvent:

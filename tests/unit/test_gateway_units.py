@@ -165,8 +165,8 @@ def test_chat_messages_travel_on_the_wire():
 def test_render_chat_uses_the_template_and_refuses_a_model_without_one(tmp_path):
     from transformers import AutoTokenizer
 
-    from infer_cluster.worker.chat import render_chat
-    from infer_cluster.worker.tiny_random import build_tokenizer
+    from infer_cluster.worker.text.chat import render_chat
+    from infer_cluster.worker.loading.embedded import build_tokenizer
     build_tokenizer(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     ids = render_chat(tok, [{"role": "user", "content": "Hello"}])

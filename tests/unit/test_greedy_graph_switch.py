@@ -1,11 +1,11 @@
-"""`INFER_CLUSTER_GREEDY_GRAPH_MAX` (worker/model_runner.py): the largest decode batch whose CUDA
+"""`INFER_CLUSTER_GREEDY_GRAPH_MAX` (worker/runner/model_runner.py): the largest decode batch whose CUDA
 graph also captures a greedy variant. Unset gives the default, 0 turns it off, and a value that
 is not a whole number of sequences is a one-line configuration error, not a traceback later."""
 
 import pytest
 
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.model_runner import GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, greedy_graph_max
+from infer_cluster.worker.runner.model_runner import GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, greedy_graph_max
 
 
 @pytest.mark.parametrize("value,want", [(None, GREEDY_GRAPH_MAX_DEFAULT), ("", GREEDY_GRAPH_MAX_DEFAULT),

@@ -3,7 +3,7 @@
 import pytest
 
 from infer_cluster.protocol import RequestStatus
-from infer_cluster.worker.host_tier import HostTier
+from infer_cluster.worker.sched.host_tier import HostTier
 
 from .scheduler_harness import Harness
 

@@ -1,4 +1,4 @@
-"""The bookkeeping half of a KV resize (worker/kv_resize.py), with exact block ids: who keeps
+"""The bookkeeping half of a KV resize (worker/kv/resize.py), with exact block ids: who keeps
 their KV, where their blocks go, and which targets are refused."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from infer_cluster.protocol import InvalidRequestError, SamplingParams
-from infer_cluster.worker.block_allocator import BlockAllocator
-from infer_cluster.worker.kv_resize import adopt_survivors, check_target, plan_resize
-from infer_cluster.worker.request import Request
+from infer_cluster.worker.sched.block_allocator import BlockAllocator
+from infer_cluster.worker.kv.resize import adopt_survivors, check_target, plan_resize
+from infer_cluster.worker.sched.request import Request
 
 
 def _req(rid, blocks, seq):

@@ -6,7 +6,7 @@ point the engine fills from `ModelRunner.loads_landed` / `wait_load`)."""
 
 import random
 
-from infer_cluster.worker.host_tier import HostTier
+from infer_cluster.worker.sched.host_tier import HostTier
 
 from .scheduler_harness import Harness
 

@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from bench.tokenizer_kinds import build_tokenizer
-from infer_cluster.worker.detokenizer import IncrementalDetokenizer, piece_table
+from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer, piece_table
 
 
 def _wordpiece(tmp):

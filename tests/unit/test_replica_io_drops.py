@@ -11,8 +11,8 @@ import zmq
 
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.messages import Heartbeat, ReplicaLoad, StepOutput
-from infer_cluster.worker.replica_io import REREGISTERED, ReplicaIO
-from infer_cluster.worker.server import ServerConfig
+from infer_cluster.worker.serving.replica_io import REREGISTERED, ReplicaIO
+from infer_cluster.worker.serving.server import ServerConfig
 
 CAPACITY = dict(model="tiny-random", num_total_blocks=64, block_size=16, max_num_seqs=8, max_model_len=256)
 

@@ -1,14 +1,14 @@
-"""`RowPlans` (worker/row_plans.py): the sampler's per-request rows are those the parameters
+"""`RowPlans` (worker/sampling/row_plans.py): the sampler's per-request rows are those the parameters
 give, are refilled when the request's params object or the vocabulary changes, and their slots
 are reused after `release`; rows without a request id live for one call only."""
 
 import numpy as np
 
 from infer_cluster.protocol import SamplingParams
-from infer_cluster.worker import sampling_ops
-from infer_cluster.worker.row_plans import (FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM,
+from infer_cluster.worker.sampling import ops as sampling_ops
+from infer_cluster.worker.sampling.row_plans import (FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM,
                                             TEMPERATURE, TOP_K, TOP_P, RowPlans, rows_with)
-from infer_cluster.worker.sampler import SamplingRequestState
+from infer_cluster.worker.sampling.sampler import SamplingRequestState
 
 
 def row(params, rid, eos=(2,)):

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampler import Sampler, SamplerOutput, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler, SamplerOutput, SamplingRequestState
 
 # chi2.ppf(0.999, df) for df = 1..7 (standard tables).
 CHI2_CRIT_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}
@@ -342,7 +342,7 @@ def test_flagged_rows_are_redone_in_finish_and_reported(monkeypatch):
     """With 2 candidates, flat top-p rows are flagged by the draw and redone by `finish`: the
     ids (seeded), sampled logprobs and the next step's penalties equal the default path's; the
     rows whose id changed are reported and their penalty state is rebuilt from the lists."""
-    from infer_cluster.worker import sampling_ops
+    from infer_cluster.worker.sampling import ops as sampling_ops
 
     vocab, n = 64, 12
     logits = [torch.randn(n, vocab, generator=gen(s)) * 0.2 for s in (1, 2)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 
 VOCAB = 16
 

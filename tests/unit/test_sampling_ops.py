@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.random_stream import philox4x32, step_uniforms
-from infer_cluster.worker.sampler import Sampler, SamplingRequestState
-from infer_cluster.worker.sampling_ops import (BLOCK, TOP_P_CANDIDATES, RandomRows, kept_mask,
+from infer_cluster.worker.sampling.random_stream import philox4x32, step_uniforms
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.ops import (BLOCK, TOP_P_CANDIDATES, RandomRows, kept_mask,
                                                sample_random_rows)
 
 VOCAB = 2 * BLOCK + 44  # several blocks, and more than TOP_P_CANDIDATES columns
@@ -231,7 +231,7 @@ def test_cuda_draws_the_same_tokens_as_the_cpu():
 def test_topk_by_blocks_equals_torch_topk(seed):
     """Same values as torch.topk (ties included: bf16-rounded logits), ids that hold them,
     winners in the ragged tail block too (and a vocabulary of whole blocks, with no tail)."""
-    from infer_cluster.worker.sampling_ops import TOPK_BLOCK, topk_by_blocks
+    from infer_cluster.worker.sampling.ops import TOPK_BLOCK, topk_by_blocks
     g = torch.Generator().manual_seed(seed)
     vocab = 9000 + 1237 * seed if seed < 5 else 80 * TOPK_BLOCK
     x = torch.randn(5, vocab, generator=g).to(torch.bfloat16).float()

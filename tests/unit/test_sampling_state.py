@@ -6,8 +6,8 @@ import random
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.token_bans import banned_ngram_tokens
-from infer_cluster.worker.sampling_state import SamplingState
+from infer_cluster.worker.sampling.token_bans import banned_ngram_tokens
+from infer_cluster.worker.sampling.state import SamplingState
 
 VOCAB = 50
 

@@ -6,8 +6,8 @@ workloads are in test_scheduler_lifecycle.py.
 
 
 from infer_cluster.protocol import RequestStatus
-from infer_cluster.worker.block_allocator import hash_full_blocks
-from infer_cluster.worker.scheduler_output import ScheduledRequest
+from infer_cluster.worker.sched.block_allocator import hash_full_blocks
+from infer_cluster.worker.sched.output import ScheduledRequest
 
 from .scheduler_harness import Harness, prompt_of, summary
 

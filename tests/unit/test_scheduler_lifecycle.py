@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from infer_cluster.protocol import OutOfMemoryError, RequestStatus, SamplingParams
-from infer_cluster.worker.request import Request
+from infer_cluster.worker.sched.request import Request
 
 from .scheduler_harness import EOS, Harness, prompt_of, summary
 

@@ -1,8 +1,8 @@
 """The scheduler's pipeline micro-batches (`schedule(group=n)`) and their sizes
-(`worker/microbatch.py`): at most n sequences per group, no request in two uncollected groups,
+(`worker/sched/microbatch.py`): at most n sequences per group, no request in two uncollected groups,
 no pending-input rows, no preemption while a group is in flight, and every block back at the end."""
 
-from infer_cluster.worker.microbatch import group_size
+from infer_cluster.worker.sched.microbatch import group_size
 
 from .scheduler_harness import Harness, prompt_of
 

@@ -1,4 +1,4 @@
-"""`step_rows` (worker/step_rows.py): the decode-only path and the general loop give the same
+"""`step_rows` (worker/runner/step_rows.py): the decode-only path and the general loop give the same
 rows as a plain per-token reference, on random batches with ragged block tables, pending inputs
 and unsampled rows; the tensor-parallel step codec carries the same values."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from infer_cluster.worker.distributed.step_codec import pack_step, unpack_step
-from infer_cluster.worker.scheduler_output import ScheduledRequest, SchedulerOutput
-from infer_cluster.worker.step_rows import step_rows
+from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.runner.step_rows import step_rows
 
 BS = 4
 

@@ -13,9 +13,9 @@ __all__ = ["DistributedRunner", "RankFailedError"]
 
 def __getattr__(name):
     if name == "DistributedRunner":
-        from .runner import DistributedRunner
+        from infer_cluster.worker.distributed.runner import DistributedRunner
         return DistributedRunner
     if name == "RankFailedError":
-        from .launcher import RankFailedError
+        from infer_cluster.worker.distributed.launcher import RankFailedError
         return RankFailedError
     raise AttributeError(f"module 'worker.distributed' has no attribute {name!r}")

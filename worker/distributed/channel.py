@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .step_codec import HEADER_LEN, Op, StepHeader
+from infer_cluster.worker.distributed.step_codec import HEADER_LEN, Op, StepHeader
 
 
 @dataclass(frozen=True)

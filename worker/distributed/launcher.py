@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from infer_cluster.protocol import EngineError
 
-from .topology import DistributedOptions
+from infer_cluster.worker.distributed.topology import DistributedOptions
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ def _exit_at_stdin_eof() -> None:
 
 
 def _serve(shard) -> None:
-    from .step_codec import Op
+    from infer_cluster.worker.distributed.step_codec import Op
 
     while True:
         header, payload = shard.next_step()
@@ -82,10 +82,10 @@ def main(argv: list[str]) -> None:
         import torch
         import torch.distributed as dist
 
-        from ..config import EngineConfig
-        from ..models.decoder import ModelSpec
-        from .shard import RankGroups, RankShard
-        from .topology import DistributedOptions, RankLayout
+        from infer_cluster.worker.config import EngineConfig
+        from infer_cluster.worker.models.decoder import ModelSpec
+        from infer_cluster.worker.distributed.shard import RankGroups, RankShard
+        from infer_cluster.worker.distributed.topology import DistributedOptions, RankLayout
 
         # The replica's ranks share its cores (its OMP_NUM_THREADS share, or the host's).
         share = os.environ.get("OMP_NUM_THREADS", "")

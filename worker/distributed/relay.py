@@ -34,8 +34,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .step_codec import HEADER_LEN, Op, StepHeader
-from .topology import RankLayout
+from infer_cluster.worker.distributed.step_codec import HEADER_LEN, Op, StepHeader
+from infer_cluster.worker.distributed.topology import RankLayout
 
 
 class StageRelay:

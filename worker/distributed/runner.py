@@ -24,7 +24,7 @@ wait, no host wait), queues their draw, and submits the group's next step with i
 rows filled from that draw; `settle(ticket)` after the ids reached the host checks the group.
 
 With a symmetric-memory TP all-reduce (`tp_allreduce` other than `nccl`) a failed group may
-leave rank 0's device unable to finish its queued work (worker/device_wait.py): waits on the
+leave rank 0's device unable to finish its queued work (worker/device/wait.py): waits on the
 steps poll with `wait_gave_up`, and after a failure the device gets `FAILED_DRAIN_S` to finish.
 If it does not, it is left as it is (graphs, process group and buffers kept until the process
 exits), so the requests still end and `close()` still returns.
@@ -50,18 +50,18 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..block_table import BlockTableMirror
-from ..config import EngineConfig
-from ..device_wait import StuckWatch, drained, keep_until_exit
-from ..model_runner import resolve_device, resolve_dtype
-from ..models.decoder import ModelSpec
-from ..scheduler_output import SchedulerOutput
-from .channel import PendingIds
-from .launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
-from .shard import RankGroups, RankShard
-from .step_codec import Op, StepHeader, is_decode_only, pack_step_pending
-from .tickets import StepTicket, take
-from .topology import DistributedOptions, RankLayout, check_divisible
+from infer_cluster.worker.kv.block_table import BlockTableMirror
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.device.wait import StuckWatch, drained, keep_until_exit
+from infer_cluster.worker.runner.model_runner import resolve_device, resolve_dtype
+from infer_cluster.worker.models.decoder import ModelSpec
+from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.distributed.channel import PendingIds
+from infer_cluster.worker.distributed.launcher import RankFailedError, RankMonitor, RankProcess, close_stdin, reap, spawn_rank
+from infer_cluster.worker.distributed.shard import RankGroups, RankShard
+from infer_cluster.worker.distributed.step_codec import Op, StepHeader, is_decode_only, pack_step_pending
+from infer_cluster.worker.distributed.tickets import StepTicket, take
+from infer_cluster.worker.distributed.topology import DistributedOptions, RankLayout, check_divisible
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class DistributedRunner:
         self._block_mirror = BlockTableMirror()  # the step tables, built from what changed
         self._uncollected: list[StepTicket] = []  # submitted, not collected (STOP waits for them)
         self._shard: Optional[RankShard] = None
-        # Rank 0's device after a failure (worker/device_wait.py); set up with the shard.
+        # Rank 0's device after a failure (worker/device/wait.py); set up with the shard.
         self._watch = StuckWatch()
         self.wait_gave_up: Optional[Callable[[], bool]] = None  # the waits on steps block
         self._ranks: list[RankProcess] = []
@@ -169,8 +169,8 @@ class DistributedRunner:
 
     @property
     def device_stuck(self) -> bool:
-        """True once a failure left rank 0's device unable to finish (worker/device_wait.py):
-        this process cannot free its device state and should exit (worker/replica_main.py)."""
+        """True once a failure left rank 0's device unable to finish (worker/device/wait.py):
+        this process cannot free its device state and should exit (worker/serving/replica_main.py)."""
         return self._watch.stuck
 
     def _check_usable(self) -> None:

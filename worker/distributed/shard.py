@@ -41,16 +41,16 @@ import torch.distributed as dist
 
 from infer_cluster.protocol.errors import ConfigError
 
-from ..config import EngineConfig
-from ..cuda_graphs import DecodeGraphs, capture_sizes
-from ..model_runner import ModelRunner, resolve_device
-from ..models.decoder import ModelSpec
-from ..models.parallel import MAX_PAIR_VOCAB, ParallelState
-from .channel import PendingIds, StepChannel, payload_on_device
-from .relay import StageRelay
-from .symm_allreduce import SymmAllReduce
-from .step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
-from .topology import DistributedOptions, RankLayout
+from infer_cluster.worker.config import EngineConfig
+from infer_cluster.worker.runner.cuda_graphs import DecodeGraphs, capture_sizes
+from infer_cluster.worker.runner.model_runner import ModelRunner, resolve_device
+from infer_cluster.worker.models.decoder import ModelSpec
+from infer_cluster.worker.models.parallel import MAX_PAIR_VOCAB, ParallelState
+from infer_cluster.worker.distributed.channel import PendingIds, StepChannel, payload_on_device
+from infer_cluster.worker.distributed.relay import StageRelay
+from infer_cluster.worker.distributed.symm_allreduce import SymmAllReduce
+from infer_cluster.worker.distributed.step_codec import INT32_MAX, STOP_HEADER, Op, StepHeader, unpack_step
+from infer_cluster.worker.distributed.topology import DistributedOptions, RankLayout
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..block_table import BlockTableMirror
-from ..context import StepInputs
-from ..models.decoder import AttentionMetadata
-from ..scheduler_output import SchedulerOutput
-from ..step_rows import step_rows
+from infer_cluster.worker.kv.block_table import BlockTableMirror
+from infer_cluster.worker.runner.context import StepInputs
+from infer_cluster.worker.models.decoder import AttentionMetadata
+from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.runner.step_rows import step_rows
 
 STEP_FORMAT = 3
 HEADER_LEN = 9
@@ -113,7 +113,7 @@ def pack_step_pending(out: SchedulerOutput, block_size: int, mirror: Optional[Bl
     scheduling: the previous step's draw). The input-id section starts the payload, so these
     rows are also the payload offsets that rank 0 fills on the device before the payload's
     broadcast (`StepChannel.send`'s `pending`). `mirror`: rank 0's block-table mirror
-    (worker/block_table.py)."""
+    (worker/kv/block_table.py)."""
     rows = step_rows(out, block_size, mirror)
     tables = rows.block_tables
     n, width = tables.shape

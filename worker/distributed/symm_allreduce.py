@@ -17,7 +17,7 @@ up to 1 MiB, one-shot 9-17 us, two-shot 12-18 us; at 2-8 MiB two-shot won (21 vs
 shape 1.006-1.010x NCCL, Qwen3-0.6B shape 1.02x. A symmetric-memory kernel waits for its peers
 at a barrier that the NCCL abort of a failed replica does not reach, so a killed rank leaves
 rank 0's device stuck; the runner's waits give up and its device state is left alone
-(worker/device_wait.py, docs/parallel.md "Failure handling"). Tensors larger than the buffer
+(worker/device/wait.py, docs/parallel.md "Failure handling"). Tensors larger than the buffer
 (long prefill chunks) always go through NCCL. Every rank of the group agrees on one choice (a
 MIN over the control group), so a rank that cannot set the buffer up turns the feature off
 everywhere instead of leaving the ranks in different collectives.

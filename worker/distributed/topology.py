@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from infer_cluster.protocol.errors import ConfigError
 
 if TYPE_CHECKING:  # the spec's module imports torch
-    from ..models.decoder import ModelSpec
+    from infer_cluster.worker.models.decoder import ModelSpec
 
 
 def check_divisible(spec: "ModelSpec", tp: int) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
 
-from .parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
+from infer_cluster.worker.models.parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")

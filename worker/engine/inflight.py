@@ -1,0 +1,232 @@
+"""The engine's steps in flight (async scheduling): `InFlightSteps`, the launched steps not yet
+collected (one at most between `DynamicEngine.step()` calls, two for a moment inside one), and
+`LaunchedStep`, one step whose forward and draw are queued on the device and whose sampled ids
+are on their way to the host.
+
+`InFlightSteps.launch` runs the runner and the sampler's device half for a `SchedulerOutput`;
+rows marked `pending_input` get their input id from the latest launch's draw, on the device.
+`LaunchedStep` owns: the step's `SchedulerOutput`, the row of each sampled request, the `DeviceDraw` (its
+`token_ids` feed the next step's `pending_input` rows), and the copy of the draw to the host:
+into pinned memory with `non_blocking=True`, then a CUDA event recorded right after it.
+`wait()` blocks on that event only (`device_wait.wait_event`: with the runner's
+`wait_gave_up` check, a poll that gives up once a rank group failed, since a symmetric-memory
+all-reduce whose peer died never ends), asks the runner whether the step's device work can be
+trusted (`verify_step`: a tensor/pipeline-parallel group that failed during the step raises
+there; a single-rank runner's is a no-op), then builds the `SamplerOutput` (the sampler redoes the
+rare rows its candidate path flagged there: a sync, after the event anyway; the ids it changed
+come back so the engine can rewind a later step that used them). On the CPU the copy is an
+ordinary one and there is no event, but the same code runs.
+Must never: change the scheduler or requests (the engine applies the results), or sync the
+device anywhere but `wait()` / `abandon()`.
+Pipeline micro-batches (worker/sched/microbatch.py): `InFlightSteps.submit` hands a step to a
+runner with `submit` / `collect` (a pipeline-parallel `DistributedRunner`) and returns a
+`SubmittedStep`; its logits are collected, drawn and copied to the host in `wait()`, when the
+engine collects it. With async scheduling the engine first queues the oldest step's draw
+(`SubmittedStep.queue_draw`: the stream waits for the logits, the host does not), then schedules
+that group's next step, whose `pending_input` rows read those ids on the device.
+To extend (more steps in flight): the engine's collect condition sets the depth; steps are
+always collected oldest first.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from infer_cluster.protocol import SamplingParams
+
+from infer_cluster.worker.device.wait import wait_event
+from infer_cluster.worker.sampling.sampler import DeviceDraw, Sampler, SamplerOutput, SamplingRequestState
+from infer_cluster.worker.sched.output import SchedulerOutput
+
+# The row of a request that ended after scheduling (its id is drawn and dropped).
+_DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A non-blocking copy of `t` into pinned host memory (a plain copy on the CPU)."""
+    if t.device.type != "cuda":
+        return t.clone()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+class LaunchedStep:
+    def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: DeviceDraw,
+                 verify: Optional[Callable[[], None]] = None,
+                 gave_up: Optional[Callable[[], bool]] = None):
+        self.out = out
+        self._verify = verify  # the runner's check that the step's device work is trustworthy
+        self._gave_up = gave_up  # the runner's `wait_gave_up`: its group failed, stop waiting
+        self.row_ids = row_ids
+        self.row_of = {rid: i for i, rid in enumerate(row_ids)}
+        self.draw = draw
+        self._ids = _to_host(draw.transfer)
+        self._values = _to_host(draw.values) if draw.values is not None else None
+        self._event: Optional[torch.cuda.Event] = None
+        if draw.transfer.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The draw's ids on the device (the next step's pending inputs read them)."""
+        return self.draw.token_ids
+
+    def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
+        """Block until the ids are on the host; returns {request id: token id},
+        {request id: logprob entry (deferred) or None} and the requests whose provisional id
+        the sampler's redo changed (`SamplerOutput.redrawn`)."""
+        if self._event is not None:  # gives up early only once the group failed: verify raises
+            wait_event(self._event, self._gave_up)
+        if self._verify is not None:  # a rank group: did it stay healthy through the step?
+            self._verify()
+        values = self._values.flatten().tolist() if self._values is not None else None
+        result: SamplerOutput = sampler.finish(self.draw, self._ids.tolist(), values,
+                                               defer_logprobs=True)
+        return (dict(zip(self.row_ids, result.token_ids)), dict(zip(self.row_ids, result.logprobs)),
+                [self.row_ids[i] for i in result.redrawn])
+
+    def abandon(self) -> None:
+        """A failure: wait (ignoring device errors) until the device is done with the step, so
+        its blocks can be freed. A failed rank group's device may never be done: then the wait
+        ends at once (the runner takes no more steps, so nothing reuses the blocks)."""
+        try:
+            if self._event is not None:
+                wait_event(self._event, self._gave_up)
+        except Exception:  # the device fault is reported by the step that raised
+            pass
+
+
+class InFlightSteps:
+    def __init__(self):
+        self.steps: list[LaunchedStep] = []  # launched, not collected; oldest first
+        self.last: Optional[LaunchedStep] = None  # the latest launch: pending inputs read it
+        self.drain_next = False  # the last schedule needed preemption: settle first
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def launch(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
+               eos_token_ids) -> LaunchedStep:
+        """Queue the step's forward and draw on the device; nothing waits for them here.
+        `requests`: the scheduler's live requests by id."""
+        pending = [s.request_id for s in out.requests if s.pending_input]
+        prev_ids, prev_rows = None, ()
+        if pending:
+            prev_ids, prev_rows = self.last.token_ids, [self.last.row_of[r] for r in pending]
+        rows = classes = None
+        greedy = False
+        if runner.takes_greedy_ids:  # a T > 1 shard: ids alone when no row needs the logits
+            rows = _rows(out.sampled_request_ids(), requests, eos_token_ids)
+            if rows:
+                classes = sampler.classify(rows, runner.vocab_size)
+                greedy = classes.plain_greedy
+        result, row_ids = runner.execute(out, prev_ids, prev_rows, greedy_ids=greedy)
+        if rows is None:
+            rows = _rows(row_ids, requests, eos_token_ids)
+        if greedy:
+            draw = sampler.draw_greedy_ids(result, rows)
+        else:  # the runner's logits are this step's own tensor: the sampler may edit them in place
+            draw = sampler.draw(result, rows, logits_writable=True, classes=classes)
+        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step, runner.wait_gave_up)
+        self.steps.append(self.last)
+        return self.last
+
+    def submit(self, out: SchedulerOutput, runner, requests: dict, eos_token_ids) -> "SubmittedStep":
+        """A micro-batch: the runner starts it on every stage and returns at once; its logits
+        are collected (and drawn) when the engine collects the step, or earlier by
+        `queue_draw`. Rows marked `pending_input` continue the oldest step's group: their ids
+        come from its queued draw, on the device."""
+        pending = [s.request_id for s in out.requests if s.pending_input]
+        if pending:
+            prev = self.steps[0].launched
+            if prev is None or any(r not in prev.row_of for r in pending):
+                raise RuntimeError("pending rows of a micro-batch must continue the oldest step in "
+                                   "flight, whose draw is queued")
+            ticket = runner.submit(out, prev.token_ids, [prev.row_of[r] for r in pending])
+        else:
+            ticket = runner.submit(out)
+        step = SubmittedStep(out, runner, ticket, requests, eos_token_ids)
+        self.steps.append(step)
+        return step
+
+    def abandon(self) -> list[SchedulerOutput]:
+        """After a failure: wait until the device is done with every launched step (ignoring
+        its errors) and forget them; returns their outputs (their requests must end)."""
+        outs = [s.out for s in self.steps]
+        for launched in self.steps:
+            launched.abandon()
+        self.steps, self.last, self.drain_next = [], None, False
+        return outs
+
+
+class SubmittedStep:
+    """A micro-batch whose stages run on the ranks; `wait` collects its logits and samples.
+    With async scheduling the engine calls `queue_draw` first (the group's next step reads the
+    ids), and `wait` then only waits for them."""
+
+    def __init__(self, out: SchedulerOutput, runner, ticket, requests: dict, eos_token_ids):
+        self.out = out
+        self._runner, self._ticket = runner, ticket
+        self._requests, self._eos = requests, eos_token_ids
+        self.launched: Optional[LaunchedStep] = None  # the queued draw (`queue_draw`)
+
+    def queue_draw(self, sampler: Sampler) -> LaunchedStep:
+        """Queue the draw of this step's logits behind their receive on the device; nothing
+        waits on the host. Rows are built now: call it before the group's next schedule."""
+        if self.launched is None:
+            runner, ticket = self._runner, self._ticket
+            logits, row_ids = runner.collect_queued(ticket)
+            # The check closes over the runner and ticket, not self: a cycle through the
+            # launched step would keep its device tensors alive until a GC pass.
+            self.launched = _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
+                                  lambda: runner.settle(ticket), runner.wait_gave_up)
+        return self.launched
+
+    def wait(self, sampler: Sampler) -> tuple[dict[str, int], dict[str, object], list[str]]:
+        """`LaunchedStep.wait` of the step once its logits arrived (rows built now: a request
+        that ended meanwhile gets a dropped row)."""
+        if self.launched is not None:
+            self._ticket = None
+            return self.launched.wait(sampler)
+        logits, row_ids = self._runner.collect(self._ticket)
+        self._ticket = None
+        return _draw(self.out, logits, row_ids, sampler, self._requests, self._eos,
+                     gave_up=self._runner.wait_gave_up).wait(sampler)
+
+    def abandon(self) -> None:
+        """A failure elsewhere: let the runner take this step's logits (if the group is still
+        healthy), so that the next step's logits are not mistaken for them."""
+        if self.launched is not None:
+            self.launched.abandon()
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            self._runner.discard(ticket)
+
+
+def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingRequestState]:
+    """The sampler's row of each id; `requests`: the scheduler's live requests by id."""
+    rows = []
+    for rid in row_ids:
+        req = requests.get(rid)
+        if req is None:  # ended after scheduling (an id that arrived meanwhile)
+            rows.append(_DROPPED_ROW)
+            continue
+        # num_pending counts this step's own token; the others are drawn on the device
+        rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
+                                         None, eos_token_ids, rid, req.num_pending - 1))
+    return rows
+
+
+def _draw(out: SchedulerOutput, logits: torch.Tensor, row_ids: list[str], sampler: Sampler,
+          requests: dict, eos_token_ids, verify: Optional[Callable[[], None]] = None,
+          gave_up: Optional[Callable[[], bool]] = None) -> LaunchedStep:
+    """Queue the draw of `logits` (one row per id in `row_ids`); `requests`: the scheduler's
+    live requests by id."""
+    rows = _rows(row_ids, requests, eos_token_ids)
+    # The runner's logits are this step's own tensor: the sampler may edit them in place.
+    return LaunchedStep(out, row_ids, sampler.draw(logits, rows, logits_writable=True), verify,
+                        gave_up)

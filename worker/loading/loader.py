@@ -1,0 +1,93 @@
+"""Model resolution and checkpoint reading, all offline.
+
+Owns: turning a model name into a local HF directory (embedded names are built on demand),
+reading its config and tokenizer, and streaming tensors out of `*.safetensors` files (single
+file or a sharded index). Errors are `ModelNotFoundError` with the path and what was missing.
+To add a weight format: add an `iter_*` function and pick it in `iter_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from infer_cluster.protocol import ModelNotFoundError
+
+from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS, ensure_embedded_model
+
+
+def resolve_model_path(model: str) -> Path:
+    if model in EMBEDDED_MODELS:
+        return ensure_embedded_model(model)
+    path = Path(os.path.expanduser(model))
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"model {model!r} is neither a local directory nor an embedded model "
+            f"({', '.join(EMBEDDED_MODELS)}); downloads are not supported")
+    if not (path / "config.json").exists():
+        raise ModelNotFoundError(f"model directory {str(path)!r} has no config.json")
+    return path
+
+
+def resolve_tokenizer_path(tokenizer: str) -> Path:
+    """A tokenizer folder needs no config.json (only the tokenizer files); embedded names too."""
+    if tokenizer in EMBEDDED_MODELS:
+        return ensure_embedded_model(tokenizer)
+    path = Path(os.path.expanduser(tokenizer))
+    if not path.is_dir():
+        raise ModelNotFoundError(f"tokenizer {tokenizer!r} is neither a local directory nor an embedded "
+                                 f"model ({', '.join(EMBEDDED_MODELS)})")
+    return path
+
+
+def load_hf_config(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a bad config
+        raise ModelNotFoundError(f"cannot read config in {str(path)!r}: {exc}") from None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not any((path / n).exists() for n in TOKENIZER_FILES):
+        raise ModelNotFoundError(f"model directory {str(path)!r} has no tokenizer (none of "
+                                 f"{', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelNotFoundError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from None
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"no *.safetensors weights in {str(path)!r} "
+                                 f"(use load_format='dummy' for random weights)")
+    return files
+
+
+def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in checkpoint_files(path):
+        try:
+            f = safe_open(str(file), framework="pt")
+        except Exception as exc:  # SafetensorError, OSError: a truncated or foreign file
+            raise ModelNotFoundError(f"cannot read weights {str(file)!r}: {exc}") from None
+        with f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

@@ -1,0 +1,243 @@
+"""CUDA graphs of the sampler's random draw for small steps: `DrawGraphs`.
+
+Why: at batch 1 a sampled or top-p step ran the draw eagerly: about 25 torch operations and
+three Triton launches, ~0.75 ms of host time per step on an H200 host against a 0.69 ms decode
+graph (2026-11-28, `gpu_suite.sh tpot_where`). The host, not the GPU, set the pace: batch-1 TPOT
+was 1.1-1.2 ms for sampled requests against 0.72 ms for greedy ones. Replayed from a graph the
+draw costs a few host operations.
+
+Owns: per key (logits dtype, batch bucket, candidate width, whether a row is top-p alone) one
+graph of `sampling_ops.draw_random_rows` over static inputs: the logits `[bucket, vocab]`, and
+the rows' packed parameters `[bucket, 6]` float64 (temperature, top_k, top_p, min_p, the seed's
+and the step's 64 bits: `Sampler`'s upload, transposed so a step's rows are one contiguous
+copy). Graphs are captured on first use (a key is a handful of Triton launches; at most
+`MAX_GRAPHS`), into one private memory pool.
+`draw` copies a step's logits and parameters in, replays, and returns fresh tensors only: the ids
+and flags in one `[2n]` int64 tensor (the `DeviceDraw.transfer` layout), a copy of the logits and
+of the draw's small per-row tensors for the rare host redo (`DeferredUnresolved`). Nothing a
+caller keeps points into a static buffer, so any number of steps may be in flight.
+
+What takes the graph (`Sampler.draw` decides): every row random, none with penalties, n-gram
+bans, min_tokens or logprobs; every row on the candidate path (`num_candidates` > 0, at most
+`MAX_CANDIDATES`, so top_k or top_p < 1); at most `max_batch` rows; CUDA logits with the
+sampler's kernels on. Rows are padded up to the bucket; padding rows draw from stale inputs and
+are dropped. The result is the eager draw's: the same kernels on the same values, in the same
+order, with the candidate width of the step (the key).
+
+`INFER_CLUSTER_DRAW_GRAPH_MAX` sets `max_batch` (default 32; 0 turns the graphs off, the A/B).
+Must never: capture while another capture runs, or hand out a static buffer.
+To extend (another draw feature): make it part of the key if it changes which kernels launch, and
+of the packed parameters if it is a per-row value.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from infer_cluster.kernels.sample import philox_uniforms
+from infer_cluster.worker.config import env_count
+from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, draw_random_rows
+
+log = logging.getLogger(__name__)
+
+DRAW_GRAPH_ENV = "INFER_CLUSTER_DRAW_GRAPH_MAX"
+DRAW_GRAPH_MAX_DEFAULT = 32
+MAX_GRAPHS = 64  # captured keys at most; a step past that draws eagerly
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PACKED_ROWS = 6  # temperature, top_k, top_p, min_p, seed bits, step bits (float64 each)
+_SLOTS = 4  # pinned staging rows for the parameters
+
+
+def draw_graph_max() -> int:
+    """`INFER_CLUSTER_DRAW_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
+    return env_count(DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, "rows", most=BUCKETS[-1])
+
+
+def bucket_for(n: int) -> int:
+    """The captured batch a step of `n` rows replays (padded up)."""
+    for b in BUCKETS:
+        if b >= n:
+            return b
+    raise ValueError(f"no draw-graph bucket holds {n} rows (largest {BUCKETS[-1]})")
+
+
+@dataclass
+class DrawPlan:
+    """One step's random rows as `Sampler` plans them on the host: the packed parameters
+    `[6, n]` float64 and the host lists a redo needs."""
+
+    packed: np.ndarray
+    host_top_k: list
+    host_top_p: list
+    host_min_p: list
+    need: list
+    top_p_alone: bool
+
+
+class DeferredUnresolved:
+    """The `Unresolved` of a graph draw: the logits and one saved `[8, n]` float64 buffer of the
+    per-row values; the tensors a redo needs are unpacked from it only when a redo runs."""
+
+    def __init__(self, x: torch.Tensor, aux: torch.Tensor, plan: DrawPlan):
+        self.x = x
+        self.rows = list(range(x.shape[0]))
+        self._aux = aux
+        self._plan = plan
+
+    def unpack(self) -> Unresolved:
+        a, p = self._aux, self._plan
+        column = a.float().unsqueeze(2)  # [8, n, 1]; every value is exact in float32
+        params = RandomRows(temperature=column[3, :, 0], top_k=a[4].long(), top_p=column[5, :, 0],
+                            min_p=column[6, :, 0], uniform=a[7].clone(), host_top_k=p.host_top_k,
+                            host_top_p=p.host_top_p, host_min_p=p.host_min_p, need=p.need,
+                            top_p_alone=p.top_p_alone)
+        return Unresolved(None, self.rows, self.x, column[0], column[1], column[2], params)
+
+    def redo(self, which: list[int], want_mask: bool = False) -> torch.Tensor:
+        return self.unpack().redo(which, want_mask)
+
+
+class _Graph:
+    """One captured draw: its static parameter input and outputs."""
+
+    def __init__(self, graph, packed_in, transfer, aux):
+        self.graph, self.packed_in, self.transfer, self.aux = graph, packed_in, transfer, aux
+
+
+class DrawGraphs:
+    def __init__(self, device: torch.device, max_batch: int):
+        if max_batch < 1:
+            raise ValueError("DrawGraphs needs max_batch >= 1 (0 means no graphs: pass None instead)")
+        self.device = device
+        self.max_batch = max_batch
+        self._graphs: dict[tuple, _Graph] = {}
+        self._logits: dict[tuple, torch.Tensor] = {}  # (dtype, vocab) -> [max bucket, vocab] static input
+        self._pool = None
+        # The parameters' pinned staging rows, one per step in flight at most (a row is written
+        # again once the copy that read it last ran: its event, normally long done).
+        self._staging = torch.zeros(_SLOTS, bucket_for(max_batch), PACKED_ROWS, dtype=torch.float64,
+                                    pin_memory=True)
+        self._staged = [torch.cuda.Event() for _ in range(_SLOTS)]
+        self._slot = 0
+        self.replays = 0  # draws served by a graph (tests check that graphs really ran)
+        self.captures = 0
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> Optional["DrawGraphs"]:
+        """Graphs for a CUDA device unless `INFER_CLUSTER_DRAW_GRAPH_MAX` is 0; None elsewhere."""
+        limit = draw_graph_max()
+        return cls(device, limit) if device.type == "cuda" and limit else None
+
+    def fits(self, n: int) -> bool:
+        """Whether a step of `n` rows may take a graph."""
+        return 0 < n <= self.max_batch
+
+    def accepts(self, logits: torch.Tensor, width: int, top_p_alone: bool) -> bool:
+        """Whether a graph serves these logits (`fits` their rows) at this width and variant:
+        captured already, or room for one more (`MAX_GRAPHS`)."""
+        return self.fits(logits.shape[0]) and (len(self._graphs) < MAX_GRAPHS
+                                 or self._key(logits, width, top_p_alone) in self._graphs)
+
+    @staticmethod
+    def _key(logits: torch.Tensor, width: int, top_p_alone: bool) -> tuple:
+        rows, vocab = logits.shape
+        return (logits.dtype, bucket_for(rows), vocab, width, top_p_alone)
+
+    def draw(self, logits: torch.Tensor, plan: DrawPlan):
+        """(transfer [2n] int64: ids then redo flags, `DeferredUnresolved`) of a step whose rows
+        all take the candidate path (`accepts` said yes). Captures the key's graph first if new."""
+        n, vocab = logits.shape
+        key = self._key(logits, max(plan.need), plan.top_p_alone)
+        bs = key[1]
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(key)
+        x = self._static_logits(logits.dtype, vocab)
+        x[:n].copy_(logits, non_blocking=True)
+        slot, self._slot = self._slot, (self._slot + 1) % _SLOTS
+        self._staged[slot].synchronize()
+        staged = self._staging[slot, :n]  # [n, 6]: contiguous on both sides of the copy
+        staged.numpy()[:] = plan.packed.T
+        g.packed_in[:n].copy_(staged, non_blocking=True)
+        self._staged[slot].record()
+        g.graph.replay()
+        self.replays += 1
+        if n == bs:
+            transfer = g.transfer.clone()
+        else:
+            transfer = torch.cat((g.transfer[:n], g.transfer[bs:bs + n]))
+        return transfer, DeferredUnresolved(logits.clone(), g.aux[:, :n].clone(), plan)
+
+    def _static_logits(self, dtype: torch.dtype, vocab: int) -> torch.Tensor:
+        """The static logits input of (dtype, vocab): kept while any graph may read it."""
+        x = self._logits.get((dtype, vocab))
+        if x is None:
+            x = torch.zeros(bucket_for(self.max_batch), vocab, dtype=dtype, device=self.device)
+            self._logits[(dtype, vocab)] = x
+        return x
+
+    def _capture(self, key: tuple) -> _Graph:
+        dtype, bs, vocab, width, top_p_alone = key
+        x = self._static_logits(dtype, vocab)[:bs]
+        packed = torch.zeros(bs, PACKED_ROWS, dtype=torch.float64, device=self.device)
+        packed[:, :3] = 1.0  # temperature 1, top_k 1, top_p 1: benign rows for the warm-up and padding
+        def body():
+            ids, unresolved, aux = _draw_body(x, packed, width, top_p_alone)
+            return torch.cat((ids, unresolved)), aux
+
+        body()  # warm-up: Triton compiles outside the capture
+        # Captured on a side stream after the current one's queued work, without
+        # `torch.cuda.graph`'s device sync and `empty_cache`: this runs mid-serving, where
+        # emptying the allocator's cache made the next steps allocate afresh.
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                transfer, aux = body()
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
+        self._pool = graph.pool()
+        g = _Graph(graph, packed, transfer, aux)
+        self._graphs[key] = g
+        self.captures += 1
+        log.debug("captured a draw graph: %s rows, %s candidates, top-p alone %s", bs, width, top_p_alone)
+        return g
+
+    def release(self) -> None:
+        """Drop every graph and buffer after the device finished pending work; they go even if
+        that wait fails (a device error)."""
+        try:
+            if self._graphs:
+                torch.cuda.synchronize(self.device)
+        finally:
+            self._graphs.clear()
+            self._logits.clear()
+            self._pool = None
+
+
+def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, width: int, top_p_alone: bool):
+    """The captured draw: ids [bs], redo flags [bs] int64, and the `[8, bs]` float64 values a
+    redo needs, from logits `x` and the packed parameters `[bs, 6]`. Only the candidate width and
+    the top-p-alone variant (the key) are planned on the host; the host lists a redo reads are
+    the step's own (`DeferredUnresolved`), so placeholders stand in for them here."""
+    rows = x.shape[0]
+    packed = packed_rows.T  # the columns as `Sampler` packs them
+    bits = packed[4:6].contiguous().view(torch.int64)
+    params = RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
+                        min_p=packed[3].float(), uniform=philox_uniforms(bits[0], bits[1]),
+                        host_top_k=[0] * rows, host_top_p=[1.0] * rows, host_min_p=[0.0] * rows,
+                        need=[width] * rows, top_p_alone=top_p_alone)
+    ids, unresolved = draw_random_rows(x, params, private=True)
+    aux = torch.stack((unresolved.m[:, 0].double(), unresolved.inv_t[:, 0].double(),
+                       unresolved.kth[:, 0].double(), params.temperature.double(), params.top_k.double(),
+                       params.top_p.double(), params.min_p.double(), params.uniform))
+    return ids, unresolved.flags.long(), aux
