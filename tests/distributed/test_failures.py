@@ -103,8 +103,10 @@ def test_stopped_rank_counts_as_hung_within_10s(started, dist_checkpoints):
 
 
 @pytest.mark.timeout(60)
-def test_rank_dying_at_startup_fails_constructor(started, dist_checkpoints, tmp_path, monkeypatch):
-    """Rank 1 gets a checkpoint without weights: it exits while rank 0 waits for it."""
+def test_rank_dying_at_startup_fails_constructor(started, dist_checkpoints, tmp_path, monkeypatch,
+                                                 capfd):
+    """Rank 1 gets a checkpoint without weights: it exits while rank 0 waits for it, and its
+    traceback reaches rank 0's stderr (the replica's log), each line marked with its rank."""
     import infer_cluster.worker.distributed.runner as runner_mod
 
     broken = tmp_path / "no_weights"
@@ -125,6 +127,9 @@ def test_rank_dying_at_startup_fails_constructor(started, dist_checkpoints, tmp_
         LLM(dist_checkpoints["llama"], tensor_parallel_size=2, **ENGINE)
     assert time.monotonic() - t < 30
     assert spawned and wait_gone(spawned, 5.0) == []
+    err = capfd.readouterr().err
+    cause = [line for line in err.splitlines() if "no *.safetensors weights" in line]
+    assert cause and all(line.startswith("rank 1 | ") for line in cause), err[-2000:]
 
 
 @pytest.mark.timeout(90)

@@ -1,12 +1,16 @@
 """Rank 0's side of the rank processes: start them, watch them, end them.
 
 Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
-never a fork of this process, which may hold CUDA), the two pipes per rank (its stdin, whose
+never a fork of this process, which may hold CUDA), the three pipes per rank (its stdin, whose
 EOF tells the rank to exit at once: rank 0 closed it or is gone; a heartbeat pipe it writes a
-byte to every `heartbeat_interval_s`), and `RankMonitor`, a
-thread that turns a rank that exits, or falls silent for `heartbeat_timeout_s`, into one
-recorded failure: it kills every rank (so rank 0's pending gloo collectives fail at once instead
-of waiting for the timeout), runs the failure callbacks, and logs one clear line.
+byte to every `heartbeat_interval_s`; its stderr, which a thread copies line by line into rank
+0's stderr, the replica's log, each line prefixed `rank N |`, so a rank's traceback, NCCL's
+warnings and its logging reach the one log a user reads), and `RankMonitor`, a thread that
+turns a rank that exits, or falls silent for `heartbeat_timeout_s`, into one recorded failure:
+it asks a silent rank for its Python stacks first (SIGUSR1, which rank_main hands to
+`faulthandler`), so the log says where it hung, then kills every rank (so rank 0's pending gloo
+collectives fail at once instead of waiting for the timeout), runs the failure callbacks, and
+logs one clear line.
 
 Must never touch torch or the engine: the runner decides what a failure means for a step. To
 watch something else (e.g. GPU health), add a check to `RankMonitor._check` that calls `fail()`.
@@ -56,6 +60,7 @@ class RankProcess:
     heartbeat_fd: int                      # read end, owned by rank 0
     last_beat: Optional[float] = None      # monotonic time of the last heartbeat byte
     started: float = field(default_factory=time.monotonic)
+    output: Optional[threading.Thread] = None  # copies the rank's stderr into ours
 
     @property
     def pid(self) -> int:
@@ -73,15 +78,37 @@ def spawn_rank(rank: int, bootstrap: dict, options: DistributedOptions,
     args = dict(bootstrap, rank=rank, heartbeat_fd=hb_write, parent_pid=os.getpid(),
                 options=options.to_dict())
     try:
-        popen = subprocess.Popen([sys.executable, "-m", "infer_cluster.worker.distributed.rank_main", json.dumps(args)],
-                                 stdin=subprocess.PIPE, pass_fds=(hb_write,), env=env, close_fds=True)
+        popen = subprocess.Popen([sys.executable, "-m", "infer_cluster.worker.distributed.rank_main",
+                                  json.dumps(args)],
+                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(hb_write,),
+                                 env=env, close_fds=True)
     except Exception:
         os.close(hb_read)
         raise
     finally:
         os.close(hb_write)
     os.set_blocking(hb_read, False)
-    return RankProcess(rank, popen, hb_read)
+    proc = RankProcess(rank, popen, hb_read)
+    proc.output = threading.Thread(target=forward_output, args=(popen.stderr, f"rank {rank} | "),
+                                   name=f"rank-{rank}-stderr", daemon=True)
+    proc.output.start()
+    return proc
+
+
+def forward_output(stream, prefix: str, sink=None) -> None:
+    """Copy `stream` (a rank's stderr, bytes) line by line into `sink` (default: this process's
+    stderr), each line prefixed; returns at EOF (the rank exited). A line is written whole, so
+    ranks' lines interleave but never mix."""
+    sink = sink or sys.stderr
+    prefix_bytes = prefix.encode()
+    for line in iter(stream.readline, b""):
+        text = (prefix_bytes + line.rstrip(b"\n")).decode(errors="replace") + "\n"
+        try:
+            sink.write(text)
+            sink.flush()
+        except (OSError, ValueError):  # our own stderr is closed: keep draining the pipe
+            pass
+    stream.close()
 
 
 class RankMonitor:
@@ -151,17 +178,35 @@ class RankMonitor:
         for r in self.ranks:
             code = r.popen.poll()
             if code is not None:
+                if r.output is not None:  # let its last words (a traceback) reach the log first
+                    r.output.join(timeout=STACK_DUMP_WAIT_S)
                 self.fail(f"rank {r.rank} (pid {r.pid}) exited with {describe_exit(code)}")
                 return
             if r.last_beat is None:
                 if now - r.started > opts.startup_timeout_s:
+                    dump_stacks(r)
                     self.fail(f"rank {r.rank} (pid {r.pid}) did not start within "
                               f"{opts.startup_timeout_s:g} s")
                     return
             elif now - r.last_beat > opts.heartbeat_timeout_s:
+                dump_stacks(r)
                 self.fail(f"rank {r.rank} (pid {r.pid}) sent no heartbeat for {now - r.last_beat:.1f} s "
-                          f"(hung or stopped)")
+                          f"(hung or stopped; its Python stacks are above, prefixed 'rank {r.rank} |')")
                 return
+
+
+STACK_DUMP_WAIT_S = 1.0
+
+
+def dump_stacks(rank: RankProcess) -> None:
+    """Ask a silent rank to write every thread's Python stack to its stderr (rank_main registers
+    `faulthandler` for SIGUSR1; the dump needs no GIL, so a rank stuck in C code answers too),
+    and give the forwarding thread a moment to copy it into the log before the rank is killed."""
+    try:
+        rank.popen.send_signal(signal.SIGUSR1)
+    except OSError:
+        return
+    time.sleep(STACK_DUMP_WAIT_S)
 
 
 def kill_all(ranks: list[RankProcess]) -> None:
@@ -204,6 +249,8 @@ def reap(ranks: list[RankProcess], timeout_s: float) -> None:
             r.popen.stdin.close()
         except OSError:  # unflushed bytes to a dead rank
             pass
+        if r.output is not None:  # the rank is gone: its last lines are on their way
+            r.output.join(timeout=2.0)
         if r.heartbeat_fd >= 0:
             try:
                 os.close(r.heartbeat_fd)

@@ -17,6 +17,7 @@ drains before it ends its ranks). To add an op: handle a new `step_codec.Op` in 
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -68,6 +69,9 @@ def main(argv: list[str]) -> None:
     args = json.loads(argv[1])
     rank = args["rank"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Rank 0's monitor sends SIGUSR1 to a rank that fell silent: every thread's stack goes to
+    # stderr (forwarded into the replica's log) before the rank is killed.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     _start_heartbeat(args["heartbeat_fd"], args["options"]["heartbeat_interval_s"], args["parent_pid"])
     _exit_at_stdin_eof()
 

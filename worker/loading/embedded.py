@@ -67,6 +67,11 @@ EMBEDDED_MODELS = {
                              intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                              num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
                              tie_word_embeddings=False, rope_theta=500000.0),
+    # a model that needs tensor parallelism: 141 GB of bf16 weights (T=4: 35 GB a GPU)
+    "llama-3-70b-shape": dict(model_type="llama", vocab_size=128256, hidden_size=8192,
+                              intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                              num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                              tie_word_embeddings=False, rope_theta=500000.0),
 }
 
 
