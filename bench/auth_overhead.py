@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serving import _free_port, _proc_cpu_seconds, _range, _self_cpu_seconds  # noqa: E402
-from infer_cluster.loadgen import Workload, run_load, summarize  # noqa: E402
+from bench.serving import _free_port, _proc_cpu_seconds, _self_cpu_seconds  # noqa: E402
+from infer_cluster.loadgen import Workload, parse_range, run_load, summarize  # noqa: E402
 
 
 class Cluster:
@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=str(REPO / "bench" / "results" / "auth_overhead.json"))
     args = p.parse_args(argv)
-    requests = Workload(num_requests=args.num_requests, input_len=_range(args.input_len),
-                        output_len=_range(args.output_len), seed=args.seed).build()
+    requests = Workload(num_requests=args.num_requests, input_len=parse_range(args.input_len),
+                        output_len=parse_range(args.output_len), seed=args.seed).build()
     with tempfile.TemporaryDirectory() as tmp:
         keys = os.path.join(tmp, "keys")
         subprocess.run([sys.executable, "-m", "infer_cluster", "keygen", keys], check=True,

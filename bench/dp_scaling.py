@@ -37,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import run_info  # noqa: E402
 from bench.serving import _free_port as free_port  # noqa: E402
 from infer_cluster.loadgen import Workload, parse_range, run_load, summarize  # noqa: E402
 
@@ -158,7 +159,8 @@ def main() -> None:
         print(f"{r['dp']:<10}{r['num_requests']:>9}{r['output_tokens_per_s']:>14,.1f}{r['ratio']:>8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(workload=vars(args) | dict(serve_args=engine_args), runs=runs), indent=2))
+    out.write_text(json.dumps(dict(bench="dp_scaling", run=run_info(device=False),
+                                   workload=vars(args) | dict(serve_args=engine_args), runs=runs), indent=2))
     print(f"wrote {out}")
 
 

@@ -3,7 +3,7 @@
 Owns: `best_replay_s(step, calls, replays)`: `step(i)` once outside the capture (compiles and
 picks kernels), then a graph of `step(0..calls-1)`, warmed by one replay; returns the best
 replay's seconds divided by `calls`. Best, not median: the figure a kernel can reach, as the
-GEMV table and the persistent prototypes compare them. To extend (a median, per-call samples):
+GEMV table (bench/gemv.py) and the fused MLP chain (bench/fused_mlp.py) compare them. To extend (a median, per-call samples):
 add an argument here rather than another copy in a bench script.
 """
 

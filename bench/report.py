@@ -1,9 +1,17 @@
-"""Shared output helper for the benchmark scripts: every bench writes one JSON file."""
+"""Shared output helpers for the benchmark scripts: every bench writes one JSON file.
+
+Owns: `write_json(path, result)` and `run_info()`, the facts a figure needs to be read later
+(UTC date, commit, device name, torch and Triton versions). The commit is `BENCH_COMMIT` when
+set (a copied tree's own git history can be stale: name the commit it was copied from), else
+`git rev-parse --short HEAD` of this checkout, else None.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import subprocess
 
 
 def write_json(path: str, result) -> None:
@@ -11,3 +19,38 @@ def write_json(path: str, result) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
+
+
+def _commit() -> str | None:
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def run_info(device: bool = True) -> dict:
+    """UTC date, commit, and with `device` the device name ("cpu" without CUDA), torch and
+    Triton versions (`device=False` for a process that must not import torch or touch the GPU,
+    such as a client beside the replicas it measures)."""
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "commit": _commit()}
+    if not device:
+        return info
+    try:
+        import torch
+        info["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info

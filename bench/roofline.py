@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.report import write_json  # noqa: E402
+from bench.report import run_info, write_json  # noqa: E402
 
 
 def measure_device(size_mib: int = 1024, n: int = 4096):
@@ -104,7 +104,9 @@ def main(argv=None):
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
     prompts, outs = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len), vocab)
     dev = measure_device()
-    res = {"device": dev, "model": args.model,
+    res = {"bench": "roofline", "device": dev, "model": args.model, "run": run_info(),
+           "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
+                        "output_len": args.output_len},
            **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev)}
     print(f"{dev['device']}: copy {dev['copy_GBps']:.0f} GB/s, bf16 matmul {dev['bf16_TFLOPs']:.0f} TFLOP/s")
     print(f"{args.model}: {res['params'] / 1e9:.2f} B params, weights {res['weight_bytes'] / 2**30:.2f} GiB")

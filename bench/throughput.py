@@ -43,7 +43,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.gpu_timeline import ProfileWindow  # noqa: E402
-from bench.report import write_json  # noqa: E402
+from bench.report import run_info, write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
 ASYNC_MODES = {"on": True, "off": False, "auto": "auto"}
@@ -274,8 +274,13 @@ def main(argv=None):
                                         vocab, args.seed)
     kinds = list(ALL_KINDS) if args.sampling == "all" else [args.sampling]
     ours, path, dtype, device = run_ours(args, prompts, out_lens, kinds)
-    result = {"model": args.model, "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
-                                                "output_len": args.output_len}, "ours": ours}
+    result = {"bench": "throughput", "model": args.model,
+              "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
+                           "output_len": args.output_len},
+              "layout": {"tensor_parallel_size": args.tensor_parallel_size,
+                         "pipeline_parallel_size": args.pipeline_parallel_size,
+                         "kv_cache_dtype": args.kv_cache_dtype},
+              "run": run_info(), "ours": ours}
     mode = args.hf if args.hf != "auto" else ("continuous" if device.type == "cuda" else "sequential")
     if mode != "none" and kinds != ["greedy"]:
         print("HF baseline skipped: it runs greedy only (use --sampling greedy)")
