@@ -9,8 +9,8 @@ reading the previous layer's float32 sums, o, then the fused MLP adding into one
 accumulators while it zeroes the other, as `DecoderModel.forward` runs it), a sweep of its launch
 (channels per program x warps, with the registers and spills of each build), and the timing of
 each (µs per layer, best of several graph replays, weights of all layers distinct so nothing stays
-in L2). Every output is checked against the plain-torch chain. Prints one JSON line; without
-CUDA it prints a note and exits 0.
+in L2). Every output is checked against the plain-torch chain. Prints one JSON line and writes
+it to `--out`; without CUDA it prints a note and exits 0.
 
   python bench/fused_mlp.py [--layers 28] [--replays 20] [--configs 16x8,8x4,...]
 """
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.graph_timing import best_replay_s  # noqa: E402
+from bench.report import run_info, write_json  # noqa: E402
 
 HIDDEN, QKV, ATTN, INTER = 1024, 4096, 2048, 3072
 EPS = 1e-6
@@ -163,6 +164,7 @@ def main(argv=None):
     ap.add_argument("--inner", type=int, default=10, help="chains per graph replay")
     ap.add_argument("--configs", default="16x8,8x4,8x8,16x4,16x16,32x8",
                     help="channels-per-program x warps, comma-separated")
+    ap.add_argument("--out", default="bench/results/fused_mlp.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("fused_mlp: no CUDA device; nothing to time")
@@ -178,7 +180,9 @@ def main(argv=None):
     out["fused_builds"] = build_info()
     ys, rs = y0.clone(), r0.clone()
     out["baseline_again_us_per_layer"] = us_per_layer(lambda: baseline_step(w, ys, rs), args)
+    out["run"] = run_info()
     print(json.dumps(finish(out)))
+    write_json(args.out, out)
     return 0
 
 
