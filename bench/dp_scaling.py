@@ -159,7 +159,7 @@ def main() -> None:
         print(f"{r['dp']:<10}{r['num_requests']:>9}{r['output_tokens_per_s']:>14,.1f}{r['ratio']:>8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(bench="dp_scaling", run=run_info(device=False),
+    out.write_text(json.dumps(dict(bench="dp_scaling", run=run_info(use_torch=False),
                                    workload=vars(args) | dict(serve_args=engine_args), runs=runs), indent=2))
     print(f"wrote {out}")
 

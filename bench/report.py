@@ -1,7 +1,7 @@
 """Shared output helpers for the benchmark scripts: every bench writes one JSON file.
 
 Owns: `write_json(path, result)` and `run_info()`, the facts a figure needs to be read later
-(UTC date, commit, device name, torch and Triton versions). The commit is `BENCH_COMMIT` when
+(UTC date, commit, device name, torch and Triton versions; bench/chart.py reads them). The commit is `BENCH_COMMIT` when
 set (a copied tree's own git history can be stale: name the commit it was copied from), else
 `git rev-parse --short HEAD` of this checkout, else None.
 """
@@ -34,13 +34,26 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def run_info(device: bool = True) -> dict:
-    """UTC date, commit, and with `device` the device name ("cpu" without CUDA), torch and
-    Triton versions (`device=False` for a process that must not import torch or touch the GPU,
-    such as a client beside the replicas it measures)."""
+def _gpu_name_without_torch() -> str | None:
+    """The first GPU's name from nvidia-smi (no CUDA context in this process), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None
+
+
+def run_info(use_torch: bool = True) -> dict:
+    """UTC date, commit, device name ("cpu" without CUDA), torch and Triton versions.
+    `use_torch=False` is for a process that must not import torch or open a CUDA context (a
+    client beside the replicas it measures): the device name then comes from nvidia-smi and the
+    versions are left out."""
     info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "commit": _commit()}
-    if not device:
+    if not use_torch:
+        info["device_name"] = _gpu_name_without_torch() or "cpu"
         return info
     try:
         import torch
