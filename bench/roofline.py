@@ -6,6 +6,11 @@ current GPU, then for a model shape and workload computes:
   - prefill floor: 2 x params x prompt tokens (+ attention FLOPs), over the matmul rate;
   - the output tokens/s ceiling of the whole workload (sum of those floors), and the
     batch-1 TPOT bound (weight bytes / bandwidth).
+Over T x P GPUs (`--tensor-parallel-size`, `--pipeline-parallel-size`): each GPU holds 1/(T x P)
+of the weights and KV and does that share of the FLOPs, so the workload's floors shrink by
+T x P (pipeline stages busy at once, as micro-batches keep them; all-reduce and bubbles are
+what the engine loses against it). A batch-1 token crosses the P stages one after another, so
+its TPOT bound shrinks by T alone.
 Importable (`measure_device`, `workload_ceiling`) so other benchmarks print it beside their
 figures; `python bench/roofline.py --model qwen3-0.6b-shape` prints a table and writes JSON.
 """
@@ -67,10 +72,13 @@ def model_numbers(model: str) -> dict:
             "attn_flops_per_token_ctx": 4 * s.num_layers * s.num_heads * d}
 
 
-def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: dict) -> dict:
-    """Tokens/s ceiling if decode ran at full bandwidth and prefill at full matmul rate."""
+def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: dict,
+                     tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> dict:
+    """Tokens/s ceiling if decode ran at full bandwidth and prefill at full matmul rate, on
+    T x P GPUs of `dev`'s kind."""
     m = model_numbers(model)
-    bw, flops = dev["copy_GBps"] * 1e9, dev["bf16_TFLOPs"] * 1e12
+    gpus = tensor_parallel_size * pipeline_parallel_size
+    bw, flops = dev["copy_GBps"] * 1e9 * gpus, dev["bf16_TFLOPs"] * 1e12 * gpus
     prefill_tokens = sum(prompt_lens)
     prefill_s = (2 * m["matmul_params"] * prefill_tokens
                  + sum(m["attn_flops_per_token_ctx"] * p * p / 2 for p in prompt_lens)) / flops
@@ -86,7 +94,9 @@ def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: 
     total_out = sum(output_lens)
     return {"prefill_floor_s": prefill_s, "decode_floor_s": decode_s,
             "ceiling_tokens_per_s": total_out / (prefill_s + decode_s),
-            "tpot_bound_ms": m["weight_bytes"] / bw * 1e3, **m}
+            "tpot_bound_ms": m["weight_bytes"] / bw * pipeline_parallel_size * 1e3,
+            "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
+            **m}
 
 
 def main(argv=None):
@@ -96,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[100, 1024])
     ap.add_argument("--output-len", type=int, nargs=2, default=[100, 1024])
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--out", default="bench/results/roofline.json")
     args = ap.parse_args(argv)
     from bench.workload import random_workload
@@ -107,8 +119,10 @@ def main(argv=None):
     res = {"bench": "roofline", "device": dev, "model": args.model, "run": run_info(),
            "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
                         "output_len": args.output_len},
-           **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev)}
+           **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev,
+                              args.tensor_parallel_size, args.pipeline_parallel_size)}
     print(f"{dev['device']}: copy {dev['copy_GBps']:.0f} GB/s, bf16 matmul {dev['bf16_TFLOPs']:.0f} TFLOP/s")
+    print(f"layout T={args.tensor_parallel_size} x P={args.pipeline_parallel_size}")
     print(f"{args.model}: {res['params'] / 1e9:.2f} B params, weights {res['weight_bytes'] / 2**30:.2f} GiB")
     print(f"prefill floor {res['prefill_floor_s']:.2f} s, decode floor {res['decode_floor_s']:.2f} s, "
           f"ceiling {res['ceiling_tokens_per_s']:.0f} output tok/s, batch-1 TPOT bound {res['tpot_bound_ms']:.3f} ms")

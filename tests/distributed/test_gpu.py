@@ -60,22 +60,27 @@ def test_gpu_parallel_greedy_matches(started, dist_checkpoints, gpu_single, fami
 
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
-def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager):
+@pytest.mark.parametrize("tp,pp,victim", [(2, 1, 1), (2, 2, 2)], ids=["tp2", "tp2_pp2"])
+def test_gpu_killed_rank_fails_within_10s(started, dist_checkpoints, eager, tp, pp, victim):
+    """T=2: rank 1 dies; T=2 x P=2: rank 2 (stage 1's TP leader, which sends the logits back)."""
     from infer_cluster.protocol import SamplingParams
 
-    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, enforce_eager=eager,
-                            **GPU))
+    if tp * pp > NUM_GPUS:
+        pytest.skip(f"needs {tp * pp} CUDA devices, {NUM_GPUS} visible")
+    llm = started.track(LLM(dist_checkpoints["qwen3"], tensor_parallel_size=tp,
+                            pipeline_parallel_size=pp, enforce_eager=eager, **GPU))
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     rids = {llm.add_request([5 + i, 6, 7], long) for i in range(2)}
     for _ in range(3):
         llm.step()
     killed_at = time.monotonic()
-    os.kill(llm.engine.runner.rank_pids[0], signal.SIGKILL)
+    os.kill(llm.engine.runner.rank_pids[victim - 1], signal.SIGKILL)
     finals = {}
     while len(finals) < len(rids):
         assert time.monotonic() - killed_at < 10, "requests still running 10 s after the kill"
         finals.update({d.request_id: d for d in llm.step() if d.finished})
-    assert all(d.finish_reason == "error" and "rank 1" in d.error["message"] for d in finals.values())
+    assert all(d.finish_reason == "error" and f"rank {victim}" in d.error["message"]
+               for d in finals.values())
     if not eager:
         assert llm.engine.runner.graph_replays == 0  # released, so the NCCL abort could finish
     closed_at = time.monotonic()
@@ -94,3 +99,25 @@ def test_gpu_stage_graphs_greedy_matches(started, dist_checkpoints, gpu_single, 
     options = dict(GPU, enforce_eager=False, pipeline_microbatches=microbatches, async_scheduling=async_)
     llm = check_parallel_greedy(started, dist_checkpoints["qwen3"], 1, 2, options, [gpu_single["qwen3"]])
     assert llm.engine.runner.graph_replays > 0
+
+
+@pytest.mark.timeout(400, method="thread")
+def test_gpu_tp2_pp2_starts_and_stops_ten_times(started, dist_checkpoints, gpu_single):
+    """T=2 x P=2 start-up once hung on four GPUs (NCCL subgroups split from a device-bound world,
+    shard.py): ten start-ups and shutdowns in a row, each answering, none leaving a rank behind."""
+    if NUM_GPUS < 4:
+        pytest.skip(f"needs 4 CUDA devices, {NUM_GPUS} visible")
+    from .conftest import wait_gone
+
+    for attempt in range(10):
+        t = time.monotonic()
+        llm = LLM(dist_checkpoints["qwen3"], tensor_parallel_size=2, pipeline_parallel_size=2,
+                  enforce_eager=attempt % 2 == 0, **GPU)
+        started.track(llm)
+        pids = list(llm.engine.runner.rank_pids)
+        started.add_pids(pids)
+        out = llm.generate(make_prompts()[:2], GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in out] == gpu_single["qwen3"][:2], f"attempt {attempt}"
+        llm.close()
+        assert wait_gone(pids, 10.0) == [], f"attempt {attempt}: ranks left after close()"
+        assert time.monotonic() - t < 60, f"attempt {attempt} took {time.monotonic() - t:.0f} s"

@@ -84,9 +84,15 @@ class RankGroups:
             raise RuntimeError("this process already belongs to a torch.distributed group; "
                                "one tensor/pipeline-parallel replica per process")
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = dict(device_id=device) if device.type == "cuda" else {}
+        # No `device_id`: a default group bound to a device makes torch create every NCCL subgroup
+        # by ncclCommSplit, a collective of the whole world in which the ranks outside the new
+        # group take part at `new_group` time while its members split only at their first
+        # collective. At T x P (two TP groups) the ranks of stage 1 then wait in stage 0's split
+        # for ranks 0 and 1, which wait for them in the next gloo collective: start-up hung on four
+        # H200s (2026-11-28; the stacks came from `launcher.dump_stacks`). Unbound, each NCCL group
+        # makes its own communicator among its members, at its first collective (`_warm_up`).
         dist.init_process_group(backend, store=store, rank=layout.rank, world_size=layout.world_size,
-                                timeout=timeout, **kwargs)
+                                timeout=timeout)
         self.backend = backend
         # Control traffic (KV agreement, capture barriers) stays on the CPU even when data uses NCCL.
         self.control = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
@@ -104,6 +110,18 @@ class RankGroups:
         if pipelined and layout.tensor_parallel_size > 1:
             group = dist.new_group(layout.tp_group_ranks(0), backend="gloo", timeout=WAIT_TIMEOUT)
             self.stage_wait = group if layout.is_first_stage else None
+        if backend == "nccl":
+            self._warm_up(device)
+
+    def _warm_up(self, device: torch.device) -> None:
+        """Make this rank's NCCL communicators now, outside any CUDA-graph capture: one all-reduce
+        on its TP group (its members only) and one on the whole world, in the same order on every
+        rank."""
+        probe = torch.ones(1, device=device)
+        if self.tp_group is not None:
+            dist.all_reduce(probe, group=self.tp_group)
+        dist.all_reduce(probe)
+        torch.cuda.synchronize(device)
 
     @staticmethod
     def abort() -> None:
