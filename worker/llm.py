@@ -1,6 +1,7 @@
 """`LLM`: the offline, in-process API over one `DynamicEngine`.
 
-Owns: batch generation with a progress bar, folding streamed deltas into `RequestOutput`s in
+Owns: batch generation with a progress bar, chat (conversations rendered with the model's
+template, as a replica renders them), folding streamed deltas into `RequestOutput`s in
 input order, and the step-level surface (`add_request`, `step`, `abort`, ...) for callers that
 drive the engine themselves. Holds no scheduling logic of its own.
 
@@ -16,10 +17,11 @@ import collections
 import gc
 from typing import Optional, Sequence, Union
 
-from infer_cluster.protocol import RequestDelta, RequestOutput, SamplingParams
+from infer_cluster.protocol import InvalidRequestError, RequestDelta, RequestOutput, SamplingParams
 
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.engine.engine import DynamicEngine, Prompt
+from infer_cluster.worker.text.chat import render_chat
 from infer_cluster.worker.text.text_stage import TextWorker
 
 
@@ -79,6 +81,26 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [self._outputs.pop(rid) for rid in ids]
+
+    def chat(self, messages: Union[Sequence[dict], Sequence[Sequence[dict]]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation (a list of `{"role", "content"}`
+        maps) or to each of several (a list of such lists), rendered with the model's chat
+        template and its generation prompt; outputs in input order. A model without a template,
+        or a conversation its template rejects, raises `InvalidRequestError` before any request
+        is queued."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidRequestError("messages must be a conversation (a non-empty list of "
+                                      "{role, content} maps) or a list of conversations")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        for conv in conversations:
+            if (not isinstance(conv, (list, tuple)) or not conv
+                    or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conv)):
+                raise InvalidRequestError("each conversation must be a non-empty list of "
+                                          "{role, content} maps")
+        prompts = [render_chat(self.tokenizer, [dict(m) for m in conv]) for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_with_text_thread(self, pending: set, bar) -> None:
         """Step until every id in `pending` has its final delta; text runs on a helper thread
