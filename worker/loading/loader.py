@@ -1,6 +1,7 @@
 """Model resolution and checkpoint reading, all offline.
 
-Owns: turning a model name into a local HF directory (embedded names are built on demand),
+Owns: turning a model name into a local HF directory (embedded names are built on demand, GGUF
+files converted once into the cache by gguf.py),
 reading its config and tokenizer, and streaming tensors out of `*.safetensors` files (single
 file or a sharded index). Errors are `ModelNotFoundError` with the path and what was missing.
 To add a weight format: add an `iter_*` function and pick it in `iter_checkpoint`.
@@ -18,15 +19,22 @@ import torch
 from infer_cluster.protocol import ModelNotFoundError
 
 from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS, ensure_embedded_model
+from infer_cluster.worker.loading.gguf import ensure_converted, find_gguf
 
 
 def resolve_model_path(model: str) -> Path:
+    """The HF folder to serve `model` from: an embedded name, an HF folder (config.json and
+    weights), or a GGUF file (`x.gguf`, or a folder with no config.json holding exactly one),
+    converted once into the cache (gguf.py)."""
     if model in EMBEDDED_MODELS:
         return ensure_embedded_model(model)
+    gguf_file = find_gguf(model)
+    if gguf_file is not None:
+        return ensure_converted(gguf_file)
     path = Path(os.path.expanduser(model))
     if not path.is_dir():
         raise ModelNotFoundError(
-            f"model {model!r} is neither a local directory nor an embedded model "
+            f"model {model!r} is neither a local directory, a .gguf file nor an embedded model "
             f"({', '.join(EMBEDDED_MODELS)}); downloads are not supported")
     if not (path / "config.json").exists():
         raise ModelNotFoundError(f"model directory {str(path)!r} has no config.json")
@@ -37,6 +45,9 @@ def resolve_tokenizer_path(tokenizer: str) -> Path:
     """A tokenizer folder needs no config.json (only the tokenizer files); embedded names too."""
     if tokenizer in EMBEDDED_MODELS:
         return ensure_embedded_model(tokenizer)
+    gguf_file = find_gguf(tokenizer)
+    if gguf_file is not None:
+        return ensure_converted(gguf_file)
     path = Path(os.path.expanduser(tokenizer))
     if not path.is_dir():
         raise ModelNotFoundError(f"tokenizer {tokenizer!r} is neither a local directory nor an embedded "
