@@ -8,7 +8,7 @@ Counts the tensor operations `prepare` dispatches (views and slices left out: th
 nothing) with a `TorchDispatchMode`, and times `prepare` (median of `--repeats` rounds of
 `--calls` calls) per batch size. On `--device cuda` each counted op is a kernel launch between
 two graph replays (docs/kernels.md, "What the step spends outside the layers"); on the CPU the
-time is the host's share only. To compare trees, run it from each checkout in one session.
+time is the host's share only. To compare trees, run it from each checkout, alternating, on one machine.
 
     python bench/prepare_cost.py --batch 1 64 256 --out bench/results/prepare_cost.json
 """
