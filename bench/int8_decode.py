@@ -8,8 +8,8 @@ cache with the tuned defaults, and the int8 cache with `DECODE_INT8` and with ot
 "mma_k_words_v" next to the default: `--block-n 128 --cvt mma_k mma_k_words_v`); `--sweep`
 adds tile x warps x stages; `--variants` times the kernel variants
 (`variant_configs`: every `CVT_MODES` entry, tiles / warps for the promising ones, split-K at
-batch 256), `--round2` the second list, around the first list's winner (`round2_configs`, precompiled in
-parallel processes first); both then pick the fastest correct one per case and overall
+batch 256), `--round2` a second list, around the first one's winner (`round2_configs`,
+precompiled in parallel processes first); both then pick the fastest correct one per case and overall
 (geometric mean of the speedup over bf16 across the cases) and print the `DECODE_INT8` line
 that makes it the default, with its split rule. Batches, timers and the correctness check come from `bench/tune_decode_cases.py`.
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
@@ -42,8 +42,8 @@ def _int8_batches(case):
     return [(q, kc, vc, bt, qsl, lens, ks, vs) for q, _, _, bt, qsl, lens in case["batches"]]
 
 
-# `--round2` (the sweep around the first list's winner "words" n128): (cvt, block_n, num_stages, maxnreg)
-# combinations that spill at sm_90 in the split or unsplit kernel (`bench/ptxas_check.py
+# `--round2` (the sweep around the first list's winner "words" n128): the (cvt, block_n,
+# num_stages, maxnreg) combinations that spill at sm_90 in the split or unsplit kernel (`bench/ptxas_check.py
 # --int8-round2`, Triton 3.7 AOT), left out. num_stages 4 compiles to the same kernels as 3.
 ROUND2_SPILLS = {("words", 64, 2, None), ("words_v", 64, 2, None), ("words", 128, 2, 128),
                  ("words", 128, 2, 168), ("words_v", 128, 2, 128), ("words_v", 128, 2, 168),

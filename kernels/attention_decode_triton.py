@@ -311,8 +311,8 @@ DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
 # and q @ K^T on int8 tensor cores (no K conversion), V converted where it is loaded. H100,
 # 2026-11-25, CUDA-graph replays vs the bf16 defaults in the same run (bench/int8_decode.py --cvt):
 # b256 1.62x, b32 1.37x, b1 1.25x, against the earlier default "words_k" (K tiles read as int32
-# words) 1.58x / 1.33x / 1.21x in that run; the first default "add" was 1.25x / 1.16x / 1.13x. Heads narrower
-# than 32 take "prmt_load" for K (`cvt_ops`).
+# words) 1.58x / 1.33x / 1.21x in that run; the first default "add" was 1.25x / 1.16x / 1.13x.
+# Heads narrower than 32 take "prmt_load" for K (`cvt_ops`).
 # "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
 # Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
