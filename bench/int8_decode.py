@@ -43,8 +43,9 @@ def _int8_batches(case):
 
 
 # `--round2` (the sweep around the first list's winner "words" n128): the (cvt, block_n,
-# num_stages, maxnreg) combinations that spill at sm_90 in the split or unsplit kernel (`bench/ptxas_check.py
-# --int8-round2`, Triton 3.7 AOT), left out. num_stages 4 compiles to the same kernels as 3.
+# num_stages, maxnreg) combinations that spill at sm_90 in the split or unsplit kernel
+# (`bench/ptxas_check.py --int8-round2`, Triton 3.7 AOT), left out. num_stages 4 compiles to the
+# same kernels as 3.
 ROUND2_SPILLS = {("words", 64, 2, None), ("words_v", 64, 2, None), ("words", 128, 2, 128),
                  ("words", 128, 2, 168), ("words_v", 128, 2, 128), ("words_v", 128, 2, 168),
                  ("prmt_v", 128, 2, 128), ("load_k_words_v", 64, 2, None)}
