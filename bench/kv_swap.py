@@ -34,15 +34,21 @@ def parse_args(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--dtypes", default="bf16,int8")
-    ap.add_argument("--host-gib", type=float, default=12.0)
-    ap.add_argument("--device-blocks", type=int, default=1024)
-    ap.add_argument("--num-blocks", type=int, default=250, help="blocks per swap")
-    ap.add_argument("--repeats", type=int, default=16)
+    ap.add_argument("--host-gib", type=float, default=None, help="default 12 (cuda), 0.25 (cpu)")
+    ap.add_argument("--device-blocks", type=int, default=None, help="default 1024 (cuda), 64 (cpu)")
+    ap.add_argument("--num-blocks", type=int, default=None, help="blocks per swap; default 250 (cuda), 16 (cpu)")
+    ap.add_argument("--repeats", type=int, default=None, help="default 16 (cuda), 2 (cpu)")
     ap.add_argument("--modes", default="kernel,runs,gather")
     ap.add_argument("--chunk-bytes", default="4096,8192,16384", help="kernel path: bytes per program")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny pools, no meaningful rates)")
     ap.add_argument("--out", default="bench/results/kv_swap.json")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    small = args.device == "cpu"  # a dry run: pools that fit beside everything else on the host
+    for name, full, dry in (("host_gib", 12.0, 0.25), ("device_blocks", 1024, 64), ("num_blocks", 250, 16),
+                            ("repeats", 16, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, dry if small else full)
+    return args
 
 
 def build(args, dtype_name):

@@ -10,7 +10,7 @@ Runs `ModelRunner.execute(out)` directly on synthetic `SchedulerOutput`s (every 
 times after a warm-up: "launch" is the wall time of the call, "step" adds the device sync.
 
     python bench/mixed_step.py                       # GPU: Qwen3-0.6B shape, dummy weights, bf16
-    python bench/mixed_step.py --model tiny-random --device cpu --dtype float32 --steps 5
+    python bench/mixed_step.py --model tiny-random --device cpu --dtype float32 --steps 5 --context 1000
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def _time_eager(torch, fn, case, iters, cuda):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--n", type=int, nargs="+", default=None,
+                    help="tokens per call (default: 1 8 64 256; with --smoke 1 8)")
     ap.add_argument("--reps", type=int, default=50, help="calls per captured graph")
     ap.add_argument("--iters", type=int, default=50, help="graph replays (median taken)")
     ap.add_argument("--out", default="bench/results/qkv_prep.json")
@@ -115,6 +116,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    if args.n is None:
+        args.n = [1, 8] if args.smoke else [1, 8, 64, 256]
     import torch
 
     from bench.report import write_json
