@@ -40,6 +40,8 @@ def main(argv=None):
                     help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
     ap.add_argument("--sampling", default="greedy", choices=[*SAMPLING_KINDS, "all"],
                     help="request kind (bench/throughput.py's SAMPLING_KINDS); all: each in turn")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--pipeline-parallel-size", type=int, default=1)
     ap.add_argument("--out", default="bench/results/latency.json")
     args = ap.parse_args(argv)
 
@@ -49,18 +51,24 @@ def main(argv=None):
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
               num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
-              async_scheduling=ASYNC_MODES[args.async_scheduling])
+              async_scheduling=ASYNC_MODES[args.async_scheduling],
+              tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
     kinds = list(ALL_KINDS) if args.sampling == "all" else [args.sampling]
     rows = {kind: time_kind(llm, kind, args) for kind in kinds}
     device = None
     if torch.cuda.is_available():
         from bench.roofline import measure_device, model_numbers
         device = measure_device()
-        bound_ms = model_numbers(args.model)["weight_bytes"] / (device["copy_GBps"] * 1e9) * 1e3
+        # T GPUs each read 1/T of the weights at once; P stages read theirs one after another
+        bound_ms = (model_numbers(args.model)["weight_bytes"] / args.tensor_parallel_size
+                    / (device["copy_GBps"] * 1e9) * 1e3)
         for res in rows.values():
             res["tpot_bound_ms"] = bound_ms
             res["fraction_of_bound"] = bound_ms / res["tpot_ms_p50"]
     for res in rows.values():
+        res["tensor_parallel_size"] = args.tensor_parallel_size
+        res["pipeline_parallel_size"] = args.pipeline_parallel_size
         print(json.dumps(res, indent=1))
     if len(rows) == 1:
         out = next(iter(rows.values()))

@@ -1,7 +1,7 @@
 """A real `python -m infer_cluster serve --http-port` for the gateway tests.
 
-Owns: `GatewayCluster` (start `serve` with coordinator, one tiny-random replica and the HTTP
-gateway on free ports; wait for /health; status through an `InferenceClient`; always stopped)
+Owns: `GatewayCluster` (start `serve` with coordinator, one replica (tiny-random unless
+`--model` is among the extra arguments) and the HTTP gateway on free ports; wait for /health; status through an `InferenceClient`; always stopped)
 for the session fixture `gateway_cluster` (conftest.py) shared by tests/integration/test_gateway*.py
 (one cluster for all of them keeps the suite fast).
 """
@@ -41,7 +41,7 @@ class GatewayCluster:
              "--metrics-port", str(self.metrics_port), "--max-requests", str(MAX_REQUESTS),
              "--heartbeat-interval", "0.2", "--client-timeout", "3", "--no-replica-timeout", "5",
              "--drain-timeout", "2", "--num-kv-blocks", "1024", "--max-num-seqs", "64",
-             "--no-restart", *self.extra_args],
+             "--no-restart", *self.model_args(), *self.extra_args],
             cwd=REPO, env=child_env(2), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         deadline = time.monotonic() + timeout
@@ -55,6 +55,10 @@ class GatewayCluster:
                 pass
             time.sleep(0.3)
         raise RuntimeError(f"the gateway was not healthy after {timeout} s:\n{self.log()[-3000:]}")
+
+    def model_args(self) -> list[str]:
+        """tiny-random unless the test names a model (`serve` itself defaults to SmolLM2)."""
+        return [] if "--model" in self.extra_args else ["--model", "tiny-random"]
 
     def log(self) -> str:
         return (self.log_dir / "serve.log").read_text(errors="replace")

@@ -37,7 +37,7 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
     address = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "infer_cluster", "serve", "--port", str(port), "--replica-port",
-         str(free_port()), "--num-kv-blocks", "1024", "--kv-offload-gib", "0.01", "--log-dir", str(tmp_path)],
+         str(free_port()), "--model", "tiny-random", "--num-kv-blocks", "1024", "--kv-offload-gib", "0.01", "--log-dir", str(tmp_path)],
         cwd=REPO, env=child_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = []
     try:
@@ -119,6 +119,7 @@ def test_status_without_a_coordinator_is_a_one_line_error():
 
 
 def test_offline_generate_quick_start():
-    r = cli("generate", "--max-tokens", "6", "Hello", timeout=180)
+    """The README's first command, as typed: the default model is the packaged SmolLM2."""
+    r = cli("generate", "--max-tokens", "24", "--chat", "What is the capital of France?", timeout=180)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
+    assert "Paris" in r.stdout, r.stdout
