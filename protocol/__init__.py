@@ -10,9 +10,10 @@ from .errors import (ConfigError, EngineError, InferClusterError, InvalidRequest
 from .outputs import (FinishReason, RequestDelta, RequestMetrics, RequestOutput, RequestStatus,
                       REQUEST_TRANSITIONS)
 from .sampling_params import SamplingParams
+from .structured import StructuredOutputsParams
 
 __all__ = [
-    "SamplingParams", "FinishReason", "RequestDelta", "RequestMetrics", "RequestOutput", "RequestStatus",
+    "SamplingParams", "StructuredOutputsParams", "FinishReason", "RequestDelta", "RequestMetrics", "RequestOutput", "RequestStatus",
     "REQUEST_TRANSITIONS", "InferClusterError", "InvalidRequestError", "ModelNotFoundError",
     "OutOfMemoryError", "ProtocolError", "OverloadedError", "NoReplicaError",
     "RequestTimeoutError", "UnreachableError", "EngineError", "ConfigError", "error_from_code",

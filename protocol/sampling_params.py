@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from .errors import InvalidRequestError
 from .fields import MAX_TOKEN_ID
+from .structured import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -61,6 +62,9 @@ class SamplingParams:
     # OpenAI API and vLLM refuse it) instead of ending with "length" at the context limit. The
     # HTTP gateway sets it whenever max_tokens is the client's number or OpenAI's default.
     max_tokens_strict: bool = False
+    # The output constrained to a JSON schema, regex, choice or grammar (protocol/structured.py);
+    # a map on the wire.
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self):
         _check_number("temperature", self.temperature, lo=0.0)
@@ -103,6 +107,7 @@ class SamplingParams:
                       integer=True)
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, integer=True)
+        self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
 
     @property
     def is_greedy(self) -> bool:
@@ -114,7 +119,10 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0 or self.no_repeat_ngram_size > 0)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.structured_outputs is not None:
+            d["structured_outputs"] = self.structured_outputs.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, data: Any) -> "SamplingParams":
