@@ -8,7 +8,8 @@ only it knows the grammar dialect; here only shapes and sizes are checked. Never
 xgrammar.
 
 On the wire the schema travels as a JSON string (`json`), so the map stays shallow whatever the
-schema's depth, and its canonical text (sorted keys) is the compile cache's key.
+schema's depth; that text (re-serialised, key order kept: it is the output's property order) is
+part of the compile cache's key.
 To extend with a kind: add a field, list it in `KINDS`, and teach the replica's compiler it.
 """
 
@@ -99,7 +100,7 @@ class StructuredOutputsParams:
 
 
 def _schema_text(schema: Any) -> str:
-    """A schema given as a map, a boolean or JSON text -> canonical JSON text."""
+    """A schema given as a map, a boolean or JSON text -> compact JSON text."""
     if isinstance(schema, str):
         if len(schema) > MAX_SPEC_CHARS:
             raise InvalidRequestError(f"structured_outputs.json has {len(schema)} characters; "
@@ -112,7 +113,8 @@ def _schema_text(schema: Any) -> str:
         raise InvalidRequestError(f"structured_outputs.json must be a JSON schema (an object), "
                                   f"got {type(schema).__name__}")
     try:
-        text = _json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        # Key order kept: a schema's property order is the order the output writes them in.
+        text = _json.dumps(schema, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"structured_outputs.json is not JSON-serialisable: {exc}") from None
     if len(text) > MAX_SPEC_CHARS:

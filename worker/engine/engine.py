@@ -6,7 +6,8 @@ Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's
 their way, launch it (forward + draw on the device, worker/engine/inflight.py), THEN wait for step n's
 ids, apply them (scheduler update) and emit step n's deltas. Synchronous (collected before the
 next schedule): async off, a step with a no_repeat_ngram_size row (its ban needs the last id on
-the host), and settled-state cases: a schedule that needed preemption,
+the host) or a structured-outputs row (its grammar's mask needs it: worker/structured/), and
+settled-state cases: a schedule that needed preemption,
 `reset_cache`, failures, and a rewind: when the sampler's redo (`SamplerOutput.redrawn`, rare:
 a top-k / top-p row whose kept set did not fit its candidates) changed a token that the step in
 flight already used as a pending input, that step's token of the request is dropped and its
@@ -45,6 +46,8 @@ from infer_cluster.worker.sched.block_allocator import BlockAllocator
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.text.detokenizer import piece_table
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
+from infer_cluster.worker.structured.compiler import GrammarCompilerPool
+from infer_cluster.worker.structured.state import GrammarState
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.engine.inflight import InFlightSteps
@@ -100,6 +103,7 @@ class DynamicEngine:
         # Small all-random steps replay the sampler's draw from CUDA graphs (worker/sampling/draw_graphs.py),
         # kept across sampler resets; None off CUDA or with INFER_CLUSTER_DRAW_GRAPH_MAX=0.
         self.draw_graphs = DrawGraphs.for_device(self.runner.device)
+        self._grammars: Optional[GrammarCompilerPool] = None  # built on the first constrained request
         self._reset_bookkeeping()
         log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
         if config.pipeline_parallel_size > 1:
@@ -134,7 +138,9 @@ class DynamicEngine:
         self._phase_seconds: dict[str, float] = {}
         self._started = time.monotonic()
         self._inflight = InFlightSteps()
-        self._ngram_ids: set[str] = set()  # live requests with no_repeat_ngram_size: synchronous
+        # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
+        # structured outputs): their steps are synchronous.
+        self._sync_ids: set[str] = set()
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
@@ -163,17 +169,28 @@ class DynamicEngine:
         text, ids = tokenize_prompt(prompt, self.tokenizer, self.spec.vocab_size)
         resume = list(resume_token_ids or [])
         check_lengths(len(ids), resume, params, self.max_model_len, self.spec.vocab_size)
+        grammar = self._grammar_state(params)  # a bad spec raises here, before any token
         req = Request(request_id, ids, params, next(self._arrivals), priority, self.eos_token_ids,
                       resume, prompt=text)
+        req.grammar = grammar  # synced to the resume tokens at the first draw
         self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         self._requests[request_id] = req
-        if params.no_repeat_ngram_size:
-            self._ngram_ids.add(request_id)
+        if params.no_repeat_ngram_size or grammar is not None:
+            self._sync_ids.add(request_id)
         # A resumed seeded request continues the lost replica's random stream by itself: the
         # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
         if self.text is not None:
             self.text.add(request_id, ids, params.stop, resume)
         return request_id
+
+    def _grammar_state(self, params: SamplingParams) -> Optional[GrammarState]:
+        """A fresh matcher of the request's compiled grammar (compiled on the pool, or from its
+        cache); None without structured_outputs. Raises `InvalidRequestError` naming the field."""
+        if params.structured_outputs is None:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarCompilerPool(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
+        return GrammarState(self._grammars.compile(params.structured_outputs))
 
     def prompt_token_ids(self, request_id: str) -> list[int]:
         """The prompt of a queued or running request, as tokenized by this engine."""
@@ -217,7 +234,7 @@ class DynamicEngine:
             self._inflight.drain_next = out.blocked
             # Micro-batches: a row waits only for the draw of the oldest step, queued already.
             sync = depth == 1 and (not self.async_scheduling or bool(
-                self._ngram_ids and any(s.request_id in self._ngram_ids for s in out.requests)))
+                self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests)))
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -273,7 +290,7 @@ class DynamicEngine:
                 return out
         oldest = inflight.steps[0]
         self._timed("launch", oldest.queue_draw, self.sampler)
-        ids = {s.request_id for s in oldest.out.requests if s.request_id not in self._ngram_ids}
+        ids = {s.request_id for s in oldest.out.requests if s.request_id not in self._sync_ids}
         return self._timed("schedule", sched.schedule, can_preempt, group, ids)
 
     def _group_size(self) -> Optional[int]:
@@ -289,6 +306,8 @@ class DynamicEngine:
         step = self._inflight.steps[0]
         sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
         advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
+        if self._sync_ids:
+            self._advance_grammars(advanced)
         self._emit_all(advanced, logprobs, deltas)
         self._inflight.steps.pop(0)
         for rid in redrawn:  # rare: a later step computed it from the provisional id
@@ -296,6 +315,20 @@ class DynamicEngine:
                     s.request_id == rid for later in self._inflight.steps for s in later.out.requests):
                 self.scheduler.rewind(rid)  # that step's token is dropped, its position redone
                 self._inflight.drain_next = True  # and the request waits until it is collected
+
+    def _advance_grammars(self, advanced: list[Request]) -> None:
+        """Each constrained request's matcher takes its new token: a complete grammar (its stop
+        token accepted) ends the request with "stop"; a refused token (never, under the mask)
+        ends it failed."""
+        for req in advanced:
+            g = req.grammar
+            if g is None or req.is_finished:  # an EOS the grammar allowed ended it already
+                continue
+            if not g.sync(req.output_token_ids):
+                error = EngineError("the output left its structured_outputs grammar").to_dict()
+                self.scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
+            elif g.is_terminated:  # ignore_eos, or a stop token of the grammar's own
+                self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
 
     def _drain(self) -> None:
         """Collect every launched step; their deltas go out with the next `step()`."""
@@ -372,7 +405,7 @@ class DynamicEngine:
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-        self._ngram_ids.discard(request_id)
+        self._sync_ids.discard(request_id)
         self.sampler.release(request_id)  # penalty state kept on the device between steps
 
     def close(self) -> None:
@@ -380,6 +413,8 @@ class DynamicEngine:
         idempotent."""
         if self.draw_graphs is not None:
             self.draw_graphs.release()
+        if self._grammars is not None:
+            self._grammars.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

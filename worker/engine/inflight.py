@@ -217,7 +217,7 @@ def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingReq
             continue
         # num_pending counts this step's own token; the others are drawn on the device
         rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                         None, eos_token_ids, rid, req.num_pending - 1))
+                                         None, eos_token_ids, rid, req.num_pending - 1, req.grammar))
     return rows
 
 

@@ -12,9 +12,13 @@ which rows use which feature; a step of plain greedy rows needs only their argma
 runner gathers ids for it: `draw_greedy_ids`).
 
 Order of operations (every row independently):
-  1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf,
+  1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf (not on constrained rows:
+     their grammar alone says where EOS may come),
+  2b. structured outputs: tokens the row's grammar does not allow next set to -inf
+     (worker/structured/bitmask.py; the row's `grammar` is synced to its tokens first),
   3. logprobs = log_softmax of these logits, i.e. the model's own distribution after
-     penalties but BEFORE temperature / top-k / top-p / min-p (so a greedy request without
+     penalties (and the grammar's mask: a constrained row reports the distribution it was
+     drawn from) but BEFORE temperature / top-k / top-p / min-p (so a greedy request without
      penalties reports exactly HF's `log_softmax(logits)`),
   4. greedy rows (`temperature == 0` or `top_k == 1`): argmax, ties to the lowest id,
   5. random rows: temperature, top_k, top_p, min_p, then the inverse CDF (token-id order) at
@@ -30,7 +34,7 @@ pinned memory behind an event, worker/engine/inflight.py); `finish` turns their 
 again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
 no_repeat_ngram_size (its map needs the ids on the host).
 Small steps whose rows are all random on the candidate path, with no penalties, bans or
-logprobs, replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
+logprobs (or grammar), replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
 kernels, a few host operations instead of ~25 (at batch 1 the eager draw's host time set TPOT).
 Random rows with top_k / top_p take a candidate path whose id is provisional where the row's
 kept set did not fit its candidates; the flags ride in the same transfer as the ids, and
@@ -62,12 +66,13 @@ from infer_cluster.worker.sampling.draw_graphs import DrawGraphs, DrawPlan
 from infer_cluster.worker.sampling.logprob_pack import logprob_pack, lse_and_block_maxima
 from infer_cluster.worker.text.logprob_rows import DeferredLogprob, LogprobRows
 from infer_cluster.worker.sampling.random_stream import step_uniforms
-from infer_cluster.worker.sampling.row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, TEMPERATURE, TOP_K, TOP_P
+from infer_cluster.worker.sampling.row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TEMPERATURE, TOP_K, TOP_P
 from infer_cluster.worker.sampling.row_plans import RowPlans, rows_with
 from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, any_top_p_alone, draw_random_rows, to_device
 from infer_cluster.worker.sampling.state import SamplingState
 from infer_cluster.worker.device.upload import dma_upload
 from infer_cluster.worker.sampling.token_bans import apply_min_tokens, ban_tokens
+from infer_cluster.worker.structured.bitmask import apply_grammar_masks
 
 _KEY_RANGE = 2 ** 63 - 1
 
@@ -86,6 +91,9 @@ class SamplingRequestState:
     # `output_token_ids` yet (async scheduling): they count as generated (min_tokens, the
     # seeded stream's step, the penalty state's consistency check).
     num_pending: int = 0
+    # The request's `GrammarState` (worker/structured/state.py) when its params have
+    # structured_outputs: its mask restricts the row (it needs num_pending == 0).
+    grammar: Optional[object] = None
 
 
 @dataclass
@@ -110,11 +118,13 @@ class RowClasses:
     logprob_rows: list
     random_rows: list
     min_tokens_rows: list  # rows still below their min_tokens
+    grammar_rows: list = field(default_factory=list)  # rows whose grammar masks their logits
 
     @property
     def plain_greedy(self) -> bool:
         """Every row is an argmax of the raw logits: nothing to edit, report or draw."""
-        return not (self.penalty_rows or self.min_tokens_rows or self.logprob_rows or self.random_rows)
+        return not (self.penalty_rows or self.min_tokens_rows or self.logprob_rows or self.random_rows
+                    or self.grammar_rows)
 
 
 @dataclass
@@ -185,10 +195,12 @@ class Sampler:
 
         def rows_of(bit: int) -> list:
             return rows_with(flags, bit) if present & bit else []
+        grammar_rows = [i for i in rows_of(STRUCTURED) if rows[i].grammar is not None]
         min_tokens_rows = [i for i in rows_of(MIN_TOKENS)
-                           if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens]
+                           if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens
+                           and rows[i].grammar is None]
         return RowClasses(table, seeds, seeded, rows_of(PENALTIES), rows_of(LOGPROBS), rows_of(RANDOM),
-                          min_tokens_rows)
+                          min_tokens_rows, grammar_rows)
 
     def draw_greedy_ids(self, token_ids: torch.Tensor, rows: list[SamplingRequestState]) -> "DeviceDraw":
         """The draw of a step whose rows are all plain greedy (`RowClasses.plain_greedy`) from
@@ -215,20 +227,21 @@ class Sampler:
         table, seeds, seeded = classes.table, classes.seeds, classes.seeded
         penalty_rows, logprob_rows = classes.penalty_rows, classes.logprob_rows
         random_rows, min_tokens_rows = classes.random_rows, classes.min_tokens_rows
+        grammar_rows = classes.grammar_rows
 
         if classes.plain_greedy:
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
             token_ids = logits.argmax(dim=-1)
             return DeviceDraw(token_ids, token_ids, None, len(rows))
         if (self.draw_graphs is not None and len(random_rows) == len(rows)
-                and not (penalty_rows or logprob_rows or min_tokens_rows)):
+                and not (penalty_rows or logprob_rows or min_tokens_rows or grammar_rows)):
             draw = self._graph_draw(logits, rows, classes)
             if draw is not None:
                 return draw
 
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
-        needs_edit = bool(penalty_rows or min_tokens_rows)
+        needs_edit = bool(penalty_rows or min_tokens_rows or grammar_rows)
         if needs_edit or (random_rows and not use_sample_kernels(logits)):
             x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
         else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
@@ -239,6 +252,8 @@ class Sampler:
             entries = self._penalise(x, rows, penalty_rows, scratch) if penalty_rows else []
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
+            if grammar_rows:  # a broken row (a token its grammar refused) is drawn as it is:
+                apply_grammar_masks(x, rows, grammar_rows)  # the engine ends it when it collects
 
             x_lp = lse = maxima = None
             if logprob_rows:

@@ -51,6 +51,9 @@ class Request:
         self.num_cached_tokens_host = 0  # ... and by the host tier (copied back, not recomputed)
         self.host_block_ids: Optional[list[int]] = None  # set while swapped out to the host tier
         self.num_preemptions = 0
+        # The engine's matcher of a structured-outputs request (worker/structured/state.py),
+        # opaque here: the sampler's row carries it.
+        self.grammar = None
         self.finish_reason: Optional[str] = None
         self.error: Optional[dict] = None
         self.arrival_time = time.time()

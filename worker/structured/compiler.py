@@ -1,0 +1,127 @@
+"""`GrammarCompilerPool`: compiles `StructuredOutputsParams` with xgrammar for one tokenizer.
+
+Owns: the xgrammar `TokenizerInfo` of the replica's tokenizer (built on first use, over the
+model's vocabulary size so ids the tokenizer lacks are never allowed, with the engine's EOS ids
+as the grammar's stop tokens), a `GrammarCompiler`, a thread pool of `num_threads` workers and a
+bounded cache of compiled grammars (futures) keyed by `StructuredOutputsParams.cache_key()`.
+A spec that xgrammar refuses is an `InvalidRequestError` naming the field; a failed compile
+leaves the cache, so a retry compiles again. Never touches tensors.
+
+JSON output is compact (xgrammar's `any_whitespace=False`: ", " and ": " separators, no
+newlines): a free-whitespace grammar lets a small model spend its whole budget on spaces.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional, Sequence
+
+from infer_cluster.protocol import InvalidRequestError
+from infer_cluster.protocol.structured import StructuredOutputsParams
+
+_CACHE_SIZE = 512
+_XGR_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*")  # "[16:37:03] /project/cpp/x.cc:94: "
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """EBNF whose root is exactly one of `choices` (each a quoted literal)."""
+    return "root ::= " + " | ".join(_literal(c) for c in choices)
+
+
+def _literal(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _clean(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return _XGR_PREFIX.sub("", text[0]) if text else type(exc).__name__
+
+
+class GrammarCompilerPool:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int],
+                 num_threads: int = 2, cache_size: int = _CACHE_SIZE):
+        self._tokenizer = tokenizer
+        self.vocab_size = int(vocab_size)
+        self._stop_ids = [int(t) for t in stop_token_ids]
+        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar")
+        self._lock = threading.Lock()  # the cache, and building the compiler once
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._compiler = None
+        self.num_compiled = 0  # compiles run (cache misses), for stats and tests
+
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """A future of the compiled grammar: the cached one, or a compile queued on the pool.
+        Its exception is an `InvalidRequestError` naming the field."""
+        key = params.cache_key()
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is not None:
+                self._cache.move_to_end(key)
+                return fut
+            fut = self._pool.submit(self._compile, params)
+            self._cache[key] = fut
+            while len(self._cache) > self._cache_limit():
+                self._cache.popitem(last=False)
+        fut.add_done_callback(lambda f, k=key: self._forget_failed(k, f))
+        return fut
+
+    def compile(self, params: StructuredOutputsParams, timeout: Optional[float] = None):
+        """The compiled grammar (waits for the pool); raises `InvalidRequestError`."""
+        return self.submit(params).result(timeout)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _cache_limit(self) -> int:
+        return _CACHE_SIZE
+
+    def _forget_failed(self, key: str, fut: Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            with self._lock:
+                if self._cache.get(key) is fut:
+                    del self._cache[key]
+
+    def _get_compiler(self):
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self.vocab_size,
+                    stop_token_ids=self._stop_ids or None)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
+
+    def _compile(self, params: StructuredOutputsParams):
+        compiler = self._get_compiler()
+        kind = params.kind
+        self.num_compiled += 1
+        try:
+            if kind == "json":
+                return compiler.compile_json_schema(params.json, any_whitespace=False)
+            if kind == "json_object":
+                return compiler.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
+            if kind == "regex":
+                return compiler.compile_regex(params.regex)
+            if kind == "choice":
+                return compiler.compile_grammar(choice_grammar(params.choice))
+            return compiler.compile_grammar(params.grammar)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}") from None
