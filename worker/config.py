@@ -45,7 +45,7 @@ def _positive_int(name, value, allow_none=False):
 
 @dataclass
 class EngineConfig:
-    model: str = field(default="tiny-random", metadata={"help": "local HF model directory, a .gguf file (converted once into the cache) or an embedded name (tiny-random, small-random, small-random-151k, qwen3-0.6b-shape, llama-3-8b-shape, smollm2-135m-instruct)"})
+    model: str = field(default="tiny-random", metadata={"help": "local HF model directory, a .gguf file (converted once into the cache) or an embedded name (tiny-random, small-random, small-random-151k, qwen3-0.6b-shape, llama-3-8b-shape, llama-3-70b-shape, smollm2-135m-instruct)"})
     tokenizer: Optional[str] = field(default=None, metadata={"help": "tokenizer directory if not the model's"})
     device: str = field(default="auto", metadata={"help": "auto (CUDA if present), cpu or cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto (float32 on CPU, bf16/fp16 on CUDA), float32, float16 or bfloat16"})

@@ -73,9 +73,10 @@ def hf_config_dict(reader, path) -> dict:
     num_kv_heads = field_value(reader, f"{name}.attention.head_count_kv", num_heads)
     head_dim = field_value(reader, f"{name}.attention.key_length") or hidden // num_heads
     vocab = field_value(reader, f"{name}.vocab_size")
-    if vocab is None:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else int(tensors["token_embd.weight"].shape[1])
+    if "token_embd.weight" not in tensors:
+        raise ModelNotFoundError(f"GGUF file {str(path)!r} has no token_embd.weight tensor")
+    if vocab is None:  # the embedding's rows (GGUF lists the hidden size first)
+        vocab = int(tensors["token_embd.weight"].shape[1])
     theta = float(field_value(reader, f"{name}.rope.freq_base", 10000.0))
     config = {
         "architectures": [arch.hf_class],

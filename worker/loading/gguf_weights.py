@@ -124,27 +124,26 @@ def write_safetensors(reader, config: dict, permuted_qk: bool, out_path: Path) -
     each tensor follows in file order, a chunk at a time: memory stays at one chunk however big
     the model is."""
     orders = row_orders(config, permuted_qk)
-    plan, offset = [], 0
+    plan, header, offset = [], {}, 0
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
         if name is None:
             continue
         shape = hf_shape(t)
         size = 4 * int(np.prod(shape))
-        plan.append((t, name, shape, offset))
+        plan.append((t, name, shape, size))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
-    header = {name: {"dtype": "F32", "shape": shape, "data_offsets": [begin, begin + 4 * int(np.prod(shape))]}
-              for _, name, shape, begin in plan}
     header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned
     with open(out_path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for t, name, shape, begin in plan:
+        for t, name, shape, size in plan:
             heads = _head_count(name, orders)
             order = rope_row_order(shape[0], heads) if heads else None
-            _write_tensor(f, t, order, name, 4 * int(np.prod(shape)))
+            _write_tensor(f, t, order, name, size)
     return offset
 
 
