@@ -20,6 +20,7 @@ from .params import chat_messages, chat_params, per_choice
 from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
 from .sse import ChunkFormat, EventStream, event_json
+from .structured import param_names as structured_param_names
 
 router = APIRouter()
 
@@ -40,7 +41,8 @@ async def reply(body: ChatCompletionRequest, state, receive):
     cap = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
                              body.n, stream=body.stream, chat=True, response_id=response_id,
-                             param_names={"prompt": "messages", "max_tokens": cap})
+                             param_names={"prompt": "messages", "max_tokens": cap,
+                                          **structured_param_names(body)})
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)

@@ -19,6 +19,7 @@ from .logprobs import completion_logprobs
 from .params import completion_params, completion_prompts, per_choice
 from .schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from .sse import ChunkFormat, EventStream, event_json
+from .structured import param_names as structured_param_names
 
 router = APIRouter()
 
@@ -38,7 +39,8 @@ async def reply(body: CompletionRequest, state, receive):
     prompts = completion_prompts(body, config.max_batch)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     gen = Generation.prepare(backend, metrics, prompts, per_choice(params, body.n), body.n,
-                             stream=body.stream, chat=False, response_id=response_id)
+                             stream=body.stream, chat=False, response_id=response_id,
+                             param_names=structured_param_names(body))
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created)

@@ -1,7 +1,8 @@
 """Turning an OpenAI request body into infer-cluster prompts and `SamplingParams`.
 
 Owns: the parameter mapping (OpenAI names and defaults -> `SamplingParams` fields), refusing
-OpenAI options the cluster does not implement unless they are at their "off" value, the prompt
+OpenAI options the cluster does not implement unless they are at their "off" value (the
+structured-output fields are gateway/structured.py's), the prompt
 forms of /v1/completions (string, token ids, or a batch of either), and per-choice seeds for
 `n > 1`. Every refusal is an `APIError` (400) naming the field. Never imports torch.
 """
@@ -14,6 +15,7 @@ from infer_cluster.protocol import InvalidRequestError, SamplingParams
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .structured import structured_outputs
 
 Prompt = Union[str, list[int]]
 
@@ -47,6 +49,7 @@ def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
         kwargs["max_tokens"] = max_tokens
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
+    kwargs["structured_outputs"] = structured_outputs(req)  # a 400 naming the field it came in
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
@@ -106,8 +109,6 @@ def completion_params(req: CompletionRequest, max_n: int) -> SamplingParams:
 
 def chat_params(req: ChatCompletionRequest, max_n: int, max_model_len: Optional[int]) -> SamplingParams:
     _common_checks(req)
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise _unsupported("response_format", "only {\"type\": \"text\"} is supported")
     if req.tools:
         raise _unsupported("tools", "tool calling is not supported")
     if req.top_logprobs is not None and not req.logprobs:

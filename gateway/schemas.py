@@ -49,6 +49,12 @@ class _SamplingFields(BaseModel):
     min_tokens: Optional[int] = Field(default=None, ge=0)
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
+    # Structured outputs (gateway/structured.py): vLLM's extra body, and its older names
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -58,6 +64,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False          # accepted only false
     suffix: Optional[str] = None  # accepted only unset
     best_of: Optional[int] = Field(default=None, ge=1)  # accepted only == n
+    response_format: Optional[dict[str, Any]] = None  # text, json_object or json_schema (as vLLM)
 
     @field_validator("prompt", mode="wrap")
     @classmethod
@@ -154,7 +161,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    response_format: Optional[dict[str, Any]] = None  # accepted only {"type": "text"}
+    response_format: Optional[dict[str, Any]] = None  # text, json_object or json_schema
     tools: Optional[list[dict[str, Any]]] = None      # accepted only empty
     tool_choice: Optional[Union[str, dict[str, Any]]] = None  # accepted only "none"/"auto" without tools
     parallel_tool_calls: Optional[bool] = None

@@ -124,4 +124,5 @@ class GrammarCompilerPool:
                 return compiler.compile_grammar(choice_grammar(params.choice))
             return compiler.compile_grammar(params.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidRequestError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}") from None
+            raise InvalidRequestError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}",
+                                      param=f"structured_outputs.{kind}") from None
