@@ -29,8 +29,6 @@ def _unsupported(field: str, why: str) -> APIError:
 
 
 def _common_checks(req) -> None:
-    if req.logit_bias:
-        raise _unsupported("logit_bias", "is not supported by infer-cluster")
     if req.stream_options is not None and not req.stream:
         raise _unsupported("stream_options", "is only allowed when stream is true")
 
@@ -50,6 +48,8 @@ def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
     kwargs["structured_outputs"] = structured_outputs(req)  # a 400 naming the field it came in
+    if req.logit_bias:
+        kwargs["logit_bias"] = req.logit_bias  # token-id strings; SamplingParams reads them
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:

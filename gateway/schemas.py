@@ -41,7 +41,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     user: Optional[str] = None
-    logit_bias: Optional[dict[str, float]] = None  # accepted only empty (not implemented)
+    logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
     # vLLM extras
     top_k: Optional[int] = Field(default=None, ge=-1)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)

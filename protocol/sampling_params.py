@@ -22,6 +22,7 @@ from .structured import StructuredOutputsParams
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 512
+MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_COUNT = 2**31 - 1  # counts (max_tokens, top_k, ...): what any engine can mean, and fits the wire
 
 
@@ -37,6 +38,33 @@ def _check_number(name: str, value: Any, *, lo=None, hi=None, lo_open=False, int
         raise InvalidRequestError(f"{name} must be {op} {lo}, got {value!r}")
     if hi is not None and value > hi:
         raise InvalidRequestError(f"{name} must be <= {hi}, got {value!r}")
+
+
+def _check_logit_bias(bias: Any) -> Optional[dict[int, float]]:
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequestError(f"logit_bias must be a map of token id to bias, got {bias!r}",
+                                  param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequestError(f"logit_bias has {len(bias)} entries; at most "
+                                  f"{MAX_LOGIT_BIAS_ENTRIES}", param="logit_bias")
+    out = {}
+    for k, v in bias.items():
+        tid = k
+        if isinstance(k, str):
+            try:
+                tid = int(k)
+            except ValueError:
+                raise InvalidRequestError(f"logit_bias keys must be token ids, got {k!r}",
+                                          param="logit_bias") from None
+        if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid <= MAX_TOKEN_ID:
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {k!r}", param="logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise InvalidRequestError(f"logit_bias values must be numbers in [-100, 100], got {v!r} "
+                                      f"for token {tid}", param="logit_bias")
+        out[tid] = float(v)
+    return out or None
 
 
 @dataclass
@@ -65,6 +93,9 @@ class SamplingParams:
     # The output constrained to a JSON schema, regex, choice or grammar (protocol/structured.py);
     # a map on the wire.
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # Token id -> a number in [-100, 100] added to its logit every step (OpenAI's logit_bias;
+    # -100 in effect bans the token). String keys (the wire, JSON) are read as ids.
+    logit_bias: Optional[dict[int, float]] = None
 
     def __post_init__(self):
         _check_number("temperature", self.temperature, lo=0.0)
@@ -108,6 +139,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, integer=True)
         self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
+        self.logit_bias = _check_logit_bias(self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:
@@ -122,6 +154,8 @@ class SamplingParams:
         d = dataclasses.asdict(self)
         if self.structured_outputs is not None:
             d["structured_outputs"] = self.structured_outputs.to_dict()
+        if self.logit_bias is not None:  # the wire's maps have string keys
+            d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         return d
 
     @classmethod

@@ -2,7 +2,8 @@
 leave the mask alone to keep the output valid), asked by the real `openai` client:
 `response_format` json_object and json_schema, vLLM's `structured_outputs` and `guided_*` extra
 body on chat and completions, streaming; bad ones are a 400 naming the field, whether the
-gateway sees the fault (shape) or the replica's compiler does (a schema xgrammar refuses)."""
+gateway sees the fault (shape) or the replica's compiler does (a schema xgrammar refuses).
+And `logit_bias`, whose ids past the vocabulary the replica refuses."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import re
 import jsonschema
 import openai
 import pytest
+
+from infer_cluster.client import InferenceClient
+from infer_cluster.protocol import SamplingParams
 
 from tests.structured.schemas import BOUNDED
 
@@ -99,3 +103,15 @@ def test_bad_constraints_are_400_naming_the_field(oai, kwargs, param):
     body = err.body if isinstance(err.body, dict) else {}
     got = body.get("param") or body.get("error", {}).get("param")
     assert got == param, (err.body, err.message)
+
+
+def test_logit_bias(oai, gateway_cluster):
+    r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=5, temperature=0,
+                               logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    with InferenceClient(gateway_cluster.address, name="test-logit-bias") as c:
+        ref = c.submit("Hello", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True,
+                                               logit_bias={42: 100})).result(timeout=60)
+    assert ref.token_ids == [42] * 5 and r.choices[0].text == ref.text
+    err = _bad(lambda: oai.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5,
+                                                   logit_bias={"99999999": 5}))
+    assert (err.body.get("param") if isinstance(err.body, dict) else None) == "logit_bias", err.body

@@ -50,7 +50,7 @@ def test_chat_request_maps_to_sampling_params():
     (dict(prompt="hi", echo=True), "echo"),
     (dict(prompt="hi", n=9), "n"),
     (dict(prompt="hi", best_of=3), "best_of"),
-    (dict(prompt="hi", logit_bias={"1": 2.0}), "logit_bias"),
+    (dict(prompt="hi", logit_bias={"1": -200.0}), "logit_bias"),
 ])
 def test_unsupported_or_bad_values_name_the_field(kwargs, param):
     with pytest.raises(APIError) as info:

@@ -2,7 +2,7 @@
 kept in numpy tables so a step reads every row's with one gather instead of a dozen Python loops.
 
 Owns: one row per live request id (slot), holding its feature flags (penalties, min_tokens,
-logprobs, random, structured outputs), its effective random parameters (temperature, top_k with 0 for none or >=
+logprobs, random, structured outputs, logit_bias), its effective random parameters (temperature, top_k with 0 for none or >=
 vocab, top_p, min_p), its candidate count (`sampling_ops.num_candidates`) and its seed. A row is
 filled when its request is first seen (or its `SamplingParams` object or the vocabulary changed)
 and freed by `release`; rows of requests without an id live for one call (`scratch`).
@@ -23,7 +23,7 @@ from infer_cluster.protocol.sampling_params import SamplingParams
 
 from infer_cluster.worker.sampling import ops as sampling_ops
 
-PENALTIES, MIN_TOKENS, LOGPROBS, RANDOM, STRUCTURED = 1, 2, 4, 8, 16  # flag bits
+PENALTIES, MIN_TOKENS, LOGPROBS, RANDOM, STRUCTURED, LOGIT_BIAS = 1, 2, 4, 8, 16, 32  # flag bits
 # float64 columns: flags, temperature, top_k (effective), top_p, min_p, candidates (0: full path)
 FLAGS, TEMPERATURE, TOP_K, TOP_P, MIN_P, NEED = range(6)
 _NUM_FLOAT = 6
@@ -97,7 +97,8 @@ class RowPlans:
                  | (MIN_TOKENS if p.min_tokens and (has_eos or p.stop_token_ids) else 0)
                  | (LOGPROBS if p.logprobs is not None else 0)
                  | (RANDOM if not p.is_greedy else 0)
-                 | (STRUCTURED if p.structured_outputs is not None else 0))
+                 | (STRUCTURED if p.structured_outputs is not None else 0)
+                 | (LOGIT_BIAS if p.logit_bias else 0))
         top_k = p.top_k if 0 < p.top_k < vocab else 0
         need = sampling_ops.num_candidates([top_k], [p.top_p], vocab)[0]
         self._floats[slot] = (flags, p.temperature, top_k, p.top_p, p.min_p, need)

@@ -12,7 +12,7 @@ which rows use which feature; a step of plain greedy rows needs only their argma
 runner gathers ids for it: `draw_greedy_ids`).
 
 Order of operations (every row independently):
-  1. penalties on the logits, 2. min_tokens: eos/stop ids set to -inf (not on constrained rows:
+  1. penalties on the logits, 1b. logit_bias added, 2. min_tokens: eos/stop ids set to -inf (not on constrained rows:
      their grammar alone says where EOS may come),
   2b. structured outputs: tokens the row's grammar does not allow next set to -inf
      (worker/structured/bitmask.py; the row's `grammar` is synced to its tokens first),
@@ -34,7 +34,7 @@ pinned memory behind an event, worker/engine/inflight.py); `finish` turns their 
 again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
 no_repeat_ngram_size (its map needs the ids on the host).
 Small steps whose rows are all random on the candidate path, with no penalties, bans or
-logprobs (or grammar), replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
+logprobs (or grammar, logit_bias), replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
 kernels, a few host operations instead of ~25 (at batch 1 the eager draw's host time set TPOT).
 Random rows with top_k / top_p take a candidate path whose id is provisional where the row's
 kept set did not fit its candidates; the flags ride in the same transfer as the ids, and
@@ -66,12 +66,12 @@ from infer_cluster.worker.sampling.draw_graphs import DrawGraphs, DrawPlan
 from infer_cluster.worker.sampling.logprob_pack import logprob_pack, lse_and_block_maxima
 from infer_cluster.worker.text.logprob_rows import DeferredLogprob, LogprobRows
 from infer_cluster.worker.sampling.random_stream import step_uniforms
-from infer_cluster.worker.sampling.row_plans import FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TEMPERATURE, TOP_K, TOP_P
+from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TEMPERATURE, TOP_K, TOP_P
 from infer_cluster.worker.sampling.row_plans import RowPlans, rows_with
 from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, any_top_p_alone, draw_random_rows, to_device
 from infer_cluster.worker.sampling.state import SamplingState
 from infer_cluster.worker.device.upload import dma_upload
-from infer_cluster.worker.sampling.token_bans import apply_min_tokens, ban_tokens
+from infer_cluster.worker.sampling.token_bans import apply_logit_bias, apply_min_tokens, ban_tokens
 from infer_cluster.worker.structured.bitmask import apply_grammar_masks
 
 _KEY_RANGE = 2 ** 63 - 1
@@ -119,12 +119,13 @@ class RowClasses:
     random_rows: list
     min_tokens_rows: list  # rows still below their min_tokens
     grammar_rows: list = field(default_factory=list)  # rows whose grammar masks their logits
+    bias_rows: list = field(default_factory=list)  # rows with a logit_bias
 
     @property
     def plain_greedy(self) -> bool:
         """Every row is an argmax of the raw logits: nothing to edit, report or draw."""
         return not (self.penalty_rows or self.min_tokens_rows or self.logprob_rows or self.random_rows
-                    or self.grammar_rows)
+                    or self.grammar_rows or self.bias_rows)
 
 
 @dataclass
@@ -200,7 +201,7 @@ class Sampler:
                            if len(rows[i].output_token_ids) + rows[i].num_pending < rows[i].params.min_tokens
                            and rows[i].grammar is None]
         return RowClasses(table, seeds, seeded, rows_of(PENALTIES), rows_of(LOGPROBS), rows_of(RANDOM),
-                          min_tokens_rows, grammar_rows)
+                          min_tokens_rows, grammar_rows, rows_of(LOGIT_BIAS))
 
     def draw_greedy_ids(self, token_ids: torch.Tensor, rows: list[SamplingRequestState]) -> "DeviceDraw":
         """The draw of a step whose rows are all plain greedy (`RowClasses.plain_greedy`) from
@@ -227,21 +228,21 @@ class Sampler:
         table, seeds, seeded = classes.table, classes.seeds, classes.seeded
         penalty_rows, logprob_rows = classes.penalty_rows, classes.logprob_rows
         random_rows, min_tokens_rows = classes.random_rows, classes.min_tokens_rows
-        grammar_rows = classes.grammar_rows
+        grammar_rows, bias_rows = classes.grammar_rows, classes.bias_rows
 
         if classes.plain_greedy:
             # Fast path: argmax is exact in any float dtype, so no float32 copy is needed.
             token_ids = logits.argmax(dim=-1)
             return DeviceDraw(token_ids, token_ids, None, len(rows))
         if (self.draw_graphs is not None and len(random_rows) == len(rows)
-                and not (penalty_rows or logprob_rows or min_tokens_rows or grammar_rows)):
+                and not (penalty_rows or logprob_rows or min_tokens_rows or grammar_rows or bias_rows)):
             draw = self._graph_draw(logits, rows, classes)
             if draw is not None:
                 return draw
 
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
-        needs_edit = bool(penalty_rows or min_tokens_rows or grammar_rows)
+        needs_edit = bool(penalty_rows or min_tokens_rows or grammar_rows or bias_rows)
         if needs_edit or (random_rows and not use_sample_kernels(logits)):
             x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
         else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
@@ -250,6 +251,8 @@ class Sampler:
         scratch: list = []
         try:
             entries = self._penalise(x, rows, penalty_rows, scratch) if penalty_rows else []
+            if bias_rows:
+                apply_logit_bias(x, rows, bias_rows)
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
             if grammar_rows:  # a broken row (a token its grammar refused) is drawn as it is:

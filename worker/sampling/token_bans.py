@@ -1,7 +1,8 @@
 """Logit edits that forbid tokens: min_tokens suppression (eos and stop ids while a request is
 below its minimum) and the reference no_repeat_ngram_size ban.
 
-Owns: `apply_min_tokens` (in place, the sampler's step 2), `ban_tokens` (x[row, token] = -inf
+Owns: `apply_logit_bias` (OpenAI's logit_bias, in place, the sampler's step 1b),
+`apply_min_tokens` (in place, the sampler's step 2), `ban_tokens` (x[row, token] = -inf
 for a batch of pairs, without a blocking host-scalar copy) and `banned_ngram_tokens` (HF's
 definition by a full scan; the sampler uses `SamplingState`'s incremental map, and tests compare
 the two). To add a ban: collect (row, token) pairs and call `ban_tokens` once per step.
@@ -43,6 +44,22 @@ def apply_min_tokens(x: torch.Tensor, rows: list["SamplingRequestState"], which:
                 ban_ids.append(t)
     if ban_rows:
         ban_tokens(x, ban_rows, ban_ids)
+
+
+def apply_logit_bias(x: torch.Tensor, rows: list["SamplingRequestState"], which: list[int]) -> None:
+    """In place: each row's `params.logit_bias` added to its logits (ids past the logits skipped)."""
+    vocab = x.shape[1]
+    ban_rows, ids, values = [], [], []
+    for i in which:
+        for t, b in rows[i].params.logit_bias.items():
+            if t < vocab:
+                ban_rows.append(i)
+                ids.append(t)
+                values.append(b)
+    if ban_rows:
+        dev = x.device
+        x.index_put_((to_device(ban_rows, torch.long, dev), to_device(ids, torch.long, dev)),
+                     to_device(values, torch.float32, dev).to(x.dtype), accumulate=True)
 
 
 def ban_tokens(x: torch.Tensor, rows: list[int], tokens: list[int]) -> None:

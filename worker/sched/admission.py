@@ -64,3 +64,6 @@ def check_lengths(num_prompt: int, resume: list, params: SamplingParams, max_mod
             raise InvalidRequestError(f"resume_token_ids holds {t!r}, not a token id of this model")
     if len(resume) >= params.max_tokens:
         raise InvalidRequestError(f"resume_token_ids already has {len(resume)} tokens; max_tokens is {params.max_tokens}")
+    if params.logit_bias and max(params.logit_bias) >= vocab_size:
+        raise InvalidRequestError(f"logit_bias names token {max(params.logit_bias)}; this model's "
+                                  f"vocabulary has {vocab_size} tokens", param="logit_bias")

@@ -45,6 +45,7 @@ def apply_grammar_masks(x: torch.Tensor, rows: Sequence, which: list[int]) -> li
         bitmask = bitmask.pin_memory().to(x.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(x, bitmask, vocab_size=min(width, vocab), indices=use)
     if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
-        idx = torch.tensor(use, dtype=torch.long).to(x.device, non_blocking=True)
+        idx = torch.tensor(use, dtype=torch.long, pin_memory=x.device.type == "cuda")
+        idx = idx.to(x.device, non_blocking=True)
         x[:, vocab:].index_fill_(0, idx, float("-inf"))
     return broken
