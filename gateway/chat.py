@@ -21,6 +21,7 @@ from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatComp
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
 from .sse import ChunkFormat, EventStream, event_json
 from .structured import param_names as structured_param_names
+from .tools import ToolStream, tool_plan
 
 router = APIRouter()
 
@@ -37,35 +38,61 @@ async def reply(body: ChatCompletionRequest, state, receive):
     backend, metrics, config = state.backend, state.metrics, state.config
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
+    plan = tool_plan(body)  # checked by chat_params already
+    names = {"structured_outputs.json": "tools"} if plan else structured_param_names(body)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     cap = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
                              body.n, stream=body.stream, chat=True, response_id=response_id,
                              param_names={"prompt": "messages", "max_tokens": cap,
-                                          **structured_param_names(body)})
+                                          **names})
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
-        return _stream(gen, body, model, response_id, created)
+        return _stream(gen, body, model, response_id, created, plan)
     gen.start()
     if not await gen.collect(receive):
         return Response(status_code=499)  # nobody reads it; the requests were cancelled
     choices = []
     for c in gen.choices:
         out = c.handle.output
+        finish = openai_finish_reason(out.finish_reason)
+        calls = plan.calls(out.text) if plan is not None and finish == "stop" else None
+        message = (ChatMessageOut(content=None, tool_calls=calls) if calls
+                   else ChatMessageOut(content=out.text))
         choices.append(ChatChoice(
-            index=c.index, message=ChatMessageOut(content=out.text),
-            finish_reason=openai_finish_reason(out.finish_reason),
+            index=c.index, message=message, finish_reason="tool_calls" if calls else finish,
             logprobs=chat_logprobs(out.token_ids, out.logprobs) if body.logprobs else None))
     return json_reply(ChatCompletionResponse(id=response_id, created=created, model=model,
                                              choices=choices, usage=gen.usage()), response_id)
 
 
 def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_id: str,
-            created: int):
+            created: int, plan=None):
     started: set[int] = set()
     fmt = ChunkFormat(response_id, "chat.completion.chunk", created, model)
+    tool_streams: dict[int, ToolStream] = {}
+
+    def make_tool_chunk(choice, delta, final: bool):
+        ts = tool_streams.setdefault(choice.index, ToolStream(plan))
+        ok = final and openai_finish_reason(delta.finish_reason) == "stop"
+        calls = ts.delta(delta.text, final, ok)
+        if calls is None and not final:
+            return None
+        out = {"content": None, "tool_calls": calls}
+        if choice.index not in started:
+            started.add(choice.index)
+            out = {"role": "assistant", **out}
+        finish = None
+        if final:
+            finish = "tool_calls" if ok and (plan.name is not None or calls) else \
+                openai_finish_reason(delta.finish_reason)
+            if finish != "tool_calls" and plan.name is None:
+                out["content"] = ts.text  # a cut-off array is no call: its text, as it came
+        return fmt.chunk({"index": choice.index, "delta": out, "logprobs": None, "finish_reason": finish})
 
     def make_chunk(choice, delta, final: bool) -> str:
+        if plan is not None:
+            return make_tool_chunk(choice, delta, final)
         role = None
         if choice.index not in started:  # the first chunk of a choice names the role
             started.add(choice.index)

@@ -16,6 +16,7 @@ from infer_cluster.protocol import InvalidRequestError, SamplingParams
 from .errors import APIError
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .structured import structured_outputs
+from .tools import tool_plan
 
 Prompt = Union[str, list[int]]
 
@@ -34,9 +35,10 @@ def _common_checks(req) -> None:
 
 
 def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
-                 strict: bool = True) -> SamplingParams:
+                 strict: bool = True, forced=None) -> SamplingParams:
     """`SamplingParams` for one choice; an out-of-range value is a 400 naming its field.
-    `strict`: the replica refuses a prompt plus `max_tokens` past its context (a 400)."""
+    `strict`: the replica refuses a prompt plus `max_tokens` past its context (a 400).
+    `forced`: the structured-outputs constraint of a forced tool call (gateway/tools.py)."""
     kwargs = {name: getattr(req, name) for name in _PASS_THROUGH if getattr(req, name) is not None}
     kwargs["max_tokens_strict"] = strict
     if req.stop is not None:
@@ -48,6 +50,11 @@ def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
     kwargs["structured_outputs"] = structured_outputs(req)  # a 400 naming the field it came in
+    if forced is not None:
+        if kwargs["structured_outputs"] is not None:
+            raise _unsupported("tool_choice", "a forced tool call cannot be combined with "
+                               "response_format, structured_outputs or guided_*")
+        kwargs["structured_outputs"] = forced
     if req.logit_bias:
         kwargs["logit_bias"] = req.logit_bias  # token-id strings; SamplingParams reads them
     try:
@@ -109,8 +116,7 @@ def completion_params(req: CompletionRequest, max_n: int) -> SamplingParams:
 
 def chat_params(req: ChatCompletionRequest, max_n: int, max_model_len: Optional[int]) -> SamplingParams:
     _common_checks(req)
-    if req.tools:
-        raise _unsupported("tools", "tool calling is not supported")
+    plan = tool_plan(req)  # "required" or a named function: the output is the calls' JSON
     if req.top_logprobs is not None and not req.logprobs:
         raise _unsupported("top_logprobs", "needs logprobs set to true")
     if req.n > max_n:
@@ -122,7 +128,7 @@ def chat_params(req: ChatCompletionRequest, max_n: int, max_model_len: Optional[
         # at max_model_len with finish_reason "length"). A number the client gives must fit.
         max_tokens = max_model_len or 16
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return build_params(req, max_tokens, logprobs, strict)
+    return build_params(req, max_tokens, logprobs, strict, plan.constraint if plan else None)
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict]:

@@ -162,8 +162,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     response_format: Optional[dict[str, Any]] = None  # text, json_object or json_schema
-    tools: Optional[list[dict[str, Any]]] = None      # accepted only empty
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None  # accepted only "none"/"auto" without tools
+    tools: Optional[list[dict[str, Any]]] = None      # with tool_choice "required" or named (gateway/tools.py)
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None  # "none", "required" or a named function
     parallel_tool_calls: Optional[bool] = None
 
 
@@ -214,7 +214,8 @@ class ChatLogprobs(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    tool_calls: Optional[list[dict[str, Any]]] = None  # forced tool calls (gateway/tools.py)
 
 
 class ChatChoice(BaseModel):

@@ -115,3 +115,93 @@ def test_logit_bias(oai, gateway_cluster):
     err = _bad(lambda: oai.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5,
                                                    logit_bias={"99999999": 5}))
     assert (err.body.get("param") if isinstance(err.body, dict) else None) == "logit_bias", err.body
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}$"},
+        "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+        "required": ["zone"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _args_valid(call):
+    schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_named_tool_call(oai):
+    r = oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=1.0, seed=4,
+                                    tools=[WEATHER, TIME],
+                                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    (call,) = c.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    _args_valid(call)
+
+
+def test_named_tool_call_streamed(oai):
+    stream = oai.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=60, temperature=1.0, seed=4, stream=True,
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    name, call_id, args, reason, pieces = None, None, "", None, 0
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or ():
+                assert tc.index == 0
+                call_id = tc.id or call_id
+                name = (tc.function.name if tc.function and tc.function.name else name)
+                if tc.function and tc.function.arguments:
+                    args += tc.function.arguments
+                    pieces += 1
+            reason = c.finish_reason or reason
+    assert reason == "tool_calls" and name == "get_weather" and call_id.startswith("call_")
+    assert pieces > 1  # the arguments came as they were generated
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_calls(oai, stream):
+    kw = dict(model=MODEL, messages=ASK, max_tokens=120, temperature=1.0, seed=7,
+              tools=[WEATHER, TIME], tool_choice="required")
+    if not stream:
+        c = oai.chat.completions.create(**kw).choices[0]
+        assert c.finish_reason == "tool_calls", c.message.content
+        calls = c.message.tool_calls
+    else:
+        calls, reason = [], None
+        for chunk in oai.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                calls += c.delta.tool_calls or []
+                reason = c.finish_reason or reason
+        assert reason == "tool_calls"
+    assert calls and len({c.id for c in calls}) == len(calls)
+    for call in calls:
+        _args_valid(call)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(tools=[WEATHER]), "tool_choice"),  # "auto" is not built
+    (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice"),
+    (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+    (dict(tool_choice="required"), "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"parameters": {}}}], tool_choice="required"), "tools"),
+    (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nope"}}}}}], tool_choice="required"), "tools"),
+])
+def test_bad_tools_are_400(oai, kwargs, param):
+    err = _bad(lambda: oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **kwargs))
+    body = err.body if isinstance(err.body, dict) else {}
+    assert (body.get("param") or body.get("error", {}).get("param")) == param, err.body
+
+
+def test_tool_choice_none_is_plain_text(oai):
+    r = oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, temperature=0,
+                                    tools=[WEATHER], tool_choice="none")
+    assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
