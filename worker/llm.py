@@ -53,7 +53,7 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params):
                 rid = self.add_request(prompt, p)
-                req = self.engine.scheduler.requests[rid]
+                req = self.engine.request(rid)
                 self._outputs[rid] = RequestOutput(rid, list(req.prompt_token_ids), prompt=req.prompt)
                 ids.append(rid)
         except Exception:

@@ -169,3 +169,60 @@ def test_async_scheduling_gives_the_same_outputs():
     assert fast.engine.async_scheduling
     got = [(o.token_ids, o.finish_reason) for o in fast.generate(prompts, params, use_tqdm=False)]
     assert got == want
+
+
+def _slow_compiles(monkeypatch, llm, seconds, fail=False):
+    """Every new compile on the pool takes `seconds` (and fails when `fail`)."""
+    import time as _time
+    pool = llm.engine._grammars
+    real = pool._compile
+
+    def slow(kind, grammar):
+        _time.sleep(seconds)
+        if fail:
+            raise InvalidRequestError("structured_outputs.json cannot be compiled: test",
+                                      param="structured_outputs.json")
+        return real(kind, grammar)
+    monkeypatch.setattr(pool, "_compile", slow)
+
+
+def test_a_compiling_request_does_not_hold_up_the_batch(llm, monkeypatch):
+    llm.generate("x", so(choice=["warm"]), use_tqdm=False)  # the pool exists
+    _slow_compiles(monkeypatch, llm, 0.5)
+    engine = llm.engine
+    free = engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    schema = {"type": "object", "properties": {"parked": {"type": "boolean"}}, "required": ["parked"]}
+    rid = engine.add_request("x", so(json=schema, seed=0))
+    assert engine.request_phase(rid) == "waiting" or rid in engine._parked
+    free_tokens_while_parked, text, reason = 0, [], None
+    while reason is None:
+        parked = rid in engine._parked
+        for d in engine.step():
+            if d.request_id == free and parked:
+                free_tokens_while_parked += len(d.token_ids)
+            if d.request_id == rid:
+                text += d.token_ids
+                reason = d.finish_reason or reason
+    assert free_tokens_while_parked > 0  # the free request kept decoding meanwhile
+    assert reason == "stop"
+    assert json.loads(llm.tokenizer.decode(text, skip_special_tokens=True))["parked"] in (True, False)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_parked_requests_abort_and_fail_cleanly(llm, monkeypatch):
+    llm.generate("x", so(choice=["warm"]), use_tqdm=False)
+    engine = llm.engine
+    _slow_compiles(monkeypatch, llm, 0.3)
+    rid = engine.add_request("x", so(json={"type": "object", "properties": {"aborted": {"type": "null"}}}))
+    assert rid in engine._parked and engine.prompt_token_ids(rid)
+    assert engine.abort(rid)
+    finals = [d for d in engine.step() if d.request_id == rid]
+    assert [d.finish_reason for d in finals] == ["abort"]
+    _slow_compiles(monkeypatch, llm, 0.05, fail=True)
+    rid = engine.add_request("x", so(json={"type": "object", "properties": {"failing": {"type": "null"}}}))
+    finals = []
+    while engine.has_unfinished_requests():
+        finals += [d for d in engine.step() if d.request_id == rid]
+    assert [d.finish_reason for d in finals] == ["error"]
+    assert finals[0].error["code"] == "invalid_request" and "structured_outputs.json" in finals[0].error["message"]

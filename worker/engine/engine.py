@@ -1,6 +1,7 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
-Owns: request admission (the checks in worker/sched/admission.py → `Request`), the step loop,
+Owns: request admission (the checks in worker/sched/admission.py → `Request`; a request whose
+grammar is still compiling waits in `ParkedRequests`, outside the batch), the step loop,
 aborts, and stats.
 Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's ids are on
 their way, launch it (forward + draw on the device, worker/engine/inflight.py), THEN wait for step n's
@@ -38,8 +39,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta,
-                                   RequestMetrics, RequestStatus, SamplingParams)
+from infer_cluster.protocol import (EngineError, FinishReason, InferClusterError, InvalidRequestError,
+                                   RequestDelta, RequestMetrics, RequestStatus, SamplingParams)
 
 from infer_cluster.worker.sched.admission import Prompt, check_lengths, tokenize_prompt
 from infer_cluster.worker.sched.block_allocator import BlockAllocator
@@ -52,6 +53,7 @@ from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, req
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
+from infer_cluster.worker.engine.parked import ParkedRequests
 from infer_cluster.worker.loading.loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 from infer_cluster.worker.sched.microbatch import group_size
@@ -141,6 +143,7 @@ class DynamicEngine:
         # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
         # structured outputs): their steps are synchronous.
         self._sync_ids: set[str] = set()
+        self._parked = ParkedRequests()  # requests whose grammar is still compiling
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
@@ -164,18 +167,22 @@ class DynamicEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         request_id = str(request_id) if request_id is not None else uuid.uuid4().hex
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self._parked:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         text, ids = tokenize_prompt(prompt, self.tokenizer, self.spec.vocab_size)
         resume = list(resume_token_ids or [])
         check_lengths(len(ids), resume, params, self.max_model_len, self.spec.vocab_size)
-        grammar = self._grammar_state(params)  # a bad spec raises here, before any token
+        compiled = self._compile(params)  # a bad spec raises here, before any token
         req = Request(request_id, ids, params, next(self._arrivals), priority, self.eos_token_ids,
                       resume, prompt=text)
-        req.grammar = grammar  # synced to the resume tokens at the first draw
-        self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
+        if compiled is not None and not compiled.done():
+            self._parked.park(req, compiled)  # queued once compiled (`_admit_parked`)
+        else:
+            if compiled is not None:  # cached: its matcher now (synced to resume tokens at the first draw)
+                req.grammar = GrammarState(compiled.result())
+            self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
         self._requests[request_id] = req
-        if params.no_repeat_ngram_size or grammar is not None:
+        if params.no_repeat_ngram_size or compiled is not None:
             self._sync_ids.add(request_id)
         # A resumed seeded request continues the lost replica's random stream by itself: the
         # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
@@ -183,24 +190,52 @@ class DynamicEngine:
             self.text.add(request_id, ids, params.stop, resume)
         return request_id
 
-    def _grammar_state(self, params: SamplingParams) -> Optional[GrammarState]:
-        """A fresh matcher of the request's compiled grammar (compiled on the pool, or from its
-        cache); None without structured_outputs. Raises `InvalidRequestError` naming the field."""
+    def _compile(self, params: SamplingParams):
+        """The future of the request's compiled grammar (the pool's, or its cache's); None
+        without structured_outputs. A spec xgrammar refuses raises `InvalidRequestError`."""
         if params.structured_outputs is None:
             return None
         if self._grammars is None:
             self._grammars = GrammarCompilerPool(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        return GrammarState(self._grammars.compile(params.structured_outputs))
+        return self._grammars.submit(params.structured_outputs)
+
+    def _admit_parked(self, deltas: list) -> None:
+        """Queue the parked requests whose grammar compiled; end those whose compile failed.
+        With nothing else to run, wait a moment for a compile instead of spinning."""
+        if not (self.scheduler.has_unfinished() or self._inflight):
+            self._parked.wait(0.05)
+        for req, compiled in self._parked.ready():
+            try:
+                if isinstance(compiled, BaseException):
+                    raise compiled
+                req.grammar = GrammarState(compiled)
+                self.scheduler.add(req)
+            except InferClusterError as exc:
+                req.transition(RequestStatus.FAILED)
+                req.finish_reason, req.error = FinishReason.ERROR.value, exc.to_dict()
+                self._drop_state(req.request_id)
+                deltas.append(self._final_delta(req))
+
+    def request(self, request_id: str) -> Request:
+        """A queued, parked or running request (KeyError when none)."""
+        req = self.scheduler.requests.get(request_id) or self._parked.get(request_id)
+        if req is None:
+            raise KeyError(request_id)
+        return req
 
     def prompt_token_ids(self, request_id: str) -> list[int]:
         """The prompt of a queued or running request, as tokenized by this engine."""
-        return list(self.scheduler.requests[request_id].prompt_token_ids)
+        return list(self.request(request_id).prompt_token_ids)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its final delta comes with the next step."""
         req = self.scheduler.abort(request_id)
         if req is None:
-            return False
+            req = self._parked.pop(request_id)
+            if req is None:
+                return False
+            req.transition(RequestStatus.ABORTED)
+            req.finish_reason = FinishReason.ABORT.value
         self._drop_state(req.request_id)
         self._pending.append(self._final_delta(req))
         return True
@@ -216,7 +251,8 @@ class DynamicEngine:
                 self._pending.append(self._final_delta(req))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._inflight)
+        return (self.scheduler.has_unfinished() or bool(self._pending) or bool(self._inflight)
+                or bool(self._parked))
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -225,6 +261,8 @@ class DynamicEngine:
         async scheduling, those of the previous step). Every request that ended gets exactly
         one final delta, even if the step failed."""
         deltas, self._pending = self._pending, []
+        if self._parked:
+            self._admit_parked(deltas)
         out, launched = None, False
         depth = self.pipeline_depth
         try:

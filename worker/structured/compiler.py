@@ -4,8 +4,11 @@ Owns: the xgrammar `TokenizerInfo` of the replica's tokenizer (built on first us
 model's vocabulary size so ids the tokenizer lacks are never allowed, with the engine's EOS ids
 as the grammar's stop tokens), a `GrammarCompiler`, a thread pool of `num_threads` workers and a
 bounded cache of compiled grammars (futures) keyed by `StructuredOutputsParams.cache_key()`.
-A spec that xgrammar refuses is an `InvalidRequestError` naming the field; a failed compile
-leaves the cache, so a retry compiles again. Never touches tensors.
+A spec is parsed on the caller's thread (`xgrammar.Grammar`, no vocabulary work: ~1 ms), so a
+spec that xgrammar refuses is an `InvalidRequestError` naming the field before the request is
+queued; the compile against the tokenizer (the first one also builds `TokenizerInfo`, ~0.5 s for
+a 49k vocabulary) runs on the pool. A failed compile leaves the cache, so a retry compiles
+again. Never touches tensors.
 
 JSON output is compact (xgrammar's `any_whitespace=False`: ", " and ": " separators, no
 newlines): a free-whitespace grammar lets a small model spend its whole budget on spaces.
@@ -65,21 +68,28 @@ class GrammarCompilerPool:
         self._lock = threading.Lock()  # the cache, and building the compiler once
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._compiler = None
+        self._cache_limit = cache_size
         self.num_compiled = 0  # compiles run (cache misses), for stats and tests
 
     def submit(self, params: StructuredOutputsParams) -> Future:
         """A future of the compiled grammar: the cached one, or a compile queued on the pool.
-        Its exception is an `InvalidRequestError` naming the field."""
+        The spec is parsed here first (fast, no vocabulary work): a bad one raises
+        `InvalidRequestError` naming the field at once; the compile against the tokenizer runs
+        on the pool (its rare failure is the future's `InvalidRequestError`)."""
         key = params.cache_key()
         with self._lock:
             fut = self._cache.get(key)
             if fut is not None:
                 self._cache.move_to_end(key)
                 return fut
-            fut = self._pool.submit(self._compile, params)
-            self._cache[key] = fut
-            while len(self._cache) > self._cache_limit():
-                self._cache.popitem(last=False)
+        grammar = _parse(params)
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._compile, params.kind, grammar)
+                self._cache[key] = fut
+                while len(self._cache) > self._cache_limit:
+                    self._cache.popitem(last=False)
         fut.add_done_callback(lambda f, k=key: self._forget_failed(k, f))
         return fut
 
@@ -89,9 +99,6 @@ class GrammarCompilerPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _cache_limit(self) -> int:
-        return _CACHE_SIZE
 
     def _forget_failed(self, key: str, fut: Future) -> None:
         if fut.cancelled() or fut.exception() is not None:
@@ -109,20 +116,32 @@ class GrammarCompilerPool:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
             return self._compiler
 
-    def _compile(self, params: StructuredOutputsParams):
+    def _compile(self, kind: str, grammar):
         compiler = self._get_compiler()
-        kind = params.kind
         self.num_compiled += 1
         try:
-            if kind == "json":
-                return compiler.compile_json_schema(params.json, any_whitespace=False)
-            if kind == "json_object":
-                return compiler.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
-            if kind == "regex":
-                return compiler.compile_regex(params.regex)
-            if kind == "choice":
-                return compiler.compile_grammar(choice_grammar(params.choice))
-            return compiler.compile_grammar(params.grammar)
+            return compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidRequestError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}",
                                       param=f"structured_outputs.{kind}") from None
+
+
+def _parse(params: StructuredOutputsParams):
+    """The spec as an xgrammar `Grammar` (tokenizer-free); `InvalidRequestError` naming the
+    field when xgrammar refuses it."""
+    import xgrammar as xgr
+
+    kind = params.kind
+    try:
+        if kind == "json":
+            return xgr.Grammar.from_json_schema(params.json, any_whitespace=False)
+        if kind == "json_object":
+            return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex)
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf(choice_grammar(params.choice))
+        return xgr.Grammar.from_ebnf(params.grammar)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise InvalidRequestError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}",
+                                  param=f"structured_outputs.{kind}") from None
