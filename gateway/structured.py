@@ -10,7 +10,7 @@ client's words (`param_names`). Never imports torch or xgrammar.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from infer_cluster.protocol import InvalidRequestError, StructuredOutputsParams
 from infer_cluster.protocol.structured import KINDS

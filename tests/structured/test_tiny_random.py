@@ -146,7 +146,7 @@ def test_bad_specs_are_refused_before_any_token(llm, kind, spec):
 
 
 def test_compiles_are_cached(llm):
-    pool = llm.engine._grammars
+    pool = llm.engine.structured.pool
     schema = {"type": "object", "properties": {"z": {"type": "boolean"}}, "required": ["z"]}
     llm.generate("x", so(json=schema, seed=0), use_tqdm=False)
     n = pool.num_compiled
@@ -174,7 +174,7 @@ def test_async_scheduling_gives_the_same_outputs():
 def _slow_compiles(monkeypatch, llm, seconds, fail=False):
     """Every new compile on the pool takes `seconds` (and fails when `fail`)."""
     import time as _time
-    pool = llm.engine._grammars
+    pool = llm.engine.structured.pool
     real = pool._compile
 
     def slow(kind, grammar):
@@ -193,10 +193,10 @@ def test_a_compiling_request_does_not_hold_up_the_batch(llm, monkeypatch):
     free = engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     schema = {"type": "object", "properties": {"parked": {"type": "boolean"}}, "required": ["parked"]}
     rid = engine.add_request("x", so(json=schema, seed=0))
-    assert engine.request_phase(rid) == "waiting" or rid in engine._parked
+    assert engine.request_phase(rid) == "waiting" or rid in engine.structured.parked
     free_tokens_while_parked, text, reason = 0, [], None
     while reason is None:
-        parked = rid in engine._parked
+        parked = rid in engine.structured.parked
         for d in engine.step():
             if d.request_id == free and parked:
                 free_tokens_while_parked += len(d.token_ids)
@@ -215,7 +215,7 @@ def test_parked_requests_abort_and_fail_cleanly(llm, monkeypatch):
     engine = llm.engine
     _slow_compiles(monkeypatch, llm, 0.3)
     rid = engine.add_request("x", so(json={"type": "object", "properties": {"aborted": {"type": "null"}}}))
-    assert rid in engine._parked and engine.prompt_token_ids(rid)
+    assert rid in engine.structured.parked and engine.prompt_token_ids(rid)
     assert engine.abort(rid)
     finals = [d for d in engine.step() if d.request_id == rid]
     assert [d.finish_reason for d in finals] == ["abort"]

@@ -1,7 +1,7 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
 Owns: request admission (the checks in worker/sched/admission.py → `Request`; a request whose
-grammar is still compiling waits in `ParkedRequests`, outside the batch), the step loop,
+grammar is still compiling waits outside the batch: worker/engine/structured.py), the step loop,
 aborts, and stats.
 Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's ids are on
 their way, launch it (forward + draw on the device, worker/engine/inflight.py), THEN wait for step n's
@@ -39,21 +39,19 @@ from typing import Optional, Sequence
 
 import torch
 
-from infer_cluster.protocol import (EngineError, FinishReason, InferClusterError, InvalidRequestError,
-                                   RequestDelta, RequestMetrics, RequestStatus, SamplingParams)
+from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta,
+                                   RequestMetrics, RequestStatus, SamplingParams)
 
 from infer_cluster.worker.sched.admission import Prompt, check_lengths, tokenize_prompt
 from infer_cluster.worker.sched.block_allocator import BlockAllocator
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.text.detokenizer import piece_table
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
-from infer_cluster.worker.structured.compiler import GrammarCompilerPool
-from infer_cluster.worker.structured.state import GrammarState
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
-from infer_cluster.worker.engine.parked import ParkedRequests
+from infer_cluster.worker.engine.structured import StructuredRequests
 from infer_cluster.worker.loading.loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 from infer_cluster.worker.sched.microbatch import group_size
@@ -105,7 +103,8 @@ class DynamicEngine:
         # Small all-random steps replay the sampler's draw from CUDA graphs (worker/sampling/draw_graphs.py),
         # kept across sampler resets; None off CUDA or with INFER_CLUSTER_DRAW_GRAPH_MAX=0.
         self.draw_graphs = DrawGraphs.for_device(self.runner.device)
-        self._grammars: Optional[GrammarCompilerPool] = None  # built on the first constrained request
+        # Structured outputs: the grammar compiler, requests parked while theirs compiles
+        self.structured = StructuredRequests(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
         self._reset_bookkeeping()
         log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
         if config.pipeline_parallel_size > 1:
@@ -143,7 +142,6 @@ class DynamicEngine:
         # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
         # structured outputs): their steps are synchronous.
         self._sync_ids: set[str] = set()
-        self._parked = ParkedRequests()  # requests whose grammar is still compiling
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
@@ -167,20 +165,15 @@ class DynamicEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         request_id = str(request_id) if request_id is not None else uuid.uuid4().hex
-        if request_id in self.scheduler.requests or request_id in self._parked:
+        if request_id in self.scheduler.requests or request_id in self.structured.parked:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         text, ids = tokenize_prompt(prompt, self.tokenizer, self.spec.vocab_size)
         resume = list(resume_token_ids or [])
         check_lengths(len(ids), resume, params, self.max_model_len, self.spec.vocab_size)
-        compiled = self._compile(params)  # a bad spec raises here, before any token
+        compiled = self.structured.compile(params)  # a bad spec raises here, before any token
         req = Request(request_id, ids, params, next(self._arrivals), priority, self.eos_token_ids,
                       resume, prompt=text)
-        if compiled is not None and not compiled.done():
-            self._parked.park(req, compiled)  # queued once compiled (`_admit_parked`)
-        else:
-            if compiled is not None:  # cached: its matcher now (synced to resume tokens at the first draw)
-                req.grammar = GrammarState(compiled.result())
-            self.scheduler.add(req)  # raises OutOfMemoryError if it can never fit
+        self.structured.admit(req, compiled, self.scheduler)  # queued, or parked while compiling
         self._requests[request_id] = req
         if params.no_repeat_ngram_size or compiled is not None:
             self._sync_ids.add(request_id)
@@ -190,35 +183,9 @@ class DynamicEngine:
             self.text.add(request_id, ids, params.stop, resume)
         return request_id
 
-    def _compile(self, params: SamplingParams):
-        """The future of the request's compiled grammar (the pool's, or its cache's); None
-        without structured_outputs. A spec xgrammar refuses raises `InvalidRequestError`."""
-        if params.structured_outputs is None:
-            return None
-        if self._grammars is None:
-            self._grammars = GrammarCompilerPool(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        return self._grammars.submit(params.structured_outputs)
-
-    def _admit_parked(self, deltas: list) -> None:
-        """Queue the parked requests whose grammar compiled; end those whose compile failed.
-        With nothing else to run, wait a moment for a compile instead of spinning."""
-        if not (self.scheduler.has_unfinished() or self._inflight):
-            self._parked.wait(0.05)
-        for req, compiled in self._parked.ready():
-            try:
-                if isinstance(compiled, BaseException):
-                    raise compiled
-                req.grammar = GrammarState(compiled)
-                self.scheduler.add(req)
-            except InferClusterError as exc:
-                req.transition(RequestStatus.FAILED)
-                req.finish_reason, req.error = FinishReason.ERROR.value, exc.to_dict()
-                self._drop_state(req.request_id)
-                deltas.append(self._final_delta(req))
-
     def request(self, request_id: str) -> Request:
         """A queued, parked or running request (KeyError when none)."""
-        req = self.scheduler.requests.get(request_id) or self._parked.get(request_id)
+        req = self.scheduler.requests.get(request_id) or self.structured.parked.get(request_id)
         if req is None:
             raise KeyError(request_id)
         return req
@@ -231,11 +198,9 @@ class DynamicEngine:
         """Stop a request now and free its KV blocks; its final delta comes with the next step."""
         req = self.scheduler.abort(request_id)
         if req is None:
-            req = self._parked.pop(request_id)
+            req = self.structured.abort_parked(request_id)
             if req is None:
                 return False
-            req.transition(RequestStatus.ABORTED)
-            req.finish_reason = FinishReason.ABORT.value
         self._drop_state(req.request_id)
         self._pending.append(self._final_delta(req))
         return True
@@ -252,7 +217,7 @@ class DynamicEngine:
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or bool(self._pending) or bool(self._inflight)
-                or bool(self._parked))
+                or bool(self.structured.parked))
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -261,8 +226,11 @@ class DynamicEngine:
         async scheduling, those of the previous step). Every request that ended gets exactly
         one final delta, even if the step failed."""
         deltas, self._pending = self._pending, []
-        if self._parked:
-            self._admit_parked(deltas)
+        if self.structured.parked:  # compiled grammars join the batch; failed compiles end
+            idle = not (self.scheduler.has_unfinished() or self._inflight)
+            for req in self.structured.admit_parked(self.scheduler, idle):
+                self._drop_state(req.request_id)
+                deltas.append(self._final_delta(req))
         out, launched = None, False
         depth = self.pipeline_depth
         try:
@@ -345,7 +313,7 @@ class DynamicEngine:
         sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
         advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
         if self._sync_ids:
-            self._advance_grammars(advanced)
+            self.structured.advance(advanced, self.scheduler)
         self._emit_all(advanced, logprobs, deltas)
         self._inflight.steps.pop(0)
         for rid in redrawn:  # rare: a later step computed it from the provisional id
@@ -353,20 +321,6 @@ class DynamicEngine:
                     s.request_id == rid for later in self._inflight.steps for s in later.out.requests):
                 self.scheduler.rewind(rid)  # that step's token is dropped, its position redone
                 self._inflight.drain_next = True  # and the request waits until it is collected
-
-    def _advance_grammars(self, advanced: list[Request]) -> None:
-        """Each constrained request's matcher takes its new token: a complete grammar (its stop
-        token accepted) ends the request with "stop"; a refused token (never, under the mask)
-        ends it failed."""
-        for req in advanced:
-            g = req.grammar
-            if g is None or req.is_finished:  # an EOS the grammar allowed ended it already
-                continue
-            if not g.sync(req.output_token_ids):
-                error = EngineError("the output left its structured_outputs grammar").to_dict()
-                self.scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
-            elif g.is_terminated:  # ignore_eos, or a stop token of the grammar's own
-                self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
 
     def _drain(self) -> None:
         """Collect every launched step; their deltas go out with the next `step()`."""
@@ -451,8 +405,7 @@ class DynamicEngine:
         idempotent."""
         if self.draw_graphs is not None:
             self.draw_graphs.release()
-        if self._grammars is not None:
-            self._grammars.close()
+        self.structured.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
