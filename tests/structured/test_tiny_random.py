@@ -226,3 +226,45 @@ def test_parked_requests_abort_and_fail_cleanly(llm, monkeypatch):
         finals += [d for d in engine.step() if d.request_id == rid]
     assert [d.finish_reason for d in finals] == ["error"]
     assert finals[0].error["code"] == "invalid_request" and "structured_outputs.json" in finals[0].error["message"]
+
+
+def test_with_penalties_logprobs_stop_strings_and_top_k(llm):
+    schema = BOUNDED["array_of_objects"]
+    ps = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1, max_tokens=80,
+                         repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3,
+                         structured_outputs={"json": schema}),
+          SamplingParams(temperature=0, max_tokens=80, logprobs=3, no_repeat_ngram_size=3,
+                         structured_outputs={"json": schema}),
+          SamplingParams(temperature=1.0, seed=5, max_tokens=80, min_tokens=3,
+                         structured_outputs={"json": schema})]
+    for o in llm.generate(["x", "y", "z"], ps, use_tqdm=False):
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), schema)
+    # a stop string ends the text inside the structure, as it would any text
+    o = llm.generate("x", SamplingParams(temperature=0, max_tokens=80, stop=['"k"'],
+                                         structured_outputs={"json": schema}), use_tqdm=False)[0]
+    assert o.finish_reason == "stop" and o.text == "[{"
+
+
+def test_bans_go_through_the_mask_and_never_empty_it(llm):
+    # min_tokens holds EOS back while the grammar can go on ...
+    o = llm.generate("x", SamplingParams(temperature=0, max_tokens=30, min_tokens=4,
+                                         structured_outputs={"regex": "a{1,8}"}), use_tqdm=False)[0]
+    assert o.finish_reason == "stop" and re.fullmatch("a{1,8}", o.text) and len(o.token_ids) >= 4
+    # ... but not where the grammar allows only the end: the grammar wins
+    o = llm.generate("x", SamplingParams(temperature=0, max_tokens=30, min_tokens=10,
+                                         structured_outputs={"choice": ["x"]}), use_tqdm=False)[0]
+    assert o.finish_reason == "stop" and o.text == "x"
+
+
+def test_clear_bans_keeps_one_allowed_token():
+    import torch
+
+    from infer_cluster.worker.structured.bitmask import _clear_bans
+    row = torch.zeros(2, dtype=torch.int32)
+    row[0] = (1 << 3) | (1 << 5)  # tokens 3 and 5
+    row[1] = 1 << 2  # token 34
+    _clear_bans(row, {3, 34, 40}, 64)
+    assert row.tolist() == [1 << 5, 0]
+    _clear_bans(row, {5}, 64)  # the last allowed token: kept
+    assert row.tolist() == [1 << 5, 0]

@@ -12,10 +12,11 @@ which rows use which feature; a step of plain greedy rows needs only their argma
 runner gathers ids for it: `draw_greedy_ids`).
 
 Order of operations (every row independently):
-  1. penalties on the logits, 1b. logit_bias added, 2. min_tokens: eos/stop ids set to -inf (not on constrained rows:
-     their grammar alone says where EOS may come),
+  1. penalties on the logits, 1b. logit_bias added, 2. min_tokens: eos/stop ids set to -inf
+     (constrained rows take this ban and the n-gram ban through their mask, step 2b),
   2b. structured outputs: tokens the row's grammar does not allow next set to -inf
-     (worker/structured/bitmask.py; the row's `grammar` is synced to its tokens first),
+     (worker/structured/bitmask.py; the row's `grammar` is synced to its tokens first), less
+     its bans, unless they would leave no token the grammar allows (the grammar wins),
   3. logprobs = log_softmax of these logits, i.e. the model's own distribution after
      penalties (and the grammar's mask: a constrained row reports the distribution it was
      drawn from) but BEFORE temperature / top-k / top-p / min-p (so a greedy request without
@@ -250,13 +251,17 @@ class Sampler:
         device, n = x.device, len(rows)
         scratch: list = []
         try:
-            entries = self._penalise(x, rows, penalty_rows, scratch) if penalty_rows else []
+            # Constrained rows take their bans (n-grams, min_tokens) through the grammar's
+            # mask, which keeps at least one token the grammar allows (token_bans cannot know).
+            grammar_bans = _grammar_bans(rows, grammar_rows) if grammar_rows else None
+            entries = (self._penalise(x, rows, penalty_rows, scratch, grammar_bans)
+                       if penalty_rows else [])
             if bias_rows:
                 apply_logit_bias(x, rows, bias_rows)
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
             if grammar_rows:  # a broken row (a token its grammar refused) is drawn as it is:
-                apply_grammar_masks(x, rows, grammar_rows)  # the engine ends it when it collects
+                apply_grammar_masks(x, rows, grammar_rows, grammar_bans)  # the engine ends it when it collects
 
             x_lp = lse = maxima = None
             if logprob_rows:
@@ -355,8 +360,10 @@ class Sampler:
                 host_values[jl * (1 + draw.lp_k)] = float(u.x[u.rows[j], t].double() - draw.lp_lse[jl])
         return changed
 
-    def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list) -> list:
-        """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries."""
+    def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list,
+                  deferred: Optional[dict] = None) -> list:
+        """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries.
+        Rows in `deferred` get their n-gram bans added to it instead (grammar rows)."""
         vocab = x.shape[1]
         if self.state is None or self.state.vocab_size != vocab or self.state.device != x.device:
             self.state = SamplingState(vocab, x.device)
@@ -372,7 +379,9 @@ class Sampler:
         self.state.apply_penalties(x, which, entries, [rows[i].params for i in which])
         ban_rows, ban_ids = [], []
         for i, e in zip(which, entries):
-            if e.ngram_size:
+            if e.ngram_size and deferred is not None and i in deferred:
+                deferred[i].update(e.banned())
+            elif e.ngram_size:
                 for t in e.banned():
                     if 0 <= t < vocab:
                         ban_rows.append(i)
@@ -444,6 +453,18 @@ class Sampler:
         plan = self._random_plan(rows, logits, (table, classes.seeds, classes.seeded))
         transfer, unresolved = graphs.draw(logits, plan)
         return DeviceDraw(transfer[:n], transfer, None, n, unresolved=unresolved, random_rows=list(range(n)))
+
+
+def _grammar_bans(rows: list[SamplingRequestState], grammar_rows: list[int]) -> dict:
+    """Each constrained row's tokens to ban through its mask: eos and stop ids while below
+    min_tokens (n-gram bans are added by `_penalise`)."""
+    bans = {}
+    for i in grammar_rows:
+        r = rows[i]
+        p = r.params
+        below = p.min_tokens and len(r.output_token_ids) + r.num_pending < p.min_tokens
+        bans[i] = set(r.eos_token_ids) | set(p.stop_token_ids) if below else set()
+    return bans
 
 
 def _rows_of(x: torch.Tensor, which: list[int], n: int) -> torch.Tensor:
