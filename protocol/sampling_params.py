@@ -22,7 +22,7 @@ from .structured import StructuredOutputsParams
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 512
-MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_LOGIT_BIAS_ENTRIES = 256  # the wire's maps hold at most 256 keys (fields.MAX_MAP_ITEMS)
 MAX_COUNT = 2**31 - 1  # counts (max_tokens, top_k, ...): what any engine can mean, and fits the wire
 
 

@@ -5,6 +5,8 @@ sampler to its rows only (greedy and sampled, with async scheduling too)."""
 import pytest
 
 from infer_cluster.protocol import InvalidRequestError, SamplingParams
+from infer_cluster.protocol.codec import decode, encode
+from infer_cluster.protocol.messages import SubmitRequest
 from infer_cluster.worker import LLM
 
 
@@ -19,7 +21,11 @@ def test_params_and_wire():
     assert p.to_dict()["logit_bias"] == {"7": 100.0, "9": -100.0}
     assert SamplingParams.from_dict(p.to_dict()) == p
     assert SamplingParams(logit_bias={}).logit_bias is None
-    for bad in ({"x": 1}, {-1: 1}, {5: 100.5}, {5: float("nan")}, {5: True}, [1, 2]):
+    big = SamplingParams(logit_bias={t: -1.0 for t in range(256)})  # the most the wire carries
+    msg = SubmitRequest(request_id="r", prompt="hi", sampling_params=big.to_dict())
+    assert SamplingParams.from_dict(decode(encode(msg)).sampling_params) == big
+    for bad in ({"x": 1}, {-1: 1}, {5: 100.5}, {5: float("nan")}, {5: True}, [1, 2],
+                {t: 1.0 for t in range(257)}):
         with pytest.raises(InvalidRequestError, match="logit_bias"):
             SamplingParams(logit_bias=bad)
 
