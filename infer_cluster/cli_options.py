@@ -128,7 +128,7 @@ def check_model(engine: dict) -> None:
         if flag == "model" and not os.path.isfile(config):
             if any(f.endswith(".gguf") for f in os.listdir(path)):
                 continue  # the loader picks the folder's one GGUF file (and says if there are more)
-            raise CliError(f"error: model folder {name!r} has neither config.json nor a .gguf file; "
+            raise CliError(f"error: model folder {name!r} has no config.json and no .gguf file; "
                            "point --model at a Hugging Face folder (config.json + *.safetensors) "
                            "or at a .gguf file")
         if flag == "model":

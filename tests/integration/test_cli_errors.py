@@ -110,6 +110,8 @@ MISTAKES = [
     ("broken model dir", ["generate", "--model", "{broken}", "hi"], "cannot read config"),
     ("missing model dir (serve)", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--model", "/no/such/model"],
      "/no/such/model"),
+    ("missing GGUF file (serve)", ["serve", "--port", "{nothing}", "--replica-port", "{nothing_r}", "--model", "/no/such/model.gguf"],
+     "no such GGUF file"),
     ("model dir without config", ["replica", "--coordinator", "tcp://127.0.0.1:{plain_r}",
                                   "--model", "{keys}"], "no config.json"),
     ("bad sampling value", ["generate", "--temperature", "-1", "hi"], "temperature"),
