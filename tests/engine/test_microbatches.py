@@ -75,12 +75,25 @@ def depth_llm(monkeypatch):
     return make
 
 
+@pytest.fixture(scope="module")
+def sync_outputs(reference_params):  # noqa: F811
+    """setting -> the synchronous loop's `outputs` of `reference_params` (what every depth, with
+    and without async scheduling, must give), each made once for the module."""
+    made = {}
+
+    def get(setting):
+        if setting not in made:
+            kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+            made[setting] = outputs(LLM("tiny-random", async_scheduling=False, **kw), reference_params)
+        return made[setting]
+    return get
+
+
 @pytest.mark.parametrize("depth", [2, 3])
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, depth):  # noqa: F811
+def test_microbatch_outputs_equal_sync(reference_params, sync_outputs, depth_llm, setting, depth):  # noqa: F811
     kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
-    sync = LLM("tiny-random", async_scheduling=False, **kw)
-    want = outputs(sync, reference_params)
+    want = sync_outputs(setting)
     llm, log = depth_llm(depth, **kw)
     got = outputs(llm, reference_params)
     for i, (a, b) in enumerate(zip(got, want)):
@@ -98,12 +111,11 @@ def test_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, dep
 
 @pytest.mark.parametrize("depth", [2, 3])
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_async_microbatch_outputs_equal_sync(reference_params, depth_llm, setting, depth):  # noqa: F811
+def test_async_microbatch_outputs_equal_sync(reference_params, sync_outputs, depth_llm, setting, depth):  # noqa: F811
     """Async scheduling with micro-batches: once P groups are in flight, the oldest group's
     draw is queued and its next step submitted (pending rows) before it is collected."""
     kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
-    sync = LLM("tiny-random", async_scheduling=False, **kw)
-    want = outputs(sync, reference_params)
+    want = sync_outputs(setting)
     llm, log = depth_llm(depth, async_scheduling=True, **kw)
     assert llm.engine.async_scheduling
     got = outputs(llm, reference_params)
