@@ -1,8 +1,8 @@
 """Real clusters for integration tests: coordinator and replicas as processes on loopback.
 
 Owns: `ClusterProcs` (start a coordinator + N `python -m infer_cluster.worker` replicas on free ports, wait
-until registered, kill / restart a replica, stop everything), the shared session cluster
-(2 replicas of tiny-random) and the offline reference outputs (the same prompts through
+until registered, kill / restart a replica, stop everything), the shared session clusters
+(2 replicas of tiny-random; `serve` of the real SmolLM2) and the offline reference outputs (the same prompts through
 `worker.LLM` in this process). Every process started here is ended in a `finally`, and each
 child also gets SIGTERM if this test process dies (parent-death signal).
 """
@@ -212,6 +212,23 @@ def cluster(tmp_path_factory):
                          replica_extra_args={1: ["--async-scheduling"]})
     try:
         procs.start()
+        yield procs
+    finally:
+        procs.stop()
+
+
+@pytest.fixture(scope="session")
+def real_model_cluster(tmp_path_factory):
+    """`serve --model smollm2-135m-instruct` (coordinator, one replica of the packaged real
+    model, HTTP gateway), shared by tests/integration/test_real_model.py and
+    test_structured_real_model.py; `ready_s` is how long it took to answer /health."""
+    from .gateway_cluster import GatewayCluster
+    procs = GatewayCluster(tmp_path_factory.mktemp("real-model-logs"),
+                           extra_args=["--model", "smollm2-135m-instruct"])
+    started = time.monotonic()
+    try:
+        procs.start(timeout=240)
+        procs.ready_s = time.monotonic() - started
         yield procs
     finally:
         procs.stop()

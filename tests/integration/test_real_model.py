@@ -5,12 +5,8 @@ wrong, or a tokenizer that decodes wrong cannot answer "Paris"."""
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
-
-from .gateway_cluster import GatewayCluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -19,15 +15,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory):
-    procs = GatewayCluster(tmp_path_factory.mktemp("real-model-logs"), extra_args=["--model", MODEL])
-    started = time.monotonic()
-    try:
-        procs.start(timeout=240)
-        procs.ready_s = time.monotonic() - started
-        yield procs
-    finally:
-        procs.stop()
+def real_cluster(real_model_cluster):
+    """The session's `serve` of MODEL (conftest.py), also asked by test_structured_real_model."""
+    return real_model_cluster
 
 
 @pytest.fixture(scope="module")

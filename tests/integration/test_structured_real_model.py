@@ -11,8 +11,6 @@ import jsonschema
 import openai
 import pytest
 
-from .gateway_cluster import GatewayCluster
-
 pytestmark = pytest.mark.timeout(400)
 
 MODEL = "smollm2-135m-instruct"
@@ -26,17 +24,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
 @pytest.fixture(scope="module")
-def oai(tmp_path_factory):
-    procs = GatewayCluster(tmp_path_factory.mktemp("structured-real-logs"),
-                           extra_args=["--model", MODEL])
-    try:
-        procs.start(timeout=240)
-        client = openai.OpenAI(base_url=f"{procs.url}/v1", api_key="unused", max_retries=0,
-                               timeout=180)
-        yield client
-        client.close()
-    finally:
-        procs.stop()
+def oai(real_model_cluster):
+    """A client of the session's `serve` of MODEL (conftest.py), also asked by test_real_model."""
+    client = openai.OpenAI(base_url=f"{real_model_cluster.url}/v1", api_key="unused",
+                           max_retries=0, timeout=180)
+    yield client
+    client.close()
 
 
 def test_named_tool_call_plain_and_streamed(oai):

@@ -1,7 +1,10 @@
 """Tiny random checkpoints of each supported family, built once per test session, and the on /
 off comparison the kernel-switch parity tests share (`spied_outputs`, `assert_same_greedy`)."""
 
+import os
+
 import pytest
+import torch
 
 from infer_cluster.worker.loading.embedded import build_checkpoint
 
@@ -22,6 +25,19 @@ FAMILIES = {
                   max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=True,
                   initializer_range=0.1),
 }
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_gemv_grids(monkeypatch):
+    """Under the Triton interpreter, untuned GEMV shapes take one program per 32 output rows
+    rather than the GPU heuristic's ~256 programs (two per SM of an H100, kernels/gemv.py): the
+    interpreter runs a grid's programs one after another in Python, so the tiny models' 64- to
+    512-wide GEMVs in blocks of 2 rows made a whole-model parity test 4x slower, for the same
+    kernel code on narrower tiles. GPU runs keep the heuristic."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" and not torch.cuda.is_available():
+        from infer_cluster.kernels import gemv
+
+        monkeypatch.setattr(gemv, "_TARGET_PROGRAMS", 1)
 
 
 @pytest.fixture(scope="session")
