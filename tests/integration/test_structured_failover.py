@@ -46,13 +46,17 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         tokens[payload.request_id].extend(payload.token_ids)
         original(payload)
     c._deliver = deliver
+    victim = 1
     try:
         handles = [c.submit(p, sp, request_id=f"so-kill-{i}") for i, (p, sp) in enumerate(items)]
         deadline = time.monotonic() + 60
         while sum(len(v) for v in tokens.values()) < total * 0.25 and time.monotonic() < deadline:
             time.sleep(0.005)
         streamed = sum(len(v) for v in tokens.values())
-        cluster.kill_replica(1, signal.SIGKILL)
+        # the replica with the most requests under way, so that some die mid-structure
+        rows = {r["name"]: r["num_running"] + r["num_waiting"] for r in cluster.status()["replicas"]}
+        victim = max((0, 1), key=lambda i: rows.get(f"replica-{i}", 0))
+        cluster.kill_replica(victim, signal.SIGKILL)
         outs = [h.result(timeout=180) for h in handles]
     finally:
         c.close()
@@ -65,5 +69,5 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         after = cluster.status()["coordinator"]
         assert after["num_resumed"] > before["num_resumed"], "no request was resumed mid-structure"
     finally:
-        cluster.start_replica(1)  # the session's cluster, as the other tests expect it
+        cluster.start_replica(victim)  # the session's cluster, as the other tests expect it
         cluster.wait_replicas(2)
