@@ -38,6 +38,10 @@ def free_port() -> int:
 
 
 def child_env(threads: int = 1) -> dict:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # a parallel test worker's processes keep to its share of the cores (tests/conftest.py
+        # sets it): a 2-thread replica beside another busy worker spins in OpenMP barriers
+        threads = min(threads, int(os.environ.get("OMP_NUM_THREADS", threads)))
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
