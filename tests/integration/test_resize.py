@@ -26,11 +26,11 @@ REPLICA_ARGS = ["--num-kv-blocks", "64", "--max-model-len", "256", "--max-num-se
 REPLICA = "replica-0"
 
 
-def _items(n, seed):
+def _items(n, seed, max_tokens=40):
     out = []
     for i in range(n):
         prompt = [(13 * i + 7 * j + seed) % 450 + 20 for j in range(24 + (i * 5) % 30)]
-        out.append((prompt, SamplingParams(temperature=0.0, max_tokens=40 + i % 9, ignore_eos=True)))
+        out.append((prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens + i % 9, ignore_eos=True)))
     return out
 
 
@@ -88,8 +88,10 @@ def test_shrink_then_grow_while_streaming(cluster, offline_reference):
     for key in ("num_failed", "num_reroutes", "num_aborted"):
         assert after.get(key, 0) == before.get(key, 0), key
 
-    # the next requests run on the new pool: more than 64 blocks in use at once
-    more = _items(16, seed=3)
+    # the next requests run on the new pool: more than 64 blocks in use at once. Together they
+    # need about 190 blocks, so the pool of 128 stays full for many steps and the status polls
+    # below cannot miss the peak.
+    more = _items(16, seed=3, max_tokens=150)
     with InferenceClient(cluster.address, name="resize-test-2") as c:
         handles = [c.submit(p, sp) for p, sp in more]
         peak = 0
