@@ -167,12 +167,14 @@ class AsyncInferenceClient:
         return handle
 
     def chat(self, messages, sampling_params=None, request_id=None, priority=0,
-             timeout=None, stream_queue: Optional[asyncio.Queue] = None) -> AsyncRequestHandle:
-        """`InferenceClient.chat` for asyncio: the replica renders `messages` with its model's
-        chat template. `stream_queue` as for `submit`."""
+             timeout=None, stream_queue: Optional[asyncio.Queue] = None,
+             tools=None) -> AsyncRequestHandle:
+        """`InferenceClient.chat` for asyncio: the replica renders `messages` (and `tools`)
+        with its model's chat template. `stream_queue` as for `submit`."""
         handle = self._new_handle(stream_queue)
         handle._handle = self._client._submit(None, sampling_params, request_id, priority,
-                                              timeout, handle._on_delta, messages=messages)
+                                              timeout, handle._on_delta, messages=messages,
+                                              tools=tools)
         return handle
 
     async def generate(self, prompts, sampling_params=None, timeout=None) -> list[RequestOutput]:

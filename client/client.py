@@ -34,6 +34,7 @@ import zmq
 from infer_cluster.protocol import (InvalidRequestError, NoReplicaError, OverloadedError, ProtocolError,
                                     RequestDelta, RequestOutput, SamplingParams, UnreachableError)
 from infer_cluster.protocol import codec
+from infer_cluster.protocol.chat import messages_from_openai, tools_from_openai
 from infer_cluster.protocol.fields import MAX_TOKEN_ID
 from infer_cluster.protocol.kinds import ConnectionKind, ReplyKind
 from infer_cluster.protocol.messages import (CancelRequest, ChatMessage, ControlRequest, DeltaPayload,
@@ -67,24 +68,9 @@ def _check_prompt(prompt) -> tuple[Optional[str], Optional[list]]:
 
 
 def _check_messages(messages) -> list[ChatMessage]:
-    """Chat turns as `{"role": ..., "content": ...}` maps (or `ChatMessage`s)."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list of {role, content} maps")
-    out = []
-    for i, m in enumerate(messages):
-        if isinstance(m, ChatMessage):
-            out.append(m)
-            continue
-        if not isinstance(m, dict) or set(m) - {"role", "content"}:
-            raise InvalidRequestError(f"messages[{i}] must be a map with the keys 'role' and "
-                                      f"'content', got {m!r:.200}")
-        role, content = m.get("role"), m.get("content", "")
-        if not isinstance(role, str) or not 0 < len(role) <= 64:
-            raise InvalidRequestError(f"messages[{i}].role must be a string of 1..64 characters")
-        if not isinstance(content, str):
-            raise InvalidRequestError(f"messages[{i}].content must be a string")
-        out.append(ChatMessage(role=role, content=content))
-    return out
+    """Chat turns as OpenAI's `{"role", "content"}` maps (assistant turns may carry
+    `tool_calls`, tool turns `tool_call_id`), or `ChatMessage`s."""
+    return messages_from_openai(messages)
 
 
 def _check_params(sampling_params) -> SamplingParams:
@@ -166,21 +152,29 @@ class InferenceClient:
 
     def chat(self, messages: Sequence[dict], sampling_params: Union[SamplingParams, dict, None] = None,
              request_id: Optional[str] = None, priority: int = 0,
-             timeout: Optional[float] = None) -> RequestHandle:
+             timeout: Optional[float] = None, tools: Optional[Sequence[dict]] = None) -> RequestHandle:
         """Like `submit`, for a conversation: `messages` is a list of `{"role", "content"}`
         maps that the replica renders with its model's chat template (a model without one
-        ends the request with `InvalidRequestError`)."""
+        ends the request with `InvalidRequestError`). `tools`: OpenAI's list of
+        `{"type": "function", "function": {"name", "description", "parameters"}}`, rendered
+        into the template (or, where the template ignores tools, into a system instruction);
+        the calls the model writes are in the output text (`<tool_call>` blocks)."""
         return self._submit(None, sampling_params, request_id, priority, timeout, None,
-                            messages=messages)
+                            messages=messages, tools=tools)
 
     def _submit(self, prompt, sampling_params, request_id, priority, timeout,
                 listener: Optional[Callable[[RequestDelta], None]],
-                messages: Optional[Sequence] = None) -> RequestHandle:
+                messages: Optional[Sequence] = None,
+                tools: Optional[Sequence] = None) -> RequestHandle:
+        chat_tools = None
         if messages is not None:
             if prompt is not None:
                 raise InvalidRequestError("give either a prompt or chat messages, not both")
             chat, text, ids = _check_messages(messages), None, None
+            chat_tools = tools_from_openai(tools)
         else:
+            if tools is not None:
+                raise InvalidRequestError("tools are for chat requests (`chat`), not prompts")
             chat = None
             text, ids = _check_prompt(prompt)
         params = _check_params(sampling_params)
@@ -195,7 +189,7 @@ class InferenceClient:
         msg = SubmitRequest(request_id=rid, prompt=text, prompt_token_ids=ids,
                             sampling_params=params.to_dict(), priority=priority,
                             timeout=float(timeout) if timeout is not None else None,
-                            messages=chat)
+                            messages=chat, tools=chat_tools)
         try:
             payload = codec.encode(msg, self.max_frame_bytes)
         except ProtocolError as exc:

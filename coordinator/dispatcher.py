@@ -98,7 +98,7 @@ class Dispatcher:
                                   prompt_token_ids=req.prompt_token_ids,
                                   sampling_params=req.sampling_params, priority=req.priority,
                                   resume_token_ids=list(req.delivered_token_ids),
-                                  messages=req.messages)
+                                  messages=req.messages, tools=req.tools)
             if self.outbox.to_replica(replica, msg):
                 self._pending.pop(req.seq, None)
                 replica.request_ids.add(attempt_id)

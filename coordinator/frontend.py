@@ -56,7 +56,8 @@ def on_submit(coord, identity: bytes, msg: SubmitRequest, now: float) -> None:
                 f"the coordinator's limit (--max-requests) is {coord.config.max_requests}; retry later")
         return
     req = coord.table.create(identity, rid, msg.prompt, msg.prompt_token_ids, params,
-                             msg.priority, msg.timeout, now, messages=msg.messages)
+                             msg.priority, msg.timeout, now, messages=msg.messages,
+                             tools=msg.tools)
     client.request_ids.add(rid)
     coord.dispatcher.stats.num_submitted += 1
     coord.dispatcher.dispatch(req, now)

@@ -47,13 +47,20 @@ REQUEST_STATE_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
 
 
 def estimate_prompt_tokens(prompt: Optional[str], prompt_token_ids: Optional[list],
-                           messages: Optional[list] = None) -> int:
+                           messages: Optional[list] = None, tools: Optional[list] = None) -> int:
     """Routing only needs a load estimate; ~4 bytes per token for text avoids a tokenizer here."""
     if prompt_token_ids is not None:
         return len(prompt_token_ids)
-    if messages is not None:  # content plus a few template tokens per turn
-        return sum(len(m.content.encode("utf-8", "surrogatepass")) // 4 + 4 for m in messages) + 1
-    return len((prompt or "").encode("utf-8", "surrogatepass")) // 4 + 1
+    if messages is not None:  # content plus a few template tokens per turn, and the tools' specs
+        turns = sum(_num_bytes(m.content) // 4 + 4
+                    + sum(len(c.arguments) // 4 + 8 for c in m.tool_calls or ()) for m in messages)
+        specs = sum((_num_bytes(t.description) + len(t.parameters)) // 4 + 8 for t in tools or ())
+        return turns + specs + 1
+    return _num_bytes(prompt or "") // 4 + 1
+
+
+def _num_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass
@@ -80,6 +87,7 @@ class TrackedRequest:
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
     messages: Optional[list] = None    # a chat request (ChatMessage structs) instead of a prompt
+    tools: Optional[list] = None       # with messages: the ChatTools the template offers
 
     @property
     def key(self) -> tuple[bytes, str]:
@@ -123,7 +131,8 @@ class RequestTable:
 
     def create(self, client: bytes, request_id: str, prompt, prompt_token_ids,
                params: SamplingParams, priority: int, timeout: Optional[float],
-               now: float, messages: Optional[list] = None) -> TrackedRequest:
+               now: float, messages: Optional[list] = None,
+               tools: Optional[list] = None) -> TrackedRequest:
         key = (client, request_id)
         if key in self._by_key:
             raise KeyError(f"request id {request_id!r} is already in flight for this client")
@@ -133,9 +142,9 @@ class RequestTable:
                              priority=priority, submitted_at=now, pending_since=now,
                              timeout=timeout,
                              deadline=(now + timeout) if timeout is not None else None,
-                             messages=messages,
+                             messages=messages, tools=tools,
                              num_prompt_tokens_estimate=estimate_prompt_tokens(
-                                 prompt, prompt_token_ids, messages))
+                                 prompt, prompt_token_ids, messages, tools))
         self._next_seq += 1
         self._by_key[key] = req
         if req.deadline is not None:

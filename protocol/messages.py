@@ -27,9 +27,9 @@ from .fields import (MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct, boolean, integer, l
                      _type_name)
 from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
                     ReplyKind, RequestKind, kind_from_number)
-from .payloads import (CONTROL_ACTIONS, COUNT, KV_CACHE_DTYPES, MAX_CHAT_MESSAGES, NAME, PRIORITY,
-                       REPLICA_STATES, REQUEST_ID, ChatMessage, ReplicaCapacity, ReplicaLoad,
-                       ReplicaState)
+from .chat import MAX_CHAT_MESSAGES, MAX_TOOLS, ChatMessage, ChatTool
+from .payloads import (CONTROL_ACTIONS, COUNT, KV_CACHE_DTYPES, NAME, PRIORITY, REPLICA_STATES,
+                       REQUEST_ID, ReplicaCapacity, ReplicaLoad, ReplicaState)
 # Re-exported: callers import every wire type from this module.
 from .payloads import DeltaPayload, ErrorInfo, delta_wire  # noqa: F401
 
@@ -146,6 +146,13 @@ def _check_one_prompt(msg) -> None:
     if given != 1:
         raise ProtocolError(f"{msg.KIND.name} {msg.request_id!r} needs exactly one of "
                             "'prompt' (text), 'prompt_token_ids' and 'messages' (chat)")
+    if msg.tools is not None and msg.messages is None:
+        raise ProtocolError(f"{msg.KIND.name} {msg.request_id!r} has 'tools' but no 'messages': "
+                            "tools are for chat requests")
+
+
+# The functions a chat request offers the model, rendered into its chat template.
+_TOOLS = optional(list_of(struct(ChatTool), MAX_TOOLS))
 
 
 @dataclass(kw_only=True)
@@ -163,6 +170,7 @@ class SubmitRequest(Message):
     # A chat conversation instead of a prompt, rendered by the replica's chat template.
     messages: Optional[list] = wire(optional(list_of(struct(ChatMessage), MAX_CHAT_MESSAGES)),
                                     default=None)
+    tools: Optional[list] = wire(_TOOLS, default=None)
 
     def validate(self) -> None:
         _check_one_prompt(self)
@@ -189,6 +197,7 @@ class DispatchRequest(Message):
     # A chat conversation instead of a prompt, rendered by the replica's chat template.
     messages: Optional[list] = wire(optional(list_of(struct(ChatMessage), MAX_CHAT_MESSAGES)),
                                     default=None)
+    tools: Optional[list] = wire(_TOOLS, default=None)
 
     def validate(self) -> None:
         _check_one_prompt(self)

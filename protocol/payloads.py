@@ -1,10 +1,11 @@
 """The structs carried inside wire messages, and the field specs they share.
 
-Owns: `ReplicaState`, the embedded structs (`ErrorInfo`, `ChatMessage`, `ReplicaCapacity`,
-`ReplicaLoad`, `MetricsInfo`, `DeltaPayload`), the hand-written fast encoder `delta_wire` (one
-per running request per step, kept equal to `DeltaPayload` by a unit test) and the reusable
-field checkers (`REQUEST_ID`, `COUNT`, ...). `messages.py` builds every message from these and
-re-exports them. Never imports torch, never pickles.
+Owns: `ReplicaState`, the embedded structs (`ErrorInfo`, `ReplicaCapacity`, `ReplicaLoad`,
+`MetricsInfo`, `DeltaPayload`), the hand-written fast encoder `delta_wire` (one per running
+request per step, kept equal to `DeltaPayload` by a unit test) and the reusable field checkers
+(`REQUEST_ID`, `COUNT`, ...). `messages.py` builds every message from these and re-exports
+them. The chat structs (`ChatMessage`, `ChatTool`, ...) are chat.py's. Never imports torch,
+never pickles.
 
 To extend: a struct used by more than one message goes here; fields are only ever added, with
 defaults.
@@ -20,6 +21,8 @@ from .fields import (MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_NAME_CHARS, MAX_TEXT_CHAR
                      integer, list_of, number, one_of, optional, string, struct,
                      token_ids as token_id_list, wire, _type_name, _w)
 from .outputs import FinishReason, RequestDelta, RequestMetrics
+# Re-exported: the chat structs live in chat.py.
+from .chat import MAX_CHAT_MESSAGES, ChatMessage  # noqa: F401
 
 
 class ReplicaState(str, enum.Enum):
@@ -83,18 +86,6 @@ class ErrorInfo(Struct):
         if self.param:
             d["param"] = self.param
         return d
-
-
-@dataclass(kw_only=True)
-class ChatMessage(Struct):
-    """One turn of a chat request; the replica renders the list with its tokenizer's chat
-    template (only the replica has the tokenizer)."""
-
-    role: str = wire(string(64, min_len=1))
-    content: str = wire(string(MAX_TEXT_CHARS), default="")
-
-
-MAX_CHAT_MESSAGES = 4096
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ import gc
 from typing import Optional, Sequence, Union
 
 from infer_cluster.protocol import InvalidRequestError, RequestDelta, RequestOutput, SamplingParams
+from infer_cluster.protocol.chat import messages_from_openai, tools_from_openai
 
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.engine.engine import DynamicEngine, Prompt
@@ -84,22 +85,25 @@ class LLM:
 
     def chat(self, messages: Union[Sequence[dict], Sequence[Sequence[dict]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate the assistant's reply to one conversation (a list of `{"role", "content"}`
-        maps) or to each of several (a list of such lists), rendered with the model's chat
-        template and its generation prompt; outputs in input order. A model without a template,
-        or a conversation its template rejects, raises `InvalidRequestError` before any request
-        is queued."""
+             use_tqdm: bool = True, tools: Optional[Sequence[dict]] = None) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation (a list of OpenAI
+        `{"role", "content"}` maps; assistant turns may carry `tool_calls`, tool turns
+        `tool_call_id`) or to each of several (a list of such lists), rendered with the model's
+        chat template and its generation prompt; outputs in input order. `tools`: OpenAI's
+        `[{"type": "function", "function": {...}}]`, given to every conversation's template
+        (or, where the template ignores tools, written into a system instruction; the calls
+        come back as `<tool_call>` blocks in the text). A model without a template, a malformed
+        message or tool, or a conversation its template rejects, raises
+        `InvalidRequestError` before any request is queued."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidRequestError("messages must be a conversation (a non-empty list of "
                                       "{role, content} maps) or a list of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
-        for conv in conversations:
-            if (not isinstance(conv, (list, tuple)) or not conv
-                    or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conv)):
-                raise InvalidRequestError("each conversation must be a non-empty list of "
-                                          "{role, content} maps")
-        prompts = [render_chat(self.tokenizer, [dict(m) for m in conv]) for conv in conversations]
+        chat_tools = tools_from_openai(tools)
+        tool_dicts = [t.to_openai() for t in chat_tools] if chat_tools else None
+        prompts = [render_chat(self.tokenizer, [m.to_dict() for m in messages_from_openai(conv)],
+                               tool_dicts)
+                   for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_with_text_thread(self, pending: set, bar) -> None:

@@ -440,3 +440,25 @@ def test_resize_refusals_and_a_replica_dying_before_it_answers(cluster):
     assert len(cluster.coord.resizes) == 0
     # A goodbye is a departure, not a death (the deaths counter is for alerting on failures).
     assert stats(cluster).num_replica_departures == 1 and stats(cluster).num_replica_deaths == 0
+
+
+def test_chat_tools_reach_the_replica_and_follow_a_re_route(cluster):
+    from infer_cluster.protocol.chat import messages_from_openai, tools_from_openai
+    messages = messages_from_openai([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sun"}])
+    tools = tools_from_openai([{"type": "function", "function": {"name": "w", "description": "d"}}])
+    a = cluster.replica("a")
+    c = cluster.client()
+    c.send(SubmitRequest(request_id="chat", messages=messages, tools=tools,
+                         sampling_params={"max_tokens": 4}))
+    a.wait_for_requests(1)
+    (first,) = [st["dispatch"] for st in a.requests.values()]
+    b = cluster.replica("b")  # registered (HELLO_ACK) when this returns
+    a.close()  # vanishes: the request goes to b
+    b.wait_for_requests(1, timeout=10.0)
+    (second,) = [st["dispatch"] for st in b.requests.values()]
+    for d in (first, second):
+        assert d.messages == messages and d.tools == tools and d.prompt is None
+    assert second.request_id != first.request_id and stats(cluster).num_reroutes == 1
