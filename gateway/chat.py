@@ -1,8 +1,11 @@
 """`POST /v1/chat/completions`: a conversation in, the assistant's reply out.
 
-Owns: the route and the chat response / chunk shapes. The messages travel to the replica,
-which renders them with its model's chat template (`worker/text/chat.py`); a model without one ends
-the request with `invalid_request`, which reaches the caller as a 400. Never imports torch.
+Owns: the route and the chat response / chunk shapes. The messages (and, for tool_choice
+"auto", the tools) travel to the replica, which renders them with its model's chat template
+(`worker/text/chat.py`); a model without one ends the request with `invalid_request`, which
+reaches the caller as a 400. What `tools` does to the request and the reply is `tools.py`'s;
+the calls of an "auto" reply are parsed out of its text by `tool_parser.py`. Never imports
+torch.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatComp
                       ChatCompletionResponse, ChatDelta, ChatMessageOut)
 from .sse import ChunkFormat, EventStream, event_json
 from .structured import param_names as structured_param_names
+from .tool_parser import ToolCallParser, parse_tool_calls
 from .tools import ToolStream, tool_plan
 
 router = APIRouter()
@@ -39,13 +43,15 @@ async def reply(body: ChatCompletionRequest, state, receive):
     model = backend.check_can_serve(body.model)
     params = chat_params(body, config.max_n, backend.max_model_len)
     plan = tool_plan(body)  # checked by chat_params already
-    names = {"structured_outputs.json": "tools"} if plan else structured_param_names(body)
+    forced = plan is not None and not plan.is_auto
+    names = {"structured_outputs.json": "tools"} if forced else structured_param_names(body)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     cap = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     gen = Generation.prepare(backend, metrics, [chat_messages(body)], per_choice(params, body.n),
                              body.n, stream=body.stream, chat=True, response_id=response_id,
                              param_names={"prompt": "messages", "max_tokens": cap,
-                                          **names})
+                                          **names},
+                             tools=plan.tools if plan is not None else None)
     created = int(time.time())
     if body.stream:  # submitted by the response itself (`EventStream`)
         return _stream(gen, body, model, response_id, created, plan)
@@ -56,9 +62,13 @@ async def reply(body: ChatCompletionRequest, state, receive):
     for c in gen.choices:
         out = c.handle.output
         finish = openai_finish_reason(out.finish_reason)
-        calls = plan.calls(out.text) if plan is not None and finish == "stop" else None
-        message = (ChatMessageOut(content=None, tool_calls=calls) if calls
-                   else ChatMessageOut(content=out.text))
+        if plan is not None and plan.is_auto:
+            content, calls = parse_tool_calls(out.text, plan.names, plan.parallel)
+            message = ChatMessageOut(content=content, tool_calls=calls or None)
+        else:
+            calls = plan.calls(out.text) if plan is not None and finish == "stop" else None
+            message = (ChatMessageOut(content=None, tool_calls=calls) if calls
+                       else ChatMessageOut(content=out.text))
         choices.append(ChatChoice(
             index=c.index, message=message, finish_reason="tool_calls" if calls else finish,
             logprobs=chat_logprobs(out.token_ids, out.logprobs) if body.logprobs else None))
@@ -90,9 +100,36 @@ def _stream(gen: Generation, body: ChatCompletionRequest, model: str, response_i
                 out["content"] = ts.text  # a cut-off array is no call: its text, as it came
         return fmt.chunk({"index": choice.index, "delta": out, "logprobs": None, "finish_reason": finish})
 
+    parsers: dict[int, ToolCallParser] = {}
+
+    def make_auto_chunk(choice, delta, final: bool):
+        """Content until a `<tool_call>` starts, each call whole once its block closes."""
+        parser = parsers.get(choice.index)
+        if parser is None:
+            parser = parsers[choice.index] = ToolCallParser(plan.names, plan.parallel)
+        content, calls = parser.feed(delta.text)
+        if final:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+        if not content and not calls and not final and not body.logprobs:
+            return None  # held back: it may be the start of a call
+        out = {"content": content or None}
+        if calls:
+            out["tool_calls"] = calls
+        if choice.index not in started:
+            started.add(choice.index)
+            out = {"role": "assistant", **out}
+        finish = None
+        if final:
+            finish = "tool_calls" if parser.num_calls else openai_finish_reason(delta.finish_reason)
+        logprobs = (chat_logprobs(delta.token_ids, delta.logprobs).model_dump(mode="json")
+                    if body.logprobs else None)
+        return fmt.chunk({"index": choice.index, "delta": out, "logprobs": logprobs,
+                          "finish_reason": finish})
+
     def make_chunk(choice, delta, final: bool) -> str:
         if plan is not None:
-            return make_tool_chunk(choice, delta, final)
+            return (make_auto_chunk if plan.is_auto else make_tool_chunk)(choice, delta, final)
         role = None
         if choice.index not in started:  # the first chunk of a choice names the role
             started.add(choice.index)

@@ -56,7 +56,7 @@ class Generation:
     _closed: bool = False
     _interrupted: bool = False
 
-    _plan: Optional[tuple] = None  # (prompts, params per choice, n, chat) until `start`
+    _plan: Optional[tuple] = None  # (prompts, params per choice, n, chat, tools) until `start`
     # The cluster's names of request fields -> this endpoint's (chat: "prompt" is "messages"),
     # for the `param` of an error reply.
     param_names: dict = field(default_factory=dict)
@@ -66,15 +66,15 @@ class Generation:
     @classmethod
     def prepare(cls, backend, metrics, prompts: list, params_per_choice: list, n: int,
                 stream: bool, chat: bool, response_id: str,
-                param_names: Optional[dict] = None) -> "Generation":
+                param_names: Optional[dict] = None, tools: Optional[list] = None) -> "Generation":
         """The choices of one HTTP request, not yet on the cluster: `start` submits them. A
         stream starts them last, right before it waits (`sse.EventStream`), so no set-up work
         runs between the submit and the event loop going idle: the client's IO thread needs
         the GIL to forward the submit, and gets it only then. Choice i travels as cluster
         request `{response_id}-{i}`, so the coordinator's log lines name the id the HTTP caller
-        got. `param_names`: see the field."""
+        got. `param_names`: see the field. `tools`: the `ChatTool`s a chat's template gets."""
         return cls(backend, metrics, queue=asyncio.Queue() if stream else None,
-                   _plan=(prompts, params_per_choice, n, chat), response_id=response_id,
+                   _plan=(prompts, params_per_choice, n, chat, tools), response_id=response_id,
                    param_names=param_names or {})
 
     def _tag(self, err: APIError) -> APIError:
@@ -90,7 +90,7 @@ class Generation:
 
     def start(self) -> None:
         """Submit every choice; raises `APIError` (nothing then stays on the cluster)."""
-        prompts, params_per_choice, n, chat = self._plan
+        prompts, params_per_choice, n, chat, tools = self._plan
         response_id = self.response_id
         client, timeout = self.backend.client, self.backend.config.request_timeout
         try:
@@ -100,7 +100,7 @@ class Generation:
                     rid = f"{response_id}-{len(self.choices)}"
                     if chat:
                         handle = client.chat(prompt, params, request_id=rid, timeout=timeout,
-                                             stream_queue=self.queue)
+                                             stream_queue=self.queue, tools=tools)
                     else:
                         handle = client.submit(prompt, params, request_id=rid, timeout=timeout,
                                                stream_queue=self.queue)

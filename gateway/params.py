@@ -132,4 +132,14 @@ def chat_params(req: ChatCompletionRequest, max_n: int, max_model_len: Optional[
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict]:
-    return [{"role": m.role, "content": m.text()} for m in req.messages]
+    """The messages in the client's `chat` form: role and content, and an assistant turn's
+    tool calls or a tool turn's call id."""
+    out = []
+    for m in req.messages:
+        d = {"role": m.role, "content": m.text()}
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out

@@ -121,16 +121,41 @@ class ContentPart(BaseModel):
     text: str
 
 
+class ToolCallFunctionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    arguments: str  # JSON text, as OpenAI returns it
+
+
+class ToolCallIn(BaseModel):
+    """A call an earlier assistant turn made (sent back as history)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolCallFunctionIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCallIn]] = None  # assistant turns only
+    tool_call_id: Optional[str] = None              # the call a tool turn answers
 
     @field_validator("content", mode="wrap")
     @classmethod
     def _text_parts_only(cls, value, handler):
         return _explained(value, handler, _content_error)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistant_only(cls, value, info):
+        role = info.data.get("role")
+        if value is not None and role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {role!r} ones")
+        return value
 
     def text(self) -> str:
         if self.content is None:
@@ -162,8 +187,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     response_format: Optional[dict[str, Any]] = None  # text, json_object or json_schema
-    tools: Optional[list[dict[str, Any]]] = None      # with tool_choice "required" or named (gateway/tools.py)
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None  # "none", "required" or a named function
+    tools: Optional[list[dict[str, Any]]] = None      # gateway/tools.py
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None  # "auto", "none", "required" or named
     parallel_tool_calls: Optional[bool] = None
 
 
@@ -215,7 +240,7 @@ class ChatLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]
-    tool_calls: Optional[list[dict[str, Any]]] = None  # forced tool calls (gateway/tools.py)
+    tool_calls: Optional[list[dict[str, Any]]] = None  # gateway/tools.py
 
 
 class ChatChoice(BaseModel):

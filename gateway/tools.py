@@ -1,27 +1,35 @@
-"""Tool calls over /v1/chat/completions, where `tool_choice` forces one: `"required"` (the
-reply is one or more calls of the given tools) or a named function (the reply is a call of it).
+"""Tool calls over /v1/chat/completions: `tools` with `tool_choice` "auto" (the default when
+tools are given), "required", a named function, or "none".
 
-Owns: checking `tools` and `tool_choice`, the constraint that makes the model's output the calls'
-JSON (through `SamplingParams.structured_outputs`, so the grammar guarantees valid arguments),
-and turning that output into OpenAI's `message.tool_calls` (ids `call_...`, finish_reason
-`"tool_calls"`), whole or as streamed tool-call deltas. `"none"` (or no tools) leaves the reply
-plain text. `"auto"` (the model decides, with the tools in its chat template and its calls
-parsed from the text) is not built: it is a 400 naming `tool_choice`.
-Output shapes: a named function's output is its arguments object; `"required"`'s is a JSON array
-of `{"name", "arguments"}` objects, one per call (`minItems` 1), each arguments object valid
-for its function's `parameters` schema. Never imports torch.
+Owns: checking `tools`, `tool_choice` and `parallel_tool_calls`, and what each choice makes of
+the request and its reply (`ToolPlan`):
+- "auto": the tools travel to the replica with the messages (`ChatTool`s on the wire), which
+  renders them into the chat template, or into a system instruction where the template ignores
+  them (worker/text/tool_prompt.py). The model decides; its `<tool_call>` blocks are parsed
+  out of the text (`tool_parser.py`). A constraint of the request's own (`structured_outputs`,
+  `response_format`, `guided_*`) still applies to the text.
+- "required" / a named function: the output is constrained to the calls' JSON (through
+  `SamplingParams.structured_outputs`, so the grammar guarantees valid arguments) and turned
+  into OpenAI's `message.tool_calls` (ids `call_...`, finish_reason `"tool_calls"`), whole or as
+  streamed tool-call deltas. The template is not given the tools. A named function's output is
+  its arguments object; "required"'s is a JSON array of `{"name", "arguments"}` objects, one per
+  call (`minItems` 1, `maxItems` 1 when `parallel_tool_calls` is false), each arguments object
+  valid for its function's `parameters` schema.
+- "none" (or no tools): plain text; the template is not given the tools.
+Never imports torch.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from infer_cluster.protocol import StructuredOutputsParams
+from infer_cluster.protocol import InvalidRequestError, StructuredOutputsParams
+from infer_cluster.protocol.chat import tools_from_openai
 
 from .errors import APIError
+from .tool_parser import call_id
 
 _ANY_OBJECT = {"type": "object"}
 
@@ -32,11 +40,20 @@ def _bad(field_name: str, why: str) -> APIError:
 
 @dataclass
 class ToolPlan:
-    """What the reply must be: `name` set for a named function, None for "required"."""
+    """What the reply may or must be. `name`: the named function (None for "required" and
+    "auto"); `constraint`: the forced calls' JSON (None for "auto"); `names`: the functions a
+    call may name; `tools`: what the replica's template gets ("auto" only); `parallel`: more
+    than one call per reply."""
 
     name: Optional[str]
-    constraint: StructuredOutputsParams
+    constraint: Optional[StructuredOutputsParams]
     names: list = field(default_factory=list)
+    tools: Optional[list] = None
+    parallel: bool = True
+
+    @property
+    def is_auto(self) -> bool:
+        return self.constraint is None
 
     def calls(self, text: str) -> Optional[list[dict]]:
         """The output as OpenAI tool calls, or None when it is not a complete call (a reply cut
@@ -58,7 +75,7 @@ class ToolPlan:
 
 
 def _call(name: str, arguments) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id(), "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
@@ -83,8 +100,8 @@ def _functions(tools) -> dict:
 
 
 def tool_plan(req) -> Optional[ToolPlan]:
-    """The request's forced tool call, or None (no tools, or tool_choice "none"); raises
-    `APIError` (400) naming `tools` or `tool_choice`."""
+    """The request's tool plan, or None (no tools, or tool_choice "none"); raises `APIError`
+    (400) naming `tools` or `tool_choice`."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -93,16 +110,22 @@ def tool_plan(req) -> Optional[ToolPlan]:
     if choice == "none":
         return None
     functions = _functions(req.tools)
+    parallel = req.parallel_tool_calls is not False
     if choice is None or choice == "auto":
-        raise _bad("tool_choice", '"auto" is not supported; use "required" or a named function '
-                                  '({"type": "function", "function": {"name": ...}}), or "none"')
+        try:
+            tools = tools_from_openai(req.tools)
+        except InvalidRequestError as exc:
+            raise _bad("tools", exc.message) from None
+        return ToolPlan(None, None, list(functions), tools, parallel)
     if choice == "required":
         items = [{"type": "object", "properties": {"name": {"const": n}, "arguments": p},
                   "required": ["name", "arguments"], "additionalProperties": False}
                  for n, p in functions.items()]
         schema = {"type": "array", "minItems": 1,
                   "items": items[0] if len(items) == 1 else {"anyOf": items}}
-        return ToolPlan(None, _constraint(schema), list(functions))
+        if not parallel:
+            schema["maxItems"] = 1
+        return ToolPlan(None, _constraint(schema), list(functions), parallel=parallel)
     if isinstance(choice, dict):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -111,7 +134,8 @@ def tool_plan(req) -> Optional[ToolPlan]:
         if name not in functions:
             raise _bad("tool_choice", f"names function {name!r}, which tools does not define")
         return ToolPlan(name, _constraint(functions[name]), [name])
-    raise _bad("tool_choice", f'must be "none", "required" or a named function, got {choice!r}')
+    raise _bad("tool_choice", f'must be "none", "auto", "required" or a named function, '
+                              f'got {choice!r}')
 
 
 def _constraint(schema: dict) -> StructuredOutputsParams:
@@ -129,7 +153,7 @@ class ToolStream:
     def __init__(self, plan: ToolPlan):
         self.plan = plan
         self.text = ""
-        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
+        self.call_id = call_id()
         self.started = False
 
     def delta(self, text: str, final: bool, finished_ok: bool) -> Optional[list[dict]]:

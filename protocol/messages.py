@@ -6,8 +6,8 @@ Owns: the structs that cross a socket (client <-> coordinator <-> replica), thei
 its struct; the import-time check at the bottom fails if a kind has no struct or two.
 Never imports torch, never pickles, never trusts a field it has not checked.
 The structs embedded in messages (capacity, load, deltas, errors) and the shared field checkers
-live in `payloads.py`; the ones callers use are re-exported here, so every wire type still
-imports from this module.
+live in `payloads.py`, the chat structs (messages, tool calls, tools) in `chat.py`; the ones
+callers use are re-exported here, so every wire type still imports from this module.
 
 To add a message: add its kind in `protocol/kinds.py`, then a `@dataclass(kw_only=True)` class
 here deriving from `Message` with `KIND = ...` and each field declared with `wire(checker)`.
@@ -27,7 +27,7 @@ from .fields import (MAX_NAME_CHARS, MAX_TEXT_CHARS, Struct, boolean, integer, l
                      _type_name)
 from .kinds import (ALL_KINDS, PROTOCOL_VERSION, ConnectionKind, ControlKind, LifecycleKind,
                     ReplyKind, RequestKind, kind_from_number)
-from .chat import MAX_CHAT_MESSAGES, MAX_TOOLS, ChatMessage, ChatTool
+from .chat import MAX_CHAT_MESSAGES, MAX_TOOLS, ChatMessage, ChatTool, ToolCall  # noqa: F401
 from .payloads import (CONTROL_ACTIONS, COUNT, KV_CACHE_DTYPES, NAME, PRIORITY, REPLICA_STATES,
                        REQUEST_ID, ReplicaCapacity, ReplicaLoad, ReplicaState)
 # Re-exported: callers import every wire type from this module.

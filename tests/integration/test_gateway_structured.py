@@ -186,8 +186,9 @@ def test_required_tool_calls(oai, stream):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(tools=[WEATHER]), "tool_choice"),  # "auto" is not built
-    (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice"),
+    (dict(tool_choice="auto"), "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), "tools"),
+    (dict(tools=[WEATHER], tool_choice="sometimes"), "tool_choice"),
     (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
     (dict(tool_choice="required"), "tool_choice"),
     (dict(tools=[{"type": "function", "function": {"parameters": {}}}], tool_choice="required"), "tools"),
