@@ -74,3 +74,23 @@ def test_regex_and_choice(llm):
                      constrained(choice=["yes", "no"], max_tokens=5)], use_tqdm=False)
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", outs[0].text) and outs[0].finish_reason == "stop"
     assert outs[1].text in ("yes", "no") and outs[1].finish_reason == "stop"
+
+
+def test_chat_with_tools(llm):
+    """`LLM.chat(tools=)`: SmolLM2's template ignores tools, so they come as a system
+    instruction; a regex makes the model write a call, which the gateway's parser reads."""
+    from infer_cluster.gateway.tool_parser import parse_tool_calls
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    conv = ask("What is the weather in Paris?")
+    plain = llm.chat(conv, SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    regex = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{1,12}"\}\}\n</tool_call>'
+    (out,) = llm.chat(conv, constrained(regex=regex, max_tokens=48), use_tqdm=False, tools=[weather])
+    prompt = llm.tokenizer.decode(out.prompt_token_ids)
+    assert json.dumps(weather) in prompt and len(out.prompt_token_ids) > len(plain.prompt_token_ids) + 50
+    content, calls = parse_tool_calls(out.text, {"get_weather"})
+    assert out.finish_reason == "stop" and content is None, out.text
+    (call,) = calls
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
