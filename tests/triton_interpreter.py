@@ -1,0 +1,68 @@
+"""Make the Triton interpreter (TRITON_INTERPRET=1, how the CPU suite runs every kernel) cheaper
+without changing what it computes.
+
+The interpreter redirects `triton.language`'s builtins to numpy for each kernel launch
+(`_patch_lang`, undone when the launch ends). It also calls `_patch_lang` again on every call of
+a `@triton.jit` helper from inside a kernel, although the modules it patches are the ones the
+launch already patched: `inspect.getmembers` over three modules per helper call, about a
+quarter of the interpreter's time in our kernels. `install()` skips that repeat when the
+helper's modules are among those the running launch patched (a helper whose module sees a
+language module the launch did not patch is patched as upstream does). Launches behave exactly
+as before: the same patches, restored at the same point.
+
+Test infrastructure only: nothing under worker/ or kernels/ imports it. A Triton without the
+private functions this relies on is left alone (the suite is then only slower).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+
+class _NothingToRestore:
+    def restore(self) -> None:
+        pass
+
+
+def install() -> bool:
+    """Wrap the interpreter's `_patch_lang`; True when installed."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    if original is None or getattr(original, "_infer_cluster_wrapped", False):
+        return False
+    launches: list[frozenset] = []  # ids of the language modules each running launch patched
+    seen: dict = {}  # id(module globals) -> the language modules it sees (imports do not change)
+
+    def langs_of(fn) -> frozenset:
+        key = id(fn.__globals__)
+        langs = seen.get(key)
+        if langs is None:
+            langs = seen[key] = frozenset(id(v) for v in fn.__globals__.values()
+                                          if inspect.ismodule(v) and v in (tl, tl.core))
+        return langs
+
+    def patch_lang(fn):
+        langs = langs_of(fn)
+        if launches and langs <= launches[-1]:
+            return _NothingToRestore()  # a helper call inside a launch: already patched
+        scope = original(fn)
+        if launches:  # a helper that sees more: upstream patches it and never restores it
+            launches[-1] = launches[-1] | langs
+            return scope
+        launches.append(langs)  # a launch: its scope is restored when the launch ends
+        restore = scope.restore
+
+        def restore_launch():
+            launches.pop()
+            restore()
+
+        scope.restore = restore_launch
+        return scope
+
+    patch_lang._infer_cluster_wrapped = True
+    interpreter._patch_lang = patch_lang
+    return True
