@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from infer_cluster.protocol.errors import ConfigError
+from infer_cluster.worker.spec_decode.config import SpeculativeConfig, refuse_unsupported
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -69,6 +70,7 @@ class EngineConfig:
     async_scheduling: Union[bool, str] = field(default="auto", metadata={"help": "schedule and launch step n+1 while step n runs on the GPU, so the GPU never waits for Python (outputs are the same); unset = auto: on for CUDA (tensor and pipeline parallel included), off on CPU; with pipeline micro-batches a group's next step is launched before its draw reaches the host"})
     pipeline_microbatches: str = field(default="auto", metadata={"help": "with pipeline_parallel_size P > 1, keep up to P steps in flight on disjoint groups of the running batch so that every stage works at once (outputs are the same): on, off (one step at a time), or auto (on where stages replay CUDA graphs, i.e. on CUDA without enforce_eager; off on CPU: at P=2 on 2x H100 with stage graphs and async scheduling, 1.32x one step at a time; see docs/parallel.md)"})
     kv_offload_gib: float = field(default=0.0, metadata={"help": "host-memory KV tier in GiB (pinned on CUDA; 0 = off): prefix blocks evicted from the device pool are kept there and copied back on a hit, and preempted requests are swapped there instead of recomputed when it has room"})
+    speculative_config: Optional[Union[dict, str, SpeculativeConfig]] = field(default=None, metadata={"help": "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}': decode rows verify tokens proposed by prompt lookup, several per forward (greedy output is the same; sampling keeps its distribution); unset = off. See docs/spec_decode.md"})
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -123,6 +125,9 @@ class EngineConfig:
         if self.kv_offload_gib and self.world_size > 1:
             raise ConfigError("kv_offload_gib (the host KV tier) works on single-rank replicas only; "
                               "set it to 0 or use tensor_parallel_size = pipeline_parallel_size = 1")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.speculative_config is not None:
+            refuse_unsupported(self)
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,77 @@
+"""`speculative_config`: vLLM's shape on EngineConfig, the CLI flag, errors that name the field,
+and the engine settings it is refused with (one line naming both)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from infer_cluster.worker.config import ConfigError, EngineConfig
+from infer_cluster.worker.spec_decode.config import SpeculativeConfig
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+def test_dict_json_and_instance_give_the_same_config():
+    want = SpeculativeConfig("ngram", 3, 2, 5)
+    assert EngineConfig(speculative_config=NGRAM).speculative_config == want
+    assert EngineConfig(speculative_config=json.dumps(NGRAM)).speculative_config == want
+    assert EngineConfig(speculative_config=want).speculative_config == want
+    assert EngineConfig(speculative_config=NGRAM).replace(seed=3).speculative_config == want
+    assert EngineConfig().speculative_config is None
+    assert SpeculativeConfig.parse(want.to_json()) == want
+
+
+@pytest.mark.parametrize("value,message", [
+    (dict(NGRAM, num_speculative_tokens=0), "speculative_config.num_speculative_tokens must be 1..16, got 0"),
+    (dict(NGRAM, num_speculative_tokens=17), "speculative_config.num_speculative_tokens must be 1..16"),
+    (dict(NGRAM, num_speculative_tokens=True), "speculative_config.num_speculative_tokens must be 1..16"),
+    (dict(NGRAM, prompt_lookup_min=0), "speculative_config.prompt_lookup_min must be 1..64"),
+    (dict(NGRAM, prompt_lookup_max=65), "speculative_config.prompt_lookup_max must be 1..64"),
+    (dict(NGRAM, prompt_lookup_min=6), r"speculative_config.prompt_lookup_min \(6\) must be <= prompt_lookup_max \(5\)"),
+    (dict(NGRAM, method="eagle"), "speculative_config.method must be one of ngram, draft_model"),
+    ({"num_speculative_tokens": 3}, "speculative_config.method is required"),
+    (dict(NGRAM, lookahead=2), "speculative_config has unknown field"),
+    (dict(NGRAM, model="x"), "speculative_config.model is for method 'draft_model' only"),
+    ({"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3},
+     "method 'draft_model' is not built yet"),
+    ("{not json", "speculative_config is not valid JSON"),
+    ([1, 2], "speculative_config must be a map"),
+])
+def test_bad_values_name_the_field(value, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(speculative_config=value)
+
+
+@pytest.mark.parametrize("settings,names", [
+    (dict(async_scheduling=True), "async_scheduling"),
+    (dict(tensor_parallel_size=2), "tensor_parallel_size"),
+    (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
+    (dict(device="cuda"), "enforce_eager"),
+])
+def test_combinations_not_built_are_refused_naming_both(settings, names):
+    with pytest.raises(ConfigError) as info:
+        EngineConfig(speculative_config=NGRAM, **settings)
+    message = str(info.value)
+    assert "speculative_config" in message and names in message and "\n" not in message
+    EngineConfig(**settings)  # alone, each is fine
+
+
+def test_allowed_combinations():
+    EngineConfig(speculative_config=NGRAM, async_scheduling="auto")
+    EngineConfig(speculative_config=NGRAM, async_scheduling=False)
+    EngineConfig(speculative_config=NGRAM, device="cuda", enforce_eager=True)
+    EngineConfig(speculative_config=NGRAM, kv_offload_gib=1.0)
+
+
+def test_cli_flag_reaches_the_config_and_the_replica_argv():
+    from infer_cluster.cli import main
+    from infer_cluster.cli_options import engine_argv
+    from infer_cluster.worker.__main__ import build_parser
+
+    args = build_parser().parse_args(["--speculative-config", json.dumps(NGRAM)])
+    assert EngineConfig(speculative_config=args.speculative_config).speculative_config.prompt_lookup_max == 5
+    assert engine_argv({"speculative_config": json.dumps(NGRAM)}) == ["--speculative-config", json.dumps(NGRAM)]
+    bad = CliRunner().invoke(main, ["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'])
+    assert bad.exit_code == 1
+    assert "speculative_config.num_speculative_tokens must be 1..16" in bad.output

@@ -1,0 +1,103 @@
+"""`SpeculativeConfig`: `EngineConfig.speculative_config` validated, in vLLM's shape.
+
+Owns: parsing the user's value (a dict, a JSON string from `--speculative-config`, or a
+`SpeculativeConfig`), the checks of each field (messages name the field, e.g.
+`speculative_config.num_speculative_tokens must be 1..16`), and `refuse_unsupported`: the
+engine settings speculation does not run with yet, refused at configuration time with one line
+naming both settings rather than producing wrong output.
+Must never import torch (the CLI builds configs without it).
+To extend: add the field with a default here, check it in `__post_init__`, document it in
+docs/spec_decode.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from infer_cluster.protocol.errors import ConfigError
+
+METHODS = ("ngram", "draft_model")
+MAX_SPECULATIVE_TOKENS = 16
+MAX_LOOKUP = 64  # longest n-gram the proposer matches
+
+
+def _whole(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"speculative_config.{name} must be {low}..{high}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2  # the shortest suffix n-gram that may propose
+    prompt_lookup_max: int = 4  # the longest one tried (longest first)
+    model: Optional[str] = None  # draft_model only
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"speculative_config.method must be one of {', '.join(METHODS)}, "
+                              f"got {self.method!r}")
+        if self.method == "draft_model":
+            raise ConfigError("speculative_config.method 'draft_model' is not built yet; use "
+                              "'ngram' (prompt lookup)")
+        _whole("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        _whole("prompt_lookup_min", self.prompt_lookup_min, 1, MAX_LOOKUP)
+        _whole("prompt_lookup_max", self.prompt_lookup_max, 1, MAX_LOOKUP)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must "
+                              f"be <= prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.model is not None:
+            raise ConfigError("speculative_config.model is for method 'draft_model' only")
+
+    @classmethod
+    def parse(cls, value: Any) -> Optional["SpeculativeConfig"]:
+        """None (off), a `SpeculativeConfig`, a dict, or its JSON text (the CLI's flag)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            if not value.strip() or value.strip() == "null":
+                return None
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"speculative_config must be a map like {{\"method\": \"ngram\", "
+                              f"\"num_speculative_tokens\": 4}}, got {value!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ConfigError(f"speculative_config has unknown field(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(names))}")
+        if "method" not in value:
+            raise ConfigError("speculative_config.method is required (ngram)")
+        return cls(**value)
+
+    def to_json(self) -> str:
+        """The form the CLI forwards to a replica's `--speculative-config`."""
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+
+
+def refuse_unsupported(config) -> None:
+    """Raise `ConfigError` naming both settings where `config` (an `EngineConfig` with
+    speculation on) asks for something verification does not do yet. `async_scheduling='auto'`
+    is not refused: the engine resolves it to off."""
+    if config.async_scheduling is True:
+        raise ConfigError("speculative_config does not run with async_scheduling=true yet (a "
+                          "verify step's accepted count must be on the host before the next "
+                          "schedule); set async_scheduling to false or auto")
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+        raise ConfigError("speculative_config does not run with tensor_parallel_size or "
+                          "pipeline_parallel_size > 1 yet; use a single-rank replica")
+    if config.device == "cuda" and not config.enforce_eager:
+        raise ConfigError(graphs_refusal())
+
+
+def graphs_refusal() -> str:
+    """The one line for CUDA graphs (also raised by the engine when device 'auto' is CUDA)."""
+    return ("speculative_config does not run with CUDA graphs yet (verify steps have k + 1 "
+            "positions a row); set enforce_eager=true")
