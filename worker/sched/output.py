@@ -2,7 +2,8 @@
 Plain data, no policy.
 
 Owns: the step's requests (tokens, start position, block ids, whether the last row is sampled,
-whether its input is the previous step's pending draw), its token count, preemptions, the
+whether its input is the previous step's pending draw, how many of its tokens are speculative
+proposals), its token count, preemptions, the
 host-tier copies (`swap_out`, `swap_in`, grouped into `loads`) and the `blocked` flag. The
 `Scheduler` (worker/sched/scheduler.py) builds it; `DynamicContext.prepare`, the model runners, the
 step codec and the engine read it, without importing the scheduler.
@@ -31,6 +32,10 @@ class ScheduledRequest:
     # request's previous list (worker/kv/block_table.py). Bookkeeping, not the step's content:
     # left out of equality.
     block_epoch: int = field(default=0, compare=False)
+    # Speculative decoding: the last `num_spec_tokens` of `token_ids` are proposals, not the
+    # request's tokens; a sampled row then has logits at each of its last num_spec_tokens + 1
+    # positions (worker/spec_decode/verify.py).
+    num_spec_tokens: int = 0
 
 
 @dataclass

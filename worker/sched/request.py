@@ -8,6 +8,8 @@ they count as generated but `num_emitted_tokens` skips them when building deltas
 Timing (`RequestMetrics`, wall clock): `arrival_time` at creation, `first_scheduled_time` on the
 first move to RUNNING (set in `transition`, so the scheduler needs nothing extra); the engine
 sets `first_token_time` and `finish_time`.
+Speculative decoding adds `spec_token_ids` (proposals for the next step, never part of the
+token lists) and `draft_state` (the proposer's, opaque).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class Request:
         # The engine's matcher of a structured-outputs request (worker/structured/state.py),
         # opaque here: the sampler's row carries it.
         self.grammar = None
+        # Speculative decoding (worker/spec_decode/): tokens proposed to follow this request's
+        # last one, set before each schedule (empty: none), and the proposer's own state
+        # (opaque here). `schedule` computes the proposals as extra positions of the decode row;
+        # `update_verified` keeps those the sampler agreed with.
+        self.spec_token_ids: list[int] = []
+        self.draft_state = None
         self.finish_reason: Optional[str] = None
         self.error: Optional[dict] = None
         self.arrival_time = time.time()

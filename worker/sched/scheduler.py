@@ -22,7 +22,8 @@ never import torch.
 
 Steps in flight (async scheduling, pipeline micro-batches) and host-tier loads: what an
 uncollected step or a load still holds is kept by `InFlightBook` (worker/sched/inflight.py),
-which this class extends; its docstring says how scheduling honours it.
+which this class extends; its docstring says how scheduling honours it. Speculative decoding's
+proposals and verified updates are `SpecTokens`' (worker/sched/spec_tokens.py), also extended.
 
 To extend (e.g. a new admission policy): change `_admit_waiting`; keep `running` sorted by
 `Request.sort_key` so the preemption victim is always its tail.
@@ -40,13 +41,14 @@ from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sched.inflight import InFlightBook
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
+from infer_cluster.worker.sched.spec_tokens import SpecTokens
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Scheduler(InFlightBook):
+class Scheduler(InFlightBook, SpecTokens):
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, host: Optional[HostTier] = None,
                  loads_landed: Optional[Callable[[list[int]], Iterable[int]]] = None,
@@ -168,6 +170,8 @@ class Scheduler(InFlightBook):
             i += 1
         if not out.preempted_ids and not out.blocked and len(out.requests) < max_seqs:
             budget = self._admit_waiting(budget, out, max_seqs)
+        if self.speculating and not out.preempted_ids:
+            budget = self._add_proposals(out, budget)  # worker/sched/spec_tokens.py
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self.num_scheduled_tokens += out.num_batched_tokens
         return out
