@@ -1,0 +1,94 @@
+"""Prompt lookup (`NgramIndex`, `NgramProposer`): the longest suffix n-gram that occurred
+before, its most recent occurrence, the tokens after it; checked against a brute-force search
+while a token list grows, and the caps that keep proposals inside max_tokens / max_model_len."""
+
+import random
+
+import pytest
+
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker.sched.request import Request
+from infer_cluster.worker.spec_decode.ngram import NgramIndex, NgramProposer
+
+
+def brute_force(tokens, min_n, max_n, k):
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        suffix = tokens[size - n:]
+        for end in range(size - 2, n - 2, -1):  # most recent first
+            if tokens[end - n + 1:end + 1] == suffix:
+                return tokens[end + 1:end + 1 + k]
+    return []
+
+
+@pytest.mark.parametrize("tokens,min_n,max_n,k,want", [
+    ([1, 2, 3, 4, 1, 2, 3], 2, 2, 3, [4, 1, 2]),
+    ([1, 2, 3, 4, 1, 2, 3], 3, 3, 2, [4, 1]),
+    ([1, 2, 9, 1, 2, 8, 1, 2], 2, 2, 4, [8, 1, 2]),      # the most recent occurrence
+    ([5, 1, 2, 3, 7, 2, 3, 6, 1, 2, 3], 1, 3, 2, [7, 2]),  # the longest n wins over a later short one
+    ([1, 2, 3, 4, 1, 2, 3, 5, 6], 2, 2, 2, []),          # (5, 6) never occurred before
+    ([7, 7, 7, 7], 1, 3, 4, [7]),                        # overlapping: only what is known follows
+    ([4], 1, 3, 2, []),
+    ([], 1, 3, 2, []),
+])
+def test_examples(tokens, min_n, max_n, k, want):
+    assert NgramIndex(min_n, max_n).propose(tokens, k) == want
+    assert brute_force(tokens, min_n, max_n, k) == want
+
+
+@pytest.mark.parametrize("min_n,max_n,alphabet", [(1, 3, 3), (2, 4, 4), (3, 3, 2), (1, 1, 5)])
+def test_matches_brute_force_while_tokens_grow(min_n, max_n, alphabet):
+    rng = random.Random(min_n * 100 + max_n * 10 + alphabet)
+    for _ in range(20):
+        index = NgramIndex(min_n, max_n)
+        tokens = []
+        for _ in range(60):
+            tokens.extend(rng.randrange(alphabet) for _ in range(rng.choice((1, 1, 2, 5))))
+            k = rng.randint(1, 6)
+            assert index.propose(tokens, k) == brute_force(tokens, min_n, max_n, k), tokens
+
+
+def _request(prompt, output=(), max_tokens=16, **kw):
+    req = Request("r", prompt, SamplingParams(max_tokens=max_tokens, **kw), 0)
+    for t in output:
+        req.append_token(t)
+    req.num_computed_tokens = req.num_tokens - 1  # decoding
+    return req
+
+
+def test_proposer_caps_by_max_tokens_and_max_model_len():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    proposer = NgramProposer(4, 1, 3, max_model_len=100)
+    req = _request(prompt, [1, 2], max_tokens=16)
+    proposer.propose([req])
+    assert req.spec_token_ids == [3, 4, 5, 6]
+    req = _request(prompt, [1, 2], max_tokens=5)  # 2 out, 3 left: 2 proposals + 1 more at most
+    proposer.propose([req])
+    assert req.spec_token_ids == [3, 4]
+    req = _request(prompt, [1, 2], max_tokens=3)  # the next token is the last: nothing to verify
+    proposer.propose([req])
+    assert req.spec_token_ids == []
+    short = NgramProposer(4, 1, 3, max_model_len=len(prompt) + 4)  # 34 tokens, room for 2 more
+    req = _request(prompt, [1, 2], max_tokens=16)
+    short.propose([req])
+    assert req.spec_token_ids == [3]
+
+
+def test_proposer_skips_rows_that_do_not_decode():
+    proposer = NgramProposer(3, 1, 2, max_model_len=100)
+    req = _request([1, 2, 3, 1, 2], max_tokens=16)
+    req.spec_token_ids = [9, 9]  # stale: cleared
+    req.num_computed_tokens = 2  # still prefilling
+    proposer.propose([req])
+    assert req.spec_token_ids == []
+    req.num_computed_tokens = 4
+    req.num_pending = 1  # a token on its way (async scheduling): never speculated on
+    proposer.propose([req])
+    assert req.spec_token_ids == []
+    req.num_pending = 0
+    req.grammar = object()  # structured outputs decode one token a step
+    proposer.propose([req])
+    assert req.spec_token_ids == []
+    req.grammar = None
+    proposer.propose([req])
+    assert req.spec_token_ids == [3, 1, 2]
