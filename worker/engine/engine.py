@@ -17,6 +17,9 @@ Pipeline micro-batches (a runner with `pipeline_depth` P > 1, worker/sched/micro
 steps in flight, each on a disjoint group of about 1/P of the batch (`Scheduler.schedule(group=)`);
 after a submit the oldest is collected once P are in flight, so rank 0 samples group k while
 the later stages compute k+1; a schedule that finds every request in flight collects instead.
+Speculative decoding (`speculative_config`, worker/spec_decode/): before each schedule a proposer
+sets the decoding requests' proposals, the step is a `VerifyStep` (every position of a row is
+drawn) and `Scheduler.update_verified` applies the accepted tokens; such an engine is synchronous.
 Sampling itself never blocks the launch (sampled, penalties and logprobs rows included). Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text/text_stage.py) turns them
@@ -61,6 +64,7 @@ from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sched.scheduler import Scheduler
 from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.spec_decode.decoder import build_spec_decoder
 from infer_cluster.worker.text.text_stage import TextStage
 
 log = logging.getLogger(__name__)
@@ -142,8 +146,13 @@ class DynamicEngine:
         # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
         # structured outputs): their steps are synchronous.
         self._sync_ids: set[str] = set()
+        # Speculative decoding (worker/spec_decode/): None when off; its steps are synchronous.
+        self.spec_decoder = build_spec_decoder(config.speculative_config, config.enforce_eager,
+                                       self.runner.device.type, self.max_model_len)
+        self.scheduler.speculating = self.spec_decoder is not None
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
-        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
+        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode) \
+            and self.spec_decoder is None
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
 
     def _resolve_max_model_len(self) -> int:
@@ -236,6 +245,8 @@ class DynamicEngine:
         try:
             while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
+            if self.spec_decoder is not None:
+                self.spec_decoder.propose(self.scheduler.running)
             out = self._schedule_next()
             self._inflight.drain_next = out.blocked
             # Micro-batches: a row waits only for the draw of the oldest step, queued already.
@@ -251,6 +262,10 @@ class DynamicEngine:
                 if depth > 1:
                     self._timed("launch", self._inflight.submit, out, self.runner,
                                 self.scheduler.requests, self.eos_token_ids)
+                elif self.spec_decoder is not None:  # a verify step (worker/spec_decode/verify.py)
+                    self._inflight.steps.append(self._timed(
+                        "launch", self.spec_decoder.launch, out, self.runner, self.sampler,
+                        self.scheduler.requests, self.eos_token_ids))
                 else:
                     self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
                                 self.scheduler.requests, self.eos_token_ids)
@@ -311,7 +326,8 @@ class DynamicEngine:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
         step = self._inflight.steps[0]
         sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
-        advanced, _ = self._timed("update", self.scheduler.update, step.out, sampled)
+        update = self.scheduler.update if self.spec_decoder is None else self.scheduler.update_verified
+        advanced, _ = self._timed("update", update, step.out, sampled)
         if self._sync_ids:
             self.structured.advance(advanced, self.scheduler)
         self._emit_all(advanced, logprobs, deltas)
@@ -338,15 +354,15 @@ class DynamicEngine:
         self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + time.perf_counter() - t
         return result
 
-    def _emit(self, req: Request, logprob, now: float) -> RequestDelta:
-        """The raw delta of one request that advanced: new token ids, logprobs, finish info.
-        Token counts ride on every delta: text may end the request at any of them. Metrics ride
-        on the first token's delta (a text stage that ends the request on a stop string later
-        finishes them) and on the final one."""
-        self._num_generated += 1
+    def _emit(self, req: Request, logprobs: Optional[list], now: float) -> RequestDelta:
+        """The raw delta of one request that advanced: new token ids, their logprobs, finish
+        info. Token counts ride on every delta: text may end the request at any of them. Metrics
+        ride on the first token's delta (a text stage that ends the request on a stop string
+        later finishes them) and on the final one."""
         new_ids = req.output_token_ids[req.num_emitted_tokens:]
+        self._num_generated += len(new_ids)
         req.num_emitted_tokens = len(req.output_token_ids)
-        delta = RequestDelta(req.request_id, new_ids, "", [logprob] if logprob is not None else None,
+        delta = RequestDelta(req.request_id, new_ids, "", logprobs,
                              None, None, req.num_prompt_tokens, req.num_cached_tokens,
                              num_cached_tokens_host=req.num_cached_tokens_host)
         if req.first_token_time is None:
@@ -359,9 +375,14 @@ class DynamicEngine:
         return delta
 
     def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
-        now = time.time()
+        """`logprobs`: an entry per request, or (speculating) a list of entries per request,
+        one per token verified, of which those its stop rules kept are sent."""
+        now, burst = time.time(), self.spec_decoder is not None
         for req in advanced:  # appended one by one: a failure keeps what was already built
-            deltas.append(self._emit(req, logprobs.get(req.request_id), now))
+            lp = logprobs.get(req.request_id)
+            if lp is not None:
+                lp = lp[:len(req.output_token_ids) - req.num_emitted_tokens] if burst else [lp]
+            deltas.append(self._emit(req, lp, now))
 
     def _fail(self, outs: Optional[list[SchedulerOutput]], exc: Exception, loads: bool = False) -> None:
         """End the scheduled requests of the failed steps `outs` (all requests if scheduling

@@ -15,6 +15,7 @@ from infer_cluster.protocol import RequestStatus
 
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.sched.request import Request
+from infer_cluster.worker.spec_decode.decoder import off_stats
 
 
 def is_prefilling(req: Request) -> bool:
@@ -50,7 +51,13 @@ def engine_stats(engine) -> dict:
             "max_num_seqs": engine.config.max_num_seqs,
             "warmup_seconds": engine.warmup_stats["seconds"] if engine.warmup_stats else 0.0,
             "step_seconds": engine.phase_seconds,
-            **_host_tier_stats(engine)}
+            **_host_tier_stats(engine), **_spec_stats(engine)}
+
+
+def _spec_stats(engine) -> dict:
+    """Speculative decoding's proposals and acceptances (zeros and [] when it is off)."""
+    spec = engine.spec_decoder
+    return spec.stats() if spec is not None else off_stats()
 
 
 def _host_tier_stats(engine) -> dict:

@@ -3,9 +3,10 @@
 Owns the host-side arithmetic every model runner repeats per step: the input id, position and
 KV slot of every scheduled token, each sequence's length and query start, the padded block
 table, the rows whose logits are sampled (with their request ids) and the rows whose input id is
-the previous step's pending draw. `DynamicContext.prepare` (worker/runner/context.py) packs them for one
-device; the tensor-parallel step codec (worker/distributed/step_codec.py) packs them for the
-ranks. Plain Python and numpy, no torch.
+the previous step's pending draw. A row with speculative proposals (`num_spec_tokens` = k, never
+decode-only: it has k + 1 tokens) has its last k + 1 rows sampled. `DynamicContext.prepare`
+(worker/runner/context.py) packs them for one device; the tensor-parallel step codec
+(worker/distributed/step_codec.py) packs them for the ranks. Plain Python and numpy, no torch.
 
 Cost matters: it runs on the step's critical path for up to `max_num_seqs` rows. Decode-only
 steps take a path with no per-token loops. The block table comes from the runner's
@@ -37,7 +38,8 @@ class StepRows:
     block_tables: np.ndarray  # int64 [num_seqs, max blocks], padded with 0
     max_query_len: int
     sample_rows: list[int]    # token rows whose logits are sampled, in request order
-    sample_ids: list[str]     # the request of each sampled row
+    sample_ids: list[str]     # the request of each sampled row (a row with k speculative
+                              # proposals has k + 1 sampled rows, in position order)
     pending_rows: list[int]   # token rows whose input id is the previous step's pending draw
 
 
@@ -82,7 +84,11 @@ def step_rows(out: SchedulerOutput, block_size: int, mirror: Optional[BlockTable
             if r.pending_input:
                 fill.append(end - 1)
             if r.needs_sample:
-                sample.append((end - 1, r.request_id))
+                spec = r.num_spec_tokens  # proposals: logits at each of the last spec + 1 rows
+                if spec:
+                    sample.extend((row, r.request_id) for row in range(end - 1 - spec, end))
+                else:
+                    sample.append((end - 1, r.request_id))
         qsl = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
         seq_lens = np.asarray(starts, dtype=np.int64) + np.asarray(lens, dtype=np.int64)

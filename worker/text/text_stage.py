@@ -14,7 +14,8 @@ whether text runs inline (offline `LLM`: stops apply in the same step) or on a h
 dropped per stopped request).
 
 Semantics kept from the inline engine: the final delta of a stop string carries the token that
-completed it and text cut just before the stop string; a stop string completed by the token
+completed it (a delta of several tokens, from speculative decoding, loses those after it) and
+text cut just before the stop string; a stop string completed by the token
 that also hit `max_tokens` / EOS reports `stop`; resumed requests replay delivered tokens one
 push at a time so held-back text comes out with the first new token.
 
@@ -87,7 +88,10 @@ class TextStage:
                 self._metrics[d.request_id] = d.metrics
                 d.metrics = None
             try:
-                text, stopped = detok.push(d.token_ids, final=is_final)
+                if len(d.token_ids) > 1 and detok.stop:  # a speculative burst: stop inside it?
+                    text, stopped = _push_burst(detok, d, is_final)
+                else:
+                    text, stopped = detok.push(d.token_ids, final=is_final)
             except Exception as exc:  # a tokenizer bug ends this request, never the stage
                 log.exception("detokenizing request %s failed", d.request_id)
                 text, stopped = "", True
@@ -116,6 +120,24 @@ class TextStage:
 
     def __len__(self) -> int:
         return len(self._detok)
+
+
+def _push_burst(detok: IncrementalDetokenizer, d: RequestDelta, final: bool) -> tuple[str, bool]:
+    """Push a delta of several tokens (speculative decoding) one token at a time; a stop string
+    completed by one of them drops the tokens (and logprobs) after it from the delta, as if the
+    request had made one token a step."""
+    pieces = []
+    for i, token in enumerate(d.token_ids):
+        last = i == len(d.token_ids) - 1
+        text, stopped = detok.push([token], final=final and last)
+        pieces.append(text)
+        if stopped:
+            if not last:
+                d.token_ids = d.token_ids[:i + 1]
+                if d.logprobs is not None:
+                    d.logprobs = d.logprobs[:i + 1]
+            return "".join(pieces), True
+    return "".join(pieces), False
 
 
 class TextWorker(threading.Thread):

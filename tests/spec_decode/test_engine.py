@@ -1,0 +1,234 @@
+"""Speculative decoding in the engine on tiny-random: outputs equal speculation off token for
+token (text, finish reasons, logprobs) for greedy and seeded requests with every finish rule,
+stop strings, min_tokens, ignore_eos, penalties, n-gram bans and logprobs, with chunked
+prefill, prefix-cache hits and preemption; proposals are really accepted; every block comes
+back; and unseeded sampling keeps its distribution (chi-square, two samples)."""
+
+import pytest
+
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker import LLM
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+# Repeating prompts: tiny-random's greedy output soon cycles too, so lookups find proposals.
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [13, 14, 15] * 10, [20, 21, 22, 23],
+           [30, 31, 32, 33, 34] * 7 + [3, 4], [40] * 17, [50, 51, 52, 53, 54, 55] * 3,
+           [8, 9, 10, 11, 12] * 7, [60, 61]]
+
+
+def greedy(n, **kw):
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **kw)
+
+
+def repeated_text(out, tokenizer) -> str:
+    """Three times the text of a token that `out` repeats 4 times in a row (after its 8th):
+    a stop string that a burst of accepted proposals completes."""
+    ids = out.token_ids
+    for i in range(8, len(ids) - 3):
+        piece = tokenizer.decode([ids[i]])
+        if len(set(ids[i:i + 4])) == 1 and piece.isprintable() and piece.strip():
+            return piece * 3
+    raise AssertionError(f"no repeated printable token in {ids}")
+
+
+def mixed_params(refs, tokenizer) -> list[SamplingParams]:
+    """Request i's params; `refs[i]`: its greedy output (stop tokens and strings are taken from
+    well inside it, where proposals are accepted)."""
+    return [
+        greedy(40),
+        greedy(30, stop_token_ids=[refs[1].token_ids[9]]),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=False, stop=[repeated_text(refs[2], tokenizer)]),
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=25, seed=7, ignore_eos=True),
+        greedy(24, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.3),
+        greedy(20, no_repeat_ngram_size=3),
+        greedy(30, stop_token_ids=[refs[6].token_ids[3]], min_tokens=12),
+        SamplingParams(temperature=1.0, max_tokens=18, seed=3, logprobs=3, ignore_eos=True),
+    ]
+
+
+SETTINGS = {
+    "defaults": dict(),
+    "chunked_prefill": dict(max_num_batched_tokens=24),
+    "preemption": dict(num_kv_blocks=14, max_num_batched_tokens=64),
+    "no_prefix_cache": dict(enable_prefix_caching=False),
+    # preempted requests are swapped to the host tier (8 KiB blocks: about 130 host blocks)
+    "host_tier": dict(num_kv_blocks=14, max_num_batched_tokens=64, kv_offload_gib=0.001),
+}
+
+
+def outputs(llm, params):
+    # twice: the second round hits the prefix cache
+    return [(o.token_ids, o.finish_reason, o.text, o.logprobs)
+            for _ in range(2) for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference_params():
+    llm = LLM("tiny-random", block_size=16, num_kv_blocks=64)
+    return mixed_params(llm.generate(PROMPTS, greedy(40), use_tqdm=False), llm.tokenizer)
+
+
+def assert_same(got, want, label):
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a[:3] == b[:3], f"{label}: request {i} differs"
+        if b[3] is None:
+            assert a[3] is None
+        else:
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-4)
+            assert [list(lp[1]) for lp in a[3]] == [list(lp[1]) for lp in b[3]]
+    assert len(got) == len(want)
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_outputs_equal_speculation_off(reference_params, setting):
+    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    want = outputs(LLM("tiny-random", **kw), reference_params)
+    llm = LLM("tiny-random", speculative_config=SPEC, **kw)
+    assert not llm.engine.async_scheduling
+    got = outputs(llm, reference_params)
+    assert_same(got, want, setting)
+    assert [o[1] for o in want[:8]].count("stop") == 3
+    stats = llm.stats()
+    assert stats["num_spec_accepted_tokens"] > 0.2 * stats["num_spec_draft_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    if setting in ("preemption", "host_tier"):
+        assert stats["num_preemptions"] > 0
+        assert (stats["num_swapped_out"] > 0) == (setting == "host_tier")
+    else:
+        assert stats["prefix_cache_hit_tokens"] > 0 or setting == "no_prefix_cache"
+
+
+def test_seeded_requests_reproduce_alone_or_in_a_batch(reference_params):
+    seeded = reference_params[3]
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=64, speculative_config=SPEC)
+    alone = llm.generate([PROMPTS[3]], seeded, use_tqdm=False)[0].token_ids
+    batch = llm.generate(PROMPTS, [seeded] * len(PROMPTS), use_tqdm=False)
+    assert batch[3].token_ids == alone
+    assert llm.generate([PROMPTS[3]], seeded, use_tqdm=False)[0].token_ids == alone
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+
+
+def run_steps(llm, prompt, params):
+    """Drive the engine step by step (text inline, stop strings apply in the same step)."""
+    llm.add_request(prompt, params)
+    tokens, text, finish, sizes = [], "", None, []
+    while llm.has_unfinished_requests():
+        for d in llm.step():
+            tokens += d.token_ids
+            text += d.text
+            sizes.append(len(d.token_ids))
+            finish = d.finish_reason or finish
+    return tokens, text, finish, sizes
+
+
+def test_a_stop_string_inside_an_accepted_burst(reference_params):
+    params = reference_params[2]
+    off = run_steps(LLM("tiny-random", block_size=8, num_kv_blocks=64), PROMPTS[2], params)
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=64, speculative_config=SPEC)
+    on = run_steps(llm, PROMPTS[2], params)
+    assert on[:3] == off[:3] and on[2] == "stop"
+    assert max(on[3]) > 1  # tokens came in bursts
+    # the burst that completed the stop string had tokens after it: the text stage dropped them
+    assert llm.stats()["num_generated_tokens"] > len(on[0])
+
+
+# chi2.ppf(0.999, df) for df = 1..30 (standard tables)
+CHI2_CRIT_999 = [None, 10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877,
+                 29.588, 31.264, 32.909, 34.528, 36.123, 37.697, 39.252, 40.790, 42.312, 43.820,
+                 45.315, 46.797, 48.268, 49.728, 51.179, 52.620, 54.052, 55.476, 56.892, 58.301,
+                 59.703]
+NUM_DRAWS = 512
+SAMPLED = SamplingParams(temperature=0.6, top_k=4, max_tokens=4, ignore_eos=True)
+# PROMPTS[0] and the start of its greedy output: proposals (172 ...) are kept about half the time
+CHI2_PROMPT = PROMPTS[0] + [56, 172, 172, 172, 172]
+
+
+def two_sample_chi_square(a: list[int], b: list[int]) -> tuple[float, int]:
+    """Pearson's statistic that samples `a` and `b` come from one distribution, and its degrees
+    of freedom; values with fewer than 20 draws together are pooled."""
+    from collections import Counter
+    ca, cb = Counter(a), Counter(b)
+    cells, rest = [], [0, 0]
+    for v in set(ca) | set(cb):
+        if ca[v] + cb[v] >= 20:
+            cells.append([ca[v], cb[v]])
+        else:
+            rest[0] += ca[v]
+            rest[1] += cb[v]
+    if sum(rest):
+        cells.append(rest)
+    na, nb = len(a), len(b)
+    stat = 0.0
+    for x, y in cells:
+        total = x + y
+        for observed, n in ((x, na), (y, nb)):
+            expected = total * n / (na + nb)
+            stat += (observed - expected) ** 2 / expected
+    return stat, len(cells) - 1
+
+
+@pytest.fixture(scope="module")
+def unseeded_off():
+    """Token t of NUM_DRAWS unseeded requests, speculation off (t = 1..3: verified positions)."""
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=512)
+    outs = llm.generate([CHI2_PROMPT] * NUM_DRAWS, SAMPLED, use_tqdm=False)
+    return [[o.token_ids[t] for o in outs] for t in range(1, 4)]
+
+
+def unseeded_on():
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=512, speculative_config=SPEC)
+    outs = llm.generate([CHI2_PROMPT] * NUM_DRAWS, SAMPLED, use_tqdm=False)
+    stats = llm.stats()
+    return [[o.token_ids[t] for o in outs] for t in range(1, 4)], stats
+
+
+def test_unseeded_sampling_keeps_its_distribution(unseeded_off):
+    on, stats = unseeded_on()
+    assert stats["num_spec_accepted_tokens"] > NUM_DRAWS // 5  # many draws went through bursts
+    assert stats["num_spec_accepted_tokens"] < 0.8 * stats["num_spec_draft_tokens"]  # many rejected
+    for t, (a, b) in enumerate(zip(on, unseeded_off), start=1):
+        stat, df = two_sample_chi_square(a, b)
+        assert 1 <= df <= 30 and stat < CHI2_CRIT_999[df], f"token {t}: chi2 {stat:.1f}, df {df}"
+
+
+def test_the_distribution_test_catches_a_broken_acceptance_rule(unseeded_off, monkeypatch):
+    """Keep every proposal: the test above must fail."""
+    from infer_cluster.worker.spec_decode import verify
+    monkeypatch.setattr(verify, "num_accepted", lambda proposals, draws: len(proposals))
+    on, _ = unseeded_on()
+    worst = max(stat / CHI2_CRIT_999[df] for stat, df in
+                (two_sample_chi_square(a, b) for a, b in zip(on, unseeded_off)))
+    assert worst > 1
+
+
+@pytest.mark.parametrize("obj,name", [("scheduler", "update_verified"), ("runner", "execute")])
+def test_a_failed_verify_step_ends_every_request_once(monkeypatch, obj, name):
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=64, speculative_config=SPEC)
+    rids = [llm.add_request(p, greedy(30)) for p in PROMPTS[:3]]
+    finals = {rid: 0 for rid in rids}
+
+    def step():
+        for d in llm.step():
+            finals[d.request_id] += d.finish_reason is not None
+
+    while llm.stats()["num_spec_draft_tokens"] == 0:  # until verify steps carry proposals
+        step()
+    target = getattr(llm.engine, obj)
+    real = getattr(target, name)
+    calls = []
+
+    def fail_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError(f"injected failure in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, fail_once)
+    while llm.has_unfinished_requests():
+        step()
+    assert finals == {rid: 1 for rid in rids} and calls
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    out = llm.generate([PROMPTS[1]], greedy(12), use_tqdm=False)[0]  # it keeps serving
+    assert out.finish_reason == "length" and len(out.token_ids) == 12

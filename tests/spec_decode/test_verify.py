@@ -1,0 +1,150 @@
+"""Verification on the real `Sampler` with hand-made logits (one row per position): the kept
+tokens and logprobs equal those of decoding one token a step, for greedy, penalties,
+min_tokens, logit_bias, logprobs and seeded sampling; and for unseeded sampling the first token
+follows the row's distribution whatever was proposed (chi-square, 0.999), a test that fails when
+the acceptance rule is broken (checked below by breaking it)."""
+
+import math
+
+import pytest
+import torch
+
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sched.request import Request
+from infer_cluster.worker.spec_decode import verify
+from infer_cluster.worker.spec_decode.verify import SpecStats, accept, expand_rows
+
+EOS = 0
+CHI2_CRIT_999 = {1: 10.828, 7: 24.322}  # chi2.ppf(0.999, df), standard tables
+LOGITS8 = [0.0, 0.5, 1.0, 1.5, -1.0, 2.0, 0.3, -0.5]
+
+
+def scheduled(rid, params, prompt=(1, 2, 3), output=()):
+    """A request as it is while its step runs: its sampled row is pending."""
+    req = Request(rid, list(prompt), params, 0, eos_token_ids=(EOS,))
+    for t in output:
+        req.append_token(t)
+    req.num_pending = 1
+    return req
+
+
+def run_verify(sampler, logits, reqs_and_drafts, stats=None):
+    """One verify step's sampling: `reqs_and_drafts` = [(request, proposals)], `logits` their
+    rows in order (k + 1 per request)."""
+    row_ids, proposals, requests = [], {}, {}
+    for req, drafts in reqs_and_drafts:
+        row_ids += [req.request_id] * (len(drafts) + 1)
+        if drafts:
+            proposals[req.request_id] = list(drafts)
+        requests[req.request_id] = req
+    rows, groups = expand_rows(row_ids, proposals, requests, (EOS,))
+    out = sampler(logits, rows)
+    return accept(groups, out.token_ids, out.logprobs, stats)
+
+
+def one_at_a_time(sampler_factory, position_logits, req, drafts):
+    """The reference: decode one token a step (a fresh row each step, the request's tokens so
+    far), taking proposals as long as the draws equal them."""
+    tokens, logprobs = [], []
+    for j in range(len(drafts) + 1):
+        row = SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids + tokens,
+                                   None, (EOS,))
+        out = sampler_factory()(position_logits[j:j + 1].clone(), [row])
+        tokens.append(out.token_ids[0])
+        logprobs.append(out.logprobs[0])
+        if j == len(drafts) or out.token_ids[0] != drafts[j]:
+            break
+    return tokens, logprobs
+
+
+PARAMS = {
+    "greedy": dict(temperature=0),
+    "penalties": dict(temperature=0, repetition_penalty=1.8, frequency_penalty=0.7, presence_penalty=0.5),
+    "min_tokens": dict(temperature=0, min_tokens=4, stop_token_ids=[3]),
+    "logit_bias": dict(temperature=0, logit_bias={5: -30.0}),
+    "logprobs": dict(temperature=0, logprobs=3),
+    "seeded": dict(temperature=0.9, top_k=6, top_p=0.9, seed=11, logprobs=2),
+    "seeded_min_p": dict(temperature=1.3, min_p=0.05, seed=5, repetition_penalty=1.2),
+    "no_repeat_ngram": dict(temperature=0, no_repeat_ngram_size=2),
+}
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_kept_tokens_and_logprobs_equal_one_token_a_step(name):
+    g = torch.Generator().manual_seed(7)
+    for trial in range(12):
+        vocab = 16
+        logits = torch.randn(6, vocab, generator=g) * 3
+        # proposals: mostly what greedy would pick at each position, sometimes not, some EOS / 3
+        drafts = [int(logits[j].argmax()) if (trial + j) % 4 else (trial + j) % vocab for j in range(5)]
+        if trial % 3 == 0:
+            drafts[1] = EOS
+        params = SamplingParams(max_tokens=50, **PARAMS[name])
+        req = scheduled("r", params, prompt=[1, 2, 3, 5, 3], output=[2, 5][:trial % 3])
+        tokens, logprobs = run_verify(Sampler(), logits.clone(), [(req, drafts)])
+        want_tokens, want_logprobs = one_at_a_time(Sampler, logits, req, drafts)
+        assert tokens["r"] == want_tokens, (name, trial)
+        if params.logprobs is None:
+            assert logprobs["r"] is None
+        else:
+            assert [lp[0] for lp in logprobs["r"]] == pytest.approx([lp[0] for lp in want_logprobs])
+            assert [list(lp[1]) for lp in logprobs["r"]] == [list(lp[1]) for lp in want_logprobs]
+
+
+def test_rows_without_proposals_and_a_mixed_batch():
+    logits = torch.randn(8, 10, generator=torch.Generator().manual_seed(3))
+    greedy = SamplingParams(temperature=0, max_tokens=20)
+    a, b, c = scheduled("a", greedy), scheduled("b", greedy), scheduled("c", greedy)
+    drafts_a = [int(logits[0].argmax()), int(logits[1].argmax())]
+    drafts_c = [int(logits[4].argmax()) + 1 if int(logits[4].argmax()) < 9 else 0, 1, 2]
+    stats = SpecStats(4)
+    tokens, _ = run_verify(Sampler(), logits, [(a, drafts_a), (b, []), (c, drafts_c)], stats)
+    assert tokens == {"a": logits[:3].argmax(-1).tolist(), "b": [int(logits[3].argmax())],
+                      "c": [int(logits[4].argmax())]}
+    assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (5, 2)
+    assert stats.as_dict()["spec_acceptance_per_position"] == [0.5, 0.5, 0.0, 0.0]
+
+
+def softmax(xs):
+    m = max(xs)
+    e = [math.exp(v - m) for v in xs]
+    return [v / sum(e) for v in e]
+
+
+def chi_square(counts, probs):
+    n = sum(counts)
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
+
+
+def first_token_counts(num, draft):
+    """First kept token of `num` unseeded requests that all proposed `draft` at a row whose
+    logits are LOGITS8, drawn in one batch."""
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    reqs = [(scheduled(f"r{i}", params), [draft]) for i in range(num)]
+    second = [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    logits = torch.tensor([LOGITS8, second] * num)
+    tokens, _ = run_verify(Sampler(torch.Generator().manual_seed(1234)), logits, reqs)
+    counts = [0] * 8
+    for t in tokens.values():
+        counts[t[0]] += 1
+    return counts, tokens
+
+
+@pytest.mark.parametrize("draft", [5, 4])  # the likeliest token, and an unlikely one
+def test_first_token_follows_the_rows_distribution(draft):
+    counts, tokens = first_token_counts(20000, draft)
+    assert chi_square(counts, softmax(LOGITS8)) < CHI2_CRIT_999[7]
+    # when the proposal was kept, the next token came from the next position's row
+    after = [t[1] for t in tokens.values() if t[0] == draft]
+    p_zero = softmax([3.0] + [0.0] * 7)[0]
+    hits = sum(1 for t in after if t == 0)
+    assert chi_square([hits, len(after) - hits], [p_zero, 1 - p_zero]) < CHI2_CRIT_999[1]
+    assert all(len(t) == 1 for t in tokens.values() if t[0] != draft)
+
+
+def test_the_chi_square_catches_a_broken_acceptance_rule(monkeypatch):
+    """Keep every proposal (no rejection): the test above must fail."""
+    monkeypatch.setattr(verify, "num_accepted", lambda proposals, draws: len(proposals))
+    counts, _ = first_token_counts(20000, 4)
+    assert chi_square(counts, softmax(LOGITS8)) > CHI2_CRIT_999[7]

@@ -1,0 +1,50 @@
+"""`SpecDecoder`: what a speculating engine holds: the proposer, verify steps and the counters.
+
+Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_decoder`, which
+also refuses CUDA graphs where the device is known only now: device 'auto'), proposing before
+each schedule, launching `VerifyStep`s, and the stats keys (`stats`). The engine calls these
+three and `Scheduler.update_verified`; with speculation off it holds None and none of this runs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from infer_cluster.protocol.errors import ConfigError
+
+from infer_cluster.worker.spec_decode.config import SpeculativeConfig, graphs_refusal
+from infer_cluster.worker.spec_decode.ngram import NgramProposer
+from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+        self.config = config
+        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                      config.prompt_lookup_max, max_model_len)
+        self.counters = SpecStats(config.num_speculative_tokens)
+
+    def propose(self, running) -> None:
+        """Set `spec_token_ids` on the running requests (before the schedule)."""
+        self.proposer.propose(running)
+
+    def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
+        return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters)
+
+    def stats(self) -> dict:
+        return self.counters.as_dict()
+
+
+def build_spec_decoder(speculative: Optional[SpeculativeConfig], enforce_eager: bool,
+                       device_type: str, max_model_len: int) -> Optional[SpecDecoder]:
+    """None when speculation is off; a `ConfigError` where the device replays CUDA graphs."""
+    if speculative is None:
+        return None
+    if device_type == "cuda" and not enforce_eager:
+        raise ConfigError(graphs_refusal())
+    return SpecDecoder(speculative, max_model_len)
+
+
+def off_stats(k: int = 0) -> dict:
+    """The stats keys of an engine that does not speculate."""
+    return SpecStats(k).as_dict()

@@ -1,0 +1,146 @@
+"""`VerifyStep`: one synchronous step of a speculating engine, and the acceptance rule.
+
+A decode row with k proposals d1..dk was scheduled as k + 1 positions (its last token, then the
+proposals), so the runner returns logits at each of them. The sampler draws position j as the
+row it would be if d1..dj were the request's tokens: its own penalties, logit_bias, min_tokens
+and logprobs, temperature / top-k / top-p / min-p, and for a seeded request the random number
+of step len(output) + j. The request keeps the draws x0..xa, where a is the number of leading
+proposals that equal the draws (`num_accepted`): x0..x(a-1) are d1..da, and xa is the first
+draw that differs, or a draw after the last proposal.
+
+Why this is exact: every kept draw was drawn from the distribution of its position given the
+tokens actually kept before it, which is what decoding one token a step does. For a greedy row
+the draw is the argmax, so the output is the same token for token. For a random row it is the
+coupled form of rejection sampling with a one-hot draft (Leviathan et al., Chen et al.): the
+proposal d is kept with probability p(d), and on rejection the token is drawn from p with d
+removed and renormalised, because that is the draw x's law given x != d. A seeded request
+draws the very numbers it would draw without speculation, so it reproduces its own output.
+
+Owns: building the expanded sampler rows (`expand_rows`), the host half (the one sync of the
+step), the acceptance (`accept`), and counting proposals and acceptances (`SpecStats`).
+Proposals never change the output's law (for greedy and seeded requests, not even its tokens),
+only how many tokens one forward yields.
+Must never: touch the scheduler (the engine applies the tokens, `Scheduler.update_verified`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from infer_cluster.protocol import SamplingParams
+
+from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sched.output import SchedulerOutput
+
+# The row of a request that ended after scheduling (its draw is dropped).
+_DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
+
+
+def num_accepted(proposals: Sequence[int], draws: Sequence[int]) -> int:
+    """How many leading proposals equal the draws at their positions (draws has one more)."""
+    a = 0
+    for d, x in zip(proposals, draws):
+        if d != x:
+            break
+        a += 1
+    return a
+
+
+class SpecStats:
+    """Proposals and acceptances since the engine started, per position too."""
+
+    def __init__(self, k: int):
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.drafted = [0] * k   # proposals made at position j (the (j+1)-th of a row)
+        self.accepted = [0] * k  # ... and accepted
+
+    def record(self, num_drafts: int, num_accepted_drafts: int) -> None:
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted_drafts
+        for j in range(num_drafts):
+            self.drafted[j] += 1
+        for j in range(num_accepted_drafts):
+            self.accepted[j] += 1
+
+    def as_dict(self) -> dict:
+        return {"num_spec_draft_tokens": self.num_draft_tokens,
+                "num_spec_accepted_tokens": self.num_accepted_tokens,
+                "spec_acceptance_per_position": [a / d if d else 0.0
+                                                 for a, d in zip(self.accepted, self.drafted)]}
+
+
+class VerifyStep:
+    """A step launched by a speculating engine: forward and draw are queued at construction;
+    `wait` brings the draws to the host and returns each sampled request's new tokens. The
+    engine keeps it with its other launched steps (`wait`, `abandon`, `out`)."""
+
+    def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
+                 eos_token_ids, stats: SpecStats):
+        self.out = out
+        self._stats = stats
+        logits, row_ids = runner.execute(out)
+        proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
+                     for s in out.requests if s.num_spec_tokens}
+        rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        self.draw = sampler.draw(logits, rows, logits_writable=True)
+
+    def wait(self, sampler: Sampler) -> tuple[dict[str, list[int]], dict[str, list], list[str]]:
+        """{request id: its new tokens}, {request id: their logprob entries (deferred) or
+        None}, and no redrawn ids (the sampler's redo has run before anything used them)."""
+        draw = self.draw
+        values = draw.values.flatten().tolist() if draw.values is not None else None
+        result = sampler.finish(draw, draw.transfer.tolist(), values, defer_logprobs=True)
+        tokens, logprobs = accept(self._groups, result.token_ids, result.logprobs, self._stats)
+        return tokens, logprobs, []
+
+    def abandon(self) -> None:
+        """A failure: let the device finish the step before its blocks are freed."""
+        try:
+            if self.draw.transfer.device.type == "cuda":
+                torch.cuda.current_stream(self.draw.transfer.device).synchronize()
+        except Exception:  # the device fault is reported by the step that raised
+            pass
+
+
+def expand_rows(row_ids: list[str], proposals: dict, requests: dict, eos_token_ids):
+    """The sampler rows of a step whose requests may have several rows (`row_ids`, one per
+    position, from the runner), and (request id, first row, proposals) of each sampled request.
+    `proposals`: request id -> its proposals (absent: none); `requests`: live requests by id."""
+    rows, groups = [], []
+    i, n = 0, len(row_ids)
+    while i < n:
+        rid = row_ids[i]
+        drafts = proposals.get(rid, ())
+        groups.append((rid, i, drafts))
+        req = requests.get(rid)
+        if req is None:  # ended after scheduling
+            rows.extend([_DROPPED_ROW] * (len(drafts) + 1))
+        else:
+            params, prompt, output = req.params, req.prompt_token_ids, req.output_token_ids
+            # num_pending counts this step's own token (nothing else is pending: synchronous)
+            rows.append(SamplingRequestState(params, prompt, output, None, eos_token_ids, rid,
+                                             req.num_pending - 1, req.grammar))
+            for j in range(1, len(drafts) + 1):  # as if d1..dj were its tokens; no state key
+                rows.append(SamplingRequestState(params, prompt, output + list(drafts[:j]), None,
+                                                 eos_token_ids))
+        i += len(drafts) + 1
+    return rows, groups
+
+
+def accept(groups: list, token_ids: list[int], logprobs: list, stats: Optional[SpecStats] = None
+           ) -> tuple[dict[str, list[int]], dict[str, Optional[list]]]:
+    """Each request's kept draws (`num_accepted` proposals, then one) and their logprob
+    entries, from the draws of the rows `expand_rows` made."""
+    tokens, entries = {}, {}
+    for rid, first, drafts in groups:
+        draws = token_ids[first:first + len(drafts) + 1]
+        a = num_accepted(drafts, draws) if drafts else 0
+        tokens[rid] = [*drafts[:a], draws[a]]  # the accepted proposals, then the draw after them
+        entries[rid] = logprobs[first:first + a + 1] if logprobs[first] is not None else None
+        if drafts and stats is not None:
+            stats.record(len(drafts), a)
+    return tokens, entries
