@@ -89,6 +89,8 @@ class ReplicaRecord:
             "num_host_blocks": load.num_host_blocks, "num_host_used_blocks": load.num_host_used_blocks,
             "prefix_cache_hit_tokens_host": load.prefix_cache_hit_tokens_host,
             "num_swapped_out": load.num_swapped_out,
+            "num_spec_draft_tokens": load.num_spec_draft_tokens,
+            "num_spec_accepted_tokens": load.num_spec_accepted_tokens,
             "num_generated_tokens": load.num_generated_tokens,
             "outstanding_tokens": self.outstanding_tokens, "num_dispatched": self.num_dispatched,
             "num_completed": self.num_completed,

@@ -120,6 +120,9 @@ class ReplicaLoad(Struct):
     num_swapped_out: int = wire(COUNT, default=0)
     num_prefilling: int = wire(COUNT, default=0)  # running, prompt (or recompute) not done
     num_generating: int = wire(COUNT, default=0)  # running, making new tokens
+    # speculative decoding (speculative_config); both 0 when it is off
+    num_spec_draft_tokens: int = wire(COUNT, default=0)  # tokens proposed and verified
+    num_spec_accepted_tokens: int = wire(COUNT, default=0)  # ... of which the sampler agreed with
 
 
 @dataclass(kw_only=True)

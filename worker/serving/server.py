@@ -254,7 +254,9 @@ class EngineServer:
                            prefix_cache_hit_tokens_host=s.get("prefix_cache_hit_tokens_host", 0),
                            num_swapped_out=s.get("num_swapped_out", 0),
                            num_prefilling=s.get("num_prefilling", 0),
-                           num_generating=s.get("num_generating", 0))
+                           num_generating=s.get("num_generating", 0),
+                           num_spec_draft_tokens=s.get("num_spec_draft_tokens", 0),
+                           num_spec_accepted_tokens=s.get("num_spec_accepted_tokens", 0))
 
     def _load_snapshot(self) -> ReplicaLoad:
         return self._load  # replaced (never mutated) by the engine loop, so safe to read
