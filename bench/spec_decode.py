@@ -1,0 +1,138 @@
+"""Speculative decoding (n-gram prompt lookup): tokens/s with it on and off, batch 1 and 8, on an
+input-grounded workload: chat-templated "rewrite / correct / repeat this passage" and code-edit
+prompts over about `--input-chars` / 4 tokens of input (English from tests/data, code from this
+repository), greedy, so the model copies much of its input.
+
+Runs, one engine at a time in one process: `off` (the engine's defaults: CUDA graphs, async
+scheduling where they apply), `off_eager` (enforce_eager, synchronous: the mode speculation runs
+in, so `on / off_eager` is the gain of verification alone) and `on`. Greedy outputs must be
+identical across runs (checked and reported). Reports tok/s per batch size, the ratios, batch-1
+TPOT from the request metrics, and the acceptance per position.
+
+    python bench/spec_decode.py --batch 1 --output-len 16 --input-chars 600   # CPU smoke
+    python bench/spec_decode.py                                              # GPU: SmolLM2, 1 and 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.report import run_info, write_json  # noqa: E402
+
+TASKS = ["Rewrite this passage in plain modern English, keeping every sentence:",
+         "Correct the spelling and punctuation of this passage and return it in full:",
+         "Repeat this passage exactly, word for word:"]
+CODE_TASK = "Rename the variable `req` to `request` everywhere in this code and return the whole file:"
+CODE_FILES = ["worker/sched/block_allocator.py", "worker/sched/request.py", "worker/kv/block_table.py"]
+
+
+def conversations(n: int, chars: int) -> list[list[dict]]:
+    """n chat prompts: passages of the novel with a rewrite / correct / repeat task, every
+    fourth a code edit of one of this repository's files."""
+    text = (ROOT / "tests/data/pride_and_prejudice_ch1-2.txt").read_text().split("\n", 2)[2]
+    out = []
+    for i in range(n):
+        if i % 4 == 3:
+            code = (ROOT / CODE_FILES[i // 4 % len(CODE_FILES)]).read_text()
+            out.append([{"role": "user", "content": f"{CODE_TASK}\n\n```python\n{code[:chars]}\n```"}])
+            continue
+        start = (i * 997) % max(1, len(text) - chars)
+        start = text.find("\n\n", start) + 2 if text.find("\n\n", start) >= 0 else 0
+        out.append([{"role": "user", "content": f"{TASKS[i % len(TASKS)]}\n\n{text[start:start + chars]}"}])
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--input-chars", type=int, default=4000, help="passage length (~4 chars a token)")
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"))
+    ap.add_argument("--runs", nargs="+", default=["off", "off_eager", "on"])
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--out", default="bench/results/spec_decode.json")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    spec = {"method": "ngram", "num_speculative_tokens": args.k,
+            "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
+    modes = {"off": {}, "off_eager": {"enforce_eager": True, "async_scheduling": False},
+             "on": {"enforce_eager": True, "speculative_config": spec}}
+    convs = conversations(max(args.batch), args.input_chars)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len)
+    results, outputs = {}, {}
+    for name in args.runs:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype,
+                  gpu_memory_utilization=args.gpu_memory_utilization, **modes[name])
+        llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+        run = {}
+        for b in args.batch:
+            before = llm.stats()
+            sync()
+            t = time.perf_counter()
+            outs = llm.chat(convs[:b], params, use_tqdm=False)
+            sync()
+            seconds = time.perf_counter() - t
+            after = llm.stats()
+            tokens = sum(len(o.token_ids) for o in outs)
+            row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                   "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs)}
+            if b == 1:
+                m = outs[0].metrics
+                if m is not None and m.finish_time and m.first_token_time and tokens > 1:
+                    row["tpot_ms"] = (m.finish_time - m.first_token_time) / (tokens - 1) * 1e3
+            drafts = after["num_spec_draft_tokens"] - before["num_spec_draft_tokens"]
+            if drafts:
+                row["acceptance"] = (after["num_spec_accepted_tokens"] - before["num_spec_accepted_tokens"]) / drafts
+            run[b] = row
+            outputs[(name, b)] = [o.token_ids for o in outs]
+            print(f"{name:>9} batch {b:>2}: {tokens} tokens in {seconds:.2f} s = "
+                  f"{tokens / seconds:.1f} tok/s" + (f", TPOT {row['tpot_ms']:.2f} ms" if "tpot_ms" in row else "")
+                  + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
+        if name == "on":
+            run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
+        results[name] = run
+        llm.close()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    identical = all(outputs[(name, b)] == outputs[(args.runs[0], b)] for name in args.runs for b in args.batch)
+    ratios = {}
+    for base in ("off", "off_eager"):
+        if "on" in results and base in results:
+            ratios[f"on/{base}"] = {b: results["on"][b]["tokens_per_s"] / results[base][b]["tokens_per_s"]
+                                    for b in args.batch}
+    print(f"greedy outputs identical across runs: {identical}")
+    for key, by_batch in ratios.items():
+        print(f"{key}: " + ", ".join(f"batch {b} {r:.2f}x" for b, r in by_batch.items()))
+    result = {**run_info(), "model": args.model, "speculative_config": spec, "batch": args.batch,
+              "input_chars": args.input_chars, "output_len": args.output_len, "runs": results,
+              "ratios": ratios, "identical": identical}
+    write_json(args.out, json.loads(json.dumps(result)))  # int batch keys become strings
+    return result
+
+
+if __name__ == "__main__":
+    main()
