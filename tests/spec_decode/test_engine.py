@@ -232,3 +232,42 @@ def test_a_failed_verify_step_ends_every_request_once(monkeypatch, obj, name):
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
     out = llm.generate([PROMPTS[1]], greedy(12), use_tqdm=False)[0]  # it keeps serving
     assert out.finish_reason == "length" and len(out.token_ids) == 12
+
+
+def test_a_resumed_request_continues_as_without_speculation(reference_params):
+    """Failover: a request resumed from the tokens a lost replica delivered (greedy and seeded)
+    continues with the same tokens as the full run without speculation."""
+    off = LLM("tiny-random", block_size=8, num_kv_blocks=64)
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=64, speculative_config=SPEC)
+    for prompt, params in ((PROMPTS[0], greedy(30)), (PROMPTS[3], reference_params[3])):
+        full = off.generate([prompt], params, use_tqdm=False)[0].token_ids
+        rid = llm.engine.add_request(prompt, params, resume_token_ids=full[:7])
+        tokens = []
+        while llm.has_unfinished_requests():
+            for d in llm.step():
+                tokens += d.token_ids if d.request_id == rid else []
+        assert tokens == full[7:]
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+
+
+def test_a_kv_pool_resize_while_speculating():
+    params = greedy(30)
+    kw = dict(block_size=8, num_kv_blocks=64, max_model_len=128)  # a pool of 16 blocks is legal
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
+    llm = LLM("tiny-random", speculative_config=SPEC, **kw)
+    ids = [llm.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(PROMPTS)]
+    tokens = {rid: [] for rid in ids}
+    for n in range(400):
+        if not llm.has_unfinished_requests():
+            break
+        for d in llm.step():
+            tokens[d.request_id] += d.token_ids
+        if n == 6:
+            llm.reset_cache(num_kv_blocks=24)  # some keep their KV, the rest are recomputed
+            llm.engine.allocator.check_invariants()
+        if n == 12:
+            llm.reset_cache(num_kv_blocks=96)
+    assert [tokens[rid] for rid in ids] == want
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_spec_accepted_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] == 96
