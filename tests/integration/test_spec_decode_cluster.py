@@ -1,0 +1,61 @@
+"""Speculative decoding across the cluster: two replicas started with `--speculative-config`
+answer 120 concurrent greedy requests with the offline engine's tokens and text (speculation
+off), through a kill -9 of one replica mid-stream (resumed requests continue exactly), and
+their proposals and acceptances reach `status`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from infer_cluster.protocol import SamplingParams
+
+from .conftest import ClusterProcs
+from .test_cluster import counting_client
+
+pytestmark = pytest.mark.timeout(240)
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NUM, MAX_TOKENS = 120, 32
+
+
+@pytest.fixture(scope="module")
+def spec_cluster(tmp_path_factory):
+    procs = ClusterProcs(tmp_path_factory.mktemp("spec-cluster-logs"), num_replicas=2,
+                         replica_args=["--speculative-config", json.dumps(SPEC)])
+    try:
+        procs.start()
+        yield procs
+    finally:
+        procs.stop()
+
+
+def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offline_reference):
+    words = ["one two three", "red green blue red green", "a b a b a b", "def f(x): return x"]
+    items = [(f"{i}: " + " ".join([words[i % 4]] * 4), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                                                                      ignore_eos=True))
+             for i in range(NUM)]
+    expected = offline_reference(items)
+    c, finals, tokens = counting_client(spec_cluster.address)
+    try:
+        handles = [c.submit(p, sp, request_id=f"spec-{i}") for i, (p, sp) in enumerate(items)]
+        deadline = time.monotonic() + 60
+        while sum(len(v) for v in tokens.values()) < NUM * MAX_TOKENS * 0.25 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        streamed = sum(len(v) for v in tokens.values())
+        spec_cluster.kill_replica(1, signal.SIGKILL)
+        outs = [h.result(timeout=180) for h in handles]
+    finally:
+        c.close()
+    assert streamed < NUM * MAX_TOKENS, "the load finished before the kill; make requests longer"
+    assert len(finals) == NUM and set(finals.values()) == {1}
+    for i, (o, (toks, text)) in enumerate(zip(outs, expected)):
+        assert tokens[f"spec-{i}"] == o.token_ids  # what crossed the wire, no duplicates
+        assert o.token_ids == toks and o.text == text, f"request {i} differs from the offline engine"
+    status = spec_cluster.status()
+    assert status["coordinator"]["num_resumed"] > 0
+    row = next(r for r in status["replicas"] if r["name"] == "replica-0")
+    assert row["num_spec_draft_tokens"] >= row["num_spec_accepted_tokens"] > 0
