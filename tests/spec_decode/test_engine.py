@@ -271,3 +271,20 @@ def test_a_kv_pool_resize_while_speculating():
     stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["num_spec_accepted_tokens"] > 0
     assert stats["num_free_blocks"] == stats["num_total_blocks"] == 96
+
+
+def test_structured_outputs_decode_beside_speculated_rows():
+    """Constrained requests get no proposals (their grammar advances token by token); they run
+    in the same steps as speculated rows, with speculation off's output."""
+    from infer_cluster.protocol import StructuredOutputsParams
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 10}},
+              "required": ["a", "b"]}
+    constrained = StructuredOutputsParams(json=schema)
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=constrained), greedy(40),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=60, structured_outputs=constrained)]
+    prompts = PROMPTS[:3]
+    want = LLM("tiny-random", num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    llm = LLM("tiny-random", num_kv_blocks=64, speculative_config=SPEC)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in want]
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
