@@ -6,7 +6,9 @@ grow; `NgramIndex.propose`, which takes the longest suffix n-gram of prompt + ou
 first) that occurred before and proposes the tokens that followed its most recent occurrence;
 and `NgramProposer`, which sets `Request.spec_token_ids` on the decoding rows of a step.
 Plain Python: a dict lookup per n a step, and a few dict writes per new token (the prompt is
-indexed once, at a request's first proposal).
+indexed once, at a request's first proposal). Measured on the 2-core dev CPU with n in 2..4:
+about 2.4 us and 330 bytes a token to index (a 4,000-token prompt: 10 ms once, 1.3 MB while
+the request lives), then about 2 us a step a request.
 Proposals are only guesses: a wrong one costs a verified position, never a wrong token, so
 nothing here has to be exact about which occurrence it copies.
 Must never: change a request's tokens, or propose past max_tokens or max_model_len.
