@@ -31,6 +31,25 @@ def test_the_image_copies_every_package_folder():
     assert not missing, f"deploy/docker/Dockerfile does not COPY {sorted(missing)}"
 
 
+def test_the_distribution_lists_every_package_folder():
+    # setup.cfg names packages one by one: a new sub-package left out installs without its files
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    listed = {line.strip() for line in cfg["options"]["packages"].splitlines() if line.strip()}
+    mapped = {}
+    for line in cfg["options"]["package_dir"].splitlines():
+        if line.strip():
+            name, folder = (part.strip() for part in line.split("=", 1))
+            mapped[name] = REPO / folder
+    found = set()
+    for name, folder in mapped.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder)
+            if "__pycache__" not in rel.parts:
+                found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), f"setup.cfg packages misses {sorted(found - listed)}"
+
+
 def _containers():
     for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
