@@ -3,6 +3,7 @@ metadata, one-line errors, and Llama / Qwen2 / Qwen3 checkpoints that survive HF
 with identical weights and identical greedy output."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -193,3 +194,33 @@ def test_hf_gguf_hf_round_trip(tmp_path, cache, family):
     for name, value in original.items():
         want = value if value.ndim == 1 else gguf.quants.dequantize(gguf.quants.quantize(value, q), q)
         assert np.array_equal(back[name], want), name
+
+
+def test_an_abandoned_conversion_is_removed_by_the_next(tmp_path, cache):
+    """A conversion killed half way leaves its temporary folder (hundreds of MB for a real
+    model); the next conversion of that file on this host removes it once its writer is gone,
+    and leaves a live writer's and another host's alone."""
+    import subprocess
+    import sys
+
+    from infer_cluster.worker.loading import gguf as gguf_mod
+
+    hf_dir = build_checkpoint(tmp_path / "hf", FAMILIES["llama"], seed=3)
+    src = write_gguf_from_hf(hf_dir, tmp_path / "llama.gguf")
+    target = gguf_mod.converted_path(src.resolve())
+    target.parent.mkdir(parents=True)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, timeout=60)
+    dead_pid = int(ended.stdout)
+    prefix = f"{gguf_mod._tmp_prefix(target)}"
+    dead = target.parent / f"{prefix}{gguf_mod._HOST}-{dead_pid}-abc_12"
+    live = target.parent / f"{prefix}{gguf_mod._HOST}-{os.getpid()}-def_34"
+    other_host = target.parent / f"{prefix}otherhost-{dead_pid}-ghi_56"
+    for d in (dead, live, other_host):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert gguf_mod.ensure_converted(src) == target and (target / "config.json").exists()
+    assert not dead.exists()
+    assert live.exists() and other_host.exists()
+    leftovers = sorted(p.name for p in target.parent.iterdir())
+    assert leftovers == sorted([target.name, live.name, other_host.name]), leftovers

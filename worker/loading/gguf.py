@@ -13,6 +13,8 @@ a folder without config.json, or an embedded name such as `smollm2-135m-instruct
     template (`tokenizer.chat_template`).
 It writes into a temporary folder beside the target and renames it into place, so a reader
 never sees half a conversion and two processes converting at once both end with one folder.
+The temporary folder's name holds the host and pid of its writer: a conversion killed half way
+(hundreds of MB on disk) is removed by the next one on that host, once its writer is gone.
 Every later start finds the folder and goes straight through the safetensors loader.
 
 Why this way. Converting to the format the loader already reads keeps one weight path for
@@ -41,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -102,7 +105,9 @@ def ensure_converted(path: Path) -> Path:
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    remove_abandoned(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(target)}{_HOST}-{os.getpid()}-",
+                                dir=target.parent))
     try:
         convert_gguf(path, tmp)
         try:
@@ -113,6 +118,38 @@ def ensure_converted(path: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+_HOST = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:64] or "host"
+
+
+def _tmp_prefix(target: Path) -> str:
+    return f".{target.name}-tmp-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_abandoned(target: Path) -> list[Path]:
+    """Remove the temporary folders of `target`'s conversions whose writer (a process of this
+    host) has ended without finishing; those of other hosts (a shared cache) and of live
+    writers stay. Returns what was removed."""
+    prefix, removed = _tmp_prefix(target), []
+    for tmp in target.parent.glob(f"{prefix}*"):
+        parts = tmp.name[len(prefix):].split("-")  # host, pid, mkdtemp's suffix (no "-" in any)
+        if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
+            continue
+        if not _pid_alive(int(parts[1])):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
 
 
 def open_reader(path: Path):
