@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram prompt lookup): tokens/s with it on and off, batch 1 and 8, on an
+"""Speculative decoding (n-gram prompt lookup, or a draft model): tokens/s with it on and off, batch 1 and 8, on an
 input-grounded workload: chat-templated "rewrite / correct / repeat this passage" and code-edit
 prompts over about `--input-chars` / 4 tokens of input (English from tests/data, code from this
 repository), greedy, so the model copies much of its input.
@@ -11,6 +11,9 @@ TPOT from the request metrics, and the acceptance per position.
 
     python bench/spec_decode.py --batch 1 --output-len 16 --input-chars 600   # CPU smoke
     python bench/spec_decode.py                                              # GPU: SmolLM2, 1 and 8
+    python bench/spec_decode.py --method draft_model --draft-model NAME --load-format dummy
+        # the draft's mechanics (its forwards, two KV pools) with random weights; the draft
+        # loads like the target (same load_format, device, dtype)
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"))
+    ap.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
+    ap.add_argument("--draft-model", default=None, help="the draft (model path or embedded name) "
+                    "for --method draft_model; default: the target itself")
+    ap.add_argument("--load-format", default="auto", help="auto or dummy (target and draft)")
     ap.add_argument("--runs", nargs="+", default=["off", "off_eager", "on"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--out", default="bench/results/spec_decode.json")
@@ -75,15 +82,19 @@ def main(argv=None) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    spec = {"method": "ngram", "num_speculative_tokens": args.k,
-            "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
+    if args.method == "draft_model":
+        spec = {"method": "draft_model", "num_speculative_tokens": args.k,
+                "model": args.draft_model or args.model}
+    else:
+        spec = {"method": "ngram", "num_speculative_tokens": args.k,
+                "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
     modes = {"off": {}, "off_eager": {"enforce_eager": True, "async_scheduling": False},
              "on": {"enforce_eager": True, "speculative_config": spec}}
     convs = conversations(max(args.batch), args.input_chars)
     params = SamplingParams(temperature=0, max_tokens=args.output_len)
     results, outputs = {}, {}
     for name in args.runs:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype,
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
                   gpu_memory_utilization=args.gpu_memory_utilization, **modes[name])
         llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
         run = {}
@@ -127,7 +138,7 @@ def main(argv=None) -> dict:
     print(f"greedy outputs identical across runs: {identical}")
     for key, by_batch in ratios.items():
         print(f"{key}: " + ", ".join(f"batch {b} {r:.2f}x" for b, r in by_batch.items()))
-    result = {**run_info(), "model": args.model, "speculative_config": spec, "batch": args.batch,
+    result = {**run_info(), "model": args.model, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
               "input_chars": args.input_chars, "output_len": args.output_len, "runs": results,
               "ratios": ratios, "identical": identical}
     write_json(args.out, json.loads(json.dumps(result)))  # int batch keys become strings

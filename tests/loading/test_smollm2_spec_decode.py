@@ -1,7 +1,8 @@
-"""Speculative decoding (n-gram prompt lookup) on real weights: SmolLM2-135M-Instruct asked to
-repeat passages of English copies its input, so most proposals are accepted; the greedy output
-(tokens, text, logprobs, a stop string inside a burst) is the same as with speculation off,
-with chunked prefill, prefix-cache hits and preemption."""
+"""Speculative decoding on real weights: SmolLM2-135M-Instruct asked to repeat passages of
+English copies its input, so most n-gram proposals are accepted; the greedy output (tokens,
+text, logprobs, a stop string inside a burst) is the same as with speculation off, with chunked
+prefill, prefix-cache hits and preemption. And SmolLM2 as its own draft model: the same greedy
+output, nearly every proposal kept."""
 
 from pathlib import Path
 
@@ -54,4 +55,21 @@ def test_greedy_output_equals_speculation_off(smollm2_dir):
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0
     # the model copies its input: most proposals are kept
     assert stats["num_spec_accepted_tokens"] > 0.6 * stats["num_spec_draft_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_smollm2_as_its_own_draft_model(smollm2_dir):
+    """A draft model (`method: draft_model`) with the target's own weights, on one short
+    input-grounded prompt: the greedy output is the same and nearly every proposal is kept."""
+    conversation = [SYSTEM, {"role": "user", "content": "Repeat this passage exactly, word for "
+                                                       f"word:\n\n{passages()[0][:160]}"}]
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    kw = dict(block_size=16, num_kv_blocks=16)
+    want = LLM(smollm2_dir, **kw).chat([conversation], greedy, use_tqdm=False)[0]
+    draft = {"method": "draft_model", "model": smollm2_dir, "num_speculative_tokens": 4}
+    llm = LLM(smollm2_dir, speculative_config=draft, **kw)
+    got = llm.chat([conversation], greedy, use_tqdm=False)[0]
+    assert (got.token_ids, got.text) == (want.token_ids, want.text)
+    stats = llm.stats()
+    assert stats["num_spec_accepted_tokens"] >= 0.9 * stats["num_spec_draft_tokens"] > 0
     assert stats["num_free_blocks"] == stats["num_total_blocks"]

@@ -20,6 +20,8 @@ def test_dict_json_and_instance_give_the_same_config():
     assert EngineConfig(speculative_config=NGRAM).replace(seed=3).speculative_config == want
     assert EngineConfig().speculative_config is None
     assert SpeculativeConfig.parse(want.to_json()) == want
+    draft = SpeculativeConfig("draft_model", 3, model="tiny-random")
+    assert EngineConfig(speculative_config=json.loads(draft.to_json())).speculative_config == draft
 
 
 @pytest.mark.parametrize("value,message", [
@@ -33,8 +35,10 @@ def test_dict_json_and_instance_give_the_same_config():
     ({"num_speculative_tokens": 3}, "speculative_config.method is required"),
     (dict(NGRAM, lookahead=2), "speculative_config has unknown field"),
     (dict(NGRAM, model="x"), "speculative_config.model is for method 'draft_model' only"),
-    ({"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3},
-     "method 'draft_model' is not built yet"),
+    ({"method": "draft_model", "num_speculative_tokens": 3},
+     "speculative_config.model is required for method 'draft_model'"),
+    ({"method": "draft_model", "model": "", "num_speculative_tokens": 3},
+     "speculative_config.model is required for method 'draft_model'"),
     ("{not json", "speculative_config is not valid JSON"),
     ([1, 2], "speculative_config must be a map"),
 ])

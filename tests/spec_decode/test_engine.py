@@ -176,8 +176,8 @@ def unseeded_off():
     return [[o.token_ids[t] for o in outs] for t in range(1, 4)]
 
 
-def unseeded_on():
-    llm = LLM("tiny-random", block_size=8, num_kv_blocks=512, speculative_config=SPEC)
+def unseeded_on(spec=SPEC):
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=512, speculative_config=spec)
     outs = llm.generate([CHI2_PROMPT] * NUM_DRAWS, SAMPLED, use_tqdm=False)
     stats = llm.stats()
     return [[o.token_ids[t] for o in outs] for t in range(1, 4)], stats

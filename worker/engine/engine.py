@@ -20,6 +20,7 @@ the later stages compute k+1; a schedule that finds every request in flight coll
 Speculative decoding (`speculative_config`, worker/spec_decode/): before each schedule a proposer
 sets the decoding requests' proposals, the step is a `VerifyStep` (every position of a row is
 drawn) and `Scheduler.update_verified` applies the accepted tokens; such an engine is synchronous.
+A draft model's runner is built here (worker/engine/draft.py) and handed to the proposer.
 Sampling itself never blocks the launch (sampled, penalties and logprobs rows included). Per-request sampling state
 (penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
 is not made here: the step emits token ids, and a `TextStage` (worker/text/text_stage.py) turns them
@@ -53,6 +54,7 @@ from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.engine.inflight import InFlightSteps
+from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_runner
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
 from infer_cluster.worker.engine.structured import StructuredRequests
 from infer_cluster.worker.loading.loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
@@ -103,7 +105,13 @@ class DynamicEngine:
             from infer_cluster.worker.distributed import DistributedRunner
             runner_factory = DistributedRunner
         factory = runner_factory or ModelRunner
-        self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len)
+        # A draft model (speculative_config method draft_model, worker/engine/draft.py): loaded
+        # first, so the target's pool sizing counts its weights and its per-block KV bytes.
+        self.draft_runner = build_draft_runner(config, hf_config, self.spec, self.max_model_len)
+        extra = {"extra_block_bytes": self.draft_runner.bytes_per_block} if self.draft_runner else {}
+        self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len, **extra)
+        if self.draft_runner is not None:
+            attach_draft_pool(self.draft_runner, self.runner.num_kv_blocks, config.kv_cache_dtype)
         # Small all-random steps replay the sampler's draw from CUDA graphs (worker/sampling/draw_graphs.py),
         # kept across sampler resets; None off CUDA or with INFER_CLUSTER_DRAW_GRAPH_MAX=0.
         self.draw_graphs = DrawGraphs.for_device(self.runner.device)
@@ -148,7 +156,8 @@ class DynamicEngine:
         self._sync_ids: set[str] = set()
         # Speculative decoding (worker/spec_decode/): None when off; its steps are synchronous.
         self.spec_decoder = build_spec_decoder(config.speculative_config, config.enforce_eager,
-                                       self.runner.device.type, self.max_model_len)
+                                               self.runner.device.type, self.max_model_len,
+                                               self.draft_runner)
         self.scheduler.speculating = self.spec_decoder is not None
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode) \
@@ -441,6 +450,9 @@ class DynamicEngine:
         tensor/pipeline parallel) or `OutOfMemoryError` (the pool does not fit), changing nothing."""
         self._drain()  # a settled state: no step may still write the pool
         reset_engine_cache(self, num_kv_blocks, kv_cache_dtype)
+        if self.draft_runner is not None:  # the draft's pool follows, empty: drafts recompute
+            attach_draft_pool(self.draft_runner, self.runner.num_kv_blocks, self.config.kv_cache_dtype)
+            self.spec_decoder.proposer.invalidate()
         return self.capacity()
 
     # -- introspection (worker/engine/stats.py) ------------------------------------------------

@@ -85,10 +85,14 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
                  max_model_len: int, ps: Optional[ParallelState] = None,
                  layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0,
-                 agree_num_kv_blocks: Optional[Callable[[int], int]] = None):
+                 agree_num_kv_blocks: Optional[Callable[[int], int]] = None,
+                 extra_block_bytes: int = 0):
         """`agree_num_kv_blocks` (ranks of one replica) gets this shard's pool size and returns
-        the size every rank uses (the minimum), before the pool is allocated."""
+        the size every rank uses (the minimum), before the pool is allocated.
+        `extra_block_bytes`: what each block costs in another pool under the same block ids (a
+        draft model's, worker/engine/draft.py), counted when the pool is sized from memory."""
         self.config = config
+        self.extra_block_bytes = extra_block_bytes
         self.spec = spec
         self.ps = ps or ParallelState()
         self.device = resolve_device(config, local_rank)
@@ -261,6 +265,11 @@ class ModelRunner:
             raise ValueError(f"checkpoint {str(model_path)!r} lacks weights for: {', '.join(missing[:8])}"
                              + (" ..." if len(missing) > 8 else ""))
 
+    @property
+    def bytes_per_block(self) -> int:
+        """K + V bytes of one block of this runner's pool (all its layers)."""
+        return self._bytes_per_block()
+
     def _bytes_per_block(self) -> int:
         return DynamicContext.bytes_per_block(self.num_layers, self.config.block_size,
                                               self.num_kv_heads, self.spec.head_dim, self.kv_dtype)
@@ -273,7 +282,7 @@ class ModelRunner:
         most_useful = self.config.max_num_seqs * (-(-self.max_model_len // bs)) + 1
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        per_block = self._bytes_per_block()
+        per_block = self._bytes_per_block() + self.extra_block_bytes
         if self.device.type != "cuda":
             return max(1, min(most_useful, int(self.config.cpu_kv_cache_gib * 2**30) // per_block))
         torch.cuda.empty_cache()
@@ -283,7 +292,7 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         used_by_others = total - free - torch.cuda.memory_reserved(self.device)
         budget = total * self.config.gpu_memory_utilization - peak - used_by_others
-        budget -= staging_device_bytes(self.config.kv_offload_gib, per_block)  # host tier staging
+        budget -= staging_device_bytes(self.config.kv_offload_gib, self._bytes_per_block())  # host tier staging
         num_blocks = int(budget // per_block)
         if num_blocks <= 0:
             raise OutOfMemoryError(

@@ -2,6 +2,8 @@
 
 Owns: `SpeculativeConfig` (`config.py`: the user's dict or JSON, validated, and the engine
 settings it cannot run with yet), the n-gram prompt-lookup proposer (`ngram.py`: plain Python),
+the draft-model proposer (`draft.py`: greedy proposals from a small model over its own KV pool
+under the target's block ids; its runner is built by the engine, worker/engine/draft.py),
 and verification (`verify.py`: a step whose decode rows carry proposals computes logits at each
 of their k + 1 positions, the sampler draws every position as if the proposals were the
 request's tokens, and the longest prefix of proposals that equals the draws is accepted, plus
@@ -13,6 +15,7 @@ See docs/spec_decode.md.
 Layering: sits beside worker/sampling/ and may import it, worker/sched/, device/, text/ and
 kernels/; never the engine, runner or serving (the engine hands this package its runner and
 sampler). `config.py` never imports torch (the CLI validates configs without it).
-To extend with a method (a draft model): add it to `config.METHODS`, give it a proposer with
-`propose(requests)`, and keep verification as it is: it never looks at where proposals came from.
+To extend with a method: add it to `config.METHODS`, give it a proposer with
+`propose(requests)` (and `fill(out, requests)` if it needs the scheduled positions), and keep
+verification as it is: it never looks at where proposals came from.
 """

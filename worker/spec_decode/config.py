@@ -35,22 +35,22 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2  # the shortest suffix n-gram that may propose
     prompt_lookup_max: int = 4  # the longest one tried (longest first)
-    model: Optional[str] = None  # draft_model only
+    model: Optional[str] = None  # draft_model only: a model path or embedded name
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ConfigError(f"speculative_config.method must be one of {', '.join(METHODS)}, "
                               f"got {self.method!r}")
-        if self.method == "draft_model":
-            raise ConfigError("speculative_config.method 'draft_model' is not built yet; use "
-                              "'ngram' (prompt lookup)")
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ConfigError("speculative_config.model is required for method 'draft_model' "
+                              f"(a model path or embedded name), got {self.model!r}")
         _whole("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
         _whole("prompt_lookup_min", self.prompt_lookup_min, 1, MAX_LOOKUP)
         _whole("prompt_lookup_max", self.prompt_lookup_max, 1, MAX_LOOKUP)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must "
                               f"be <= prompt_lookup_max ({self.prompt_lookup_max})")
-        if self.model is not None:
+        if self.model is not None and self.method != "draft_model":
             raise ConfigError("speculative_config.model is for method 'draft_model' only")
 
     @classmethod
@@ -74,7 +74,7 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative_config has unknown field(s) {', '.join(unknown)}; "
                               f"known: {', '.join(sorted(names))}")
         if "method" not in value:
-            raise ConfigError("speculative_config.method is required (ngram)")
+            raise ConfigError("speculative_config.method is required (ngram or draft_model)")
         return cls(**value)
 
     def to_json(self) -> str:

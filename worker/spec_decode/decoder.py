@@ -1,9 +1,11 @@
 """`SpecDecoder`: what a speculating engine holds: the proposer, verify steps and the counters.
 
 Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_decoder`, which
-also refuses CUDA graphs where the device is known only now: device 'auto'), proposing before
-each schedule, launching `VerifyStep`s, and the stats keys (`stats`). The engine calls these
-three and `Scheduler.update_verified`; with speculation off it holds None and none of this runs.
+also refuses CUDA graphs where the device is known only now: device 'auto'): prompt lookup
+(`ngram.py`) or a draft model (`draft.py`, over the runner the engine built for it),
+proposing before each schedule, launching `VerifyStep`s (a draft model fills in its proposals
+first), and the stats keys (`stats`). The engine calls these three and
+`Scheduler.update_verified`; with speculation off it holds None and none of this runs.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from typing import Optional
 from infer_cluster.protocol.errors import ConfigError
 
 from infer_cluster.worker.spec_decode.config import SpeculativeConfig, graphs_refusal
+from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.ngram import NgramProposer
 from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner=None):
+        """`draft_runner`: the draft model's runner (method draft_model), built by the engine."""
         self.config = config
-        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
-                                      config.prompt_lookup_max, max_model_len)
+        if config.method == "draft_model":
+            if draft_runner is None:
+                raise ValueError("method 'draft_model' needs the draft model's runner")
+            self.proposer = DraftProposer(config.num_speculative_tokens, max_model_len, draft_runner)
+        else:
+            self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                          config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
 
     def propose(self, running) -> None:
@@ -29,6 +38,9 @@ class SpecDecoder:
         self.proposer.propose(running)
 
     def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
+        fill = getattr(self.proposer, "fill", None)
+        if fill is not None:  # a draft model: its proposals, at the positions scheduled
+            fill(out, requests)
         return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters)
 
     def stats(self) -> dict:
@@ -36,13 +48,13 @@ class SpecDecoder:
 
 
 def build_spec_decoder(speculative: Optional[SpeculativeConfig], enforce_eager: bool,
-                       device_type: str, max_model_len: int) -> Optional[SpecDecoder]:
+                       device_type: str, max_model_len: int, draft_runner=None) -> Optional[SpecDecoder]:
     """None when speculation is off; a `ConfigError` where the device replays CUDA graphs."""
     if speculative is None:
         return None
     if device_type == "cuda" and not enforce_eager:
         raise ConfigError(graphs_refusal())
-    return SpecDecoder(speculative, max_model_len)
+    return SpecDecoder(speculative, max_model_len, draft_runner)
 
 
 def off_stats(k: int = 0) -> dict:

@@ -80,10 +80,15 @@ class NgramProposer:
             req.spec_token_ids = index.propose(req.all_token_ids, room)
 
     def room(self, req) -> int:
-        """How many proposals the request can use: 0 unless it decodes; at most k, and never
-        so many that the verified tokens could pass max_tokens or max_model_len."""
-        num_tokens = req.num_tokens
-        if req.num_computed_tokens != num_tokens - 1 or req.num_pending or req.grammar is not None:
-            return 0
-        return min(self.k, req.params.max_tokens - len(req.output_token_ids) - 1,
-                   self.max_model_len - num_tokens - 1)
+        return proposal_room(req, self.k, self.max_model_len)
+
+
+def proposal_room(req, k: int, max_model_len: int) -> int:
+    """How many proposals the request can use: 0 unless it decodes (every token but the last
+    computed, nothing pending, no grammar); at most k, and never so many that the verified
+    tokens could pass max_tokens or max_model_len. Every proposer uses this rule."""
+    num_tokens = req.num_tokens
+    if req.num_computed_tokens != num_tokens - 1 or req.num_pending or req.grammar is not None:
+        return 0
+    return min(k, req.params.max_tokens - len(req.output_token_ids) - 1,
+               max_model_len - num_tokens - 1)
