@@ -117,7 +117,7 @@ def test_unseeded_sampling_keeps_its_distribution(unseeded_off):
         assert 1 <= df <= 30 and stat < CHI2_CRIT_999[df], f"token {t}: chi2 {stat:.1f}, df {df}"
 
 
-def test_a_resumed_request_and_a_kv_pool_resize(other_seed_dir):
+def test_a_resumed_request_and_a_kv_pool_resize():
     params = greedy(30)
     kw = dict(block_size=8, num_kv_blocks=64, max_model_len=128)
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
