@@ -155,3 +155,26 @@ def test_a_draft_that_cannot_be_used_is_refused_naming_the_field(tmp_path):
             LLM("tiny-random", num_kv_blocks=16, speculative_config=draft(model))
         text = str(info.value)
         assert text.startswith("speculative_config.model") and "\n" not in text
+
+
+def test_a_resize_counts_the_drafts_new_pool():
+    """The draft's pool is reallocated after the target's, at the same block count: a resize
+    that fits the target alone but not both pools is refused (OutOfMemoryError, nothing changes),
+    and the same size is accepted without a draft."""
+    import os
+
+    from infer_cluster.protocol import OutOfMemoryError
+
+    kw = dict(block_size=8, num_kv_blocks=64)
+    plain = LLM("tiny-random", **kw)
+    spec = LLM("tiny-random", speculative_config=draft("tiny-random"), **kw)
+    runner = spec.engine.runner
+    per_block = runner.bytes_per_block
+    assert runner.kv_companion is spec.engine.draft_runner
+    assert runner.kv_companion.kv_block_bytes("auto") == per_block  # the same model as draft
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    blocks = int(0.7 * free) // per_block  # the target alone: 0.7 of free; with the draft: 1.4
+    plain.engine.runner.prepare_kv_resize(blocks, "auto")
+    with pytest.raises(OutOfMemoryError, match="with the draft model's pool"):
+        runner.prepare_kv_resize(blocks, "auto")
+    assert spec.engine.capacity()["num_total_blocks"] == 64

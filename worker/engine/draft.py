@@ -7,7 +7,8 @@ whose vocabulary differs from the target's, or whose positions do not reach `max
 and `attach_draft_pool`, which gives the draft's runner a KV pool of the target's block count
 (one allocator, two pools: a block id means the same positions in both). The draft is built
 before the target so that, on a GPU, its weights are counted when the target sizes the pool
-(the target's per-block cost then includes the draft's: `ModelRunner(extra_block_bytes=)`).
+(the target's per-block cost then includes the draft's: `ModelRunner(kv_companion=)`, which
+also counts the draft's new pool when the target's pool is resized).
 The proposer that drives it is worker/spec_decode/draft.py; the engine hands it this runner.
 """
 

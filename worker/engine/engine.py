@@ -108,7 +108,7 @@ class DynamicEngine:
         # A draft model (speculative_config method draft_model, worker/engine/draft.py): loaded
         # first, so the target's pool sizing counts its weights and its per-block KV bytes.
         self.draft_runner = build_draft_runner(config, hf_config, self.spec, self.max_model_len)
-        extra = {"extra_block_bytes": self.draft_runner.bytes_per_block} if self.draft_runner else {}
+        extra = {"kv_companion": self.draft_runner} if self.draft_runner else {}
         self.runner = factory(config, self.spec, self.model_path, hf_config, self.max_model_len, **extra)
         if self.draft_runner is not None:
             attach_draft_pool(self.draft_runner, self.runner.num_kv_blocks, config.kv_cache_dtype)

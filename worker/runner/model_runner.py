@@ -86,13 +86,14 @@ class ModelRunner:
                  max_model_len: int, ps: Optional[ParallelState] = None,
                  layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0,
                  agree_num_kv_blocks: Optional[Callable[[int], int]] = None,
-                 extra_block_bytes: int = 0):
+                 kv_companion: Optional["ModelRunner"] = None):
         """`agree_num_kv_blocks` (ranks of one replica) gets this shard's pool size and returns
         the size every rank uses (the minimum), before the pool is allocated.
-        `extra_block_bytes`: what each block costs in another pool under the same block ids (a
-        draft model's, worker/engine/draft.py), counted when the pool is sized from memory."""
+        `kv_companion`: another runner whose pool has this pool's block count under the same
+        block ids (a draft model's, worker/engine/draft.py); its per-block bytes count when the
+        pool is sized from memory and when a resize checks that the new pools fit."""
         self.config = config
-        self.extra_block_bytes = extra_block_bytes
+        self.kv_companion = kv_companion
         self.spec = spec
         self.ps = ps or ParallelState()
         self.device = resolve_device(config, local_rank)
@@ -174,10 +175,17 @@ class ModelRunner:
         whether it fits beside the current one (so kept blocks can be copied across). Raises
         `OutOfMemoryError`, changing nothing, when it cannot fit at all: on a GPU it must fit in
         free memory plus the current pool, less the share `gpu_memory_utilization` keeps back.
-        On a GPU the decode graphs are released here (their memory counts as free); the
-        following `resize_kv_pool` captures new ones."""
+        With a `kv_companion`, its new pool (the same count, reallocated after this one) must
+        fit too, in what its old pool frees. On a GPU the decode graphs are released here (their
+        memory counts as free); the following `resize_kv_pool` captures new ones."""
         new_bytes = num_blocks * self._kv_layout(kv_cache_dtype)[1]
         old_bytes = self.num_kv_blocks * self._bytes_per_block()
+        companion = self.kv_companion
+        if companion is not None:  # both pools change; only this one may be copied beside
+            companion_new = num_blocks * companion.kv_block_bytes(kv_cache_dtype)
+            companion_old = companion.num_kv_blocks * companion.bytes_per_block
+        else:
+            companion_new = companion_old = 0
         if self.device.type == "cuda":
             self._release_graphs()  # their pool and their hold on the old KV go first
             torch.cuda.empty_cache()
@@ -186,12 +194,14 @@ class ModelRunner:
             free = max(0, free - int(total * (1 - self.config.gpu_memory_utilization)))
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        if new_bytes > free + old_bytes:
+        if new_bytes + companion_new > free + old_bytes + companion_old:
             self._capture_graphs()
+            draft = " (with the draft model's pool)" if companion is not None else ""
             raise OutOfMemoryError(
-                f"a KV pool of {num_blocks} blocks needs {new_bytes / 2**30:.2f} GiB; "
-                f"{(free + old_bytes) / 2**30:.2f} GiB are free on {self.device} counting the "
-                f"current pool")
+                f"a KV pool of {num_blocks} blocks{draft} needs "
+                f"{(new_bytes + companion_new) / 2**30:.2f} GiB; "
+                f"{(free + old_bytes + companion_old) / 2**30:.2f} GiB are free on {self.device} "
+                f"counting the current pool{'s' if companion is not None else ''}")
         return new_bytes <= free
 
     @torch.inference_mode()
@@ -270,6 +280,10 @@ class ModelRunner:
         """K + V bytes of one block of this runner's pool (all its layers)."""
         return self._bytes_per_block()
 
+    def kv_block_bytes(self, kv_cache_dtype: str) -> int:
+        """K + V bytes of one block of `kv_cache_dtype` storage (all this runner's layers)."""
+        return self._kv_layout(kv_cache_dtype)[1]
+
     def _bytes_per_block(self) -> int:
         return DynamicContext.bytes_per_block(self.num_layers, self.config.block_size,
                                               self.num_kv_heads, self.spec.head_dim, self.kv_dtype)
@@ -282,7 +296,8 @@ class ModelRunner:
         most_useful = self.config.max_num_seqs * (-(-self.max_model_len // bs)) + 1
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        per_block = self._bytes_per_block() + self.extra_block_bytes
+        per_block = self._bytes_per_block() + (self.kv_companion.bytes_per_block
+                                               if self.kv_companion is not None else 0)
         if self.device.type != "cuda":
             return max(1, min(most_useful, int(self.config.cpu_kv_cache_gib * 2**30) // per_block))
         torch.cuda.empty_cache()
