@@ -1,7 +1,8 @@
-"""Speculative decoding across the cluster: two replicas started with `--speculative-config`
+"""Speculative decoding across the cluster: two replicas started with `--speculative-config`,
+one proposing by n-gram lookup and one with a draft model (tiny-random drafting for itself),
 answer 120 concurrent greedy requests with the offline engine's tokens and text (speculation
-off), through a kill -9 of one replica mid-stream (resumed requests continue exactly), and
-their proposals and acceptances reach `status`."""
+off), through a kill -9 of one replica mid-stream (resumed requests continue exactly, on a
+replica of the other method), and their proposals and acceptances reach `status`."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from .test_cluster import counting_client
 pytestmark = pytest.mark.timeout(240)
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3}
 NUM, MAX_TOKENS = 120, 32
 
 
 @pytest.fixture(scope="module")
 def spec_cluster(tmp_path_factory):
     procs = ClusterProcs(tmp_path_factory.mktemp("spec-cluster-logs"), num_replicas=2,
-                         replica_args=["--speculative-config", json.dumps(SPEC)])
+                         replica_extra_args={0: ["--speculative-config", json.dumps(SPEC)],
+                                             1: ["--speculative-config", json.dumps(DRAFT)]})
     try:
         procs.start()
         yield procs
@@ -46,7 +49,11 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
         while sum(len(v) for v in tokens.values()) < NUM * MAX_TOKENS * 0.25 and time.monotonic() < deadline:
             time.sleep(0.01)
         streamed = sum(len(v) for v in tokens.values())
-        spec_cluster.kill_replica(1, signal.SIGKILL)
+        # the replica the coordinator has given the most unfinished requests (its own count),
+        # so that some die mid-stream
+        rows = {r["name"]: r["num_requests"] for r in spec_cluster.status()["replicas"]}
+        victim = max((0, 1), key=lambda i: rows.get(f"replica-{i}", 0))
+        spec_cluster.kill_replica(victim, signal.SIGKILL)
         outs = [h.result(timeout=180) for h in handles]
     finally:
         c.close()
@@ -56,6 +63,8 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
         assert tokens[f"spec-{i}"] == o.token_ids  # what crossed the wire, no duplicates
         assert o.token_ids == toks and o.text == text, f"request {i} differs from the offline engine"
     status = spec_cluster.status()
-    assert status["coordinator"]["num_resumed"] > 0
-    row = next(r for r in status["replicas"] if r["name"] == "replica-0")
+    assert status["coordinator"]["num_resumed"] > 0, f"nothing resumed (killed replica-{victim}; {rows})"
+    assert "speculative decoding: ngram, 4 proposals a row" in spec_cluster.replica_log(0)
+    assert "speculative decoding: draft_model, 3 proposals a row, draft tiny-random" in spec_cluster.replica_log(1)
+    row = next(r for r in status["replicas"] if r["name"] == f"replica-{1 - victim}")
     assert row["num_spec_draft_tokens"] >= row["num_spec_accepted_tokens"] > 0

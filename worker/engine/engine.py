@@ -159,6 +159,10 @@ class DynamicEngine:
                                                self.runner.device.type, self.max_model_len,
                                                self.draft_runner)
         self.scheduler.speculating = self.spec_decoder is not None
+        if self.spec_decoder is not None:
+            sc = config.speculative_config
+            log.info("speculative decoding: %s, %d proposals a row%s", sc.method,
+                     sc.num_speculative_tokens, f", draft {sc.model}" if sc.method == "draft_model" else "")
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode) \
             and self.spec_decoder is None
