@@ -59,6 +59,15 @@ def _host_kv(row: dict) -> str:
             f"{row.get('prefix_cache_hit_tokens_host', 0)} hit tok")
 
 
+def _spec(row: dict) -> str:
+    """Speculative decoding's column: proposed tokens the replica kept, of those it verified."""
+    drafted = row.get("num_spec_draft_tokens") or 0
+    if not drafted:
+        return "-"
+    accepted = row.get("num_spec_accepted_tokens", 0)
+    return f"{accepted}/{drafted} ({100 * accepted / drafted:.0f}%)"
+
+
 def render_status(status: dict) -> str:
     c = status["coordinator"]
     lines = [
@@ -74,13 +83,13 @@ def render_status(status: dict) -> str:
         "",
     ]
     header = ["NAME", "STATE", "HOST", "PID", "REQS", "RUNNING", "WAITING", "KV USED", "HOST KV",
-              "TOK/S", "GENERATED", "LAST SEEN"]
+              "TOK/S", "GENERATED", "SPEC ACCEPTED", "LAST SEEN"]
     rows = [[r.get("name"), r.get("state"), r.get("host"), r.get("pid"), r.get("num_requests"),
              r.get("num_running"), r.get("num_waiting"),
              f"{100 * r.get('kv_used', 0):.1f}% of {r.get('num_total_blocks')}"
              + (f" {r['kv_cache_dtype']}" if r.get("kv_cache_dtype", "auto") != "auto" else ""),
              _host_kv(r),
-             f"{r.get('tokens_per_s', 0):.1f}", r.get("num_generated_tokens"),
+             f"{r.get('tokens_per_s', 0):.1f}", r.get("num_generated_tokens"), _spec(r),
              f"{r.get('seconds_since_seen', 0):.1f}s ago"] for r in status["replicas"]]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
     lines.append(_fmt_row(header, widths))
@@ -96,7 +105,8 @@ def render_status(status: dict) -> str:
 @click.option("--timeout", default=4.0, show_default=True, type=float)
 @auth_option
 def status(address, as_json, timeout, auth):
-    """Show the coordinator and a table of replicas: state, load, KV use, tokens/s."""
+    """Show the coordinator and a table of replicas: state, load, KV use, tokens/s, and the
+    speculative proposals each kept (accepted of verified; - when it does not speculate)."""
     with _client(address, auth) as c:
         st = _call(c.status, timeout=timeout)
     click.echo(json.dumps(st, indent=2) if as_json else render_status(st))
