@@ -68,6 +68,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--draft-model", default=None, help="the draft (model path or embedded name) "
                     "for --method draft_model; default: the target itself")
     ap.add_argument("--load-format", default="auto", help="auto or dummy (target and draft)")
+    ap.add_argument("--disable-by-batch-size", type=int, default=None,
+                    help="speculative_config.disable_by_batch_size (no proposals in steps with this "
+                         "many running requests or more): run several batch sizes to find where it pays")
     ap.add_argument("--runs", nargs="+", default=["off", "off_eager", "on"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--out", default="bench/results/spec_decode.json")
@@ -88,6 +91,8 @@ def main(argv=None) -> dict:
     else:
         spec = {"method": "ngram", "num_speculative_tokens": args.k,
                 "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
+    if args.disable_by_batch_size is not None:
+        spec["disable_by_batch_size"] = args.disable_by_batch_size
     modes = {"off": {}, "off_eager": {"enforce_eager": True, "async_scheduling": False},
              "on": {"enforce_eager": True, "speculative_config": spec}}
     convs = conversations(max(args.batch), args.input_chars)

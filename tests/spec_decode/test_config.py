@@ -79,3 +79,15 @@ def test_cli_flag_reaches_the_config_and_the_replica_argv():
     bad = CliRunner().invoke(main, ["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'])
     assert bad.exit_code == 1
     assert "speculative_config.num_speculative_tokens must be 1..16" in bad.output
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
+def test_disable_by_batch_size_is_checked(bad):
+    with pytest.raises(ConfigError, match="speculative_config.disable_by_batch_size"):
+        SpeculativeConfig.parse({**NGRAM, "disable_by_batch_size": bad})
+
+
+def test_disable_by_batch_size_round_trips_to_the_replica_flag():
+    sc = SpeculativeConfig.parse({**NGRAM, "disable_by_batch_size": 32})
+    assert sc.disable_by_batch_size == 32
+    assert SpeculativeConfig.parse(sc.to_json()) == sc

@@ -288,3 +288,19 @@ def test_structured_outputs_decode_beside_speculated_rows():
     got = llm.generate(prompts, params, use_tqdm=False)
     assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in want]
     assert llm.stats()["num_spec_accepted_tokens"] > 0
+
+
+def test_disable_by_batch_size_turns_proposals_off_while_the_batch_is_large():
+    """`disable_by_batch_size` N: no proposals in a step where N or more requests run. With N
+    above the batch every step proposes, with N = 1 none does; at N = 4 the 8 requests (of
+    different lengths) run without proposals until fewer than 4 remain. The tokens never change."""
+    kw = dict(block_size=8, num_kv_blocks=128)
+    params = [greedy(12 + 6 * i) for i in range(len(PROMPTS))]
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
+    drafted = {}
+    for limit in (None, 64, 4, 1):
+        llm = LLM("tiny-random", speculative_config={**SPEC, "disable_by_batch_size": limit}, **kw)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == want, limit
+        drafted[limit] = llm.stats()["num_spec_draft_tokens"]
+    assert drafted[None] == drafted[64] > drafted[4] > drafted[1] == 0, drafted
+

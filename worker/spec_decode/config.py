@@ -36,6 +36,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2  # the shortest suffix n-gram that may propose
     prompt_lookup_max: int = 4  # the longest one tried (longest first)
     model: Optional[str] = None  # draft_model only: a model path or embedded name
+    # vLLM's name: no proposals in a step where this many requests (or more) are running; None:
+    # always propose. Speculation pays at small batches and costs at large ones (docs/spec_decode.md).
+    disable_by_batch_size: Optional[int] = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -50,6 +53,8 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must "
                               f"be <= prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.disable_by_batch_size is not None:
+            _whole("disable_by_batch_size", self.disable_by_batch_size, 1, 1 << 20)
         if self.model is not None and self.method != "draft_model":
             raise ConfigError("speculative_config.model is for method 'draft_model' only")
 

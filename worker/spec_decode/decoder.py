@@ -34,7 +34,14 @@ class SpecDecoder:
         self.counters = SpecStats(config.num_speculative_tokens)
 
     def propose(self, running) -> None:
-        """Set `spec_token_ids` on the running requests (before the schedule)."""
+        """Set `spec_token_ids` on the running requests (before the schedule); none at all in a
+        step where `disable_by_batch_size` or more requests are running."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and len(running) >= limit:
+            for req in running:
+                if req.spec_token_ids:
+                    req.spec_token_ids = []
+            return
         self.proposer.propose(running)
 
     def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
