@@ -128,6 +128,28 @@ class ClusterProcs:
         with InferenceClient(self.address, name="test-status", auth=self.auth) as c:
             return c.status(timeout=timeout)
 
+    def generated_tokens(self) -> dict:
+        """Each replica's generated-token count (its last heartbeat's), by name."""
+        return {r["name"]: r["num_generated_tokens"] for r in self.status()["replicas"]}
+
+    def replica_mid_stream(self, generated_before: dict, timeout: float = 60.0) -> tuple[int, dict]:
+        """The index of a replica to kill so that requests die mid-stream: one that still holds
+        requests (the coordinator's own count), is running some and has generated tokens since
+        `generated_before` (its heartbeats), the one holding the most. (A fast replica can
+        stream much of a load alone while the other's requests have not started: killing that
+        one resumes nothing.) Also returns each replica's request count, for messages."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.status()["replicas"]
+            busy = [r for r in rows if r["num_requests"] > 0 and r["num_running"] > 0
+                    and r["num_generated_tokens"] > generated_before.get(r["name"], 0)]
+            counts = {r["name"]: r["num_requests"] for r in rows}
+            if busy:
+                return int(max(busy, key=lambda r: r["num_requests"])["name"].rsplit("-", 1)[1]), counts
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no replica is mid-stream: {rows}")
+            time.sleep(0.02)
+
     def wait_replicas(self, n: int, timeout: float = 180.0) -> dict:
         deadline = time.monotonic() + timeout
         last = None

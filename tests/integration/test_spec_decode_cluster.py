@@ -43,17 +43,15 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
                                                                       ignore_eos=True))
              for i in range(NUM)]
     expected = offline_reference(items)
+    generated = spec_cluster.generated_tokens()
     c, finals, tokens = counting_client(spec_cluster.address)
     try:
         handles = [c.submit(p, sp, request_id=f"spec-{i}") for i, (p, sp) in enumerate(items)]
         deadline = time.monotonic() + 60
         while sum(len(v) for v in tokens.values()) < NUM * MAX_TOKENS * 0.25 and time.monotonic() < deadline:
             time.sleep(0.01)
+        victim, rows = spec_cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
-        # the replica the coordinator has given the most unfinished requests (its own count),
-        # so that some die mid-stream
-        rows = {r["name"]: r["num_requests"] for r in spec_cluster.status()["replicas"]}
-        victim = max((0, 1), key=lambda i: rows.get(f"replica-{i}", 0))
         spec_cluster.kill_replica(victim, signal.SIGKILL)
         outs = [h.result(timeout=180) for h in handles]
     finally:

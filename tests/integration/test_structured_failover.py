@@ -38,6 +38,7 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         torch.set_num_threads(threads)
     total = sum(len(o.token_ids) for o in expected)
     before = cluster.status()["coordinator"]
+    generated = cluster.generated_tokens()
     c = InferenceClient(cluster.address, name="test-structured-failover")
     tokens = collections.defaultdict(list)
     original = c._deliver
@@ -52,11 +53,8 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         deadline = time.monotonic() + 60
         while sum(len(v) for v in tokens.values()) < total * 0.25 and time.monotonic() < deadline:
             time.sleep(0.005)
+        victim, rows = cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
-        # the replica the coordinator has given the most unfinished requests (its own count, not
-        # the replicas' last heartbeats, which can lag a fast load), so that some die mid-structure
-        rows = {r["name"]: r["num_requests"] for r in cluster.status()["replicas"]}
-        victim = max((0, 1), key=lambda i: rows.get(f"replica-{i}", 0))
         cluster.kill_replica(victim, signal.SIGKILL)
         outs = [h.result(timeout=180) for h in handles]
     finally:
