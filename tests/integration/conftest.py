@@ -270,3 +270,14 @@ def gateway_cluster(tmp_path_factory):
         yield procs.start()
     finally:
         procs.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(gateway_cluster):
+    """The real `openai` client of the session's gateway (one per test module)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{gateway_cluster.url}/v1", api_key="unused", max_retries=0,
+                           timeout=60)
+    yield client
+    client.close()

@@ -23,14 +23,6 @@ CHAT = [{"role": "system", "content": "You are terse."},
 
 
 @pytest.fixture(scope="module")
-def oai(gateway_cluster):
-    client = openai.OpenAI(base_url=f"{gateway_cluster.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def zmq_client(gateway_cluster):
     with InferenceClient(gateway_cluster.address, name="test-reference") as c:
         yield c

@@ -25,14 +25,6 @@ MODEL = "tiny-random"
 CHAT = [{"role": "user", "content": "Give me JSON."}]
 
 
-@pytest.fixture(scope="module")
-def oai(gateway_cluster):
-    client = openai.OpenAI(base_url=f"{gateway_cluster.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)
-    yield client
-    client.close()
-
-
 def test_response_format_json_schema(oai):
     schema = BOUNDED["nested"]
     r = oai.chat.completions.create(

@@ -27,14 +27,6 @@ CALL = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{
 TIME_CALL = r'<tool_call>\{"name": "get_time", "arguments": \{"zone": [1-9]\}\}</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def oai(gateway_cluster):
-    client = openai.OpenAI(base_url=f"{gateway_cluster.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)
-    yield client
-    client.close()
-
-
 def _forced(regex: str, **kw) -> dict:
     return dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=1.0, seed=11,
                 max_tokens=400, extra_body={"structured_outputs": {"regex": regex}}, **kw)

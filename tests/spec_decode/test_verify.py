@@ -4,7 +4,6 @@ min_tokens, logit_bias, logprobs and seeded sampling; and for unseeded sampling 
 follows the row's distribution whatever was proposed (chi-square, 0.999), a test that fails when
 the acceptance rule is broken (checked below by breaking it)."""
 
-import math
 
 import pytest
 import torch
@@ -14,6 +13,8 @@ from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.spec_decode import verify
 from infer_cluster.worker.spec_decode.verify import SpecStats, accept, expand_rows
+
+from tests.unit.test_sampler import chi_square, softmax
 
 EOS = 0
 CHI2_CRIT_999 = {1: 10.828, 7: 24.322}  # chi2.ppf(0.999, df), standard tables
@@ -104,17 +105,6 @@ def test_rows_without_proposals_and_a_mixed_batch():
                       "c": [int(logits[4].argmax())]}
     assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (5, 2)
     assert stats.as_dict()["spec_acceptance_per_position"] == [0.5, 0.5, 0.0, 0.0]
-
-
-def softmax(xs):
-    m = max(xs)
-    e = [math.exp(v - m) for v in xs]
-    return [v / sum(e) for v in e]
-
-
-def chi_square(counts, probs):
-    n = sum(counts)
-    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
 
 
 def first_token_counts(num, draft):
