@@ -37,6 +37,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"))
     ap.add_argument("--output-len", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"))
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--tokenizer", default=None,
+                    help="another tokenizer (a model name or path), e.g. a real model's large vocabulary "
+                         "beside a dummy-weight shape, so the masks cost what they cost on a real model")
     ap.add_argument("--tpot-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/structured.json")
@@ -51,8 +54,12 @@ def main(argv=None) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    tokenizer = None
+    if args.tokenizer:
+        from infer_cluster.worker.loading.loader import resolve_model_path
+        tokenizer = args.tokenizer if os.path.isdir(args.tokenizer) else str(resolve_model_path(args.tokenizer))
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, tokenizer=tokenizer)
     vocab = llm.engine.spec.vocab_size
     prompts, out_lens = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len),
                                         vocab, args.seed)
@@ -113,7 +120,7 @@ def main(argv=None) -> dict:
         colds = [v["cold_ms"] for v in compile_ms.values()]
         print(f"compile of {len(colds)} schemas: cold {min(colds):.2f}..{max(colds):.2f} ms, "
               f"cached {max(v['cached_ms'] for v in compile_ms.values()):.3f} ms at most")
-    result = {**run_info(), "model": args.model, "device": str(llm.engine.runner.device),
+    result = {**run_info(), "model": args.model, "tokenizer": args.tokenizer, "device": str(llm.engine.runner.device),
               "async_scheduling": llm.engine.async_scheduling, "num_seqs": args.num_seqs,
               "prompt_len": args.prompt_len, "output_len": args.output_len, "schema": SCHEMA,
               "workload": runs, "tpot_s": tpot, "compile_ms": compile_ms}
