@@ -72,7 +72,10 @@ def test_async_outputs_equal_sync(reference_params, setting, monkeypatch):
     for i, (a, b) in enumerate(zip(got, want)):
         assert a[:3] == b[:3], f"{setting}: request {i} differs"
         if b[3] is not None:
-            assert [lp[0] for lp in a[3]] == [lp[0] for lp in b[3]]
+            # Values to float32 rounding: a step whose draw waits for the step before (the
+            # n-gram row) keeps the next schedule from preempting, so under preemption the two
+            # engines can batch a row's forward with different rows.
+            assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-5)
             assert a[3][0][1].keys() == b[3][0][1].keys()
     assert {o[1] for o in want} >= {"length", "stop"}
     assert sum(filled) > 0  # pending tokens really came from the previous draw on the device

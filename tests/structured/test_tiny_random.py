@@ -155,9 +155,19 @@ def test_compiles_are_cached(llm):
     assert pool.num_compiled == n
 
 
-def test_async_scheduling_gives_the_same_outputs():
-    """Steps with a constrained row run synchronously under async scheduling; the free rows of
-    other steps keep the async path. Same outputs either way."""
+def test_async_scheduling_gives_the_same_outputs(monkeypatch):
+    """Under async scheduling a step with a constrained row queues its forward at once (its
+    input ids read from the step before, on the device) and draws once that step's ids are on
+    the host, so the grammar's mask is filled while the forward runs. Same outputs either way."""
+    from infer_cluster.worker.engine.inflight import InFlightSteps
+    deferred = []
+    real = InFlightSteps.launch
+
+    def spy(self, out, runner, sampler, requests, eos, defer_draw=False):
+        if defer_draw:
+            deferred.append(sum(s.pending_input for s in out.requests))
+        return real(self, out, runner, sampler, requests, eos, defer_draw)
+    monkeypatch.setattr(InFlightSteps, "launch", spy)
     schema = BOUNDED["optional"]
     prompts = ["Hello", [5, 6, 7], "x y", [9] * 20]
     params = [so(json=schema, seed=1), SamplingParams(temperature=0.7, seed=4, max_tokens=15, ignore_eos=True),
@@ -169,6 +179,7 @@ def test_async_scheduling_gives_the_same_outputs():
     assert fast.engine.async_scheduling
     got = [(o.token_ids, o.finish_reason) for o in fast.generate(prompts, params, use_tqdm=False)]
     assert got == want
+    assert deferred and sum(deferred) > 0  # deferred draws, with inputs pending on the device
 
 
 def _slow_compiles(monkeypatch, llm, seconds, fail=False):

@@ -152,7 +152,8 @@ class DynamicEngine:
         self._started = time.monotonic()
         self._inflight = InFlightSteps()
         # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
-        # structured outputs): their steps are synchronous.
+        # structured outputs): with async scheduling their step's draw waits for the step before
+        # (the forward does not); without, every step is synchronous anyway.
         self._sync_ids: set[str] = set()
         # Speculative decoding (worker/spec_decode/): None when off; its steps are synchronous.
         self.spec_decoder = build_spec_decoder(config.speculative_config, config.enforce_eager,
@@ -263,8 +264,11 @@ class DynamicEngine:
             out = self._schedule_next()
             self._inflight.drain_next = out.blocked
             # Micro-batches: a row waits only for the draw of the oldest step, queued already.
-            sync = depth == 1 and (not self.async_scheduling or bool(
-                self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests)))
+            sync = depth == 1 and not self.async_scheduling
+            # Rows whose draw needs their last id on the host (a grammar's mask, n-gram bans):
+            # the forward is queued now, the draw once the step before is collected.
+            defer = depth == 1 and self.async_scheduling and bool(
+                self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests))
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -281,11 +285,14 @@ class DynamicEngine:
                         self.scheduler.requests, self.eos_token_ids))
                 else:
                     self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
-                                self.scheduler.requests, self.eos_token_ids)
+                                self.scheduler.requests, self.eos_token_ids, defer)
                 launched = True
             keep = depth - 1 + self.async_scheduling if depth > 1 else 1
             while len(self._inflight) > (0 if sync else keep):
                 self._collect(deltas)  # step n, while step n+1 runs
+            if launched and defer:  # step n's ids are on the host: draw step n+1
+                self._timed("launch", self._inflight.draw_deferred, self.sampler,
+                            self.scheduler.requests, self.eos_token_ids)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])

@@ -54,18 +54,35 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 class LaunchedStep:
-    def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: DeviceDraw,
+    def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: Optional[DeviceDraw],
                  verify: Optional[Callable[[], None]] = None,
-                 gave_up: Optional[Callable[[], bool]] = None):
+                 gave_up: Optional[Callable[[], bool]] = None, logits: Optional[torch.Tensor] = None):
+        """`draw` None: a deferred draw (`logits` kept until `complete`)."""
         self.out = out
         self._verify = verify  # the runner's check that the step's device work is trustworthy
         self._gave_up = gave_up  # the runner's `wait_gave_up`: its group failed, stop waiting
         self.row_ids = row_ids
         self.row_of = {rid: i for i, rid in enumerate(row_ids)}
-        self.draw = draw
+        self.logits = logits
+        self.draw: Optional[DeviceDraw] = None
+        self._event: Optional[torch.cuda.Event] = None
+        if draw is not None:
+            self.complete(draw)
+        elif logits is not None and logits.device.type == "cuda":  # `abandon` waits for the forward
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    @property
+    def deferred(self) -> bool:
+        """The forward is queued, the draw is not (`InFlightSteps.draw_deferred`)."""
+        return self.logits is not None
+
+    def complete(self, draw: DeviceDraw) -> None:
+        """Start the draw's copy to the host (the step's ids and logprob values)."""
+        self.draw, self.logits = draw, None
         self._ids = _to_host(draw.transfer)
         self._values = _to_host(draw.values) if draw.values is not None else None
-        self._event: Optional[torch.cuda.Event] = None
+        self._event = None
         if draw.transfer.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
@@ -79,6 +96,8 @@ class LaunchedStep:
         """Block until the ids are on the host; returns {request id: token id},
         {request id: logprob entry (deferred) or None} and the requests whose provisional id
         the sampler's redo changed (`SamplerOutput.redrawn`)."""
+        if self.draw is None:
+            raise RuntimeError("a step was collected before its deferred draw was queued")
         if self._event is not None:  # gives up early only once the group failed: verify raises
             wait_event(self._event, self._gave_up)
         if self._verify is not None:  # a rank group: did it stay healthy through the step?
@@ -110,13 +129,20 @@ class InFlightSteps:
         return len(self.steps)
 
     def launch(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
-               eos_token_ids) -> LaunchedStep:
+               eos_token_ids, defer_draw: bool = False) -> LaunchedStep:
         """Queue the step's forward and draw on the device; nothing waits for them here.
-        `requests`: the scheduler's live requests by id."""
+        `requests`: the scheduler's live requests by id. `defer_draw`: queue the forward only;
+        `draw_deferred` draws once the older steps were collected (rows whose draw needs their
+        last id on the host, e.g. a grammar's mask, filled while this forward runs)."""
         pending = [s.request_id for s in out.requests if s.pending_input]
         prev_ids, prev_rows = None, ()
         if pending:
             prev_ids, prev_rows = self.last.token_ids, [self.last.row_of[r] for r in pending]
+        if defer_draw:
+            logits, row_ids = runner.execute(out, prev_ids, prev_rows)
+            self.last = LaunchedStep(out, row_ids, None, runner.verify_step, runner.wait_gave_up, logits)
+            self.steps.append(self.last)
+            return self.last
         rows = classes = None
         greedy = False
         if runner.takes_greedy_ids:  # a T > 1 shard: ids alone when no row needs the logits
@@ -134,6 +160,15 @@ class InFlightSteps:
         self.last = LaunchedStep(out, row_ids, draw, runner.verify_step, runner.wait_gave_up)
         self.steps.append(self.last)
         return self.last
+
+    def draw_deferred(self, sampler: Sampler, requests: dict, eos_token_ids) -> None:
+        """Queue the draw of the latest step, launched with `defer_draw` (every older step
+        collected: each row's tokens are on the host); a request that ended meanwhile gets a
+        dropped row."""
+        step = self.last
+        rows = _rows(step.row_ids, requests, eos_token_ids)
+        # The runner's logits are this step's own tensor: the sampler may edit them in place.
+        step.complete(sampler.draw(step.logits, rows, logits_writable=True))
 
     def submit(self, out: SchedulerOutput, runner, requests: dict, eos_token_ids) -> "SubmittedStep":
         """A micro-batch: the runner starts it on every stage and returns at once; its logits

@@ -73,7 +73,7 @@ from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, any_top_p_
 from infer_cluster.worker.sampling.state import SamplingState
 from infer_cluster.worker.device.upload import dma_upload
 from infer_cluster.worker.sampling.token_bans import apply_logit_bias, apply_min_tokens, ban_tokens
-from infer_cluster.worker.structured.bitmask import apply_grammar_masks
+from infer_cluster.worker.structured.bitmask import GrammarMasks
 
 _KEY_RANGE = 2 ** 63 - 1
 
@@ -167,6 +167,7 @@ class Sampler:
         self.draw_graphs = draw_graphs
         self.state: Optional[SamplingState] = None
         self.plans = RowPlans()  # each live request's fixed sampler row (worker/sampling/row_plans.py)
+        self.grammar_masks: Optional[GrammarMasks] = None  # made on the first constrained row
 
     def release(self, request_id: Hashable) -> None:
         """Forget a request's penalty state and plan row (the engine calls this when a request
@@ -261,7 +262,9 @@ class Sampler:
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
             if grammar_rows:  # a broken row (a token its grammar refused) is drawn as it is:
-                apply_grammar_masks(x, rows, grammar_rows, grammar_bans)  # the engine ends it when it collects
+                if self.grammar_masks is None:  # the engine ends a broken row when it collects
+                    self.grammar_masks = GrammarMasks()
+                self.grammar_masks.apply(x, rows, grammar_rows, grammar_bans)
 
             x_lp = lse = maxima = None
             if logprob_rows:

@@ -1,62 +1,107 @@
-"""`apply_grammar_masks`: the sampler's grammar step, in place on one step's logits.
+"""`GrammarMasks`: the sampler's grammar step, in place on one step's logits.
 
-Owns: filling the packed token bitmask of the constrained rows on the host (each row's
-`GrammarState`, synced to the row's tokens first) and applying it to those rows of the logits
-only (`xgrammar.apply_token_bitmask_inplace`: C++ on the CPU, a kernel on CUDA). The bitmask
-covers the model's vocabulary (`TokenizerInfo` is built over it); logits wider than that (a
-padded LM head) get their extra columns set to -inf, narrower ones use the mask's prefix.
-On CUDA the host fill runs while the step's forward is still queued on the device, and the mask
-goes up from pinned memory without a host sync.
+Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
+to those rows of the logits only (`xgrammar.apply_token_bitmask_inplace`: C++ on the CPU, a
+kernel on CUDA). The bitmask covers the model's vocabulary (`TokenizerInfo` is built over it);
+logits wider than that (a padded LM head) get their extra columns set to -inf, narrower ones use
+the mask's prefix.
+
+Speed (issue 42: all rows constrained >= 0.90 of none): filling one row of a JSON grammar over a
+large vocabulary costs 0.1-0.2 ms of host time (xgrammar checks every token whose acceptance
+depends on the stack, e.g. each token holding a quote inside a string), so 256 rows filled one by
+one took longer than the step's forward. The rows are filled by one `BatchGrammarMatcher` call
+on a few threads, into one pinned host buffer kept across steps (no allocation or pinning per
+step); the mask goes up with one non-blocking copy into a device buffer kept too. The engine
+fills while the step's forward runs on the device (worker/engine/engine.py, deferred draws).
+The host buffer is reused at the next step once the device has read it: an event recorded after
+the copy is waited on before the next fill (at depth 1 it has long passed: the engine waited for
+this step's ids, copied after the mask).
+
 Bans the sampler would put on a constrained row (no_repeat_ngram_size, min_tokens) are cleared
 from its mask instead, and only where they leave a token the grammar allows: a ban that would
 empty the row is dropped (the grammar wins; an all -inf row would pick token 0).
 Must never: touch rows without a grammar, or run for a row with tokens pending on the device
-(its matcher would be a token behind: the engine makes such steps synchronous).
+(its matcher would be a token behind: the engine draws such a step after those tokens landed).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+# Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
+# to leave the replica's other host work (scheduling, detokenizing) its cores.
+FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) - 1))
 
-def apply_grammar_masks(x: torch.Tensor, rows: Sequence, which: list[int],
-                        bans: Optional[dict] = None) -> list[int]:
-    """x[which] restricted to each row's allowed tokens (`rows[i].grammar`), less the tokens of
-    `bans[i]` (the sampler's n-gram and min_tokens bans) unless that would leave none. Returns
-    the rows whose state is broken (their logits are left as they are)."""
-    import xgrammar as xgr
 
-    n, width = x.shape
-    states, use, broken = [], [], []
-    for i in which:
-        r = rows[i]
-        if r.num_pending:
-            raise RuntimeError("a constrained row was drawn with tokens pending on the device; "
-                               "its grammar needs them on the host first")
-        if not r.grammar.sync(r.output_token_ids):
-            broken.append(i)
-            continue
-        states.append(r.grammar)
-        use.append(i)
-    if not use:
+class GrammarMasks:
+    """One sampler's bitmask buffers and batched filler (made on the first constrained row)."""
+
+    def __init__(self, threads: int = FILL_THREADS):
+        import xgrammar as xgr
+        self._xgr = xgr
+        self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
+        self._host: Optional[torch.Tensor] = None  # [rows, words] int32, pinned on CUDA
+        self._device: Optional[torch.Tensor] = None
+        self._copied: Optional[torch.cuda.Event] = None  # the last upload out of `_host`
+
+    def _buffers(self, n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `n` rows of the host buffer (all bits set) and of its device twin."""
+        words = (vocab + 31) // 32
+        if self._copied is not None:  # the device still reading the last step's mask
+            self._copied.synchronize()
+            self._copied = None
+        host = self._host
+        if host is None or host.shape[0] < n or host.shape[1] != words:
+            rows = max(n, host.shape[0] if host is not None and host.shape[1] == words else 0)
+            host = torch.empty(rows, words, dtype=torch.int32, pin_memory=device.type == "cuda")
+            self._host, self._device = host, None
+        if device.type == "cuda" and (self._device is None or self._device.device != device):
+            self._device = torch.empty(host.shape, dtype=torch.int32, device=device)
+        view = host[:n]
+        view.fill_(-1)  # rows left unfilled allow every token (never applied: `indices` skips them)
+        return view, (self._device[:n] if device.type == "cuda" else view)
+
+    def apply(self, x: torch.Tensor, rows: Sequence, which: list[int],
+              bans: Optional[dict] = None) -> list[int]:
+        """x[which] restricted to each row's allowed tokens (`rows[i].grammar`), less the tokens
+        of `bans[i]` (the sampler's n-gram and min_tokens bans) unless that would leave none.
+        Returns the rows whose state is broken (their logits are left as they are)."""
+        n, width = x.shape
+        matchers, use, broken = [], [], []
+        vocab = None
+        for i in which:
+            r = rows[i]
+            if r.num_pending:
+                raise RuntimeError("a constrained row was drawn with tokens pending on the device; "
+                                   "its grammar needs them on the host first")
+            if not r.grammar.sync(r.output_token_ids):
+                broken.append(i)
+                continue
+            matchers.append(r.grammar.matcher)
+            use.append(i)
+            vocab = r.grammar.vocab_size
+        if not use:
+            return broken
+        host, dev = self._buffers(n, vocab, x.device)
+        self._batch.batch_fill_next_token_bitmask(matchers, host, use)
+        if bans:
+            for i in use:
+                if bans.get(i):
+                    _clear_bans(host[i], bans[i], vocab)
+        if dev is not host:
+            dev.copy_(host, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        self._xgr.apply_token_bitmask_inplace(x, dev, vocab_size=min(width, vocab), indices=use)
+        if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
+            idx = torch.tensor(use, dtype=torch.long, pin_memory=x.device.type == "cuda")
+            idx = idx.to(x.device, non_blocking=True)
+            x[:, vocab:].index_fill_(0, idx, float("-inf"))
         return broken
-    vocab = states[0].vocab_size
-    bitmask = xgr.allocate_token_bitmask(n, vocab)
-    for state, i in zip(states, use):
-        state.fill(bitmask, i)
-        if bans and bans.get(i):
-            _clear_bans(bitmask[i], bans[i], vocab)
-    if x.device.type == "cuda":
-        bitmask = bitmask.pin_memory().to(x.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(x, bitmask, vocab_size=min(width, vocab), indices=use)
-    if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
-        idx = torch.tensor(use, dtype=torch.long, pin_memory=x.device.type == "cuda")
-        idx = idx.to(x.device, non_blocking=True)
-        x[:, vocab:].index_fill_(0, idx, float("-inf"))
-    return broken
 
 
 def _clear_bans(row: torch.Tensor, banned, vocab: int) -> None:
