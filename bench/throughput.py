@@ -91,6 +91,10 @@ def parse_args(argv=None):
                     help="EngineConfig.graph_max_tokens: steps of up to this many tokens that are not "
                          "decode-only replay CUDA graphs too (default: the engine's)")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--speculative-config", default=None, metavar="JSON",
+                    help="EngineConfig.speculative_config, e.g. '{\"method\": \"ngram\", "
+                         "\"num_speculative_tokens\": 4, \"disable_by_batch_size\": 32}' (workload A at "
+                         "batch 256 against speculation off: run once with it and once without)")
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
                     help="schedule step n+1 while step n runs (auto: on on CUDA, any T and P)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -141,7 +145,8 @@ def run_ours(args, prompts, out_lens, kinds):
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
               async_scheduling=ASYNC_MODES[args.async_scheduling],
-              pipeline_microbatches=args.pipeline_microbatches)
+              pipeline_microbatches=args.pipeline_microbatches,
+              **({} if args.speculative_config is None else {"speculative_config": args.speculative_config}))
     runs = {}
     gc_timer = GcTimer()
     if args.switch_interval:

@@ -48,10 +48,8 @@ def test_bad_values_name_the_field(value, message):
 
 
 @pytest.mark.parametrize("settings,names", [
-    (dict(async_scheduling=True), "async_scheduling"),
     (dict(tensor_parallel_size=2), "tensor_parallel_size"),
     (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
-    (dict(device="cuda"), "enforce_eager"),
 ])
 def test_combinations_not_built_are_refused_naming_both(settings, names):
     with pytest.raises(ConfigError) as info:
@@ -64,7 +62,9 @@ def test_combinations_not_built_are_refused_naming_both(settings, names):
 def test_allowed_combinations():
     EngineConfig(speculative_config=NGRAM, async_scheduling="auto")
     EngineConfig(speculative_config=NGRAM, async_scheduling=False)
+    EngineConfig(speculative_config=NGRAM, async_scheduling=True)  # steps that do not speculate
     EngineConfig(speculative_config=NGRAM, device="cuda", enforce_eager=True)
+    EngineConfig(speculative_config=NGRAM, device="cuda")  # verify steps replay mixed-step graphs
     EngineConfig(speculative_config=NGRAM, kv_offload_gib=1.0)
 
 

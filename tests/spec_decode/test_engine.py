@@ -304,3 +304,35 @@ def test_disable_by_batch_size_turns_proposals_off_while_the_batch_is_large():
         drafted[limit] = llm.stats()["num_spec_draft_tokens"]
     assert drafted[None] == drafted[64] > drafted[4] > drafted[1] == 0, drafted
 
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypatch):
+    """With async scheduling, a step where `disable_by_batch_size` turns speculation off is an
+    ordinary async step (its inputs read from the step before, on the device), and one with
+    proposals is a synchronous verify step; the tokens never change. The 8 requests (of
+    different lengths) start without proposals (limit 4) and speculate once fewer than 4 run;
+    the draft model catches up on the tokens the async steps made."""
+    from infer_cluster.worker.runner.context import DynamicContext
+    kw = dict(block_size=8, num_kv_blocks=128)
+    params = [greedy(12 + 6 * i) for i in range(len(PROMPTS))]
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
+    pending = []
+    real = DynamicContext.prepare
+
+    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
+        pending.append(len(prev_rows))
+        return real(self, out, prev_ids, prev_rows, upload)
+    monkeypatch.setattr(DynamicContext, "prepare", spy)
+    spec = ({**SPEC, "disable_by_batch_size": 4} if method == "ngram" else
+            {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4,
+             "disable_by_batch_size": 4})
+    llm = LLM("tiny-random", speculative_config=spec, async_scheduling=True, **kw)
+    assert llm.engine.async_scheduling
+    assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == want
+    stats = llm.stats()
+    assert sum(pending) > 0  # async steps: pending inputs from the device
+    assert stats["num_spec_accepted_tokens"] > 0 and stats["num_spec_draft_tokens"] > 0
+    if method == "draft_model":  # the draft has the target's weights: it caught up exactly
+        assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

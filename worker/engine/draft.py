@@ -50,11 +50,15 @@ def build_draft_runner(config: EngineConfig, target_hf_config, target: ModelSpec
     dtype = resolve_dtype(config, target_hf_config, resolve_device(config))
     draft_config = config.replace(model=str(path), tokenizer=None, dtype=_DTYPE_NAMES[str(dtype)],
                                   num_kv_blocks=1, kv_offload_gib=0.0, speculative_config=None,
-                                  warmup=False, enforce_eager=True)  # the draft runs eagerly
-    return ModelRunner(draft_config, spec, path, hf_config, max_model_len)
+                                  warmup=False)
+    # CUDA graphs as the target (enforce_eager): decode graphs for its one-token proposal steps,
+    # mixed-step graphs for its catch-up chunks; captured once its real pool is attached.
+    return ModelRunner(draft_config, spec, path, hf_config, max_model_len, defer_graphs=True)
 
 
 def attach_draft_pool(draft: ModelRunner, num_kv_blocks: int, kv_cache_dtype: str) -> None:
     """Give the draft `num_kv_blocks` blocks (the target's count) of `kv_cache_dtype` storage;
-    also after a resize of the target's pool (the draft's old KV is dropped)."""
+    also after a resize of the target's pool (the draft's old KV is dropped). Its graphs go
+    first (they hold the old pool) and are captured anew over the new one."""
+    draft.release_graphs()
     draft.resize_kv_pool(num_kv_blocks, kv_cache_dtype, {})

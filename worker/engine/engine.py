@@ -67,6 +67,7 @@ from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sched.scheduler import Scheduler
 from infer_cluster.worker.sched.output import SchedulerOutput
 from infer_cluster.worker.spec_decode.decoder import build_spec_decoder
+from infer_cluster.worker.spec_decode.verify import VerifyStep
 from infer_cluster.worker.text.text_stage import TextStage
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,7 @@ class DynamicEngine:
         # (the forward does not); without, every step is synchronous anyway.
         self._sync_ids: set[str] = set()
         # Speculative decoding (worker/spec_decode/): None when off; its steps are synchronous.
-        self.spec_decoder = build_spec_decoder(config.speculative_config, config.enforce_eager,
-                                               self.runner.device.type, self.max_model_len,
+        self.spec_decoder = build_spec_decoder(config.speculative_config, self.max_model_len,
                                                self.draft_runner)
         self.scheduler.speculating = self.spec_decoder is not None
         if self.spec_decoder is not None:
@@ -165,8 +165,7 @@ class DynamicEngine:
             log.info("speculative decoding: %s, %d proposals a row%s", sc.method,
                      sc.num_speculative_tokens, f", draft {sc.model}" if sc.method == "draft_model" else "")
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
-        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode) \
-            and self.spec_decoder is None
+        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
 
     def _resolve_max_model_len(self) -> int:
@@ -259,12 +258,19 @@ class DynamicEngine:
         try:
             while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
+            # Speculating: a step with proposals is a synchronous verify step (proposals need
+            # every token on the host); one where speculation is off (disable_by_batch_size)
+            # is an ordinary step, async where that is on.
+            verify = self.spec_decoder is not None and self.spec_decoder.active(self.scheduler.running)
+            if verify:
+                while self._inflight:
+                    self._collect(deltas)
             if self.spec_decoder is not None:
-                self.spec_decoder.propose(self.scheduler.running)
+                self.spec_decoder.propose(self.scheduler.running, verify)
             out = self._schedule_next()
             self._inflight.drain_next = out.blocked
             # Micro-batches: a row waits only for the draw of the oldest step, queued already.
-            sync = depth == 1 and not self.async_scheduling
+            sync = depth == 1 and (not self.async_scheduling or verify)
             # Rows whose draw needs their last id on the host (a grammar's mask, n-gram bans):
             # the forward is queued now, the draw once the step before is collected.
             defer = depth == 1 and self.async_scheduling and bool(
@@ -279,7 +285,7 @@ class DynamicEngine:
                 if depth > 1:
                     self._timed("launch", self._inflight.submit, out, self.runner,
                                 self.scheduler.requests, self.eos_token_ids)
-                elif self.spec_decoder is not None:  # a verify step (worker/spec_decode/verify.py)
+                elif verify:  # a verify step (worker/spec_decode/verify.py)
                     self._inflight.steps.append(self._timed(
                         "launch", self.spec_decoder.launch, out, self.runner, self.sampler,
                         self.scheduler.requests, self.eos_token_ids))
@@ -346,11 +352,12 @@ class DynamicEngine:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
         step = self._inflight.steps[0]
         sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
-        update = self.scheduler.update if self.spec_decoder is None else self.scheduler.update_verified
+        burst = isinstance(step, VerifyStep)  # several tokens a request
+        update = self.scheduler.update_verified if burst else self.scheduler.update
         advanced, _ = self._timed("update", update, step.out, sampled)
         if self._sync_ids:
             self.structured.advance(advanced, self.scheduler)
-        self._emit_all(advanced, logprobs, deltas)
+        self._emit_all(advanced, logprobs, deltas, burst)
         self._inflight.steps.pop(0)
         for rid in redrawn:  # rare: a later step computed it from the provisional id
             if rid in self.scheduler.requests and any(
@@ -394,10 +401,10 @@ class DynamicEngine:
             self._drop_state(req.request_id)
         return delta
 
-    def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list) -> None:
-        """`logprobs`: an entry per request, or (speculating) a list of entries per request,
-        one per token verified, of which those its stop rules kept are sent."""
-        now, burst = time.time(), self.spec_decoder is not None
+    def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list, burst: bool = False) -> None:
+        """`logprobs`: an entry per request, or (`burst`: a verify step) a list of entries per
+        request, one per token verified, of which those its stop rules kept are sent."""
+        now = time.time()
         for req in advanced:  # appended one by one: a failure keeps what was already built
             lp = logprobs.get(req.request_id)
             if lp is not None:

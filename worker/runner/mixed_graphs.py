@@ -84,8 +84,14 @@ class MixedGraphs:
         torch.cuda.synchronize(device)
         log.info("captured mixed-step CUDA graphs for up to %s tokens", self.buckets)
 
-    def can_run(self, num_seqs: int, num_tokens: int) -> bool:
-        return 0 < num_tokens <= self.max_tokens and num_seqs <= self.max_seqs
+    def can_run(self, num_seqs: int, num_tokens: int, num_sampled: int) -> bool:
+        """Whether a step fits a bucket: its tokens, its sequences, and its sampled rows (a
+        speculative verify step samples every position of a row; a bucket of t tokens has
+        min(t, max_seqs) sample rows)."""
+        if not 0 < num_tokens <= self.max_tokens or num_seqs > self.max_seqs:
+            return False
+        t = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
+        return num_sampled <= min(t, self.max_seqs)
 
     def run(self, input_ids, positions, meta: AttentionMetadata, sample_indices) -> torch.Tensor:
         """Replay the smallest bucket that holds the step; returns the sampled rows' logits."""

@@ -86,12 +86,14 @@ class ModelRunner:
                  max_model_len: int, ps: Optional[ParallelState] = None,
                  layer_range: Optional[tuple[int, int]] = None, local_rank: int = 0,
                  agree_num_kv_blocks: Optional[Callable[[int], int]] = None,
-                 kv_companion: Optional["ModelRunner"] = None):
+                 kv_companion: Optional["ModelRunner"] = None, defer_graphs: bool = False):
         """`agree_num_kv_blocks` (ranks of one replica) gets this shard's pool size and returns
         the size every rank uses (the minimum), before the pool is allocated.
         `kv_companion`: another runner whose pool has this pool's block count under the same
         block ids (a draft model's, worker/engine/draft.py); its per-block bytes count when the
-        pool is sized from memory and when a resize checks that the new pools fit."""
+        pool is sized from memory and when a resize checks that the new pools fit.
+        `defer_graphs`: capture no CUDA graphs until the first `resize_kv_pool` (a draft model's
+        runner starts on a one-block pool)."""
         self.config = config
         self.kv_companion = kv_companion
         self.spec = spec
@@ -133,7 +135,8 @@ class ModelRunner:
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
         self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
                              and self.ps.tp_size == 1 and self.model.is_last and self.model.is_first)
-        self._capture_graphs()
+        if not defer_graphs:  # a draft's placeholder pool: its graphs come with its real pool
+            self._capture_graphs()
 
     def _capture_graphs(self) -> None:
         """(Re-)capture the decode graphs over the current KV tensors: a graph bakes in their
@@ -151,7 +154,8 @@ class ModelRunner:
                 min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
                 min(self.config.max_num_seqs, 512), max_blocks, self.device, self.graphs.pool)
 
-    def _release_graphs(self) -> None:
+    def release_graphs(self) -> None:
+        """Destroy the CUDA graphs (before their KV pool is replaced without `prepare_kv_resize`)."""
         for graphs in (self.mixed_graphs, self.graphs):
             if graphs is not None:
                 graphs.release()
@@ -187,7 +191,7 @@ class ModelRunner:
         else:
             companion_new = companion_old = 0
         if self.device.type == "cuda":
-            self._release_graphs()  # their pool and their hold on the old KV go first
+            self.release_graphs()  # their pool and their hold on the old KV go first
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             # Idle activation memory is free now; keep the share gpu_memory_utilization leaves.
@@ -427,7 +431,7 @@ class ModelRunner:
             logits = self.graphs.run(inputs.input_ids, inputs.positions, meta, batch=bs, greedy=greedy)
             if greedy:
                 return logits, ids
-        elif self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n):
+        elif self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n, len(ids)):
             logits = self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices)
         else:
             logits = self._forward_sampled(inputs.input_ids, inputs.positions, meta, self.context.kv_caches,

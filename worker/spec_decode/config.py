@@ -89,20 +89,7 @@ class SpeculativeConfig:
 
 def refuse_unsupported(config) -> None:
     """Raise `ConfigError` naming both settings where `config` (an `EngineConfig` with
-    speculation on) asks for something verification does not do yet. `async_scheduling='auto'`
-    is not refused: the engine resolves it to off."""
-    if config.async_scheduling is True:
-        raise ConfigError("speculative_config does not run with async_scheduling=true yet (a "
-                          "verify step's accepted count must be on the host before the next "
-                          "schedule); set async_scheduling to false or auto")
+    speculation on) asks for something verification does not do yet."""
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
         raise ConfigError("speculative_config does not run with tensor_parallel_size or "
                           "pipeline_parallel_size > 1 yet; use a single-rank replica")
-    if config.device == "cuda" and not config.enforce_eager:
-        raise ConfigError(graphs_refusal())
-
-
-def graphs_refusal() -> str:
-    """The one line for CUDA graphs (also raised by the engine when device 'auto' is CUDA)."""
-    return ("speculative_config does not run with CUDA graphs yet (verify steps have k + 1 "
-            "positions a row); set enforce_eager=true")

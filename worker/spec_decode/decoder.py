@@ -1,20 +1,18 @@
 """`SpecDecoder`: what a speculating engine holds: the proposer, verify steps and the counters.
 
-Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_decoder`, which
-also refuses CUDA graphs where the device is known only now: device 'auto'): prompt lookup
+Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_decoder`): prompt lookup
 (`ngram.py`) or a draft model (`draft.py`, over the runner the engine built for it),
+whether a step speculates (`active`: not where `disable_by_batch_size` or more requests run),
 proposing before each schedule, launching `VerifyStep`s (a draft model fills in its proposals
-first), and the stats keys (`stats`). The engine calls these three and
-`Scheduler.update_verified`; with speculation off it holds None and none of this runs.
+first), and the stats keys (`stats`). The engine calls these and `Scheduler.update_verified`;
+with speculation off it holds None and none of this runs.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from infer_cluster.protocol.errors import ConfigError
-
-from infer_cluster.worker.spec_decode.config import SpeculativeConfig, graphs_refusal
+from infer_cluster.worker.spec_decode.config import SpeculativeConfig
 from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.ngram import NgramProposer
 from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
@@ -33,11 +31,17 @@ class SpecDecoder:
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
 
-    def propose(self, running) -> None:
-        """Set `spec_token_ids` on the running requests (before the schedule); none at all in a
-        step where `disable_by_batch_size` or more requests are running."""
+    def active(self, running) -> bool:
+        """Whether the next step speculates: not where `disable_by_batch_size` or more
+        requests are running."""
         limit = self.config.disable_by_batch_size
-        if limit is not None and len(running) >= limit:
+        return limit is None or len(running) < limit
+
+    def propose(self, running, active: bool = True) -> None:
+        """Set `spec_token_ids` on the running requests (before the schedule; every token of
+        theirs on the host); none at all in a step that does not speculate (`active` False:
+        their tokens may still be on the device)."""
+        if not active:
             for req in running:
                 if req.spec_token_ids:
                     req.spec_token_ids = []
@@ -54,13 +58,11 @@ class SpecDecoder:
         return self.counters.as_dict()
 
 
-def build_spec_decoder(speculative: Optional[SpeculativeConfig], enforce_eager: bool,
-                       device_type: str, max_model_len: int, draft_runner=None) -> Optional[SpecDecoder]:
-    """None when speculation is off; a `ConfigError` where the device replays CUDA graphs."""
+def build_spec_decoder(speculative: Optional[SpeculativeConfig], max_model_len: int,
+                       draft_runner=None) -> Optional[SpecDecoder]:
+    """None when speculation is off."""
     if speculative is None:
         return None
-    if device_type == "cuda" and not enforce_eager:
-        raise ConfigError(graphs_refusal())
     return SpecDecoder(speculative, max_model_len, draft_runner)
 
 

@@ -103,5 +103,8 @@ class DraftProposer:
             req.draft_state = (req.num_preemptions, self.generation, num_tokens)
 
     def _argmax(self, step: SchedulerOutput) -> list[int]:
+        if self.runner.takes_greedy_ids:  # the argmax inside the replayed graph where it has one
+            ids, _ = self.runner.execute(step, greedy_ids=True)
+            return ids.tolist()
         logits, _ = self.runner.execute(step)
         return logits.argmax(dim=-1).tolist()

@@ -1,0 +1,52 @@
+"""On a CUDA device: speculative decoding with CUDA graphs and async scheduling. A tiny float32
+model's greedy output with n-gram proposals and with a draft model equals speculation off,
+token for token, eager and with graphs (verify steps replay the mixed-step graphs, the draft's
+proposal steps its decode graphs), and with async scheduling where `disable_by_batch_size`
+turns speculation off for the large steps."""
+
+import pytest
+import torch
+
+from infer_cluster.worker import LLM
+
+from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+KW = dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=256, max_num_seqs=16)
+PARAMS = [greedy(16 + 6 * i) for i in range(len(PROMPTS))]
+DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def want():
+    llm = LLM("tiny-random", **KW)
+    return [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("spec", [SPEC, DRAFT], ids=["ngram", "draft_model"])
+@pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "graphs"])
+def test_greedy_output_equals_speculation_off(want, spec, enforce_eager):
+    llm = LLM("tiny-random", speculative_config=spec, enforce_eager=enforce_eager,
+              async_scheduling=False, **KW)
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)] == want
+    stats = llm.stats()
+    assert stats["num_spec_accepted_tokens"] > 0
+    if spec is DRAFT:  # the draft has the target's weights
+        assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
+    if not enforce_eager:
+        assert llm.engine.runner.mixed_graphs.replays > 0  # verify steps
+        draft = llm.engine.draft_runner
+        if draft is not None:  # the draft's one-token proposal steps
+            assert draft.graphs.replays > 0
+
+
+@pytest.mark.parametrize("spec", [SPEC, DRAFT], ids=["ngram", "draft_model"])
+def test_async_scheduling_with_graphs(want, spec):
+    llm = LLM("tiny-random", speculative_config={**spec, "disable_by_batch_size": 4}, **KW)
+    assert llm.engine.async_scheduling
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)] == want
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+    assert llm.engine.runner.graphs.replays > 0
