@@ -77,6 +77,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
                     choices=["off", "on", "off_eager", "on_eager"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="at most the draft's positions (a small draft may reach fewer than the target)")
     ap.add_argument("--out", default="bench/results/spec_decode.json")
     args = ap.parse_args(argv)
 
@@ -105,7 +107,8 @@ def main(argv=None) -> dict:
     results, outputs = {}, {}
     for name in args.runs:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-                  gpu_memory_utilization=args.gpu_memory_utilization, **modes[name])
+                  gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                  **modes[name])
         llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
         run = {}
         for b in args.batch:
