@@ -91,9 +91,13 @@ def main(argv=None) -> dict:
         n = args.tpot_tokens
         llm.generate([prompts[0]], params(4, constrained), use_tqdm=False)
         sync()
+        phases0 = dict(llm.stats()["step_seconds"])
         t = time.perf_counter()
         out = llm.generate([prompts[0]], params(n, constrained), use_tqdm=False)[0]
         sync()
+        phases = {k: round((v - phases0.get(k, 0.0)) * 1e3 / n, 4) for k, v in llm.stats()["step_seconds"].items()}
+        tpot[f"{name}_phase_ms_per_token"] = phases
+        print(f"batch-1 {name}: host phases, ms per token: {phases}")
         m = out.metrics
         decode = (m.finish_time - m.first_token_time) if m and m.finish_time else time.perf_counter() - t
         tpot[name] = decode / max(1, len(out.token_ids) - 1)

@@ -307,15 +307,17 @@ def test_disable_by_batch_size_turns_proposals_off_while_the_batch_is_large():
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypatch):
+def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypatch, caplog):
     """With async scheduling, a step where `disable_by_batch_size` turns speculation off is an
     ordinary async step (its inputs read from the step before, on the device), and one with
     proposals is a synchronous verify step; the tokens never change. The 8 requests (of
     different lengths) start without proposals (limit 4) and speculate once fewer than 4 run;
-    the draft model catches up on the tokens the async steps made."""
+    the draft model catches up on the tokens the async steps made. The longest request bans
+    repeated n-grams (a row whose draw needs its last id on the host): in an async step its draw
+    is deferred, in a verify step it is not."""
     from infer_cluster.worker.runner.context import DynamicContext
     kw = dict(block_size=8, num_kv_blocks=128)
-    params = [greedy(12 + 6 * i) for i in range(len(PROMPTS))]
+    params = [greedy(12 + 6 * i) for i in range(len(PROMPTS) - 1)] + [greedy(60, no_repeat_ngram_size=3)]
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
     pending = []
     real = DynamicContext.prepare
@@ -329,10 +331,13 @@ def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypat
              "disable_by_batch_size": 4})
     llm = LLM("tiny-random", speculative_config=spec, async_scheduling=True, **kw)
     assert llm.engine.async_scheduling
-    assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == want
+    with caplog.at_level("ERROR"):
+        assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == want
+    assert "engine step failed" not in caplog.text
     stats = llm.stats()
     assert sum(pending) > 0  # async steps: pending inputs from the device
     assert stats["num_spec_accepted_tokens"] > 0 and stats["num_spec_draft_tokens"] > 0
-    if method == "draft_model":  # the draft has the target's weights: it caught up exactly
-        assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
+    if method == "draft_model":  # the draft has the target's weights and caught up exactly; it
+        # only misses where the n-gram ban moves the target off its argmax
+        assert stats["num_spec_accepted_tokens"] >= 0.9 * stats["num_spec_draft_tokens"]
     assert stats["num_free_blocks"] == stats["num_total_blocks"]

@@ -273,7 +273,8 @@ class DynamicEngine:
             sync = depth == 1 and (not self.async_scheduling or verify)
             # Rows whose draw needs their last id on the host (a grammar's mask, n-gram bans):
             # the forward is queued now, the draw once the step before is collected.
-            defer = depth == 1 and self.async_scheduling and bool(
+            # (A verify step is synchronous: every row's tokens are on the host already.)
+            defer = depth == 1 and self.async_scheduling and not verify and bool(
                 self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests))
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids

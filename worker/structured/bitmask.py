@@ -11,7 +11,10 @@ large vocabulary costs 0.1-0.2 ms of host time (xgrammar checks every token whos
 depends on the stack, e.g. each token holding a quote inside a string), so 256 rows filled one by
 one took longer than the step's forward. The rows are filled by one `BatchGrammarMatcher` call
 on a few threads, into one pinned host buffer kept across steps (no allocation or pinning per
-step); the mask goes up with one non-blocking copy into a device buffer kept too. The engine
+step); the mask and the rows' indices go up with non-blocking copies into device buffers kept
+too. Nothing here may wait for the device: the draw is queued while the forward still runs, and
+a copy from pageable memory (xgrammar's own upload of a list of indices) would block the host
+until the forward ended. The engine
 fills while the step's forward runs on the device (worker/engine/engine.py, deferred draws).
 The host buffer is reused at the next step once the device has read it: an event recorded after
 the copy is waited on before the next fill (at depth 1 it has long passed: the engine waited for
@@ -46,10 +49,13 @@ class GrammarMasks:
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._host: Optional[torch.Tensor] = None  # [rows, words] int32, pinned on CUDA
         self._device: Optional[torch.Tensor] = None
+        self._idx_host: Optional[torch.Tensor] = None  # [rows] int32: the rows to mask
+        self._idx_device: Optional[torch.Tensor] = None
         self._copied: Optional[torch.cuda.Event] = None  # the last upload out of `_host`
 
     def _buffers(self, n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `n` rows of the host buffer (all bits set) and of its device twin."""
+        """The first `n` rows of the host buffer and of its device twin. Rows not filled keep
+        stale bits: only the indexed rows are applied."""
         words = (vocab + 31) // 32
         if self._copied is not None:  # the device still reading the last step's mask
             self._copied.synchronize()
@@ -57,12 +63,14 @@ class GrammarMasks:
         host = self._host
         if host is None or host.shape[0] < n or host.shape[1] != words:
             rows = max(n, host.shape[0] if host is not None and host.shape[1] == words else 0)
-            host = torch.empty(rows, words, dtype=torch.int32, pin_memory=device.type == "cuda")
+            pin = device.type == "cuda"
+            host = torch.empty(rows, words, dtype=torch.int32, pin_memory=pin)
             self._host, self._device = host, None
+            self._idx_host = torch.empty(rows, dtype=torch.int32, pin_memory=pin)
         if device.type == "cuda" and (self._device is None or self._device.device != device):
             self._device = torch.empty(host.shape, dtype=torch.int32, device=device)
+            self._idx_device = torch.empty(host.shape[0], dtype=torch.int32, device=device)
         view = host[:n]
-        view.fill_(-1)  # rows left unfilled allow every token (never applied: `indices` skips them)
         return view, (self._device[:n] if device.type == "cuda" else view)
 
     def apply(self, x: torch.Tensor, rows: Sequence, which: list[int],
@@ -92,15 +100,19 @@ class GrammarMasks:
             for i in use:
                 if bans.get(i):
                     _clear_bans(host[i], bans[i], vocab)
+        k = len(use)
+        idx = self._idx_host[:k]
+        idx.copy_(torch.tensor(use, dtype=torch.int32))
         if dev is not host:
             dev.copy_(host, non_blocking=True)
+            idx = self._idx_device[:k]
+            idx.copy_(self._idx_host[:k], non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
-        self._xgr.apply_token_bitmask_inplace(x, dev, vocab_size=min(width, vocab), indices=use)
+        # int32 indices on the logits' device: xgrammar uploads nothing itself
+        self._xgr.apply_token_bitmask_inplace(x, dev, vocab_size=min(width, vocab), indices=idx)
         if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
-            idx = torch.tensor(use, dtype=torch.long, pin_memory=x.device.type == "cuda")
-            idx = idx.to(x.device, non_blocking=True)
-            x[:, vocab:].index_fill_(0, idx, float("-inf"))
+            x[:, vocab:].index_fill_(0, idx.long(), float("-inf"))
         return broken
 
 
