@@ -74,6 +74,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--disable-by-batch-size", type=int, default=None,
                     help="speculative_config.disable_by_batch_size (no proposals in steps with this "
                          "many running requests or more): run several batch sizes to find where it pays")
+    ap.add_argument("--adaptive", default="on", choices=["on", "off"],
+                    help="speculative_config.adaptive: on (the default) speculates only where it measured "
+                         "it to pay; off speculates in every step (what verification alone gives)")
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
                     choices=["off", "on", "off_eager", "on_eager"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
@@ -99,6 +102,7 @@ def main(argv=None) -> dict:
                 "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
     if args.disable_by_batch_size is not None:
         spec["disable_by_batch_size"] = args.disable_by_batch_size
+    spec["adaptive"] = args.adaptive == "on"
     eager = {"enforce_eager": True, "async_scheduling": False}
     modes = {"off": {}, "off_eager": eager, "on": {"speculative_config": spec},
              "on_eager": {**eager, "speculative_config": spec}}

@@ -20,8 +20,9 @@ from .test_cluster import counting_client
 
 pytestmark = pytest.mark.timeout(240)
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3}
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "adaptive": False}
+DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3, "adaptive": False}
 NUM, MAX_TOKENS = 120, 32
 
 

@@ -12,7 +12,8 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
 TEXT = Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1-2.txt"
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+        "adaptive": False}
 SYSTEM = {"role": "system", "content": "You copy text faithfully."}
 
 
@@ -66,7 +67,8 @@ def test_smollm2_as_its_own_draft_model(smollm2_dir):
     greedy = SamplingParams(temperature=0, max_tokens=16)
     kw = dict(block_size=16, num_kv_blocks=16)
     want = LLM(smollm2_dir, **kw).chat([conversation], greedy, use_tqdm=False)[0]
-    draft = {"method": "draft_model", "model": smollm2_dir, "num_speculative_tokens": 4}
+    draft = {"method": "draft_model", "model": smollm2_dir, "num_speculative_tokens": 4,
+             "adaptive": False}
     llm = LLM(smollm2_dir, speculative_config=draft, **kw)
     got = llm.chat([conversation], greedy, use_tqdm=False)[0]
     assert (got.token_ids, got.text) == (want.token_ids, want.text)

@@ -19,7 +19,7 @@ __all__ = ["reference_params", "unseeded_off"]  # fixtures shared with test_engi
 
 
 def draft(model: str, k: int = 4) -> dict:
-    return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
+    return {"method": "draft_model", "model": model, "num_speculative_tokens": k, "adaptive": False}
 
 
 @pytest.fixture(scope="module")

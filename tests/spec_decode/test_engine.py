@@ -9,7 +9,9 @@ import pytest
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# adaptive off: every step where proposals exist speculates, whatever this machine measures
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "adaptive": False}
 
 # Repeating prompts: tiny-random's greedy output soon cycles too, so lookups find proposals.
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [13, 14, 15] * 10, [20, 21, 22, 23],
@@ -328,7 +330,7 @@ def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypat
     monkeypatch.setattr(DynamicContext, "prepare", spy)
     spec = ({**SPEC, "disable_by_batch_size": 4} if method == "ngram" else
             {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4,
-             "disable_by_batch_size": 4})
+             "disable_by_batch_size": 4, "adaptive": False})
     llm = LLM("tiny-random", speculative_config=spec, async_scheduling=True, **kw)
     assert llm.engine.async_scheduling
     with caplog.at_level("ERROR"):

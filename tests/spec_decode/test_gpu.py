@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 KW = dict(device="cuda", dtype="float32", block_size=8, num_kv_blocks=256, max_num_seqs=16)
 PARAMS = [greedy(16 + 6 * i) for i in range(len(PROMPTS))]
-DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4}
+DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4, "adaptive": False}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from infer_cluster.protocol.messages import Heartbeat, ReplicaCapacity
 from infer_cluster.worker import LLM
 from infer_cluster.worker.serving.server import EngineServer
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+        "adaptive": False}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 

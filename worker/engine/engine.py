@@ -268,6 +268,8 @@ class DynamicEngine:
             if self.spec_decoder is not None:
                 self.spec_decoder.propose(self.scheduler.running, verify)
             out = self._schedule_next()
+            if self.spec_decoder is not None:
+                self.spec_decoder.start_step(out, verify)
             self._inflight.drain_next = out.blocked
             # Micro-batches: a row waits only for the draw of the oldest step, queued already.
             sync = depth == 1 and (not self.async_scheduling or verify)

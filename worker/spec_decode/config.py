@@ -39,6 +39,9 @@ class SpeculativeConfig:
     # vLLM's name: no proposals in a step where this many requests (or more) are running; None:
     # always propose. Speculation pays at small batches and costs at large ones (docs/spec_decode.md).
     disable_by_batch_size: Optional[int] = None
+    # Our own (not vLLM's): each step speculates only where this engine measured speculating to
+    # be faster than decoding at that batch size (worker/spec_decode/governor.py).
+    adaptive: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -55,6 +58,8 @@ class SpeculativeConfig:
                               f"be <= prompt_lookup_max ({self.prompt_lookup_max})")
         if self.disable_by_batch_size is not None:
             _whole("disable_by_batch_size", self.disable_by_batch_size, 1, 1 << 20)
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError(f"speculative_config.adaptive must be true or false, got {self.adaptive!r}")
         if self.model is not None and self.method != "draft_model":
             raise ConfigError("speculative_config.model is for method 'draft_model' only")
 

@@ -2,7 +2,9 @@
 
 Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_decoder`): prompt lookup
 (`ngram.py`) or a draft model (`draft.py`, over the runner the engine built for it),
-whether a step speculates (`active`: not where `disable_by_batch_size` or more requests run),
+whether a step speculates (`active`: not where `disable_by_batch_size` or more requests run, and
+with `adaptive` only where the `SpecGovernor` measured it to pay), telling the governor what
+each step was (`start_step`),
 proposing before each schedule, launching `VerifyStep`s (a draft model fills in its proposals
 first), and the stats keys (`stats`). The engine calls these and `Scheduler.update_verified`;
 with speculation off it holds None and none of this runs.
@@ -10,10 +12,12 @@ with speculation off it holds None and none of this runs.
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from infer_cluster.worker.spec_decode.config import SpeculativeConfig
 from infer_cluster.worker.spec_decode.draft import DraftProposer
+from infer_cluster.worker.spec_decode.governor import SpecGovernor
 from infer_cluster.worker.spec_decode.ngram import NgramProposer
 from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
 
@@ -30,12 +34,26 @@ class SpecDecoder:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
+        self.governor: Optional[SpecGovernor] = SpecGovernor() if config.adaptive else None
 
     def active(self, running) -> bool:
         """Whether the next step speculates: not where `disable_by_batch_size` or more
         requests are running."""
         limit = self.config.disable_by_batch_size
-        return limit is None or len(running) < limit
+        if limit is not None and len(running) >= limit:
+            return False
+        return self.governor is None or not running or self.governor.decide(len(running))
+
+    def start_step(self, out, verify: bool) -> None:
+        """The step just scheduled (`verify`: with proposals) starts now: the governor times
+        the one before it."""
+        if self.governor is None:
+            return
+        if out.is_empty:
+            self.governor.idle()
+            return
+        decode_only = all(len(s.token_ids) - s.num_spec_tokens == 1 for s in out.requests)
+        self.governor.start_step(time.perf_counter(), len(out.requests), verify, decode_only)
 
     def propose(self, running, active: bool = True) -> None:
         """Set `spec_token_ids` on the running requests (before the schedule; every token of
@@ -52,7 +70,7 @@ class SpecDecoder:
         fill = getattr(self.proposer, "fill", None)
         if fill is not None:  # a draft model: its proposals, at the positions scheduled
             fill(out, requests)
-        return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters)
+        return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters, self.governor)
 
     def stats(self) -> dict:
         return self.counters.as_dict()

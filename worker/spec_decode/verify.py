@@ -78,9 +78,11 @@ class VerifyStep:
     engine keeps it with its other launched steps (`wait`, `abandon`, `out`)."""
 
     def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
-                 eos_token_ids, stats: SpecStats):
+                 eos_token_ids, stats: SpecStats, governor=None):
+        """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py)."""
         self.out = out
         self._stats = stats
+        self._governor = governor
         logits, row_ids = runner.execute(out)
         proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
                      for s in out.requests if s.num_spec_tokens}
@@ -95,6 +97,8 @@ class VerifyStep:
         values = draw.values.flatten().tolist() if draw.values is not None else None
         result = sampler.finish(draw, draw.transfer.tolist(), values, defer_logprobs=True)
         tokens, logprobs = accept(self._groups, result.token_ids, result.logprobs, self._stats)
+        if self._governor is not None and tokens:
+            self._governor.verified(sum(map(len, tokens.values())) / len(tokens))
         return tokens, logprobs, []
 
     def abandon(self) -> None:

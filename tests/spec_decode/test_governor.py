@@ -1,0 +1,103 @@
+"""`SpecGovernor` (speculative_config.adaptive): each step speculates only where this engine
+measured verify steps to give more tokens a second than plain decode steps, per batch-size
+bucket, re-measuring the other mode now and then; driven here by a simulated clock. And on the
+engine: adaptive speculation leaves the tokens as they are and measures both modes."""
+
+import pytest
+
+from infer_cluster.worker import LLM
+from infer_cluster.worker.spec_decode.governor import EXPLORE_EVERY, SpecGovernor, bucket
+
+from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
+
+
+def simulate(gov: SpecGovernor, steps: int, batch: int, plain_s: float, verify_s: float,
+             tokens: float, t: float = 0.0) -> tuple[list[bool], float]:
+    """Run `steps` decode steps of `batch` rows; a plain step takes `plain_s`, a verify step
+    `verify_s` and gives each row `tokens`. Returns the decisions and the clock."""
+    modes = []
+    for _ in range(steps):
+        verify = gov.decide(batch)
+        gov.start_step(t, batch, verify, decode_only=True)
+        if verify:
+            gov.verified(tokens)
+        modes.append(verify)
+        t += verify_s if verify else plain_s
+    return modes, t
+
+
+def test_bucket_is_a_power_of_two_range():
+    assert [bucket(b) for b in (1, 2, 3, 4, 7, 8, 255, 256)] == [0, 1, 1, 2, 2, 3, 7, 8]
+
+
+@pytest.mark.parametrize("tokens,pays", [(3.0, True), (1.5, False)])
+def test_takes_the_faster_mode_and_still_measures_the_other(tokens, pays):
+    """A verify step costs 2 ms and a plain one 1 ms: with 3 tokens a row speculating pays
+    (1.5 tokens a ms against 1), with 1.5 it does not (0.75)."""
+    gov = SpecGovernor()
+    modes, _ = simulate(gov, 400, 1, plain_s=1e-3, verify_s=2e-3, tokens=tokens)
+    late = modes[100:]
+    share = sum(late) / len(late)
+    if pays:
+        assert share > 0.8
+    else:
+        assert share < 0.2
+    assert 0 < share < 1  # the other mode is re-measured now and then
+    est = gov.as_dict()[1]
+    assert est["plain_s"] == pytest.approx(1e-3) and est["verify_s"] == pytest.approx(2e-3)
+    assert est["tokens_per_row"] == pytest.approx(tokens)
+
+
+def test_follows_a_change_in_acceptance():
+    gov = SpecGovernor()
+    modes, t = simulate(gov, 200, 1, plain_s=1e-3, verify_s=2e-3, tokens=3.0)
+    assert sum(modes[-50:]) > 40
+    modes, _ = simulate(gov, 30 * EXPLORE_EVERY, 1, plain_s=1e-3, verify_s=2e-3, tokens=1.2, t=t)
+    assert sum(modes[-50:]) < 10
+
+
+def test_batch_sizes_are_judged_apart():
+    """Small batches gain from speculation and large ones lose: each bucket decides alone."""
+    gov = SpecGovernor()
+    t = 0.0
+    for _ in range(20):  # interleaved, as a load that comes and goes
+        small, t = simulate(gov, 20, 2, plain_s=1e-3, verify_s=1.5e-3, tokens=3.0, t=t)
+        large, t = simulate(gov, 20, 200, plain_s=5e-3, verify_s=12e-3, tokens=2.0, t=t)
+    assert sum(small) > 15 and sum(large) < 5
+
+
+def test_idle_gaps_and_prompt_steps_do_not_count():
+    gov = SpecGovernor()
+    gov.start_step(0.0, 1, False, decode_only=True)
+    gov.start_step(0.001, 1, False, decode_only=True)
+    gov.start_step(0.002, 1, False, decode_only=False)  # a prompt chunk: its time is not counted
+    gov.start_step(0.5, 1, False, decode_only=True)
+    gov.idle()  # nothing ran
+    gov.start_step(5.0, 1, False, decode_only=True)
+    gov.start_step(7.0, 1, False, decode_only=True)  # 2 s later: idle time, not a step
+    assert gov.as_dict()[1]["plain_s"] == pytest.approx(0.001)
+
+
+def test_first_step_after_a_change_of_mode_does_not_count():
+    """It refills an async pipeline or lets a draft catch up: its time is not the mode's."""
+    gov = SpecGovernor()
+    gov.start_step(0.0, 1, False, decode_only=True)    # the very first step: dropped too
+    gov.start_step(0.005, 1, False, decode_only=True)  # a plain step: 1 ms
+    gov.start_step(0.006, 1, True, decode_only=True)   # the first verify step: 10 ms, dropped
+    gov.verified(2.0)
+    gov.start_step(0.016, 1, True, decode_only=True)   # the second: 2 ms
+    gov.verified(2.0)
+    gov.start_step(0.018, 1, False, decode_only=True)
+    est = gov.as_dict()[1]
+    assert est["plain_s"] == pytest.approx(0.001) and est["verify_s"] == pytest.approx(0.002)
+
+
+def test_adaptive_engine_keeps_the_tokens_and_measures_both_modes():
+    kw = dict(block_size=8, num_kv_blocks=128)
+    params = [greedy(80) for _ in range(2)]
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:2], params, use_tqdm=False)]
+    llm = LLM("tiny-random", speculative_config={**SPEC, "adaptive": True}, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)] == want
+    est = llm.engine.spec_decoder.governor.as_dict()[2]  # two rows: the bucket of 2-3
+    assert est["plain_s"] is not None and est["verify_s"] is not None and est["tokens_per_row"] >= 1
+    assert llm.stats()["num_spec_draft_tokens"] > 0

@@ -1,0 +1,107 @@
+"""`SpecGovernor`: whether the next step speculates, from what speculating and not speculating
+have cost this engine lately (`speculative_config.adaptive`, on by default).
+
+Why measured and not a fixed rule: whether a verify step pays depends on the model, the device,
+the batch size and how much of the output copies the input, and the first GPU measurements
+(H200, SmolLM2, bench/RESULTS.md#speculative-decoding) found speculation slower than decoding at
+every batch size tried. So the engine measures both modes as it runs and takes the faster.
+
+Owns, per batch-size bucket (1, 2-3, 4-7, 8-15, ...: a power of two apiece), moving averages
+of the seconds between step starts for decode steps without proposals (`plain`) and for verify
+steps (`verify`), and of the tokens a verify step gives a row. A verify step pays when
+`tokens_per_row / verify_seconds > 1 / plain_seconds`. A mode the bucket has not measured yet is
+tried first; after that, every `EXPLORE_EVERY` decisions two steps take the other mode (the
+first of them does not count, below) so that its estimate follows the load (acceptance moves
+with the text).
+
+Only decode-only steps count (a prompt chunk would make a step look slow), and not the first
+step after a change of mode (an async pipeline refills, a draft catches up). The clock is the
+caller's: `start_step(now, ...)` at the start of every engine step, so tests can drive it.
+Plain Python; never touches tensors or requests.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+EXPLORE_EVERY = 16  # one step in this many takes the mode that looks worse, to re-measure it
+ALPHA = 0.2         # weight of the newest observation in each moving average
+MAX_GAP = 1.0       # seconds: a longer gap between steps was idle time, not a step
+
+
+def bucket(batch: int) -> int:
+    """The batch-size bucket: 0 for 1, 1 for 2-3, 2 for 4-7, ..."""
+    return max(1, batch).bit_length() - 1
+
+
+class _Bucket:
+    __slots__ = ("plain", "verify", "tokens", "decisions", "explore_left")
+
+    def __init__(self):
+        self.plain: Optional[float] = None   # seconds per plain decode step
+        self.verify: Optional[float] = None  # seconds per verify step
+        self.tokens: Optional[float] = None  # tokens a verify step gives a row
+        self.decisions = 0
+        self.explore_left = 0
+
+
+def _ema(old: Optional[float], new: float) -> float:
+    return new if old is None else old + ALPHA * (new - old)
+
+
+class SpecGovernor:
+    def __init__(self, explore_every: int = EXPLORE_EVERY):
+        self.explore_every = explore_every
+        self.buckets: dict[int, _Bucket] = {}
+        self._last: Optional[tuple[float, int, bool, bool]] = None  # start, batch, verify, counts
+        self._last_mode: Optional[bool] = None
+        self._tokens: Optional[float] = None  # tokens per row of the last verify step
+
+    def decide(self, batch: int) -> bool:
+        """Whether a step of `batch` decode rows should speculate."""
+        b = self.buckets.setdefault(bucket(batch), _Bucket())
+        if b.verify is None or b.tokens is None:
+            return True
+        if b.plain is None:
+            return False
+        better = b.tokens / b.verify > 1.0 / b.plain
+        b.decisions += 1
+        if b.decisions % self.explore_every == 0:
+            b.explore_left = 2
+        if b.explore_left:
+            b.explore_left -= 1
+            return not better
+        return better
+
+    def start_step(self, now: float, batch: int, verify: bool, decode_only: bool) -> None:
+        """A step starts at `now` (seconds) with `batch` rows, speculating or not, and whether
+        all its rows decode; the previous step's time is the gap since its start."""
+        last = self._last
+        if last is not None:
+            start, last_batch, last_verify, counts = last
+            gap = now - start
+            if counts and 0 < gap < MAX_GAP:
+                b = self.buckets.setdefault(bucket(last_batch), _Bucket())
+                if last_verify:
+                    if self._tokens is not None:
+                        b.verify = _ema(b.verify, gap)
+                        b.tokens = _ema(b.tokens, self._tokens)
+                else:
+                    b.plain = _ema(b.plain, gap)
+        counts = decode_only and batch > 0 and verify == self._last_mode
+        self._last = (now, batch, verify, counts)
+        self._last_mode = verify
+        self._tokens = None
+
+    def verified(self, tokens_per_row: float) -> None:
+        """The step that speculated gave its rows this many tokens each, on average."""
+        self._tokens = tokens_per_row
+
+    def idle(self) -> None:
+        """No step ran: the next gap is not a step's time."""
+        self._last = None
+
+    def as_dict(self) -> dict:
+        """Per bucket (by its smallest batch): the estimates, for stats and tests."""
+        return {1 << k: {"plain_s": b.plain, "verify_s": b.verify, "tokens_per_row": b.tokens}
+                for k, b in sorted(self.buckets.items())}
