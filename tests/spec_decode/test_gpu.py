@@ -1,7 +1,7 @@
 """On a CUDA device: speculative decoding with CUDA graphs and async scheduling. A tiny float32
 model's greedy output with n-gram proposals and with a draft model equals speculation off,
-token for token, eager and with graphs (verify steps replay the mixed-step graphs, the draft's
-proposal steps its decode graphs), and with async scheduling where `disable_by_batch_size`
+token for token, eager and with graphs (verify steps replay the decode graphs, one row a
+position; the draft's proposal steps its own decode graphs), and with async scheduling where `disable_by_batch_size`
 turns speculation off for the large steps."""
 
 import pytest
@@ -36,8 +36,8 @@ def test_greedy_output_equals_speculation_off(want, spec, enforce_eager):
     assert stats["num_spec_accepted_tokens"] > 0
     if spec is DRAFT:  # the draft has the target's weights
         assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
-    if not enforce_eager:
-        assert llm.engine.runner.mixed_graphs.replays > 0  # verify steps
+    if not enforce_eager:  # verify steps run decode-shaped (verify.decode_shaped): decode graphs
+        assert llm.engine.runner.graphs.replays > 0
         draft = llm.engine.draft_runner
         if draft is not None:  # the draft's one-token proposal steps
             assert draft.graphs.replays > 0

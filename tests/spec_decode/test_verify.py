@@ -138,3 +138,36 @@ def test_the_chi_square_catches_a_broken_acceptance_rule(monkeypatch):
     monkeypatch.setattr(verify, "num_accepted", lambda proposals, draws: len(proposals))
     counts, _ = first_token_counts(20000, 4)
     assert chi_square(counts, softmax(LOGITS8)) > CHI2_CRIT_999[7]
+
+
+def test_a_verify_step_runs_as_a_decode_step_with_the_same_logits():
+    """`decode_shaped`: each position of a row with proposals becomes a one-token row with its
+    context up to that position; the logits equal the mixed step's (prefill attention over the
+    positions), and a prompt chunk or too many positions keep the mixed step."""
+    from infer_cluster.worker import LLM
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
+    from infer_cluster.worker.spec_decode.verify import decode_shaped
+
+    llm = LLM("tiny-random", block_size=8, num_kv_blocks=64)
+    runner = llm.engine.runner
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22]]
+    blocks = [[1, 2], [3]]
+    prefill = SchedulerOutput([ScheduledRequest(f"r{i}", p[:-1], 0, b, False)
+                               for i, (p, b) in enumerate(zip(prompts, blocks))])
+    runner.execute(prefill)  # the prompts' KV but their last token
+    verify_out = SchedulerOutput([
+        ScheduledRequest("r0", [14, 30, 31, 32], 9, [1, 2], True, num_spec_tokens=3),
+        ScheduledRequest("r1", [22], 2, [3], True)], 5)
+    shaped = decode_shaped(verify_out)
+    assert [(s.request_id, s.token_ids, s.start_position) for s in shaped.requests] == [
+        ("r0", [14], 9), ("r0", [30], 10), ("r0", [31], 11), ("r0", [32], 12), ("r1", [22], 2)]
+    want, want_ids = runner.execute(verify_out)
+    got, got_ids = runner.execute(shaped)
+    assert got_ids == want_ids == ["r0"] * 4 + ["r1"]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # a prompt chunk beside it, or more positions than allowed: the mixed step stays
+    chunk = SchedulerOutput(verify_out.requests + [ScheduledRequest("r2", [1, 2, 3], 0, [4], True)], 8)
+    assert decode_shaped(chunk) is None
+    assert decode_shaped(verify_out, max_rows=4) is None
+    assert decode_shaped(SchedulerOutput([verify_out.requests[1]], 1)) is None  # no proposals
+    llm.close()
