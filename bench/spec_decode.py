@@ -140,6 +140,10 @@ def main(argv=None) -> dict:
                   + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
         if name.startswith("on"):
             run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
+            governor = llm.engine.spec_decoder.governor
+            if governor is not None:  # adaptive: what it measured, per batch-size bucket
+                run["governor"] = governor.as_dict()
+                print(f"{name:>9} governor estimates: {run['governor']}")
         results[name] = run
         llm.close()
         del llm

@@ -68,7 +68,8 @@ def test_batch_sizes_are_judged_apart():
 
 def test_idle_gaps_and_prompt_steps_do_not_count():
     gov = SpecGovernor()
-    gov.start_step(0.0, 1, False, decode_only=True)
+    for t in (-0.003, -0.002, -0.001, 0.0):  # settled
+        gov.start_step(t, 1, False, decode_only=True)
     gov.start_step(0.001, 1, False, decode_only=True)
     gov.start_step(0.002, 1, False, decode_only=False)  # a prompt chunk: its time is not counted
     gov.start_step(0.5, 1, False, decode_only=True)
@@ -78,16 +79,19 @@ def test_idle_gaps_and_prompt_steps_do_not_count():
     assert gov.as_dict()[1]["plain_s"] == pytest.approx(0.001)
 
 
-def test_first_step_after_a_change_of_mode_does_not_count():
-    """It refills an async pipeline or lets a draft catch up: its time is not the mode's."""
+def test_steps_right_after_a_change_of_mode_do_not_count():
+    """They refill an async pipeline or let a draft catch up: their time is not the mode's."""
     gov = SpecGovernor()
-    gov.start_step(0.0, 1, False, decode_only=True)    # the very first step: dropped too
-    gov.start_step(0.005, 1, False, decode_only=True)  # a plain step: 1 ms
-    gov.start_step(0.006, 1, True, decode_only=True)   # the first verify step: 10 ms, dropped
+    for t in (0.012, 0.013, 0.014):                       # settling, then 1 ms apart
+        gov.start_step(t, 1, False, decode_only=True)
+    gov.start_step(0.015, 1, False, decode_only=True)   # a plain step: 1 ms
+    gov.start_step(0.016, 1, True, decode_only=True)    # verify steps after the change: 10 ms,
     gov.verified(2.0)
-    gov.start_step(0.016, 1, True, decode_only=True)   # the second: 2 ms
+    gov.start_step(0.026, 1, True, decode_only=True)    # 5 ms, both dropped
     gov.verified(2.0)
-    gov.start_step(0.018, 1, False, decode_only=True)
+    gov.start_step(0.031, 1, True, decode_only=True)    # the third: 2 ms
+    gov.verified(2.0)
+    gov.start_step(0.033, 1, False, decode_only=True)
     est = gov.as_dict()[1]
     assert est["plain_s"] == pytest.approx(0.001) and est["verify_s"] == pytest.approx(0.002)
 
