@@ -1,36 +1,25 @@
 """`DynamicEngine`: one replica's continuous-batching engine.
 
-Owns: request admission (the checks in worker/sched/admission.py → `Request`; a request whose
-grammar is still compiling waits outside the batch: worker/engine/structured.py), the step loop,
-aborts, and stats.
-Step loop with `EngineConfig.async_scheduling`: schedule step n+1 while step n's ids are on
-their way, launch it (forward + draw on the device, worker/engine/inflight.py), THEN wait for step n's
-ids, apply them (scheduler update) and emit step n's deltas. Synchronous (collected before the
-next schedule): async off, a step with a no_repeat_ngram_size row (its ban needs the last id on
-the host) or a structured-outputs row (its grammar's mask needs it: worker/structured/), and
-settled-state cases: a schedule that needed preemption,
-`reset_cache`, failures, and a rewind: when the sampler's redo (`SamplerOutput.redrawn`, rare:
-a top-k / top-p row whose kept set did not fit its candidates) changed a token that the step in
-flight already used as a pending input, that step's token of the request is dropped and its
-position recomputed (`Scheduler.rewind`), so the step is collected before the next schedule.
-Pipeline micro-batches (a runner with `pipeline_depth` P > 1, worker/sched/microbatch.py): up to P
-steps in flight, each on a disjoint group of about 1/P of the batch (`Scheduler.schedule(group=)`);
-after a submit the oldest is collected once P are in flight, so rank 0 samples group k while
-the later stages compute k+1; a schedule that finds every request in flight collects instead.
-Speculative decoding (`speculative_config`, worker/spec_decode/): before each schedule a proposer
-sets the decoding requests' proposals, the step is a `VerifyStep` (every position of a row is
-drawn) and `Scheduler.update_verified` applies the accepted tokens; such an engine is synchronous.
-A draft model's runner is built here (worker/engine/draft.py) and handed to the proposer.
-Sampling itself never blocks the launch (sampled, penalties and logprobs rows included). Per-request sampling state
-(penalty counts, n-gram maps) lives in the `Sampler`, released here when a request ends. Text
-is not made here: the step emits token ids, and a `TextStage` (worker/text/text_stage.py) turns them
-into text and stop strings, inline for the offline `LLM` (`detokenize=True`) or on the
-replica's text thread (`detokenize=False`; the server feeds stops back via `stop_requests`).
-Scheduling and block bookkeeping live in `Scheduler` /
-`BlockAllocator` (plain Python); tensors live in `ModelRunner`. Single-threaded: callers (the
-offline `LLM`, the replica server's engine loop) drive it from one thread.
-To extend: new per-request behaviour goes into `_emit` (text: `TextStage`); new per-step work into
-`ModelRunner`; keep `step()` legible (in-flight bookkeeping lives in worker/engine/inflight.py).
+Owns: request admission (worker/sched/admission.py; a request whose grammar is compiling waits
+outside the batch: worker/engine/structured.py), the step loop, aborts, and stats.
+The step (`step()`): schedule, launch on the device, collect, emit. With
+`EngineConfig.async_scheduling` step n+1 is scheduled and launched (forward + draw,
+worker/engine/inflight.py) while step n's ids are on their way; then step n is collected (its
+ids applied by the scheduler) and its deltas emitted (worker/engine/deltas.py). A step holding a
+row whose draw needs its last id on the host (a grammar's mask, an n-gram ban) launches its
+forward at once and its draw once step n is collected (`_step_mode`: defer). Collected before
+the next schedule: async off, speculative verify steps, and settled-state cases (a schedule that
+preempted, `reset_cache`, failures, a rewind after the sampler's rare redo changed a token a step
+in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_depth` P > 1,
+worker/sched/microbatch.py): up to P steps in flight on disjoint groups of the batch.
+Speculative decoding (worker/spec_decode/): before the schedule the decoder decides whether the
+step verifies proposals (`_propose`); a draft model's runner is built here
+(worker/engine/draft.py). Per-request sampling state lives in the `Sampler`, released when a
+request ends. Text is made by a `TextStage` (worker/text/text_stage.py): inline for the offline
+`LLM`, or on the replica's text thread. Scheduling and blocks live in `Scheduler` /
+`BlockAllocator` (plain Python), tensors in `ModelRunner`. Single-threaded.
+To extend: per-request behaviour goes into worker/engine/deltas.py (text: `TextStage`), per-step
+device work into `ModelRunner`; keep `step()` legible.
 """
 
 from __future__ import annotations
@@ -43,8 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from infer_cluster.protocol import (EngineError, FinishReason, InvalidRequestError, RequestDelta,
-                                   RequestMetrics, RequestStatus, SamplingParams)
+from infer_cluster.protocol import FinishReason, InvalidRequestError, RequestDelta, RequestStatus, SamplingParams
 
 from infer_cluster.worker.sched.admission import Prompt, check_lengths, tokenize_prompt
 from infer_cluster.worker.sched.block_allocator import BlockAllocator
@@ -53,6 +41,8 @@ from infer_cluster.worker.text.detokenizer import piece_table
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
+from infer_cluster.worker.engine.deltas import final_delta, step_logprobs, token_delta
+from infer_cluster.worker.engine.failures import fail_scheduled
 from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_runner
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
@@ -224,7 +214,7 @@ class DynamicEngine:
             if req is None:
                 return False
         self._drop_state(req.request_id)
-        self._pending.append(self._final_delta(req))
+        self._pending.append(final_delta(req))
         return True
 
     def stop_requests(self, request_ids: Sequence[str]) -> None:
@@ -235,7 +225,7 @@ class DynamicEngine:
             if req is not None and not req.is_finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
                 self._drop_state(rid)
-                self._pending.append(self._final_delta(req))
+                self._pending.append(final_delta(req))
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or bool(self._pending) or bool(self._inflight)
@@ -252,32 +242,17 @@ class DynamicEngine:
             idle = not (self.scheduler.has_unfinished() or self._inflight)
             for req in self.structured.admit_parked(self.scheduler, idle):
                 self._drop_state(req.request_id)
-                deltas.append(self._final_delta(req))
+                deltas.append(final_delta(req))
         out, launched = None, False
-        depth = self.pipeline_depth
         try:
             while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
-            # Speculating: a step with proposals is a synchronous verify step (proposals need
-            # every token on the host); one where speculation is off (disable_by_batch_size)
-            # is an ordinary step, async where that is on.
-            verify = self.spec_decoder is not None and self.spec_decoder.active(self.scheduler.running)
-            if verify:
-                while self._inflight:
-                    self._collect(deltas)
-            if self.spec_decoder is not None:
-                self.spec_decoder.propose(self.scheduler.running, verify)
+            verify = self._propose(deltas)
             out = self._schedule_next()
             if self.spec_decoder is not None:
                 self.spec_decoder.start_step(out, verify)
             self._inflight.drain_next = out.blocked
-            # Micro-batches: a row waits only for the draw of the oldest step, queued already.
-            sync = depth == 1 and (not self.async_scheduling or verify)
-            # Rows whose draw needs their last id on the host (a grammar's mask, n-gram bans):
-            # the forward is queued now, the draw once the step before is collected.
-            # (A verify step is synchronous: every row's tokens are on the host already.)
-            defer = depth == 1 and self.async_scheduling and not verify and bool(
-                self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests))
+            sync, defer = self._step_mode(out, verify)
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -285,17 +260,9 @@ class DynamicEngine:
             if out.has_swaps:
                 self._timed("swap", self.runner.swap_blocks, out)
             if not out.is_empty:
-                if depth > 1:
-                    self._timed("launch", self._inflight.submit, out, self.runner,
-                                self.scheduler.requests, self.eos_token_ids)
-                elif verify:  # a verify step (worker/spec_decode/verify.py)
-                    self._inflight.steps.append(self._timed(
-                        "launch", self.spec_decoder.launch, out, self.runner, self.sampler,
-                        self.scheduler.requests, self.eos_token_ids))
-                else:
-                    self._timed("launch", self._inflight.launch, out, self.runner, self.sampler,
-                                self.scheduler.requests, self.eos_token_ids, defer)
+                self._timed("launch", self._launch, out, verify, defer)
                 launched = True
+            depth = self.pipeline_depth
             keep = depth - 1 + self.async_scheduling if depth > 1 else 1
             while len(self._inflight) > (0 if sync else keep):
                 self._collect(deltas)  # step n, while step n+1 runs
@@ -304,27 +271,55 @@ class DynamicEngine:
                             self.scheduler.requests, self.eos_token_ids)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
-            outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
-            loads = self.scheduler.has_loads
-            if loads:  # host-tier copies in flight: let them finish before their blocks go back
-                try:
-                    self.scheduler.land_all_loads()
-                except Exception:  # a broken device: nothing more will write them
-                    pass
-            self.scheduler.settle_all()  # the blocks of requests that ended meanwhile
-            self._fail(outs if out is not None else None, exc, loads)
-            deltas.extend(self._unreported_finals())  # rare path: a full scan is fine here
+            self._recover(out, launched, exc, deltas)
         if self.scheduler.failed_at_admission:
             failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
             for req in failed:
                 if req.request_id in self._requests:
                     self._drop_state(req.request_id)
-                    deltas.append(self._final_delta(req))
+                    deltas.append(final_delta(req))
         if self.text is not None:
             deltas = self._timed("detokenize", self._detokenize, deltas)
         elif not self.defer_logprobs:
             resolve_logprobs(deltas)
         return deltas
+
+    def _propose(self, deltas: list) -> bool:
+        """Speculating: whether the next step verifies proposals (`SpecDecoder.active`), and
+        the proposals. A verify step is synchronous: proposals need every token on the host, so
+        the steps in flight are collected first. A step that does not speculate is an ordinary
+        step, async where that is on."""
+        if self.spec_decoder is None:
+            return False
+        verify = self.spec_decoder.active(self.scheduler.running)
+        if verify:
+            while self._inflight:
+                self._collect(deltas)
+        self.spec_decoder.propose(self.scheduler.running, verify)
+        return verify
+
+    def _step_mode(self, out: SchedulerOutput, verify: bool) -> tuple[bool, bool]:
+        """(sync, defer) for the scheduled step. sync: collected before the next schedule (async
+        off, a verify step). defer: its draw waits for the step before, its forward does not
+        (a row whose draw needs its last id on the host: a grammar's mask, an n-gram ban).
+        Micro-batches (depth > 1): a row waits only for the draw of the oldest step, queued
+        already."""
+        if self.pipeline_depth > 1:
+            return False, False
+        sync = not self.async_scheduling or verify
+        defer = not sync and bool(self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests))
+        return sync, defer
+
+    def _launch(self, out: SchedulerOutput, verify: bool, defer: bool) -> None:
+        """Start the step on the device: a micro-batch, a verify step (worker/spec_decode/
+        verify.py) or an ordinary step (worker/engine/inflight.py), its draw deferred or not."""
+        requests, eos = self.scheduler.requests, self.eos_token_ids
+        if self.pipeline_depth > 1:
+            self._inflight.submit(out, self.runner, requests, eos)
+        elif verify:
+            self._inflight.steps.append(self.spec_decoder.launch(out, self.runner, self.sampler, requests, eos))
+        else:
+            self._inflight.launch(out, self.runner, self.sampler, requests, eos, defer)
 
     def _schedule_next(self) -> SchedulerOutput:
         """The next step. Async micro-batches: once P groups are in flight (or no request is
@@ -385,66 +380,38 @@ class DynamicEngine:
         return result
 
     def _emit(self, req: Request, logprobs: Optional[list], now: float) -> RequestDelta:
-        """The raw delta of one request that advanced: new token ids, their logprobs, finish
-        info. Token counts ride on every delta: text may end the request at any of them. Metrics
-        ride on the first token's delta (a text stage that ends the request on a stop string
-        later finishes them) and on the final one."""
-        new_ids = req.output_token_ids[req.num_emitted_tokens:]
-        self._num_generated += len(new_ids)
-        req.num_emitted_tokens = len(req.output_token_ids)
-        delta = RequestDelta(req.request_id, new_ids, "", logprobs,
-                             None, None, req.num_prompt_tokens, req.num_cached_tokens,
-                             num_cached_tokens_host=req.num_cached_tokens_host)
-        if req.first_token_time is None:
-            req.first_token_time = now
-            delta.metrics = _metrics(req, None)
+        """The delta of one request that advanced (worker/engine/deltas.py)."""
+        self._num_generated += len(req.output_token_ids) - req.num_emitted_tokens
+        delta = token_delta(req, logprobs, now)
         if req.is_finished:
-            delta.finish_reason = req.finish_reason
-            delta.metrics = _metrics(req, now)
             self._drop_state(req.request_id)
         return delta
 
     def _emit_all(self, advanced: list[Request], logprobs: dict, deltas: list, burst: bool = False) -> None:
         """`logprobs`: an entry per request, or (`burst`: a verify step) a list of entries per
-        request, one per token verified, of which those its stop rules kept are sent."""
+        request, one per token verified."""
         now = time.time()
         for req in advanced:  # appended one by one: a failure keeps what was already built
-            lp = logprobs.get(req.request_id)
-            if lp is not None:
-                lp = lp[:len(req.output_token_ids) - req.num_emitted_tokens] if burst else [lp]
-            deltas.append(self._emit(req, lp, now))
+            deltas.append(self._emit(req, step_logprobs(req, logprobs.get(req.request_id), burst), now))
 
-    def _fail(self, outs: Optional[list[SchedulerOutput]], exc: Exception, loads: bool = False) -> None:
-        """End the scheduled requests of the failed steps `outs` (all requests if scheduling
-        itself failed: None) as FAILED; `_unreported_finals` then sends their final deltas.
-        `loads`: host-tier loads were in flight."""
-        error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}").to_dict()
-        ids = ([s.request_id for out in outs for s in out.requests] if outs is not None
-               else list(self.scheduler.requests))
-        if loads or (outs is not None and any(out.has_swaps for out in outs)):  # copies may be half done
-            ids = list(self.scheduler.requests)  # trust no cached KV
-            self.allocator.reset_prefix_cache()
-            self.host_tier.reset_prefix_cache()
-        for rid in ids:
-            req = self.scheduler.requests.get(rid)
-            if req is not None:
-                self.scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
-
-    def _unreported_finals(self) -> list[RequestDelta]:
-        """Final deltas of requests that ended without one in a failed step. Finished requests
-        that were reported have no state left."""
-        finals = []
+    def _recover(self, out: Optional[SchedulerOutput], launched: bool, exc: Exception, deltas: list) -> None:
+        """After a failed step: wait out the device's work on the launched steps, fail their
+        requests (worker/engine/failures.py) and send the final deltas of every request that
+        ended without one (rare path: a full scan is fine here)."""
+        outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
+        loads = self.scheduler.has_loads
+        if loads:  # host-tier copies in flight: let them finish before their blocks go back
+            try:
+                self.scheduler.land_all_loads()
+            except Exception:  # a broken device: nothing more will write them
+                pass
+        self.scheduler.settle_all()  # the blocks of requests that ended meanwhile
+        fail_scheduled(self.scheduler, self.allocator, self.host_tier,
+                       outs if out is not None else None, exc, loads)
         for rid, req in list(self._requests.items()):
-            if req.is_finished:
+            if req.is_finished:  # finished requests that were reported have no state left
                 self._drop_state(rid)
-                finals.append(self._final_delta(req))
-        return finals
-
-    def _final_delta(self, req: Request) -> RequestDelta:
-        return RequestDelta(req.request_id, [], "", None, req.finish_reason, req.error,
-                            req.num_prompt_tokens, req.num_cached_tokens,
-                            num_cached_tokens_host=req.num_cached_tokens_host,
-                            metrics=_metrics(req, time.time()))
+                deltas.append(final_delta(req))
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -503,6 +470,3 @@ class DynamicEngine:
     def capacity(self) -> dict:
         return engine_capacity(self)
 
-
-def _metrics(req: Request, finish_time: Optional[float]) -> RequestMetrics:
-    return RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, finish_time)
