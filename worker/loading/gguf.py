@@ -152,9 +152,30 @@ def remove_abandoned(target: Path) -> list[Path]:
     return removed
 
 
+def _plain_reader_class():
+    """`gguf.GGUFReader` whose `data` is a plain ndarray view of its memmap. The reader parses
+    its metadata by slicing the file once per array element (49,152 vocabulary strings and the
+    merges for SmolLM2), and numpy's memmap bookkeeping on every slice made that 2.9 s of the
+    conversion; a plain view of the same mapping takes 0.95 s (2-core CPU, 2026-11-28). Only the
+    documented `data` attribute is intercepted: the reader stores its memmap there first."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    class PlainReader(GGUFReader):
+        @property
+        def data(self):
+            return self._plain_data
+
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return PlainReader
+
+
 def open_reader(path: Path):
     """A `gguf.GGUFReader` over `path`, or a one-line error for a foreign or truncated file."""
-    from gguf import GGUFReader
+    GGUFReader = _plain_reader_class()
 
     with open(path, "rb") as f:
         magic = f.read(4)
