@@ -146,7 +146,7 @@ class DynamicEngine:
         # structured outputs): with async scheduling their step's draw waits for the step before
         # (the forward does not); without, every step is synchronous anyway.
         self._sync_ids: set[str] = set()
-        # Speculative decoding (worker/spec_decode/): None when off; its steps are synchronous.
+        # Speculative decoding (worker/spec_decode/): None when off; its verify steps are synchronous.
         self.spec_decoder = build_spec_decoder(config.speculative_config, self.max_model_len,
                                                self.draft_runner)
         self.scheduler.speculating = self.spec_decoder is not None
