@@ -190,11 +190,13 @@ def test_close_with_a_group_in_flight_stops_every_rank(started, dist_checkpoints
 
 @pytest.mark.timeout(90)
 def test_idle_pipeline_outlives_the_collective_timeout(started, dist_checkpoints, monkeypatch):
-    monkeypatch.setenv("INFER_CLUSTER_DIST_TIMEOUT_S", "6")
+    # The timeout also bounds the ranks' rendezvous at start: 6 s failed once on a loaded 2-core
+    # machine (rank 1 joined late), so 12, and the idle wait outlasts it.
+    monkeypatch.setenv("INFER_CLUSTER_DIST_TIMEOUT_S", "12")
     llm = started.track(LLM(dist_checkpoints["qwen3"], pipeline_parallel_size=2, pipeline_microbatches="on", **ENGINE))
     prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14]]
     short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     first = [o.token_ids for o in llm.generate(prompts, short, use_tqdm=False)]
-    time.sleep(7)
+    time.sleep(13)
     assert llm.engine.runner.error is None
     assert [o.token_ids for o in llm.generate(prompts, short, use_tqdm=False)] == first
