@@ -51,6 +51,20 @@ def reference_params():
     return mixed_params(ref.token_ids[4], ref.text[2:5] or ref.text)
 
 
+def pending_rows_spy(monkeypatch) -> list[int]:
+    """Records, for every step a runner prepares, how many rows took their input id from the
+    previous step's draw on the device (async scheduling's pending tokens)."""
+    counts = []
+    real = DynamicContext.prepare
+
+    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
+        counts.append(len(prev_rows))
+        return real(self, out, prev_ids, prev_rows, upload)
+
+    monkeypatch.setattr(DynamicContext, "prepare", spy)
+    return counts
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_async_outputs_equal_sync(reference_params, setting, monkeypatch):
     kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
@@ -58,14 +72,7 @@ def test_async_outputs_equal_sync(reference_params, setting, monkeypatch):
     want = outputs(sync, reference_params)
     assert sync.stats()["num_free_blocks"] == sync.stats()["num_total_blocks"]
 
-    filled = []
-    real = DynamicContext.prepare
-
-    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
-        filled.append(len(prev_rows))
-        return real(self, out, prev_ids, prev_rows, upload)
-
-    monkeypatch.setattr(DynamicContext, "prepare", spy)
+    filled = pending_rows_spy(monkeypatch)
     llm = LLM("tiny-random", async_scheduling=True, **kw)
     assert llm.engine.async_scheduling and not sync.engine.async_scheduling
     got = outputs(llm, reference_params)

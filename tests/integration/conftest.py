@@ -272,12 +272,15 @@ def gateway_cluster(tmp_path_factory):
         procs.stop()
 
 
+def openai_client(cluster, timeout: float = 60):
+    """The real `openai` client of a cluster's gateway (no retries: a failure shows at once)."""
+    import openai
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def oai(gateway_cluster):
     """The real `openai` client of the session's gateway (one per test module)."""
-    import openai
-
-    client = openai.OpenAI(base_url=f"{gateway_cluster.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)
+    client = openai_client(gateway_cluster)
     yield client
     client.close()

@@ -5,8 +5,9 @@ wrong, or a tokenizer that decodes wrong cannot answer "Paris"."""
 
 from __future__ import annotations
 
-import openai
 import pytest
+
+from tests.integration.conftest import openai_client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,8 +23,7 @@ def real_cluster(real_model_cluster):
 
 @pytest.fixture(scope="module")
 def oai(real_cluster):
-    client = openai.OpenAI(base_url=f"{real_cluster.url}/v1", api_key="unused", max_retries=0,
-                           timeout=120)
+    client = openai_client(real_cluster, timeout=120)
     yield client
     client.close()
 

@@ -317,17 +317,11 @@ def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypat
     the draft model catches up on the tokens the async steps made. The longest request bans
     repeated n-grams (a row whose draw needs its last id on the host): in an async step its draw
     is deferred, in a verify step it is not."""
-    from infer_cluster.worker.runner.context import DynamicContext
+    from tests.engine.test_async_scheduling import pending_rows_spy
     kw = dict(block_size=8, num_kv_blocks=128)
     params = [greedy(12 + 6 * i) for i in range(len(PROMPTS) - 1)] + [greedy(60, no_repeat_ngram_size=3)]
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS, params, use_tqdm=False)]
-    pending = []
-    real = DynamicContext.prepare
-
-    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
-        pending.append(len(prev_rows))
-        return real(self, out, prev_ids, prev_rows, upload)
-    monkeypatch.setattr(DynamicContext, "prepare", spy)
+    pending = pending_rows_spy(monkeypatch)
     spec = ({**SPEC, "disable_by_batch_size": 4} if method == "ngram" else
             {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4,
              "disable_by_batch_size": 4, "adaptive": False})

@@ -72,11 +72,6 @@ class LaunchedStep:
             self._event = torch.cuda.Event()
             self._event.record()
 
-    @property
-    def deferred(self) -> bool:
-        """The forward is queued, the draw is not (`InFlightSteps.draw_deferred`)."""
-        return self.logits is not None
-
     def complete(self, draw: DeviceDraw) -> None:
         """Start the draw's copy to the host (the step's ids and logprob values)."""
         self.draw, self.logits = draw, None

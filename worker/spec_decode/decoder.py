@@ -38,7 +38,8 @@ class SpecDecoder:
 
     def active(self, running) -> bool:
         """Whether the next step speculates: not where `disable_by_batch_size` or more
-        requests are running."""
+        requests are running, and with `adaptive` only where the governor measured it to pay
+        at this batch size."""
         limit = self.config.disable_by_batch_size
         if limit is not None and len(running) >= limit:
             return False

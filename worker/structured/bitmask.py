@@ -109,11 +109,10 @@ class GrammarMasks:
                     _clear_bans(host[i], bans[i], vocab)
         k = len(use)
         idx = self._idx_host[:k]
-        idx.copy_(torch.tensor(use, dtype=torch.int32))
+        idx.numpy()[:] = use
         if dev is not host:
             dev.copy_(host, non_blocking=True)
-            idx = self._idx_device[:k]
-            idx.copy_(self._idx_host[:k], non_blocking=True)
+            idx = self._idx_device[:k].copy_(idx, non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
         # int32 indices on the logits' device: xgrammar uploads nothing itself
