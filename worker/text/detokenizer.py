@@ -20,7 +20,6 @@ that window without them.
 from __future__ import annotations
 
 import codecs
-import json
 import random
 from typing import Optional, Sequence
 
@@ -44,27 +43,27 @@ def _bytes_to_unicode() -> dict[int, str]:
 def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[list[bytes]]:
     """Raw bytes of every token id, or None when the tokenizer is not plain byte-level BPE (or
     post-processes decoded text), in which case the generic window path is used."""
+    from tokenizers import decoders
+
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return None
-    try:
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-    except Exception:
+    if not isinstance(backend.decoder, decoders.ByteLevel):
         return None
-    if decoder.get("type") != "ByteLevel":
-        return None
-    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+    to_bytes = {ord(c): chr(b) for b, c in _bytes_to_unicode().items()}  # then latin-1 = the byte
     added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
     special = set(getattr(tokenizer, "all_special_ids", []))
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    plain = [t for i, t in enumerate(tokens) if i not in added]
+    if None in plain or not set("".join(plain)) <= {chr(c) for c in to_bytes}:
+        return None
     table = []
-    for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+    for i, tok in enumerate(tokens):
         if i in added:
             skip = skip_special_tokens and (i in special or getattr(added[i], "special", False))
             table.append(b"" if skip else str(added[i]).encode())
-        elif tok is None or any(c not in byte_of for c in tok):
-            return None
         else:
-            table.append(bytes(byte_of[c] for c in tok))
+            table.append(tok.translate(to_bytes).encode("latin-1"))
     return table
 
 
