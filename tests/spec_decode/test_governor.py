@@ -6,7 +6,7 @@ engine: adaptive speculation leaves the tokens as they are and measures both mod
 import pytest
 
 from infer_cluster.worker import LLM
-from infer_cluster.worker.spec_decode.governor import EXPLORE_EVERY, SpecGovernor, bucket
+from infer_cluster.worker.spec_decode.governor import EXPLORE_EVERY, EXPLORE_MAX, SpecGovernor, bucket
 
 from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
 
@@ -54,6 +54,21 @@ def test_follows_a_change_in_acceptance():
     assert sum(modes[-50:]) > 40
     modes, _ = simulate(gov, 30 * EXPLORE_EVERY, 1, plain_s=1e-3, verify_s=2e-3, tokens=1.2, t=t)
     assert sum(modes[-50:]) < 10
+
+
+def test_explorations_back_off_while_they_change_nothing():
+    """Batch 256: a verify step costs three plain ones and gives 1.5 tokens a row. Exploring it
+    every 32 decisions would cost ~25% (4 steps of 3x in 32); the interval doubles up to
+    EXPLORE_MAX, so over a long run speculation costs under 3% against never speculating."""
+    gov = SpecGovernor()
+    steps, plain_s = 8 * EXPLORE_MAX, 5e-3
+    modes, t = simulate(gov, steps, 256, plain_s=plain_s, verify_s=15e-3, tokens=1.5)
+    assert sum(modes[-2 * EXPLORE_MAX:]) <= 2 * 4  # one exploration of 4 steps per EXPLORE_MAX
+    tokens = sum(1.5 if m else 1.0 for m in modes)
+    assert tokens / t >= 0.97 * (1.0 / plain_s)
+    # and a change of choice brings the short interval back: acceptance rises, verify wins
+    modes, _ = simulate(gov, 3 * EXPLORE_MAX, 256, plain_s=plain_s, verify_s=15e-3, tokens=4.5, t=t)
+    assert sum(modes[-EXPLORE_MAX:]) > 0.9 * EXPLORE_MAX
 
 
 def test_batch_sizes_are_judged_apart():
