@@ -94,6 +94,30 @@ def test_idle_gaps_and_prompt_steps_do_not_count():
     assert gov.as_dict()[1]["plain_s"] == pytest.approx(0.001)
 
 
+def test_a_step_before_a_prompt_does_not_count():
+    """Offline, the caller's time between two `generate` calls lands in the gap after a
+    request's last step; the next step holds the new prompt, so that gap is dropped."""
+    gov = SpecGovernor()
+    for t in (0.0, 0.001, 0.002, 0.003, 0.004):
+        gov.start_step(t, 1, False, decode_only=True)
+    gov.start_step(0.014, 1, False, decode_only=False)  # 10 ms later: the next request's prompt
+    gov.start_step(0.016, 1, False, decode_only=True)
+    gov.start_step(0.017, 1, False, decode_only=True)
+    assert gov.as_dict()[1]["plain_s"] == pytest.approx(0.001)
+
+
+def test_prompt_phases_neither_try_nor_explore():
+    """A step that will not be decode-only (a prompt being computed) cannot be measured: it
+    takes the mode that looks better (plain while nothing is known) and leaves explorations
+    to the steps that can be measured."""
+    gov = SpecGovernor()
+    assert [gov.decide(256, measurable=False) for _ in range(100)] == [False] * 100
+    simulate(gov, 200, 256, plain_s=5e-3, verify_s=15e-3, tokens=1.5)
+    assert not any(gov.decide(256, measurable=False) for _ in range(4 * EXPLORE_MAX))
+    simulate(gov, 200, 1, plain_s=1e-3, verify_s=1.5e-3, tokens=3.0)
+    assert all(gov.decide(1, measurable=False) for _ in range(4 * EXPLORE_MAX))
+
+
 def test_steps_right_after_a_change_of_mode_do_not_count():
     """They refill an async pipeline or let a draft catch up: their time is not the mode's."""
     gov = SpecGovernor()

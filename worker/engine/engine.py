@@ -291,7 +291,7 @@ class DynamicEngine:
         step, async where that is on."""
         if self.spec_decoder is None:
             return False
-        verify = self.spec_decoder.active(self.scheduler.running)
+        verify = self.spec_decoder.active(self.scheduler.running, len(self.scheduler.waiting))
         if verify:
             while self._inflight:
                 self._collect(deltas)

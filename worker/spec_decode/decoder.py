@@ -36,14 +36,18 @@ class SpecDecoder:
         self.counters = SpecStats(config.num_speculative_tokens)
         self.governor: Optional[SpecGovernor] = SpecGovernor() if config.adaptive else None
 
-    def active(self, running) -> bool:
+    def active(self, running, num_waiting: int = 0) -> bool:
         """Whether the next step speculates: not where `disable_by_batch_size` or more
         requests are running, and with `adaptive` only where the governor measured it to pay
-        at this batch size."""
+        at this batch size (measuring only in steps that will be decode-only: no request
+        waiting, every running prompt computed)."""
         limit = self.config.disable_by_batch_size
         if limit is not None and len(running) >= limit:
             return False
-        return self.governor is None or not running or self.governor.decide(len(running))
+        if self.governor is None or not running:
+            return True
+        steady = not num_waiting and all(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
+        return self.governor.decide(len(running), steady)
 
     def start_step(self, out, verify: bool) -> None:
         """The step just scheduled (`verify`: with proposals) starts now: the governor times

@@ -17,7 +17,8 @@ each time an exploration leaves the choice as it was; a change of choice resets 
 is not free: at batch 256 a verify step costs about three decode steps, and exploring every 32
 decisions held workload A to 0.73-0.82 of speculation off (H200, d71e5d3).
 
-Only decode-only steps count (a prompt chunk would make a step look slow), and not the first
+Only decode-only steps followed by one count (a prompt chunk would make a step look slow), and
+only such steps try an unmeasured mode or explore; not the first
 `SETTLE` steps after a change of mode (an async pipeline refills, a draft catches up). With
 one step settling, the H200 measured plain steps at 1.16 ms where steady async decoding took
 0.86 ms (285607e, 0.6B shape, batch 1), so two settle. The clock is the
@@ -68,14 +69,19 @@ class SpecGovernor:
         self._same_mode = 0  # steps in a row in `_last_mode`, this one included
         self._tokens: Optional[float] = None  # tokens per row of the last verify step
 
-    def decide(self, batch: int) -> bool:
-        """Whether a step of `batch` decode rows should speculate."""
+    def decide(self, batch: int, measurable: bool = True) -> bool:
+        """Whether a step of `batch` rows should speculate. `measurable`: the step is expected
+        to be decode-only, so its time will count; only such steps try a mode the bucket has
+        not measured or explore (a workload's prefill phase would otherwise run every step as
+        an unmeasured verify step)."""
         b = self._bucket(batch)
         if b.verify is None or b.tokens is None:
-            return True
+            return measurable
         if b.plain is None:
             return False
         better = b.tokens / b.verify > 1.0 / b.plain
+        if not measurable:
+            return better
         b.until_explore -= 1
         if b.until_explore <= 0:
             unchanged = better == b.chose
@@ -88,12 +94,14 @@ class SpecGovernor:
 
     def start_step(self, now: float, batch: int, verify: bool, decode_only: bool) -> None:
         """A step starts at `now` (seconds) with `batch` rows, speculating or not, and whether
-        all its rows decode; the previous step's time is the gap since its start."""
+        all its rows decode; the previous step's time is the gap since its start. It counts
+        only when this step decodes too: a prompt after it may have waited for its request
+        (offline, the caller's time between two `generate` calls)."""
         last = self._last
         if last is not None:
             start, last_batch, last_verify, counts = last
             gap = now - start
-            if counts and 0 < gap < MAX_GAP:
+            if counts and decode_only and 0 < gap < MAX_GAP:
                 b = self._bucket(last_batch)
                 if last_verify:
                     if self._tokens is not None:
