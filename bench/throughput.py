@@ -194,6 +194,13 @@ def run_ours(args, prompts, out_lens, kinds):
             best["tokens_per_s"] = n_tokens / best["seconds"]
             best["tokens_per_cpu_s"] = n_tokens / best["cpu_seconds"]
     info = dict(runs[kinds[0]])
+    decoder = llm.engine.spec_decoder
+    if decoder is not None:  # speculating: how much it verified and what the governor measured
+        stats = llm.stats()
+        info["speculation"] = {k: stats[k] for k in ("num_spec_draft_tokens", "num_spec_accepted_tokens")}
+        if decoder.governor is not None:
+            info["speculation"]["governor"] = {str(k): v for k, v in decoder.governor.as_dict().items()}
+        print("speculation:", info["speculation"])
     info.update({"num_kv_blocks": llm.stats()["num_total_blocks"], "device": str(llm.engine.runner.device),
                  "dtype": str(llm.engine.runner.dtype), "kv_cache_dtype": args.kv_cache_dtype,
                  "preemptions": llm.stats()["num_preemptions"],
