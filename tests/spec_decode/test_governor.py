@@ -71,6 +71,22 @@ def test_explorations_back_off_while_they_change_nothing():
     assert sum(modes[-EXPLORE_MAX:]) > 0.9 * EXPLORE_MAX
 
 
+def test_one_slow_step_does_not_decide():
+    """Batch 64: plain steps take 5 ms, verify steps 15 ms for 2 tokens a row (plain pays). One
+    plain step that stalled 30 ms (a moving average kept it: the H200 then speculated at every
+    step of that bucket) leaves the choice as it was."""
+    gov = SpecGovernor()
+    simulate(gov, 100, 64, plain_s=5e-3, verify_s=15e-3, tokens=2.0)
+    t = 10.0
+    for gap in (5e-3, 5e-3, 5e-3, 30e-3, 5e-3):  # plain steps, the fourth one stalled
+        gov.start_step(t, 64, False, decode_only=True)
+        t += gap
+    gov.start_step(t, 64, False, decode_only=True)
+    assert gov.as_dict()[64]["plain_s"] == pytest.approx(5e-3)
+    modes, _ = simulate(gov, 200, 64, plain_s=5e-3, verify_s=15e-3, tokens=2.0, t=t + 5e-3)
+    assert sum(modes) <= 8
+
+
 def test_batch_sizes_are_judged_apart():
     """Small batches gain from speculation and large ones lose: each bucket decides alone."""
     gov = SpecGovernor()

@@ -6,9 +6,13 @@ the batch size and how much of the output copies the input, and the first GPU me
 (H200, SmolLM2, bench/RESULTS.md#speculative-decoding) found speculation slower than decoding at
 every batch size tried. So the engine measures both modes as it runs and takes the faster.
 
-Owns, per batch-size bucket (1, 2-3, 4-7, 8-15, ...: a power of two apiece), moving averages
-of the seconds between step starts for decode steps without proposals (`plain`) and for verify
-steps (`verify`), and of the tokens a verify step gives a row. A verify step pays when
+Owns, per batch-size bucket (1, 2-3, 4-7, 8-15, ...: a power of two apiece), the last `WINDOW`
+seconds between step starts for decode steps without proposals (`plain`) and for verify steps
+(`verify`), and the tokens the last verify steps gave a row. Times are judged by their median, so
+one slow step (a collection, a stall of the host) cannot decide: moving averages let a 30 ms
+plain step at batch 64 (against ~5 ms) make every later step there speculate and workload A
+run at 0.59-0.71 of speculation off (H200, 075f5ed, a715b21). Tokens are the mean of the last
+`TOKENS_WINDOW`, so a rise in acceptance shows within two explorations. A verify step pays when
 `tokens_per_row / verify_seconds > 1 / plain_seconds`. A mode the bucket has not measured yet is
 tried first; after that, every so many decisions `EXPLORE_STEPS` steps take the other mode (the
 first `SETTLE` of them do not count, below) so that its estimate follows the load (acceptance
@@ -28,13 +32,16 @@ Plain Python; never touches tensors or requests.
 
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
 from typing import Optional
 
 EXPLORE_EVERY = 32  # decisions between two explorations of the mode that looks worse, at first
 EXPLORE_MAX = 512   # ... and at most, after explorations that changed nothing
 EXPLORE_STEPS = 4   # steps an exploration takes
 SETTLE = 2          # steps after a change of mode that are not counted
-ALPHA = 0.2         # weight of the newest observation in each moving average
+WINDOW = 16         # step times kept per mode and bucket (judged by their median)
+TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
 MAX_GAP = 1.0       # seconds: a longer gap between steps was idle time, not a step
 
 
@@ -44,20 +51,28 @@ def bucket(batch: int) -> int:
 
 
 class _Bucket:
-    __slots__ = ("plain", "verify", "tokens", "until_explore", "interval", "chose", "explore_left")
+    __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "interval", "chose", "explore_left")
 
     def __init__(self, interval: int):
-        self.plain: Optional[float] = None   # seconds per plain decode step
-        self.verify: Optional[float] = None  # seconds per verify step
-        self.tokens: Optional[float] = None  # tokens a verify step gives a row
+        self.plain_s: deque = deque(maxlen=WINDOW)   # seconds of plain decode steps
+        self.verify_s: deque = deque(maxlen=WINDOW)  # seconds of verify steps
+        self.tokens_s: deque = deque(maxlen=TOKENS_WINDOW)  # tokens the last verify steps gave a row
         self.interval = interval             # decisions between explorations
         self.until_explore = interval
         self.chose: Optional[bool] = None    # the choice when the last exploration began
         self.explore_left = 0
 
+    @property
+    def plain(self) -> Optional[float]:
+        return median(self.plain_s) if self.plain_s else None
 
-def _ema(old: Optional[float], new: float) -> float:
-    return new if old is None else old + ALPHA * (new - old)
+    @property
+    def verify(self) -> Optional[float]:
+        return median(self.verify_s) if self.verify_s else None
+
+    @property
+    def tokens(self) -> Optional[float]:
+        return sum(self.tokens_s) / len(self.tokens_s) if self.tokens_s else None
 
 
 class SpecGovernor:
@@ -75,11 +90,12 @@ class SpecGovernor:
         not measured or explore (a workload's prefill phase would otherwise run every step as
         an unmeasured verify step)."""
         b = self._bucket(batch)
-        if b.verify is None or b.tokens is None:
+        plain, verify, tokens = b.plain, b.verify, b.tokens
+        if verify is None or tokens is None:
             return measurable
-        if b.plain is None:
+        if plain is None:
             return False
-        better = b.tokens / b.verify > 1.0 / b.plain
+        better = tokens / verify > 1.0 / plain
         if not measurable:
             return better
         b.until_explore -= 1
@@ -105,10 +121,10 @@ class SpecGovernor:
                 b = self._bucket(last_batch)
                 if last_verify:
                     if self._tokens is not None:
-                        b.verify = _ema(b.verify, gap)
-                        b.tokens = _ema(b.tokens, self._tokens)
+                        b.verify_s.append(gap)
+                        b.tokens_s.append(self._tokens)
                 else:
-                    b.plain = _ema(b.plain, gap)
+                    b.plain_s.append(gap)
         self._same_mode = self._same_mode + 1 if verify == self._last_mode else 1
         counts = decode_only and batch > 0 and self._same_mode > SETTLE
         self._last = (now, batch, verify, counts)
