@@ -44,7 +44,10 @@ test: $(ENV_STAMP)
 
 # The GPU tests (`-m gpu`) in parts that each fit one 10-minute run on one GPU (distributed
 # needs 2 or more). `make test-gpu` lists them; `make test-gpu PART=kernels-attention` runs one.
-# No venv here: PYTEST is whatever pytest the GPU machine has (PYTEST="python3 -m pytest" ...).
+# No venv here: PYTEST is whatever pytest the GPU machine has (PYTEST="python3 -m pytest" ...),
+# with the project's dependencies and test extras installed (`pip install -e '.[test]'`: the
+# engine part imports pyzmq, xgrammar, fastapi, openai and jsonschema). On one H200 the parts
+# took 22-479 s (bench/RESULTS.md#test-suites).
 PYTEST ?= python3 -m pytest
 GPU_KERNELS_ATTENTION := $(addprefix tests/kernels/,test_attention.py test_attention_int8.py \
 	test_kv_append.py test_kv_swap.py test_mapped_read.py)

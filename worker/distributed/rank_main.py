@@ -100,7 +100,7 @@ def main(argv: list[str]) -> None:
         spec = ModelSpec(**args["spec"])
         layout = RankLayout(rank, config.tensor_parallel_size, config.pipeline_parallel_size, spec.num_layers)
         store = dist.TCPStore(options.master_addr, args["master_port"], args["world_size"], is_master=False,
-                              timeout=datetime.timedelta(seconds=options.collective_timeout_s))
+                              timeout=datetime.timedelta(seconds=options.join_timeout_s))
         shard = RankShard(layout, config, spec, Path(args["model_path"]), None, args["max_model_len"],
                           options, store)
         log.info("rank %d ready: stage %d, tp rank %d, layers %s, %d KV blocks", rank, layout.stage,

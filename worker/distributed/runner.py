@@ -100,7 +100,7 @@ class DistributedRunner:
         device = resolve_device(config, 0)
         dtype = resolve_dtype(config, hf_config, device)
         world = self.layout.world_size
-        timeout = datetime.timedelta(seconds=self.options.collective_timeout_s)
+        timeout = datetime.timedelta(seconds=self.options.join_timeout_s)
         self._store = dist.TCPStore(self.options.master_addr, self.options.master_port, world,
                                     is_master=True, wait_for_workers=False, timeout=timeout)
         bootstrap = dict(config=dataclasses.asdict(config.replace(dtype=_DTYPE_NAMES[dtype])),

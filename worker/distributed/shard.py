@@ -80,6 +80,11 @@ class RankGroups:
     def __init__(self, layout: RankLayout, device: torch.device, options: DistributedOptions,
                  store: dist.Store, pipelined: bool = False):
         timeout = datetime.timedelta(seconds=options.collective_timeout_s)
+        # Groups are made with the longer join timeout (a rank may still be importing torch or
+        # loading its shard) and get the collective timeout once start-up is over
+        # (`settle_timeouts`, at the end of `RankShard.__init__`).
+        join = datetime.timedelta(seconds=options.join_timeout_s)
+        self._timeout = timeout
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group; "
                                "one tensor/pipeline-parallel replica per process")
@@ -92,17 +97,17 @@ class RankGroups:
         # H200s (2026-11-28; the stacks came from `launcher.dump_stacks`). Unbound, each NCCL group
         # makes its own communicator among its members, at its first collective (`_warm_up`).
         dist.init_process_group(backend, store=store, rank=layout.rank, world_size=layout.world_size,
-                                timeout=timeout)
+                                timeout=join)
         self.backend = backend
         # Control traffic (KV agreement, capture barriers) stays on the CPU even when data uses NCCL.
-        self.control = (dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo"
+        self.control = (dist.new_group(backend="gloo", timeout=join) if backend != "gloo"
                         else dist.group.WORLD)
         # Where ranks 1..N-1 wait for the next step's header: an idle replica may wait for hours.
         self.wait = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
         self.tp_group = None
         for stage in range(layout.pipeline_parallel_size):
             ranks = layout.tp_group_ranks(stage)
-            group = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
+            group = dist.new_group(ranks, timeout=join) if len(ranks) > 1 else None
             if stage == layout.stage:
                 self.tp_group = group
         # Micro-batches: stage 0's TP ranks wait for steps here (later stages get them by relay).
@@ -112,6 +117,15 @@ class RankGroups:
             self.stage_wait = group if layout.is_first_stage else None
         if backend == "nccl":
             self._warm_up(device)
+
+    def settle_timeouts(self) -> None:
+        """Start-up is over on every rank: the groups made with the join timeout bound their
+        collectives by the collective timeout from now on."""
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        if set_timeout is None:  # an older torch: collectives keep the join timeout
+            return
+        for group in {dist.group.WORLD, self.control, self.tp_group} - {None}:
+            set_timeout(self._timeout, group)
 
     def _warm_up(self, device: torch.device) -> None:
         """Make this rank's NCCL communicators now, outside any CUDA-graph capture: one all-reduce
@@ -190,6 +204,8 @@ class RankShard:
         self.graphs: Optional[DecodeGraphs] = None
         if self.device.type == "cuda" and not config.enforce_eager and self._agree_graphs():
             self.graphs = self._capture_graphs(config, max_model_len)
+        self._min_over_ranks(1)  # every rank is past its start-up ...
+        self.groups.settle_timeouts()  # ... so collectives get their own timeout
 
     def _min_over_ranks(self, value: int) -> int:
         """The smallest `value` of all ranks (one MIN on the control group): what every rank

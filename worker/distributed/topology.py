@@ -124,7 +124,9 @@ class DistributedOptions:
     `collective_timeout_s` bounds every collective (the backstop for a rank whose process is
     alive but stuck); `heartbeat_timeout_s` is how long a rank may stay silent before it counts
     as hung (the fast path: a stopped or wedged process); `startup_timeout_s` is how long a
-    rank may take to send its first heartbeat."""
+    rank may take to send its first heartbeat, and with the collective timeout it bounds the
+    rendezvous (`join_timeout_s`): a short collective timeout must not fail a start-up whose
+    ranks import torch slowly on a busy host."""
 
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: pick a free port
@@ -158,6 +160,11 @@ class DistributedOptions:
                    heartbeat_timeout_s=_env_float("INFER_CLUSTER_HEARTBEAT_TIMEOUT_S", d.heartbeat_timeout_s),
                    startup_timeout_s=_env_float("INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S", d.startup_timeout_s),
                    shutdown_timeout_s=d.shutdown_timeout_s)
+
+    @property
+    def join_timeout_s(self) -> float:
+        """How long the ranks may take to meet: the store and the groups' creation."""
+        return max(self.collective_timeout_s, self.startup_timeout_s)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
