@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-CACHE_VERSION = "v2"  # v2: tokenizers ship CHATML_TEMPLATE
+CACHE_VERSION = "v3"  # v2: tokenizers ship CHATML_TEMPLATE; v3: complete config.json
 
 # A small, varied corpus so the BPE merges cover ordinary English, code and numbers.
 _CORPUS = """
@@ -121,14 +121,15 @@ def build_checkpoint(out_dir: str | os.PathLike, spec: dict, seed: int = 0, weig
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out, vocab_size=min(512, spec["vocab_size"]))
     config = _hf_config(spec, eos_token_id=0)
-    if not weights:
-        config.save_pretrained(str(out))
-        return out
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _perturb(model, seed)
-    model.save_pretrained(str(out), safe_serialization=True)
-    (out / "infer_cluster.json").write_text(json.dumps({"seed": seed, "spec": spec}))
+    if weights:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _perturb(model, seed)
+        model.save_pretrained(str(out), safe_serialization=True)
+    # Every field, the family's defaults included (save_pretrained keeps only those that differ
+    # from them): the loader then reads it without transformers (loader.complete_config).
+    (out / "config.json").write_text(config.to_json_string(use_diff=False))
+    (out / "infer_cluster.json").write_text(json.dumps({"seed": seed, "spec": spec, "complete_config": True}))
     return out
 
 

@@ -2,8 +2,10 @@
 
 Owns: turning a model name into a local HF directory (embedded names are built on demand, GGUF
 files converted once into the cache by gguf.py),
-reading its config and tokenizer, and streaming tensors out of `*.safetensors` files (single
-file or a sharded index). Errors are `ModelNotFoundError` with the path and what was missing.
+reading its config and tokenizer (a folder we wrote, marked by `infer_cluster.json`, without
+transformers' `Auto*` classes: `complete_config`), and streaming tensors out of
+`*.safetensors` files (single file or a sharded index). Errors are `ModelNotFoundError` with
+the path and what was missing.
 To add a weight format: add an `iter_*` function and pick it in `iter_checkpoint`.
 """
 
@@ -56,20 +58,22 @@ def resolve_tokenizer_path(tokenizer: str) -> Path:
     return path
 
 
-def converted_from_gguf(path: Path) -> bool:
-    """Whether `path` is a folder gguf.py wrote: its config.json states every field the engine
-    reads, and its tokenizer is a plain `tokenizers` backend."""
+def complete_config(path: Path) -> bool:
+    """Whether `path` is a folder we wrote (gguf.py's conversion, embedded.py's checkpoints):
+    its config.json states every field, the family's defaults included, and its tokenizer is a
+    `PreTrainedTokenizerFast`."""
     try:
-        return "gguf" in json.loads((path / "infer_cluster.json").read_text())
+        marker = json.loads((path / "infer_cluster.json").read_text())
     except (OSError, ValueError, TypeError):
         return False
+    return isinstance(marker, dict) and ("gguf" in marker or marker.get("complete_config") is True)
 
 
 def load_hf_config(path: Path):
     """The model's config: transformers' `AutoConfig`, which fills each family's defaults, or,
-    for a converted GGUF folder, its complete config.json as attributes. The second needs no
+    for a folder we wrote, its complete config.json as attributes. The second needs no
     transformers import (about 2.5 s of a 2-core machine's start, most of a cached load)."""
-    if converted_from_gguf(path):
+    if complete_config(path):
         try:
             return SimpleNamespace(**json.loads((path / "config.json").read_text()))
         except (OSError, ValueError, TypeError) as exc:
@@ -86,12 +90,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 
 
 def load_tokenizer(path: Path):
-    """transformers' tokenizer of `path`. A converted GGUF folder's is built by its class
-    directly: `AutoTokenizer` would first import every config class (over a second)."""
+    """transformers' tokenizer of `path`. A folder we wrote gets its class directly:
+    `AutoTokenizer` would first import every config class (over a second)."""
     if not any((path / n).exists() for n in TOKENIZER_FILES):
         raise ModelNotFoundError(f"model directory {str(path)!r} has no tokenizer (none of "
                                  f"{', '.join(TOKENIZER_FILES)})")
-    if converted_from_gguf(path):
+    if complete_config(path):
         from transformers import PreTrainedTokenizerFast as Tokenizer
     else:
         from transformers import AutoTokenizer as Tokenizer
