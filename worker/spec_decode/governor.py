@@ -21,11 +21,11 @@ each time an exploration leaves the choice as it was; a change of choice resets 
 is not free: at batch 256 a verify step took 44.6 ms against 11.4 ms for a plain one (H200,
 a715b21), so four such steps in every 32 would cost a third of the time.
 
-Only decode-only steps followed by one count (a prompt chunk would make a step look slow), and
-only such steps try an unmeasured mode or explore; not the first
-`SETTLE` steps after a change of mode (an async pipeline refills, a draft catches up). With
-one step settling, the H200 measured plain steps at 1.16 ms where steady async decoding took
-0.86 ms (285607e, 0.6B shape, batch 1), so two settle. The clock is the
+A step's time counts only when it and the step after it are decode-only (a prompt chunk would
+make a step look slow), and not in the first `SETTLE` steps after a change of mode (an async
+pipeline refills, a draft catches up). Only steps expected to be decode-only try an unmeasured
+mode or explore. With one step settling, the H200 measured plain steps at 1.16 ms where steady
+async decoding took 0.86 ms (285607e, 0.6B shape, batch 1), so two settle. The clock is the
 caller's: `start_step(now, ...)` at the start of every engine step, so tests can drive it.
 Plain Python; never touches tensors or requests.
 """
