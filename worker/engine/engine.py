@@ -37,7 +37,6 @@ from infer_cluster.protocol import FinishReason, InvalidRequestError, RequestDel
 from infer_cluster.worker.sched.admission import Prompt, check_lengths, tokenize_prompt
 from infer_cluster.worker.sched.block_allocator import BlockAllocator
 from infer_cluster.worker.config import EngineConfig
-from infer_cluster.worker.text.detokenizer import piece_table
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
@@ -47,11 +46,10 @@ from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_runner
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
 from infer_cluster.worker.engine.structured import StructuredRequests
-from infer_cluster.worker.loading.loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from infer_cluster.worker.engine.model_load import load_model
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 from infer_cluster.worker.sched.microbatch import group_size
 from infer_cluster.worker.runner.model_runner import ModelRunner
-from infer_cluster.worker.models.decoder import ModelSpec
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sched.scheduler import Scheduler
@@ -63,31 +61,15 @@ from infer_cluster.worker.text.text_stage import TextStage
 log = logging.getLogger(__name__)
 
 
-def _eos_ids(hf_config, tokenizer) -> tuple[int, ...]:
-    ids = set()
-    for src in (getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(x) for x in src)
-    return tuple(sorted(ids))
-
-
 class DynamicEngine:
     def __init__(self, config: EngineConfig, runner_factory=None, detokenize: bool = True):
         self.config = config
-        self.model_path = resolve_model_path(config.model)
         self.model_name = config.model
-        hf_config = load_hf_config(self.model_path)
-        self.tokenizer = load_tokenizer(resolve_tokenizer_path(config.tokenizer) if config.tokenizer
-                                        else self.model_path)
-        try:
-            self.spec = ModelSpec.from_hf_config(hf_config)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        self.max_model_len = self._resolve_max_model_len()
-        self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
-        self.byte_table = piece_table(self.tokenizer)  # None: the window path
+        model = load_model(config)  # worker/engine/model_load.py
+        hf_config = model.hf_config
+        self.model_path, self.tokenizer, self.spec = model.path, model.tokenizer, model.spec
+        self.max_model_len, self.eos_token_ids = model.max_model_len, model.eos_token_ids
+        self.byte_table = model.byte_table  # None: the detokenizer's window path
         # detokenize=False: the caller runs its own TextStage (see `text_stage.TextWorker`).
         self.text: Optional[TextStage] = TextStage(self.tokenizer, self.byte_table) if detokenize else None
         # True when a TextStage downstream builds the logprob entries (worker/text/logprob_rows.py).
@@ -157,15 +139,6 @@ class DynamicEngine:
         mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
         self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
         self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
-
-    def _resolve_max_model_len(self) -> int:
-        limit = self.spec.max_position_embeddings
-        if self.config.max_model_len is None:
-            return limit
-        if self.config.max_model_len > limit:
-            raise InvalidRequestError(f"max_model_len ({self.config.max_model_len}) exceeds the model's "
-                                      f"max_position_embeddings ({limit})")
-        return self.config.max_model_len
 
     # -- requests -------------------------------------------------------------------------------
 
