@@ -55,7 +55,8 @@ def timed_us(fn, calls: int, repeats: int, sync=None) -> float:
 
 def classify_us(batch: int, kind: str, calls: int, repeats: int) -> float:
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
     params = SamplingParams(temperature=0) if kind == "greedy" else SamplingParams(temperature=0.8, top_p=0.9)
     rows = [SamplingRequestState(params, [1, 2], [3], None, (2,), request_id=f"r{i}") for i in range(batch)]

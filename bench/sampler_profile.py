@@ -47,7 +47,8 @@ def main(argv=None):
     import torch
 
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)

@@ -18,6 +18,7 @@ inside a kernel (tests/triton_interpreter.py): the same results, a quarter less 
 
 import json
 import os
+import socket
 import tempfile
 
 import pytest
@@ -141,3 +142,10 @@ def pytest_xdist_make_scheduler(config, log):
             return self.groups.get(nodeid, nodeid)
 
     return SharedSetupScheduling(config, log)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (tests that start processes bind it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,7 +4,6 @@ by the collective timeout: a replica whose collective timeout is shorter than a 
 still starts (real rank processes), and two processes of real gloo groups (`RankGroups`), rank
 1 joining 4 s late with a 2 s collective timeout, time out after about 2 s once settled."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
 from .conftest import ENGINE
+from tests.conftest import free_port
 
 RANK = """
 import datetime, sys, time
@@ -45,15 +45,9 @@ except Exception as exc:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_a_late_rank_joins_and_collectives_keep_their_timeout():
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     try:

@@ -5,7 +5,6 @@ not understand; and a real two-process gloo `StepChannel` delivers steps inline 
 the second broadcast."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from infer_cluster.worker.distributed.step_codec import (HEADER_LEN, STOP_HEADER
                                                          StepHeader, is_decode_only, pack_step,
                                                          unpack_step)
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 8
@@ -107,17 +107,11 @@ def test_decode_only_detection():
     assert not is_decode_only(pack_step(STEPS["prefill_chunk_no_sample"], BLOCK)[0])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(60)
 def test_channel_over_gloo_inline_and_second_broadcast():
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.channel_peer", str(rank), port],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]

@@ -11,7 +11,8 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.protocol.errors import ConfigError
 from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, DrawGraphs,
                                               bucket_for, draw_graph_max)
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

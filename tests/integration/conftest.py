@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,13 @@ import pytest
 from infer_cluster.client import InferenceClient
 from infer_cluster.launcher import _die_with_parent
 from infer_cluster.protocol import SamplingParams
+from tests.conftest import free_port  # noqa: F401 (the integration tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 # Small but enough KV for 200 short requests without preemption.
 REPLICA_ENGINE_ARGS = ["--model", "tiny-random", "--num-kv-blocks", "2048", "--max-num-seqs", "256"]
 COORDINATOR_ARGS = ["--heartbeat-interval", "0.2", "--replica-timeout", "2.0",
                     "--client-timeout", "3.0", "--no-replica-timeout", "20"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(threads: int = 1) -> dict:

@@ -65,7 +65,8 @@ def test_sampler_logprobs_through_row_stats(device, dtype, monkeypatch):
     """The sampler's kernel path (row_stats + block top-k, no float32 copy for greedy rows)
     gives the log_softmax of the raw logits, on a vocabulary wide enough for the block top-k."""
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
     if device == "cpu":
         monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")  # the interpreter stands in for CUDA
     logits = (3 * torch.randn(3, 4000, device=device)).to(dtype)

@@ -14,7 +14,8 @@ from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling.random_stream import step_uniforms
 from infer_cluster.worker.sampling import ops as sampling_ops
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 from infer_cluster.worker.sampling.ops import (TOP_K_TIE_MARGIN, RandomRows, draw_random_rows,
                                                sample_random_rows)
 

@@ -128,7 +128,8 @@ def test_sync_debug_draw_never_blocks_the_host(kind):
     """`Sampler.draw` of each kind queues its work without one host sync (any would raise under
     `torch.cuda.set_sync_debug_mode("error")`), a first draw of a request included. Exactness
     is tested elsewhere (tests/unit/test_sampler.py, the async tests below)."""
-    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
     n, vocab = 64, 151936
     kinds = list(SYNC_DEBUG_KINDS) if kind == "mixed" else [kind]

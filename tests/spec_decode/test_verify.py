@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from infer_cluster.protocol import SamplingParams
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.spec_decode import verify
 from infer_cluster.worker.spec_decode.verify import SpecStats, accept, expand_rows

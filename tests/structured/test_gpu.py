@@ -19,7 +19,8 @@ def test_grammar_draw_never_blocks_the_host():
     from transformers import AutoTokenizer
 
     from infer_cluster.worker.loading.loader import resolve_model_path
-    from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+    from infer_cluster.worker.sampling.sampler import Sampler
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
     from infer_cluster.worker.structured.compiler import GrammarCompilerPool
     from infer_cluster.worker.structured.state import GrammarState
 

@@ -1,4 +1,6 @@
-"""Test helpers for coordinator unit tests: an in-process coordinator and a scripted fake replica.
+"""Test helpers for coordinator unit tests: an in-process coordinator, a scripted fake replica,
+and the `cluster` fixture with `submit`, `stats`, `wait_until` (test_coordinator_flow.py and
+test_coordinator_control.py import them).
 
 The fake replica speaks the real wire protocol over a real DEALER socket; tests drive it by hand
 (`recv`, `step`) so every interleaving is deterministic. Integration tests use the real
@@ -11,13 +13,14 @@ import os
 import threading
 import time
 
+import pytest
 import zmq
 
 from infer_cluster.coordinator.config import CoordinatorConfig
 from infer_cluster.coordinator.server import Coordinator
 from infer_cluster.protocol import codec
 from infer_cluster.protocol.messages import (DeltaPayload, Goodbye, Heartbeat, Hello, ReplicaCapacity,
-                               ReplicaLoad, StepOutput)
+                               ReplicaLoad, StepOutput, SubmitRequest)
 
 
 class CoordinatorThread:
@@ -205,3 +208,47 @@ class AutoReplica(FakeReplica):
         self._stop.set()
         self.thread.join(5)
         super().close()
+
+
+# -- shared by test_coordinator_flow.py and test_coordinator_control.py ----------------------------
+
+@pytest.fixture
+def cluster():
+    ct = CoordinatorThread()
+    opened = []
+
+    def replica(name="r", **kw):
+        r = FakeReplica(ct.back, name, **kw)
+        opened.append(r)
+        return r
+
+    def client():
+        c = RawClient(ct.front)
+        opened.append(c)
+        return c
+    ct.replica, ct.client = replica, client
+    yield ct
+    for x in opened:
+        try:
+            x.close()
+        except Exception:
+            pass
+    ct.stop()
+
+
+def submit(c, rid, prompt="hello", **params):
+    params.setdefault("max_tokens", 4)
+    c.send(SubmitRequest(request_id=rid, prompt=prompt, sampling_params=params))
+
+
+def stats(ct):
+    return ct.coord.dispatcher.stats
+
+
+def wait_until(cond, timeout=10.0):  # returns as soon as cond holds; long for a loaded CI host
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()

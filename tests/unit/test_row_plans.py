@@ -8,7 +8,7 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker.sampling import ops as sampling_ops
 from infer_cluster.worker.sampling.row_plans import (FLAGS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM,
                                             TEMPERATURE, TOP_K, TOP_P, RowPlans, rows_with)
-from infer_cluster.worker.sampling.sampler import SamplingRequestState
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
 
 def row(params, rid, eos=(2,)):

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampling.sampler import Sampler, SamplerOutput, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplerOutput, SamplingRequestState
 
 # chi2.ppf(0.999, df) for df = 1..7 (standard tables).
 CHI2_CRIT_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}

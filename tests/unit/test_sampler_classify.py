@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
 VOCAB = 16
 

@@ -16,7 +16,8 @@ import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling.random_stream import philox4x32, step_uniforms
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 from infer_cluster.worker.sampling.ops import (BLOCK, TOP_P_CANDIDATES, RandomRows, kept_mask,
                                                sample_random_rows)
 

@@ -3,7 +3,6 @@ from INFER_CLUSTER_TP_ALLREDUCE with a clear error for a bad value, and nothing 
 it cannot run (no TP group, a CPU device, `nccl`), so ParallelState keeps the group's own
 all-reduce. The sums themselves are checked on 2 GPUs (tests/distributed/test_gpu_allreduce.py)."""
 
-import socket
 import subprocess
 import sys
 import types
@@ -15,6 +14,7 @@ from infer_cluster.protocol.errors import ConfigError
 from infer_cluster.worker.distributed.symm_allreduce import (ENV, SymmAllReduce, bound_to_another_group,
                                                              tp_allreduce_mode)
 from infer_cluster.worker.models.parallel import ParallelState
+from tests.conftest import free_port
 
 
 @pytest.mark.parametrize("value,mode", [(None, "auto"), ("", "auto"), ("NCCL", "nccl"), (" one_shot ", "one_shot"),
@@ -80,7 +80,7 @@ for port in (int(sys.argv[1]), int(sys.argv[2])):
 
 
 def test_a_closed_engines_group_name_is_seen_with_real_groups():
-    ports = [str(_free_port()) for _ in range(2)]
+    ports = [str(free_port()) for _ in range(2)]
     run = subprocess.run([sys.executable, "-c", TWO_ROUNDS, *ports], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -90,7 +90,3 @@ def test_a_closed_engines_group_name_is_seen_with_real_groups():
     assert second[1:] == ["True", "True"]  # the first round's store is still bound to the name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

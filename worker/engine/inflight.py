@@ -37,7 +37,8 @@ import torch
 from infer_cluster.protocol import SamplingParams
 
 from infer_cluster.worker.device.wait import wait_event
-from infer_cluster.worker.sampling.sampler import DeviceDraw, Sampler, SamplerOutput, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import DeviceDraw, SamplerOutput, SamplingRequestState
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 # The row of a request that ended after scheduling (its id is drawn and dropped).

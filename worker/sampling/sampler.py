@@ -29,11 +29,12 @@ Order of operations (every row independently):
        rows with a `generator` but no seed: a key drawn from that generator each step;
        other rows: a key per row per step from the sampler's default generator.
 
-Two halves: `draw` leaves every id and logprob on the device (async scheduling copies them to
-pinned memory behind an event, worker/engine/inflight.py); `finish` turns their host copies into a
-`SamplerOutput`; `__call__` is both with one `.tolist()` between. A request's rows may be drawn
-again before `finish` ran for the previous draw (`SamplingRequestState.num_pending`), except with
-no_repeat_ngram_size (its map needs the ids on the host).
+Two halves (their inputs and outputs in draw_io.py): `draw` leaves every id and logprob on the
+device (async scheduling copies them to pinned memory behind an event,
+worker/engine/inflight.py); `finish` turns their host copies into a `SamplerOutput`; `__call__`
+is both with one `.tolist()` between. A request's rows may be drawn again before `finish` ran
+for the previous draw (`SamplingRequestState.num_pending`), except with no_repeat_ngram_size
+(its map needs the ids on the host).
 Small steps whose rows are all random on the candidate path, with no penalties, bans or
 logprobs (or grammar, logit_bias), replay the device half from a CUDA graph (`draw_graphs`, given by the engine): the same
 kernels, a few host operations instead of ~25 (at batch 1 the eager draw's host time set TPOT).
@@ -54,99 +55,27 @@ batch it over only the rows that use it (skip it entirely when no row does).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Hashable, Optional, Sequence
+from typing import Hashable, Optional
 
 import numpy as np
 import torch
 
 from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms, use_sample_kernels
-from infer_cluster.protocol.sampling_params import SamplingParams
 
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs, DrawPlan
+from infer_cluster.worker.sampling.draw_io import DeviceDraw, RowClasses, SamplerOutput, SamplingRequestState
 from infer_cluster.worker.sampling.logprob_pack import logprob_pack, lse_and_block_maxima
 from infer_cluster.worker.text.logprob_rows import DeferredLogprob, LogprobRows
 from infer_cluster.worker.sampling.random_stream import step_uniforms
 from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TEMPERATURE, TOP_K, TOP_P
 from infer_cluster.worker.sampling.row_plans import RowPlans, rows_with
-from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, any_top_p_alone, draw_random_rows, to_device
+from infer_cluster.worker.sampling.ops import RandomRows, any_top_p_alone, draw_random_rows, to_device
 from infer_cluster.worker.sampling.state import SamplingState
 from infer_cluster.worker.device.upload import dma_upload
 from infer_cluster.worker.sampling.token_bans import apply_logit_bias, apply_min_tokens, ban_tokens
 from infer_cluster.worker.structured.bitmask import GrammarMasks
 
 _KEY_RANGE = 2 ** 63 - 1
-
-
-@dataclass(slots=True)  # one per row per step
-class SamplingRequestState:
-    """One row of the batch, as the engine sees that request before this step."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]  # generated so far, before this step
-    generator: Optional[torch.Generator]  # unseeded rows only: their random key's source
-    eos_token_ids: Sequence[int]  # suppressed with params.stop_token_ids while below min_tokens
-    request_id: Optional[Hashable] = None  # keys the penalty state kept between steps
-    # Tokens already drawn for the request on the device whose ids are not in
-    # `output_token_ids` yet (async scheduling): they count as generated (min_tokens, the
-    # seeded stream's step, the penalty state's consistency check).
-    num_pending: int = 0
-    # The request's `GrammarState` (worker/structured/state.py) when its params have
-    # structured_outputs: its mask restricts the row (it needs num_pending == 0).
-    grammar: Optional[object] = None
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]  # one per row
-    # Per row: None when params.logprobs is None, else
-    # [sampled_logprob, {alt_token_id: logprob}] with the top-`params.logprobs` alternatives
-    # (a `DeferredLogprob` of it when the call asked for `defer_logprobs`).
-    logprobs: list
-    # Rows whose id the redo in `finish` changed: a step drawn after this one may have used
-    # the provisional id (async scheduling's pending input); the engine rewinds that request.
-    redrawn: list = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class RowClasses:
-    """`Sampler.classify`: the plan table of one step's rows and the rows of each feature."""
-    table: np.ndarray
-    seeds: np.ndarray
-    seeded: np.ndarray
-    penalty_rows: list
-    logprob_rows: list
-    random_rows: list
-    min_tokens_rows: list  # rows still below their min_tokens
-    grammar_rows: list = field(default_factory=list)  # rows whose grammar masks their logits
-    bias_rows: list = field(default_factory=list)  # rows with a logit_bias
-
-    @property
-    def plain_greedy(self) -> bool:
-        """Every row is an argmax of the raw logits: nothing to edit, report or draw."""
-        return not (self.penalty_rows or self.min_tokens_rows or self.logprob_rows or self.random_rows
-                    or self.grammar_rows or self.bias_rows)
-
-
-@dataclass
-class DeviceDraw:
-    """One step's draw before its host copy: `transfer` (int64) is the sampled ids, then the
-    logprob alternatives' ids, then the `unresolved` rows' flags; `values` (float64) the logprob
-    pack, or None. `token_ids` are provisional for rows that `unresolved` flags."""
-
-    token_ids: torch.Tensor  # [num_rows] int64 on the device
-    transfer: torch.Tensor
-    values: Optional[torch.Tensor]
-    num_rows: int
-    logprob_rows: list = field(default_factory=list)
-    lp_nums: list = field(default_factory=list)
-    lp_k: int = 0
-    ngram: list = field(default_factory=list)  # (row, state entry) whose n-gram map needs the id
-    unresolved: Optional[Unresolved] = None  # candidate-path rows that may need the full path
-    random_rows: list = field(default_factory=list)  # the row of each random row
-    penalty_keys: dict = field(default_factory=dict)  # row -> its penalty state key (when a redo may run)
-    lp_lse: Optional[torch.Tensor] = None  # logprob rows' log-sum-exp (to fix a redrawn row's)
 
 
 class _Scratch:

@@ -17,7 +17,7 @@ import torch
 from infer_cluster.worker.sampling.ops import to_device
 
 if TYPE_CHECKING:
-    from infer_cluster.worker.sampling.sampler import SamplingRequestState
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
 
 def banned_ngram_tokens(seq: list[int], n: int) -> set[int]:

@@ -31,7 +31,8 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
-from infer_cluster.worker.sampling.sampler import Sampler, SamplingRequestState
+from infer_cluster.worker.sampling.sampler import Sampler
+from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 # A verify step of at most this many positions runs as a decode step of one row per position
