@@ -119,9 +119,16 @@ def test_link_cut_mid_load_loses_nothing(netns, tmp_path, offline_reference):
         c._deliver = deliver
         try:
             handles = [c.submit(p, sp, request_id=f"ns-{i}") for i, (p, sp) in enumerate(items)]
+            # Cut once replica-0, by the coordinator's count, has generated about a quarter of its
+            # half of the load and still runs requests. Counting the tokens this client received
+            # cut too late on a loaded host: the client lagged while both replicas had finished.
             deadline = time.monotonic() + 60
-            while sum(map(len, tokens.values())) < 200 * 24 * 0.25 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            while time.monotonic() < deadline:
+                r0 = {r["name"]: r for r in c.status()["replicas"]}.get("replica-0", {})
+                if r0.get("num_requests", 0) > 0 and r0.get("num_running", 0) > 0 \
+                        and r0.get("num_generated_tokens", 0) >= 200 * 24 * 0.25 / 2:
+                    break
+                time.sleep(0.02)
             streamed = sum(map(len, tokens.values()))
             netns.cut(1)
             t_cut = time.monotonic()
