@@ -11,7 +11,7 @@ import re
 import jsonschema
 import pytest
 
-from infer_cluster.protocol import InvalidRequestError, SamplingParams
+from infer_cluster.protocol import InvalidRequestError, SamplingParams, StructuredOutputsParams
 from infer_cluster.worker import LLM
 
 from tests.structured.schemas import BOUNDED
@@ -72,6 +72,28 @@ def test_mixed_batch_leaves_free_rows_alone(llm):
                         use_tqdm=False)
     assert outs[0].token_ids == alone.token_ids == outs[2].token_ids
     jsonschema.validate(json.loads(outs[1].text), schema)
+
+
+def test_an_lm_head_wider_than_the_tokenizer():
+    """small-random-151k: a 512-id tokenizer over a 151,936-row LM head (random weights, so
+    most of the mass is on ids without text). The grammar covers the tokenizer's 512 ids only
+    (xgrammar would count each id without text as a special token and check it on every accept
+    and mask); the ids past it are never drawn, greedy or sampled, batched or not."""
+    wide = LLM("small-random-151k", num_kv_blocks=64, block_size=16, max_model_len=256)
+    try:
+        schema = BOUNDED["flat"]
+        params = [so(json=schema, temperature=0), so(json=schema, seed=1)]
+        outs = wide.generate(["Hello", "a b c"], params, use_tqdm=False)
+        for o in outs:
+            assert max(o.token_ids) < 512, o.token_ids
+            assert o.finish_reason == "stop", o.text
+            jsonschema.validate(json.loads(o.text), schema)
+        one = wide.generate("Hello", so(json=schema, temperature=0), use_tqdm=False)[0]
+        assert one.token_ids == outs[0].token_ids  # a row's mask alone (no batched fill) agrees
+        compiled = wide.engine.structured.pool.compile(StructuredOutputsParams(json=schema))
+        assert compiled.tokenizer_info.vocab_size == 512 < wide.engine.spec.vocab_size
+    finally:
+        wide.close()
 
 
 def test_max_tokens_mid_structure_ends_length(llm):

@@ -7,7 +7,10 @@ The step (`step()`): schedule, launch on the device, collect, emit. With
 worker/engine/inflight.py) while step n's ids are on their way; then step n is collected (its
 ids applied by the scheduler) and its deltas emitted (worker/engine/deltas.py). A step holding a
 row whose draw needs its last id on the host (a grammar's mask, an n-gram ban) launches its
-forward at once and its draw once step n is collected (`_step_mode`: defer). Collected before
+forward at once and its draw at the start of the next `step()`, after step n was collected
+and step n+2 scheduled, right before step n+2's forward (`_step_mode`: defer): the host fills
+the mask while step n+1's forward runs, and the device goes from that draw straight to the next
+forward, without waiting for the host's collect, text and schedule in between. Collected before
 the next schedule: async off, speculative verify steps, and settled-state cases (a schedule that
 preempted, `reset_cache`, failures, a rewind after the sampler's rare redo changed a token a step
 in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_depth` P > 1,
@@ -226,6 +229,8 @@ class DynamicEngine:
                 self.spec_decoder.start_step(out, verify)
             self._inflight.drain_next = out.blocked
             sync, defer = self._step_mode(out, verify)
+            if self._inflight.awaiting_draw:  # the step before: its mask waited for this schedule
+                self._draw_deferred(out)
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -239,9 +244,6 @@ class DynamicEngine:
             keep = depth - 1 + self.async_scheduling if depth > 1 else 1
             while len(self._inflight) > (0 if sync else keep):
                 self._collect(deltas)  # step n, while step n+1 runs
-            if launched and defer:  # step n's ids are on the host: draw step n+1
-                self._timed("launch", self._inflight.draw_deferred, self.sampler,
-                            self.scheduler.requests, self.eos_token_ids)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             self._recover(out, launched, exc, deltas)
@@ -319,9 +321,17 @@ class DynamicEngine:
         return group_size(len(sched.running), len(sched.waiting), self.config.max_num_seqs,
                           self.pipeline_depth)
 
+    def _draw_deferred(self, later: Optional[SchedulerOutput] = None) -> None:
+        """Queue the draw of the latest step, launched with its draw deferred. `later`: the
+        step scheduled after it, not launched yet (its rows' tokens are not this draw's)."""
+        self._timed("launch", self._inflight.draw_deferred, self.sampler, self.scheduler.requests,
+                    self.eos_token_ids, later)
+
     def _collect(self, deltas: list) -> None:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
         step = self._inflight.steps[0]
+        if step is self._inflight.last and self._inflight.awaiting_draw:
+            self._draw_deferred()
         sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
         burst = isinstance(step, VerifyStep)  # several tokens a request
         update = self.scheduler.update_verified if burst else self.scheduler.update
