@@ -1,5 +1,6 @@
 """The engine's steps in flight (async scheduling): `InFlightSteps`, the launched steps not yet
-collected (one at most between `DynamicEngine.step()` calls, two for a moment inside one), and
+collected (one at most between `DynamicEngine.step()` calls, two for a moment inside one; two
+between calls when the latest one's draw is deferred, `draw_deferred`), and
 `LaunchedStep`, one step whose forward and draw are queued on the device and whose sampled ids
 are on their way to the host.
 
@@ -163,15 +164,12 @@ class InFlightSteps:
         last = self.last
         return last is not None and last.draw is None and bool(self.steps) and self.steps[-1] is last
 
-    def draw_deferred(self, sampler: Sampler, requests: dict, eos_token_ids,
-                      later: Optional[SchedulerOutput] = None) -> None:
+    def draw_deferred(self, sampler: Sampler, requests: dict, eos_token_ids) -> None:
         """Queue the draw of the latest step, launched with `defer_draw` (every older step
         collected: each row's tokens are on the host); a request that ended meanwhile gets a
-        dropped row. `later`: a step scheduled after this one and not launched (its rows'
-        pending tokens come after this draw's)."""
+        dropped row."""
         step = self.last
-        rows = _rows(step.row_ids, requests, eos_token_ids,
-                     later.sampled_request_ids() if later is not None else ())
+        rows = _rows(step.row_ids, requests, eos_token_ids)
         # The runner's logits are this step's own tensor: the sampler may edit them in place.
         step.complete(sampler.draw(step.logits, rows, logits_writable=True))
 
@@ -247,21 +245,17 @@ class SubmittedStep:
             self._runner.discard(ticket)
 
 
-def _rows(row_ids: list[str], requests: dict, eos_token_ids, later=()) -> list[SamplingRequestState]:
-    """The sampler's row of each id; `requests`: the scheduler's live requests by id; `later`:
-    the ids sampled by a step scheduled after this one (their next token is not before it)."""
+def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingRequestState]:
+    """The sampler's row of each id; `requests`: the scheduler's live requests by id."""
     rows = []
-    later = set(later)
     for rid in row_ids:
         req = requests.get(rid)
         if req is None:  # ended after scheduling (an id that arrived meanwhile)
             rows.append(_DROPPED_ROW)
             continue
-        # num_pending counts this step's own token (and a later step's); the others are drawn
-        # on the device before this one
-        pending = req.num_pending - 1 - (rid in later)
+        # num_pending counts this step's own token; the others are drawn on the device
         rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                         None, eos_token_ids, rid, pending, req.grammar))
+                                         None, eos_token_ids, rid, req.num_pending - 1, req.grammar))
     return rows
 
 
