@@ -6,7 +6,8 @@ engine: adaptive speculation leaves the tokens as they are and measures both mod
 import pytest
 
 from infer_cluster.worker import LLM
-from infer_cluster.worker.spec_decode.governor import EXPLORE_EVERY, EXPLORE_MAX, SpecGovernor, bucket
+from infer_cluster.worker.spec_decode.governor import (EXPLORE_BUDGET, EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_STEPS,
+                                                       PRIOR_GAP, SpecGovernor, bucket)
 
 from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
 
@@ -56,19 +57,57 @@ def test_follows_a_change_in_acceptance():
     assert sum(modes[-50:]) < 10
 
 
-def test_explorations_back_off_while_they_change_nothing():
-    """Batch 256: a verify step costs three plain ones and gives 1.5 tokens a row. Exploring it
-    every 32 decisions would cost ~25% (4 steps of 3x in 32); the interval doubles up to
-    EXPLORE_MAX, so over a long run speculation costs under 3% against never speculating."""
+def test_explorations_cost_about_their_budget():
+    """Batch 256: a verify step costs three plain ones and gives 1.5 tokens a row (r = 0.5).
+    Exploring every 32 decisions would cost ~25% (4 steps of 3x in 32); explorations come every
+    EXPLORE_STEPS * (2 - 1) / EXPLORE_BUDGET = 400 decisions instead, so speculation costs about
+    EXPLORE_BUDGET against never speculating; a rise in acceptance still shows at the next one."""
     gov = SpecGovernor()
-    steps, plain_s = 8 * EXPLORE_MAX, 5e-3
+    assert gov.interval(0.5) == gov.interval(2.0) == round(EXPLORE_STEPS / EXPLORE_BUDGET)
+    assert gov.interval(1.05) == EXPLORE_EVERY and gov.interval(0.01) == EXPLORE_MAX
+    steps, plain_s = 4000, 5e-3
     modes, t = simulate(gov, steps, 256, plain_s=plain_s, verify_s=15e-3, tokens=1.5)
-    assert sum(modes[-2 * EXPLORE_MAX:]) <= 2 * 4  # one exploration of 4 steps per EXPLORE_MAX
+    late = modes[-2000:]
+    assert 0 < sum(late) <= EXPLORE_STEPS * (2000 // gov.interval(0.5) + 1)
     tokens = sum(1.5 if m else 1.0 for m in modes)
-    assert tokens / t >= 0.97 * (1.0 / plain_s)
-    # and a change of choice brings the short interval back: acceptance rises, verify wins
-    modes, _ = simulate(gov, 3 * EXPLORE_MAX, 256, plain_s=plain_s, verify_s=15e-3, tokens=4.5, t=t)
-    assert sum(modes[-EXPLORE_MAX:]) > 0.9 * EXPLORE_MAX
+    assert tokens / t >= (1 - 2 * EXPLORE_BUDGET) * (1.0 / plain_s)
+    # acceptance rises (4.5 tokens a row: r = 1.5): the next exploration switches to verify
+    modes, _ = simulate(gov, 1500, 256, plain_s=plain_s, verify_s=15e-3, tokens=4.5, t=t)
+    assert sum(modes[-1000:]) > 0.95 * 1000
+
+
+def test_a_bucket_next_to_a_losing_one_does_not_try():
+    """Workload A's batch falls through every bucket as requests end. Where the bucket above
+    measured speculation losing by PRIOR_GAP or more, the next one starts from its ratio: plain
+    steps, no verify steps until its first exploration comes. Where it won, the next one tries."""
+    gov = SpecGovernor()
+    t = simulate(gov, 200, 256, plain_s=6e-3, verify_s=26e-3, tokens=1.6)[1]
+    r = gov.buckets[bucket(256)].ratio
+    assert r is not None and r * PRIOR_GAP <= 1
+    modes, t = simulate(gov, 150, 130, plain_s=5.5e-3, verify_s=25e-3, tokens=1.6, t=t)
+    assert sum(modes) == 0 and gov.as_dict()[128]["plain_s"] == pytest.approx(5.5e-3)
+    modes, _ = simulate(gov, gov.interval(r) + 10, 130, plain_s=5.5e-3, verify_s=25e-3, tokens=1.6, t=t)
+    assert 0 < sum(modes) <= EXPLORE_STEPS  # the exploration measured it
+    winner = SpecGovernor()
+    t = simulate(winner, 200, 1, plain_s=1e-3, verify_s=1.5e-3, tokens=3.0)[1]
+    modes, _ = simulate(winner, 10, 2, plain_s=1e-3, verify_s=1.5e-3, tokens=3.0, t=t)
+    assert modes[0]  # tried at once
+
+
+def test_a_falling_batch_loses_little_where_speculation_never_pays():
+    """Workload A's shape: 256 requests end one by one, so the batch spends ~100 steps in each
+    bucket on its way down; a verify step costs 4 plain ones for 1.6 tokens a row everywhere.
+    One bucket tries, the rest start from their neighbour's ratio: >= 0.97 of never speculating."""
+    gov = SpecGovernor()
+    t, tokens, plain_t = 0.0, 0.0, 0.0
+    for batch in (256, 200, 130, 100, 64, 40, 20, 10, 5, 3, 1):
+        plain_s = 1e-3 + batch * 2e-5
+        modes, t2 = simulate(gov, 100, batch, plain_s=plain_s, verify_s=4 * plain_s, tokens=1.6, t=t)
+        tokens += sum(1.6 if m else 1.0 for m in modes) * batch
+        plain_t, t = plain_t + 100 * plain_s, t2
+    never = sum(100 * batch for batch in (256, 200, 130, 100, 64, 40, 20, 10, 5, 3, 1)) / plain_t
+    assert tokens / t >= 0.97 * never
+    assert sum(v["verify_steps"] for v in gov.as_dict().values()) <= 2 * EXPLORE_STEPS
 
 
 def test_one_slow_step_does_not_decide():

@@ -13,13 +13,21 @@ one slow step (a collection, a stall of the host) cannot decide: moving averages
 plain step at batch 64 (against ~5 ms) make every later step there speculate and workload A
 run at 0.59-0.71 of speculation off (H200, 075f5ed, a715b21). Tokens are the mean of the last
 `TOKENS_WINDOW`, so a rise in acceptance shows within two explorations. A verify step pays when
-`tokens_per_row / verify_seconds > 1 / plain_seconds`. A mode the bucket has not measured yet is
-tried first; after that, every so many decisions `EXPLORE_STEPS` steps take the other mode (the
-first `SETTLE` of them do not count, below) so that its estimate follows the load (acceptance
-moves with the text). The interval starts at `EXPLORE_EVERY` and doubles, up to `EXPLORE_MAX`,
-each time an exploration leaves the choice as it was; a change of choice resets it. Exploring
-is not free: at batch 256 a verify step took 44.6 ms against 11.4 ms for a plain one (H200,
-a715b21), so four such steps in every 32 would cost a third of the time.
+`tokens_per_row / verify_seconds > 1 / plain_seconds`; the ratio of the two is `r`.
+
+Trying and exploring cost what the worse mode loses, and a bucket may live only ~100 steps (a
+workload's batch falls through every bucket as its requests end): at ba160b5 the H200 ran
+workload A at 0.76 of speculation off with a verify step 4x a plain one at batch 64-256, from
+trying each bucket and exploring every 32-512 decisions. So:
+- An unmeasured bucket whose next-door bucket (one up, else one down) found speculation losing
+  by `PRIOR_GAP` or more starts from that bucket's `r` (its own, or the one it started from)
+  instead of trying: plain steps, measured, and verify steps only when an exploration comes.
+  Otherwise it tries verify steps first.
+- Explorations (`EXPLORE_STEPS` steps of the other mode, the first `SETTLE` not counted) come
+  every `EXPLORE_STEPS * (g - 1) / EXPLORE_BUDGET` decisions, where g = max(r, 1 / r) is how
+  far apart the two modes are: they cost about `EXPLORE_BUDGET` of the time whatever the gap,
+  at least every `EXPLORE_EVERY` decisions (modes close together) and at most every
+  `EXPLORE_MAX` (far apart).
 
 A step's time counts only when it and the step after it are decode-only (a prompt chunk would
 make a step look slow), and not in the first `SETTLE` steps after a change of mode (an async
@@ -36,9 +44,11 @@ from collections import deque
 from statistics import median
 from typing import Optional
 
-EXPLORE_EVERY = 32  # decisions between two explorations of the mode that looks worse, at first
-EXPLORE_MAX = 512   # ... and at most, after explorations that changed nothing
-EXPLORE_STEPS = 4   # steps an exploration takes
+EXPLORE_EVERY = 32    # the fewest decisions between two explorations of the mode that looks worse
+EXPLORE_MAX = 4096    # ... and the most
+EXPLORE_STEPS = 4     # steps an exploration takes
+EXPLORE_BUDGET = 0.01  # the share of the time explorations may cost
+PRIOR_GAP = 1.5       # a measured bucket this far behind speculation stands in for an unmeasured one
 SETTLE = 2          # steps after a change of mode that are not counted
 WINDOW = 16         # step times kept per mode and bucket (judged by their median)
 TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
@@ -51,16 +61,16 @@ def bucket(batch: int) -> int:
 
 
 class _Bucket:
-    __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "interval", "chose", "explore_left")
+    __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "explore_left", "steps", "prior")
 
-    def __init__(self, interval: int):
+    def __init__(self):
         self.plain_s: deque = deque(maxlen=WINDOW)   # seconds of plain decode steps
         self.verify_s: deque = deque(maxlen=WINDOW)  # seconds of verify steps
         self.tokens_s: deque = deque(maxlen=TOKENS_WINDOW)  # tokens the last verify steps gave a row
-        self.interval = interval             # decisions between explorations
-        self.until_explore = interval
-        self.chose: Optional[bool] = None    # the choice when the last exploration began
+        self.until_explore: Optional[int] = None     # decisions until the next exploration
         self.explore_left = 0
+        self.steps = [0, 0]                          # decisions taken: plain, verify
+        self.prior: Optional[float] = None           # a neighbour's ratio, taken before measuring
 
     @property
     def plain(self) -> Optional[float]:
@@ -73,6 +83,14 @@ class _Bucket:
     @property
     def tokens(self) -> Optional[float]:
         return sum(self.tokens_s) / len(self.tokens_s) if self.tokens_s else None
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """Tokens a second speculating over tokens a second not (> 1: speculation pays)."""
+        plain, verify, tokens = self.plain, self.verify, self.tokens
+        if plain is None or verify is None or tokens is None:
+            return None
+        return tokens * plain / verify
 
 
 class SpecGovernor:
@@ -89,24 +107,53 @@ class SpecGovernor:
         to be decode-only, so its time will count; only such steps try a mode the bucket has
         not measured or explore (a workload's prefill phase would otherwise run every step as
         an unmeasured verify step)."""
+        key = bucket(batch)
         b = self._bucket(batch)
-        plain, verify, tokens = b.plain, b.verify, b.tokens
-        if verify is None or tokens is None:
-            return measurable
-        if plain is None:
-            return False
-        better = tokens / verify > 1.0 / plain
+        r = b.ratio
+        if r is None:
+            prior = b.prior if b.prior is not None else self._prior(key)
+            if prior is not None and prior * PRIOR_GAP <= 1.0:
+                r = b.prior = prior  # a neighbour lost by far: no try, explore when its gap says
+            elif b.verify is None or b.tokens is None:
+                return self._took(b, measurable)
+            else:  # verify measured, plain not yet
+                return self._took(b, False)
+        better = r > 1.0
         if not measurable:
-            return better
+            return self._took(b, better)
+        if b.until_explore is None:
+            b.until_explore = self.interval(r)
         b.until_explore -= 1
         if b.until_explore <= 0:
-            unchanged = better == b.chose
-            b.interval = min(2 * b.interval, self.explore_max) if unchanged else self.explore_every
-            b.until_explore, b.chose, b.explore_left = b.interval, better, EXPLORE_STEPS
+            b.until_explore, b.explore_left = self.interval(r), EXPLORE_STEPS
         if b.explore_left:
             b.explore_left -= 1
-            return not better
-        return better
+            return self._took(b, not better)
+        return self._took(b, better)
+
+    def interval(self, r: float) -> int:
+        """Decisions between explorations when speculating gives `r` times the tokens a second
+        of not: explorations then cost about `EXPLORE_BUDGET` of the time."""
+        gap = max(r, 1.0 / r) if r > 0 else float("inf")
+        want = EXPLORE_STEPS * (gap - 1.0) / EXPLORE_BUDGET
+        return int(min(max(want, self.explore_every), self.explore_max))
+
+    def _prior(self, key: int) -> Optional[float]:
+        """The ratio a neighbouring bucket (one up, else one down) goes by: its own, or the
+        prior it took itself, so a falling batch carries one measurement down bucket by bucket
+        (only next-door: a far bucket says little)."""
+        for k in (key + 1, key - 1):
+            b = self.buckets.get(k)
+            if b is not None:
+                r = b.ratio if b.ratio is not None else b.prior
+                if r is not None:
+                    return r
+        return None
+
+    @staticmethod
+    def _took(b: _Bucket, verify: bool) -> bool:
+        b.steps[verify] += 1
+        return verify
 
     def start_step(self, now: float, batch: int, verify: bool, decode_only: bool) -> None:
         """A step starts at `now` (seconds) with `batch` rows, speculating or not, and whether
@@ -134,7 +181,7 @@ class SpecGovernor:
     def _bucket(self, batch: int) -> _Bucket:
         key = bucket(batch)
         if key not in self.buckets:
-            self.buckets[key] = _Bucket(self.explore_every)
+            self.buckets[key] = _Bucket()
         return self.buckets[key]
 
     def verified(self, tokens_per_row: float) -> None:
@@ -147,5 +194,6 @@ class SpecGovernor:
 
     def as_dict(self) -> dict:
         """Per bucket (by its smallest batch): the estimates, for stats and tests."""
-        return {1 << k: {"plain_s": b.plain, "verify_s": b.verify, "tokens_per_row": b.tokens}
+        return {1 << k: {"plain_s": b.plain, "verify_s": b.verify, "tokens_per_row": b.tokens,
+                         "plain_steps": b.steps[0], "verify_steps": b.steps[1]}
                 for k, b in sorted(self.buckets.items())}
