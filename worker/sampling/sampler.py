@@ -174,7 +174,13 @@ class Sampler:
         # A private float32 copy only when rows will be edited in place and the caller's
         # logits must stay as they are.
         needs_edit = bool(penalty_rows or min_tokens_rows or grammar_rows or bias_rows)
-        if needs_edit or (random_rows and not use_sample_kernels(logits)):
+        # Greedy rows whose only edit is a grammar's mask: -inf written into the step's own
+        # logits in their dtype, then argmax (exact in any dtype), without a float32 copy.
+        mask_only = (logits_writable and grammar_rows and not (penalty_rows or min_tokens_rows
+                     or bias_rows or random_rows or logprob_rows))
+        if mask_only:
+            x = logits
+        elif needs_edit or (random_rows and not use_sample_kernels(logits)):
             x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
         else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
             x = logits  # and the draw kernels load any float dtype as float32 (no float32 copy)

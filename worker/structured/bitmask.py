@@ -1,10 +1,10 @@
 """`GrammarMasks`: the sampler's grammar step, in place on one step's logits.
 
 Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
-to those rows of the logits only (`xgrammar.apply_token_bitmask_inplace`: C++ on the CPU, a
-kernel on CUDA). The bitmask covers the model's vocabulary (`TokenizerInfo` is built over it);
-logits wider than that (a padded LM head) get their extra columns set to -inf, narrower ones use
-the mask's prefix.
+to those rows of the logits only (xgrammar's `apply_token_bitmask_inplace`, C++, on the CPU;
+kernels/bitmask_triton.py on CUDA: one launch with little host work). The bitmask covers the
+tokenizer's ids (worker/structured/compiler.py); logits wider than that (a padded LM head) get
+their extra columns set to -inf, narrower ones use the mask's prefix.
 
 Speed (issue 42: all rows constrained >= 0.90 of none): filling one row of a JSON grammar over a
 large vocabulary costs 0.1-0.2 ms of host time (xgrammar checks every token whose acceptance
@@ -35,6 +35,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from infer_cluster.kernels.bitmask_triton import apply_token_bitmask
+
 # Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
 # to leave the replica's other host work (scheduling, detokenizing) its cores.
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) - 1))
@@ -54,15 +56,17 @@ class GrammarMasks:
         self._device: Optional[torch.Tensor] = None
         self._idx_host: Optional[torch.Tensor] = None  # [rows] int32: the rows to mask
         self._idx_device: Optional[torch.Tensor] = None
-        self._copied: Optional[torch.cuda.Event] = None  # the last upload out of `_host`
+        self._copied: Optional[torch.cuda.Event] = None  # recorded after each upload out of `_host`
+        self._stream = None  # the device's current stream, looked up once (the lookup is slow)
+        self._pending_copy = False  # `_copied` recorded and not waited on yet
 
     def _buffers(self, n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `n` rows of the host buffer and of its device twin. Rows not filled keep
         stale bits: only the indexed rows are applied."""
         words = (vocab + 31) // 32
-        if self._copied is not None:  # the device still reading the last step's mask
+        if self._pending_copy:  # the device may still be reading the last step's mask
             self._copied.synchronize()
-            self._copied = None
+            self._pending_copy = False
         host = self._host
         if host is None or host.shape[0] < n or host.shape[1] != words:
             rows = max(n, host.shape[0] if host is not None and host.shape[1] == words else 0)
@@ -73,6 +77,8 @@ class GrammarMasks:
         if device.type == "cuda" and (self._device is None or self._device.device != device):
             self._device = torch.empty(host.shape, dtype=torch.int32, device=device)
             self._idx_device = torch.empty(host.shape[0], dtype=torch.int32, device=device)
+            self._stream = torch.cuda.current_stream(device)
+            self._copied = torch.cuda.Event()
         view = host[:n]
         return view, (self._device[:n] if device.type == "cuda" else view)
 
@@ -113,9 +119,11 @@ class GrammarMasks:
         if dev is not host:
             dev.copy_(host, non_blocking=True)
             idx = self._idx_device[:k].copy_(idx, non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        # int32 indices on the logits' device: xgrammar uploads nothing itself
+            self._copied.record(self._stream)
+            self._pending_copy = True
+            apply_token_bitmask(x, dev, idx, vocab)  # one launch, the padded columns included
+            return broken
+        # the CPU: xgrammar's C++ loop, then the columns of a padded LM head
         self._xgr.apply_token_bitmask_inplace(x, dev, vocab_size=min(width, vocab), indices=idx)
         if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
             x[:, vocab:].index_fill_(0, idx.long(), float("-inf"))
