@@ -301,3 +301,61 @@ def test_clear_bans_keeps_one_allowed_token():
     assert row.tolist() == [1 << 5, 0]
     _clear_bans(row, {5}, 64)  # the last allowed token: kept
     assert row.tolist() == [1 << 5, 0]
+
+
+def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
+    """With async scheduling the masks of a deferred draw are filled on a helper thread while
+    the next step is scheduled (`GrammarMasks.prefill`, from eight rows up); the outputs are
+    those of synchronous decoding, and the filled-ahead rows are used."""
+    from infer_cluster.worker.structured.bitmask import BATCH_FILL_MIN_ROWS, GrammarMasks
+    used = []
+    real_prefill, real_join = GrammarMasks.prefill, GrammarMasks.join
+
+    def join(self):
+        pre = real_join(self)
+        if pre is not None:
+            used.append(len(pre[2]))
+        return pre
+    monkeypatch.setattr(GrammarMasks, "join", join)
+    schema = BOUNDED["flat"]
+    n = BATCH_FILL_MIN_ROWS + 4
+    prompts = [[3 + i, 7, 9 + i] for i in range(n)] + ["free"]
+    params = [so(json=schema, seed=i, temperature=0 if i % 3 == 0 else 1.0) for i in range(n)]
+    params.append(SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    kw = dict(num_kv_blocks=128, block_size=16, max_model_len=512)
+    want = [(o.token_ids, o.finish_reason) for o in
+            LLM("tiny-random", async_scheduling=False, **kw).generate(prompts, params, use_tqdm=False)]
+    fast = LLM("tiny-random", async_scheduling=True, **kw)
+    got = [(o.token_ids, o.finish_reason) for o in fast.generate(prompts, params, use_tqdm=False)]
+    fast.close()
+    assert got == want
+    assert used and max(used) >= BATCH_FILL_MIN_ROWS
+    assert real_prefill is GrammarMasks.prefill
+
+
+def test_a_fill_ahead_from_stale_states_is_not_used():
+    """A state that moved after `prefill` (or a different row count) is filled again in
+    `apply`: the mask is always that of the states the draw sees."""
+    import torch
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
+    from infer_cluster.worker.structured.bitmask import BATCH_FILL_MIN_ROWS, GrammarMasks
+    from infer_cluster.worker.structured.state import GrammarState
+    llm = LLM("tiny-random", num_kv_blocks=16, block_size=16, max_model_len=128)
+    n = BATCH_FILL_MIN_ROWS
+    params = SamplingParams(temperature=0, structured_outputs={"choice": ["alpha", "beta", "gamma"]})
+    compiled = llm.engine.structured.compile(params).result()
+    states = [GrammarState(compiled) for _ in range(n)]
+    outputs = [[] for _ in range(n)]
+    first = llm.tokenizer.encode("gamma", add_special_tokens=False)[0]
+    rows = [SamplingRequestState(params, [1], outputs[i], None, (0,), f"r{i}", 0, states[i]) for i in range(n)]
+    masks = GrammarMasks()
+    masks.prefill(list(enumerate(states)), n, torch.device("cpu"))
+    outputs[0].append(first)  # row 0 moves on after the fill ahead
+    got = torch.zeros(n, llm.engine.spec.vocab_size)
+    masks.apply(got, rows, list(range(n)))
+    want = torch.zeros(n, llm.engine.spec.vocab_size)
+    GrammarMasks().apply(want, rows, list(range(n)))
+    assert torch.equal(got.isinf(), want.isinf())
+    assert not torch.equal(got[0].isinf(), got[1].isinf())  # row 0's mask is past "g..."
+    masks.close()
+    llm.close()

@@ -7,11 +7,12 @@ The step (`step()`): schedule, launch on the device, collect, emit. With
 worker/engine/inflight.py) while step n's ids are on their way; then step n is collected (its
 ids applied by the scheduler) and its deltas emitted (worker/engine/deltas.py). A step holding a
 row whose draw needs its last id on the host (a grammar's mask, an n-gram ban) launches its
-forward at once and its draw at the start of the next `step()` (`_step_mode`: defer): that
-step() collects step n first, fills the mask while step n+1's forward runs, queues the draw,
-then schedules and launches step n+2, so step n stays in flight until then. The host's text,
-schedule and launch then overlap the device as in an ordinary async step; only the collect,
-the matchers' advance and the fill stand between step n's ids and step n+1's draw. Collected before
+forward at once and its draw in the next `step()` (`_step_mode`: defer): that step() collects
+step n first, starts filling step n+1's masks on a helper thread, schedules step n+2 meanwhile,
+queues step n+1's draw and then launches step n+2, so step n stays in flight until then. The
+host's text, schedule and launch overlap the device as in an ordinary async step; only the
+collect, the matchers' advance and what of the fill the schedule does not cover stand between
+step n's ids and step n+1's draw. Collected before
 the next schedule: async off, speculative verify steps, and settled-state cases (a schedule that
 preempted, `reset_cache`, failures, a rewind after the sampler's rare redo changed a token a step
 in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_depth` P > 1,
@@ -224,16 +225,18 @@ class DynamicEngine:
         try:
             while self._inflight and self._inflight.drain_next:
                 self._collect(deltas)
-            if self._inflight.awaiting_draw:  # a deferred draw: the steps before it first
-                while len(self._inflight) > 1:
-                    self._collect(deltas)
-                self._draw_deferred()  # its mask filled while its forward runs
+            if self._inflight.awaiting_draw:  # a deferred draw: the steps before it first,
+                while len(self._inflight) > 1:  # then its masks fill (a helper thread) while
+                    self._collect(deltas)       # its forward runs and the next step is scheduled
+                self._inflight.prefill_deferred(self.sampler, self.scheduler.requests)
             verify = self._propose(deltas)
             out = self._schedule_next()
             if self.spec_decoder is not None:
                 self.spec_decoder.start_step(out, verify)
             self._inflight.drain_next = out.blocked
             sync, defer = self._step_mode(out, verify)
+            if self._inflight.awaiting_draw:  # before any launch: the next forward reads its ids
+                self._draw_deferred(out)
             if self._inflight and (out.is_empty or sync):
                 self._collect(deltas)  # a step that needs the ids
             # Host-tier copies, before the forward that reads them. They need no settled state:
@@ -325,11 +328,11 @@ class DynamicEngine:
         return group_size(len(sched.running), len(sched.waiting), self.config.max_num_seqs,
                           self.pipeline_depth)
 
-    def _draw_deferred(self) -> None:
+    def _draw_deferred(self, later: Optional[SchedulerOutput] = None) -> None:
         """Queue the draw of the latest step, launched with its draw deferred (every step
-        before it collected)."""
+        before it collected). `later`: the step scheduled after it, not launched yet."""
         self._timed("launch", self._inflight.draw_deferred, self.sampler, self.scheduler.requests,
-                    self.eos_token_ids)
+                    self.eos_token_ids, later)
 
     def _collect(self, deltas: list) -> None:
         """Wait for the oldest launched step's ids, apply them and emit its deltas."""
@@ -411,6 +414,7 @@ class DynamicEngine:
         if self.draw_graphs is not None:
             self.draw_graphs.release()
         self.structured.close()
+        self.sampler.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

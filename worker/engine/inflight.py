@@ -164,12 +164,27 @@ class InFlightSteps:
         last = self.last
         return last is not None and last.draw is None and bool(self.steps) and self.steps[-1] is last
 
-    def draw_deferred(self, sampler: Sampler, requests: dict, eos_token_ids) -> None:
+    def prefill_deferred(self, sampler: Sampler, requests: dict) -> None:
+        """Start filling the grammar masks of the latest step's deferred draw on the sampler's
+        helper thread (every older step collected), to overlap the next schedule."""
+        step = self.last
+        states = []
+        for i, rid in enumerate(step.row_ids):
+            req = requests.get(rid)
+            if req is not None and req.grammar is not None and req.num_pending == 1:
+                states.append((i, req.grammar))
+        if states:
+            sampler.prefill_masks(states, len(step.row_ids), step.logits.device)
+
+    def draw_deferred(self, sampler: Sampler, requests: dict, eos_token_ids,
+                      later: Optional[SchedulerOutput] = None) -> None:
         """Queue the draw of the latest step, launched with `defer_draw` (every older step
         collected: each row's tokens are on the host); a request that ended meanwhile gets a
-        dropped row."""
+        dropped row. `later`: a step scheduled after this one and not launched yet (its rows'
+        tokens come after this draw's)."""
         step = self.last
-        rows = _rows(step.row_ids, requests, eos_token_ids)
+        rows = _rows(step.row_ids, requests, eos_token_ids,
+                     later.sampled_request_ids() if later is not None else ())
         # The runner's logits are this step's own tensor: the sampler may edit them in place.
         step.complete(sampler.draw(step.logits, rows, logits_writable=True))
 
@@ -245,17 +260,21 @@ class SubmittedStep:
             self._runner.discard(ticket)
 
 
-def _rows(row_ids: list[str], requests: dict, eos_token_ids) -> list[SamplingRequestState]:
-    """The sampler's row of each id; `requests`: the scheduler's live requests by id."""
+def _rows(row_ids: list[str], requests: dict, eos_token_ids, later=()) -> list[SamplingRequestState]:
+    """The sampler's row of each id; `requests`: the scheduler's live requests by id; `later`:
+    ids sampled by a step scheduled after this one (that token is not before this draw's)."""
     rows = []
+    later = set(later) if later else ()
     for rid in row_ids:
         req = requests.get(rid)
         if req is None:  # ended after scheduling (an id that arrived meanwhile)
             rows.append(_DROPPED_ROW)
             continue
-        # num_pending counts this step's own token; the others are drawn on the device
+        # num_pending counts this step's own token (and a later one's); the others are drawn
+        # on the device before it
+        pending = req.num_pending - 1 - (rid in later)
         rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                         None, eos_token_ids, rid, req.num_pending - 1, req.grammar))
+                                         None, eos_token_ids, rid, pending, req.grammar))
     return rows
 
 

@@ -98,6 +98,18 @@ class Sampler:
         self.plans = RowPlans()  # each live request's fixed sampler row (worker/sampling/row_plans.py)
         self.grammar_masks: Optional[GrammarMasks] = None  # made on the first constrained row
 
+    def prefill_masks(self, states: list, num_rows: int, device) -> None:
+        """Start filling the grammar masks of the next draw (`states`: (row, `GrammarState`))
+        on a helper thread (worker/structured/bitmask.py, `GrammarMasks.prefill`)."""
+        if self.grammar_masks is None:
+            self.grammar_masks = GrammarMasks()
+        self.grammar_masks.prefill(states, num_rows, device)
+
+    def close(self) -> None:
+        """Stop the mask filler's thread, if one was started."""
+        if self.grammar_masks is not None:
+            self.grammar_masks.close()
+
     def release(self, request_id: Hashable) -> None:
         """Forget a request's penalty state and plan row (the engine calls this when a request
         ends)."""

@@ -30,6 +30,7 @@ Must never: touch rows without a grammar, or run for a row with tokens pending o
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
 import numpy as np
@@ -59,6 +60,9 @@ class GrammarMasks:
         self._copied: Optional[torch.cuda.Event] = None  # recorded after each upload out of `_host`
         self._stream = None  # the device's current stream, looked up once (the lookup is slow)
         self._pending_copy = False  # `_copied` recorded and not waited on yet
+        self._filler: Optional[ThreadPoolExecutor] = None  # `prefill`'s one thread
+        # a fill started ahead of the draw: (future, n, [(row, state, num_accepted)])
+        self._prefill: Optional[tuple] = None
 
     def _buffers(self, n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `n` rows of the host buffer and of its device twin. Rows not filled keep
@@ -82,11 +86,42 @@ class GrammarMasks:
         view = host[:n]
         return view, (self._device[:n] if device.type == "cuda" else view)
 
+    def prefill(self, states: list[tuple[int, object]], n: int, device: torch.device) -> None:
+        """Start filling the mask rows of the next `apply` (`n` rows; `states`: (row, its
+        `GrammarState`), each in step with its tokens) on a helper thread, so the caller can
+        schedule the next step meanwhile (xgrammar's fill releases the GIL). The caller must
+        not touch those states until `apply` (or `join`) has waited for it."""
+        self.join()
+        live = [(i, g) for i, g in states if not g.broken]
+        if len(live) < BATCH_FILL_MIN_ROWS:
+            return  # a few rows fill faster than a thread starts
+        host, _ = self._buffers(n, live[0][1].vocab_size, device)
+        if self._filler is None:
+            self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
+        matchers, use = [g.matcher for _, g in live], [i for i, _ in live]
+        future = self._filler.submit(self._batch.batch_fill_next_token_bitmask, matchers, host, use)
+        self._prefill = (future, n, [(i, g, g.num_accepted) for i, g in live])
+
+    def join(self) -> Optional[tuple]:
+        """Wait for a started `prefill` and hand it over (None if none was started)."""
+        pre, self._prefill = self._prefill, None
+        if pre is not None:
+            pre[0].result()
+        return pre
+
+    def close(self) -> None:
+        self.join()
+        if self._filler is not None:
+            self._filler.shutdown(wait=True)
+            self._filler = None
+
     def apply(self, x: torch.Tensor, rows: Sequence, which: list[int],
               bans: Optional[dict] = None) -> list[int]:
         """x[which] restricted to each row's allowed tokens (`rows[i].grammar`), less the tokens
         of `bans[i]` (the sampler's n-gram and min_tokens bans) unless that would leave none.
-        Returns the rows whose state is broken (their logits are left as they are)."""
+        Returns the rows whose state is broken (their logits are left as they are). Rows a
+        `prefill` filled from the same states are not filled again."""
+        pre = self.join()  # before any state is touched: the helper may still be filling
         n, width = x.shape
         matchers, use, broken = [], [], []
         vocab = None
@@ -104,7 +139,10 @@ class GrammarMasks:
         if not use:
             return broken
         host, dev = self._buffers(n, vocab, x.device)
-        if len(matchers) >= BATCH_FILL_MIN_ROWS:
+        if pre is not None and pre[1] == n and [(i, rows[i].grammar, rows[i].grammar.num_accepted)
+                                                for i in use] == pre[2]:
+            pass  # filled ahead, from these very states
+        elif len(matchers) >= BATCH_FILL_MIN_ROWS:
             self._batch.batch_fill_next_token_bitmask(matchers, host, use)
         else:
             for matcher, i in zip(matchers, use):

@@ -47,6 +47,35 @@ class GrammarState:
             self.last_token = t
         return True
 
+    @staticmethod
+    def sync_all(states: list["GrammarState"], token_lists: list[list[int]]) -> list[bool]:
+        """`sync` of each state to its list; the common case (one new token each, the state
+        in step before it) goes to xgrammar in one call (`batch_accept_token`: no Python per
+        row in between), the rest one by one."""
+        import xgrammar as xgr
+
+        ok = [True] * len(states)
+        batch, batch_tokens, where = [], [], []
+        for i, (g, tokens) in enumerate(zip(states, token_lists)):
+            n = g.num_accepted
+            if (not g.broken and n + 1 == len(tokens) and (n == 0 or tokens[n - 1] == g.last_token)):
+                batch.append(g.matcher)
+                batch_tokens.append(int(tokens[n]))
+                where.append(i)
+            else:
+                ok[i] = g.sync(tokens)
+        if batch:
+            accepted = xgr.BatchGrammarMatcher.batch_accept_token(batch, batch_tokens)
+            for i, t, good in zip(where, batch_tokens, accepted):
+                g = states[i]
+                if good:  # a terminated matcher refuses every token: broken, as in `sync`
+                    g.num_accepted += 1
+                    g.last_token = t
+                else:
+                    g.broken = True
+                    ok[i] = False
+        return ok
+
     def fill(self, bitmask, row: int) -> None:
         """The allowed next tokens into `bitmask[row]` (xgrammar's packed int32 layout)."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
