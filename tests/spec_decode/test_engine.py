@@ -337,3 +337,23 @@ def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypat
         # only misses where the n-gram ban moves the target off its argmax
         assert stats["num_spec_accepted_tokens"] >= 0.9 * stats["num_spec_draft_tokens"]
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_a_step_without_proposals_is_an_ordinary_step(monkeypatch):
+    """Prompt lookup finds nothing in text that never repeats: the step then runs as an
+    ordinary (async) decode step, not as a synchronous verify step of one position a row."""
+    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
+    launched = []
+    real = SpecDecoder.launch
+
+    def spy(self, out, *a, **kw):
+        launched.append(sum(s.num_spec_tokens for s in out.requests))
+        return real(self, out, *a, **kw)
+    monkeypatch.setattr(SpecDecoder, "launch", spy)
+    llm = LLM("tiny-random", speculative_config={**SPEC, "prompt_lookup_min": 3}, block_size=8,
+              num_kv_blocks=64)
+    # distinct ids, and few new tokens: no trigram recurs, so nothing is ever proposed
+    out = llm.generate([list(range(40, 80))], greedy(3), use_tqdm=False)[0]
+    assert len(out.token_ids) == 3
+    assert all(n > 0 for n in launched)
+    assert llm.stats()["num_spec_draft_tokens"] == sum(launched)

@@ -199,3 +199,18 @@ def test_adaptive_engine_keeps_the_tokens_and_measures_both_modes():
     est = llm.engine.spec_decoder.governor.as_dict()[2]  # two rows: the bucket of 2-3
     assert est["plain_s"] is not None and est["verify_s"] is not None and est["tokens_per_row"] >= 1
     assert llm.stats()["num_spec_draft_tokens"] > 0
+
+
+def test_a_try_that_never_measures_gives_up():
+    """Verify decisions whose steps never count (here: never decode-only) stop after TRY_STEPS;
+    the bucket then decodes plainly until an exploration comes."""
+    from infer_cluster.worker.spec_decode.governor import TRY_STEPS, UNMEASURED_RATIO
+    gov = SpecGovernor()
+    t, modes = 0.0, []
+    for _ in range(200):
+        verify = gov.decide(1)
+        gov.start_step(t, 1, verify, decode_only=False)
+        modes.append(verify)
+        t += 1e-3
+    assert sum(modes[:TRY_STEPS]) == TRY_STEPS
+    assert sum(modes) <= TRY_STEPS + EXPLORE_STEPS * (200 // gov.interval(UNMEASURED_RATIO) + 1)

@@ -277,8 +277,7 @@ class DynamicEngine:
         if verify:
             while self._inflight:
                 self._collect(deltas)
-        self.spec_decoder.propose(self.scheduler.running, verify)
-        return verify
+        return self.spec_decoder.propose(self.scheduler.running, verify)  # none: an ordinary step
 
     def _step_mode(self, out: SchedulerOutput, verify: bool) -> tuple[bool, bool]:
         """(sync, defer) for the scheduled step. sync: collected before the next schedule (async

@@ -60,16 +60,18 @@ class SpecDecoder:
         decode_only = all(len(s.token_ids) - s.num_spec_tokens == 1 for s in out.requests)
         self.governor.start_step(time.perf_counter(), len(out.requests), verify, decode_only)
 
-    def propose(self, running, active: bool = True) -> None:
+    def propose(self, running, active: bool = True) -> bool:
         """Set `spec_token_ids` on the running requests (before the schedule; every token of
         theirs on the host); none at all in a step that does not speculate (`active` False:
-        their tokens may still be on the device)."""
+        their tokens may still be on the device). Whether any request got a proposal (prompt
+        lookup finds none in text that never repeats: that step is an ordinary one)."""
         if not active:
             for req in running:
                 if req.spec_token_ids:
                     req.spec_token_ids = []
-            return
+            return False
         self.proposer.propose(running)
+        return any(req.spec_token_ids for req in running)
 
     def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
         fill = getattr(self.proposer, "fill", None)
