@@ -35,12 +35,17 @@ class SpecDecoder:
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
         self.governor: Optional[SpecGovernor] = SpecGovernor() if config.adaptive else None
+        self.speculating = False  # the last `active` decision
 
     def active(self, running, num_waiting: int = 0) -> bool:
         """Whether the next step speculates: not where `disable_by_batch_size` or more
         requests are running, and with `adaptive` only where the governor measured it to pay
         at this batch size (measuring only in steps that will be decode-only: no request
         waiting, every running prompt computed)."""
+        self.speculating = self._active(running, num_waiting)
+        return self.speculating
+
+    def _active(self, running, num_waiting: int) -> bool:
         limit = self.config.disable_by_batch_size
         if limit is not None and len(running) >= limit:
             return False
@@ -58,7 +63,9 @@ class SpecDecoder:
             self.governor.idle()
             return
         decode_only = all(len(s.token_ids) - s.num_spec_tokens == 1 for s in out.requests)
-        self.governor.start_step(time.perf_counter(), len(out.requests), verify, decode_only)
+        # the mode decided: a speculating step with nothing proposed keeps it (and, verifying
+        # nothing, reports no tokens, so its time is not counted as a verify step's)
+        self.governor.start_step(time.perf_counter(), len(out.requests), self.speculating, decode_only)
 
     def propose(self, running, active: bool = True) -> bool:
         """Set `spec_token_ids` on the running requests (before the schedule; every token of

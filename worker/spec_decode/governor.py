@@ -22,10 +22,11 @@ trying each bucket and exploring every 32-512 decisions. So:
 - An unmeasured bucket whose next-door bucket (one up, else one down) found speculation losing
   by `PRIOR_GAP` or more starts from that bucket's `r` (its own, or the one it started from)
   instead of trying: plain steps, measured, and verify steps only when an exploration comes.
-  Otherwise it tries verify steps first, for at most `TRY_STEPS` decisions: a bucket that got
-  no measurement from them (its steps never settled, or prompt lookup found nothing to propose,
-  which makes a step an ordinary one) goes by `UNMEASURED_RATIO` until an exploration measures
-  it.
+  Otherwise it tries verify steps first: `TRY_STEPS` of them, and if they gave no measurement
+  (their steps never settled), another `TRY_STEPS` after every `EXPLORE_EVERY` plain ones.
+- A speculating step where prompt lookup proposed nothing runs as an ordinary step; it keeps
+  the mode (the engine passes the decision, `SpecDecoder.speculating`) but its time is not a
+  verify step's (it verified nothing).
 - Explorations (`EXPLORE_STEPS` steps of the other mode, the first `SETTLE` not counted) come
   every `EXPLORE_STEPS * (g - 1) / EXPLORE_BUDGET` decisions, where g = max(r, 1 / r) is how
   far apart the two modes are: they cost about `EXPLORE_BUDGET` of the time whatever the gap,
@@ -52,8 +53,8 @@ EXPLORE_MAX = 4096    # ... and the most
 EXPLORE_STEPS = 4     # steps an exploration takes
 EXPLORE_BUDGET = 0.01  # the share of the time explorations may cost
 PRIOR_GAP = 1.5       # a measured bucket this far behind speculation stands in for an unmeasured one
-TRY_STEPS = 8         # verify decisions a bucket tries before it gives up waiting for a measurement
-UNMEASURED_RATIO = 0.5  # ... and then goes by, until an exploration measures it
+TRY_STEPS = 8         # verify decisions a bucket tries before it pauses trying (no measurement yet)
+
 SETTLE = 2          # steps after a change of mode that are not counted
 WINDOW = 16         # step times kept per mode and bucket (judged by their median)
 TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
@@ -66,7 +67,8 @@ def bucket(batch: int) -> int:
 
 
 class _Bucket:
-    __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "explore_left", "steps", "prior")
+    __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "explore_left", "steps", "prior",
+                 "tries")
 
     def __init__(self):
         self.plain_s: deque = deque(maxlen=WINDOW)   # seconds of plain decode steps
@@ -76,6 +78,7 @@ class _Bucket:
         self.explore_left = 0
         self.steps = [0, 0]                          # decisions taken: plain, verify
         self.prior: Optional[float] = None           # a neighbour's ratio, taken before measuring
+        self.tries = 0.0                             # verify decisions tried while unmeasured
 
     @property
     def plain(self) -> Optional[float]:
@@ -119,10 +122,14 @@ class SpecGovernor:
             prior = b.prior if b.prior is not None else self._prior(key)
             if prior is not None and prior * PRIOR_GAP <= 1.0:
                 r = b.prior = prior  # a neighbour lost by far: no try, explore when its gap says
-            elif (b.verify is None or b.tokens is None) and b.steps[1] >= TRY_STEPS:
-                r = UNMEASURED_RATIO  # tried and never measured (steps too short, no proposals)
             elif b.verify is None or b.tokens is None:
-                return self._took(b, measurable)
+                if not measurable:
+                    return self._took(b, False)
+                if b.tries < TRY_STEPS:
+                    b.tries += 1
+                    return self._took(b, True)
+                b.tries -= TRY_STEPS / EXPLORE_EVERY  # no measurement: try again in a while
+                return self._took(b, False)
             else:  # verify measured, plain not yet
                 return self._took(b, False)
         better = r > 1.0
