@@ -49,31 +49,24 @@ class GrammarState:
 
     @staticmethod
     def sync_all(states: list["GrammarState"], token_lists: list[list[int]]) -> list[bool]:
-        """`sync` of each state to its list; the common case (one new token each, the state
-        in step before it) goes to xgrammar in one call (`batch_accept_token`: no Python per
-        row in between), the rest one by one."""
-        import xgrammar as xgr
-
-        ok = [True] * len(states)
-        batch, batch_tokens, where = [], [], []
-        for i, (g, tokens) in enumerate(zip(states, token_lists)):
+        """`sync` of each state to its list. The common case (one new token, the state in step
+        before it) is inlined: one `accept_token` call a row. xgrammar's `batch_accept_token`
+        was slower at 256 rows (0.74 ms plus 0.6 ms to read its result back, against 0.32 ms
+        for the loop, 2-core CPU, 2026-11-29)."""
+        ok = []
+        for g, tokens in zip(states, token_lists):
             n = g.num_accepted
             if (not g.broken and n + 1 == len(tokens) and (n == 0 or tokens[n - 1] == g.last_token)):
-                batch.append(g.matcher)
-                batch_tokens.append(int(tokens[n]))
-                where.append(i)
-            else:
-                ok[i] = g.sync(tokens)
-        if batch:
-            accepted = xgr.BatchGrammarMatcher.batch_accept_token(batch, batch_tokens)
-            for i, t, good in zip(where, batch_tokens, accepted):
-                g = states[i]
-                if good:  # a terminated matcher refuses every token: broken, as in `sync`
-                    g.num_accepted += 1
-                    g.last_token = t
-                else:
+                t = tokens[n]
+                m = g.matcher
+                if not m.is_terminated() and m.accept_token(int(t)):
+                    g.num_accepted, g.last_token = n + 1, t
+                    ok.append(True)
+                else:  # a terminated matcher refuses every token: broken, as in `sync`
                     g.broken = True
-                    ok[i] = False
+                    ok.append(False)
+            else:
+                ok.append(g.sync(tokens))
         return ok
 
     def fill(self, bitmask, row: int) -> None:
