@@ -123,8 +123,20 @@ class ClusterProcs:
             return c.status(timeout=timeout)
 
     def generated_tokens(self) -> dict:
-        """Each replica's generated-token count (its last heartbeat's), by name."""
-        return {r["name"]: r["num_generated_tokens"] for r in self.status()["replicas"]}
+        """Each live replica's generated-token count (its last heartbeat's), by name (a dead
+        process's row keeps its name beside its successor's)."""
+        return {r["name"]: r["num_generated_tokens"] for r in self.status()["replicas"]
+                if r["state"] != "dead"}
+
+    def wait_generated(self, generated_before: dict, tokens: float, timeout: float = 60.0) -> None:
+        """Until the live replicas report `tokens` generated since `generated_before` (their
+        own counts: on a loaded host a client can lag far behind them), or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = self.generated_tokens()
+            if sum(n - generated_before.get(name, 0) for name, n in now.items()) >= tokens:
+                return
+            time.sleep(0.01)
 
     def replica_mid_stream(self, generated_before: dict, timeout: float = 60.0) -> tuple[int, dict]:
         """The index of a replica to kill so that requests die mid-stream: one that still holds
@@ -134,7 +146,7 @@ class ClusterProcs:
         one resumes nothing.) Also returns each replica's request count, for messages."""
         deadline = time.monotonic() + timeout
         while True:
-            rows = self.status()["replicas"]
+            rows = [r for r in self.status()["replicas"] if r["state"] != "dead"]
             busy = [r for r in rows if r["num_requests"] > 0 and r["num_running"] > 0
                     and r["num_generated_tokens"] > generated_before.get(r["name"], 0)]
             counts = {r["name"]: r["num_requests"] for r in rows}

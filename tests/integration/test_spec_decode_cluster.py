@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
 
@@ -48,9 +47,7 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
     c, finals, tokens = counting_client(spec_cluster.address)
     try:
         handles = [c.submit(p, sp, request_id=f"spec-{i}") for i, (p, sp) in enumerate(items)]
-        deadline = time.monotonic() + 60
-        while sum(len(v) for v in tokens.values()) < NUM * MAX_TOKENS * 0.25 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        spec_cluster.wait_generated(generated, NUM * MAX_TOKENS * 0.25)
         victim, rows = spec_cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
         spec_cluster.kill_replica(victim, signal.SIGKILL)

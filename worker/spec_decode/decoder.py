@@ -34,7 +34,8 @@ class SpecDecoder:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
-        self.governor: Optional[SpecGovernor] = SpecGovernor() if config.adaptive else None
+        self.governor: Optional[SpecGovernor] = (SpecGovernor(config.num_speculative_tokens + 1)
+                                                 if config.adaptive else None)
         self.speculating = False  # the last `active` decision
 
     def active(self, running, num_waiting: int = 0) -> bool:

@@ -19,25 +19,33 @@ Trying and exploring cost what the worse mode loses, and a bucket may live only 
 workload's batch falls through every bucket as its requests end): at ba160b5 the H200 ran
 workload A at 0.76 of speculation off with a verify step 4x a plain one at batch 64-256, from
 trying each bucket and exploring every 32-512 decisions. So:
-- An unmeasured bucket whose next-door bucket (one up, else one down) found speculation losing
-  by `PRIOR_GAP` or more starts from that bucket's `r` (its own, or the one it started from)
-  instead of trying: plain steps, measured, and verify steps only when an exploration comes.
+- An unmeasured bucket whose next-door bucket (one up, else one down) measured verify steps
+  that could not pay even if every proposal were accepted (`max_tokens * plain / verify <= 1`)
+  starts from that bucket's `r` (its own, or the one it started from) instead of trying: plain
+  steps, measured, and verify steps only when an exploration comes. Only the step times decide
+  that, never the acceptance: a few verify steps' tokens are noise (SmolLM2 at batch 8-15
+  measured 1.0 token a row over four of them at 41ff583, and the bucket below, primed by it,
+  decoded plainly for 544 of 608 decisions though its own verify steps gave 4.3).
   Otherwise it tries verify steps first: `TRY_STEPS` of them, and if they gave no measurement
   (their steps never settled), another `TRY_STEPS` after every `EXPLORE_EVERY` plain ones.
 - A speculating step where prompt lookup proposed nothing runs as an ordinary step; it keeps
   the mode (the engine passes the decision, `SpecDecoder.speculating`) but its time is not a
   verify step's (it verified nothing).
-- Explorations (`EXPLORE_STEPS` steps of the other mode, the first `SETTLE` not counted) come
+- Explorations (`EXPLORE_STEPS` steps of the other mode, the first ones settling) come
   every `EXPLORE_STEPS * (g - 1) / EXPLORE_BUDGET` decisions, where g = max(r, 1 / r) is how
   far apart the two modes are: they cost about `EXPLORE_BUDGET` of the time whatever the gap,
   at least every `EXPLORE_EVERY` decisions (modes close together) and at most every
   `EXPLORE_MAX` (far apart).
 
 A step's time counts only when it and the step after it are decode-only (a prompt chunk would
-make a step look slow), and not in the first `SETTLE` steps after a change of mode (an async
-pipeline refills, a draft catches up). Only steps expected to be decode-only try an unmeasured
-mode or explore. With one step settling, the H200 measured plain steps at 1.16 ms where steady
-async decoding took 0.86 ms (285607e, 0.6B shape, batch 1), so two settle. The clock is the
+make a step look slow), and not in the first steps after a change of mode: `SETTLE` plain
+steps (an async pipeline refills: with one step settling, the H200 measured plain steps at
+1.16 ms where steady async decoding took 0.86 ms, 285607e, 0.6B shape, batch 1), and
+`SETTLE_VERIFY` verify steps (a draft catches up). Verify steps are synchronous: the engine
+drains the steps in flight before the first one starts, so that drain falls in the gap of the
+plain step before it, and a verify step needs less settling. At batch 256 each verify step of
+a try cost 7 plain ones (H200, 41ff583). Only steps expected to be decode-only try an
+unmeasured mode or explore. The clock is the
 caller's: `start_step(now, ...)` at the start of every engine step, so tests can drive it.
 Plain Python; never touches tensors or requests.
 """
@@ -52,10 +60,10 @@ EXPLORE_EVERY = 32    # the fewest decisions between two explorations of the mod
 EXPLORE_MAX = 4096    # ... and the most
 EXPLORE_STEPS = 4     # steps an exploration takes
 EXPLORE_BUDGET = 0.01  # the share of the time explorations may cost
-PRIOR_GAP = 1.5       # a measured bucket this far behind speculation stands in for an unmeasured one
 TRY_STEPS = 8         # verify decisions a bucket tries before it pauses trying (no measurement yet)
 
-SETTLE = 2          # steps after a change of mode that are not counted
+SETTLE = 2          # plain steps after a change of mode that are not counted
+SETTLE_VERIFY = 1   # ... and verify steps
 WINDOW = 16         # step times kept per mode and bucket (judged by their median)
 TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
 MAX_GAP = 1.0       # seconds: a longer gap between steps was idle time, not a step
@@ -102,7 +110,10 @@ class _Bucket:
 
 
 class SpecGovernor:
-    def __init__(self, explore_every: int = EXPLORE_EVERY, explore_max: int = EXPLORE_MAX):
+    def __init__(self, max_tokens: int = 5, explore_every: int = EXPLORE_EVERY,
+                 explore_max: int = EXPLORE_MAX):
+        """`max_tokens`: the most tokens a verify step can give a row (k + 1)."""
+        self.max_tokens = max_tokens
         self.explore_every, self.explore_max = explore_every, explore_max
         self.buckets: dict[int, _Bucket] = {}
         self._last: Optional[tuple[float, int, bool, bool]] = None  # start, batch, verify, counts
@@ -120,8 +131,8 @@ class SpecGovernor:
         r = b.ratio
         if r is None:
             prior = b.prior if b.prior is not None else self._prior(key)
-            if prior is not None and prior * PRIOR_GAP <= 1.0:
-                r = b.prior = prior  # a neighbour lost by far: no try, explore when its gap says
+            if prior is not None:
+                r = b.prior = prior  # a neighbour could not win: no try, explore when its gap says
             elif b.verify is None or b.tokens is None:
                 if not measurable:
                     return self._took(b, False)
@@ -152,16 +163,24 @@ class SpecGovernor:
         want = EXPLORE_STEPS * (gap - 1.0) / EXPLORE_BUDGET
         return int(min(max(want, self.explore_every), self.explore_max))
 
+    def _could_not_win(self, b: _Bucket) -> bool:
+        """Whether `b`'s verify steps lose even with every proposal accepted."""
+        plain, verify = b.plain, b.verify
+        return plain is not None and verify is not None and self.max_tokens * plain <= verify
+
     def _prior(self, key: int) -> Optional[float]:
-        """The ratio a neighbouring bucket (one up, else one down) goes by: its own, or the
-        prior it took itself, so a falling batch carries one measurement down bucket by bucket
-        (only next-door: a far bucket says little)."""
+        """The ratio of a neighbouring bucket (one up, else one down) whose verify steps could
+        not win (`_could_not_win`), or the prior such a neighbour took itself, so a falling
+        batch carries one measurement down bucket by bucket (only next-door: a far bucket
+        says little)."""
         for k in (key + 1, key - 1):
             b = self.buckets.get(k)
-            if b is not None:
-                r = b.ratio if b.ratio is not None else b.prior
-                if r is not None:
-                    return r
+            if b is None:
+                continue
+            if b.prior is not None and b.ratio is None:
+                return b.prior
+            if b.ratio is not None and self._could_not_win(b):
+                return b.ratio
         return None
 
     @staticmethod
@@ -187,7 +206,7 @@ class SpecGovernor:
                 else:
                     b.plain_s.append(gap)
         self._same_mode = self._same_mode + 1 if verify == self._last_mode else 1
-        counts = decode_only and batch > 0 and self._same_mode > SETTLE
+        counts = decode_only and batch > 0 and self._same_mode > (SETTLE_VERIFY if verify else SETTLE)
         self._last = (now, batch, verify, counts)
         self._last_mode = verify
         self._tokens = None
