@@ -388,6 +388,8 @@ class DynamicEngine:
         requests (worker/engine/failures.py) and send the final deltas of every request that
         ended without one (rare path: a full scan is fine here)."""
         outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
+        if self.sampler.grammar_masks is not None:  # a mask filled ahead: its matchers are ours again
+            self.sampler.grammar_masks.join()
         loads = self.scheduler.has_loads
         if loads:  # host-tier copies in flight: let them finish before their blocks go back
             try:
