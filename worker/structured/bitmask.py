@@ -2,7 +2,7 @@
 
 Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
 to those rows of the logits only (xgrammar's `apply_token_bitmask_inplace`, C++, on the CPU;
-kernels/bitmask_triton.py on CUDA: one launch with little host work). The bitmask covers the
+kernels/bitmask.py on CUDA: one Triton launch with little host work). The bitmask covers the
 tokenizer's ids (worker/structured/compiler.py); logits wider than that (a padded LM head) get
 their extra columns set to -inf, narrower ones use the mask's prefix.
 
@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from infer_cluster.kernels.bitmask_triton import apply_token_bitmask
+from infer_cluster.kernels.bitmask import apply_token_bitmask
 
 # Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
 # to leave the replica's other host work (scheduling, detokenizing) its cores.
