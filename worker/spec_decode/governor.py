@@ -45,9 +45,8 @@ steps (an async pipeline refills: with one step settling, the H200 measured plai
 drains the steps in flight before the first one starts, so that drain falls in the gap of the
 plain step before it, and a verify step needs less settling. At batch 256 each verify step of
 a try cost 7 plain ones (H200, 41ff583). Only steps expected to be decode-only try an
-unmeasured mode or explore. The clock is the
-caller's: `start_step(now, ...)` at the start of every engine step, so tests can drive it.
-Plain Python; never touches tensors or requests.
+unmeasured mode or explore. The clock is the caller's: `start_step(now, ...)` at the start of
+every engine step, so tests can drive it. Plain Python; never touches tensors or requests.
 """
 
 from __future__ import annotations
