@@ -8,7 +8,8 @@ launch already patched: `inspect.getmembers` over three modules per helper call,
 quarter of the interpreter's time in our kernels. `install()` skips that repeat when the
 helper's modules are among those the running launch patched (a helper whose module sees a
 language module the launch did not patch is patched as upstream does). Launches behave exactly
-as before: the same patches, restored at the same point.
+as before: the same patches, restored at the same point. It also keeps `_get_np_dtype`'s answer
+per Triton dtype (`_cache_np_dtypes`).
 
 Test infrastructure only: nothing under worker/ or kernels/ imports it. A Triton without the
 private functions this relies on is left alone (the suite is then only slower).
@@ -65,4 +66,28 @@ def install() -> bool:
 
     patch_lang._infer_cluster_wrapped = True
     interpreter._patch_lang = patch_lang
+    _cache_np_dtypes(interpreter)
     return True
+
+
+def _cache_np_dtypes(interpreter) -> None:
+    """`_get_np_dtype(tt_dtype)` builds a table of twenty numpy dtypes (hashing twenty Triton
+    dtypes) on every call, and the interpreter calls it for most values it makes: about 8% of
+    an interpreted kernel's time (tests/parity/test_norm_fuse.py). Its answer depends only on
+    the Triton dtype, so it is kept per dtype."""
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or getattr(original, "_infer_cluster_wrapped", False):
+        return
+    cache: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        try:
+            return cache[tt_dtype]
+        except KeyError:
+            result = cache[tt_dtype] = original(tt_dtype)
+            return result
+        except TypeError:  # an unhashable dtype: as upstream
+            return original(tt_dtype)
+
+    get_np_dtype._infer_cluster_wrapped = True
+    interpreter._get_np_dtype = get_np_dtype
