@@ -9,7 +9,8 @@ quarter of the interpreter's time in our kernels. `install()` skips that repeat 
 helper's modules are among those the running launch patched (a helper whose module sees a
 language module the launch did not patch is patched as upstream does). Launches behave exactly
 as before: the same patches, restored at the same point. It also keeps `_get_np_dtype`'s answer
-per Triton dtype (`_cache_np_dtypes`).
+per Triton dtype (`_cache_np_dtypes`), and skips the integer-overflow sanitizer where its
+verdict would be dropped (`_skip_unasserted_overflow_checks`).
 
 Test infrastructure only: nothing under worker/ or kernels/ imports it. A Triton without the
 private functions this relies on is left alone (the suite is then only slower).
@@ -67,7 +68,33 @@ def install() -> bool:
     patch_lang._infer_cluster_wrapped = True
     interpreter._patch_lang = patch_lang
     _cache_np_dtypes(interpreter)
+    _skip_unasserted_overflow_checks()
     return True
+
+
+def _skip_unasserted_overflow_checks() -> None:
+    """Every 32-bit integer add, sub and mul in an interpreted kernel runs Triton's overflow
+    sanitizer (`binary_op_sanitize_overflow_impl`: casts to int64, the op again, two compares),
+    then hands its verdict to `device_assert`, which does nothing unless the kernel runs with
+    `debug` on. Without `debug` that work has no effect, yet it took ~30% of an interpreted
+    kernel's time (tests/parity/test_norm_fuse.py, cProfile). It is skipped only then: with
+    `debug` the sanitizer runs and asserts as upstream."""
+    try:
+        from triton.language.semantic import TritonSemantic
+    except ImportError:
+        return
+    original = getattr(TritonSemantic, "binary_op_sanitize_overflow_impl", None)
+    if original is None or getattr(original, "_infer_cluster_wrapped", False):
+        return
+
+    def sanitize(self, lhs, rhs, binary_op):
+        options = self.builder.options
+        if not getattr(options, "debug", True):  # device_assert would drop the verdict
+            return None
+        return original(self, lhs, rhs, binary_op)
+
+    sanitize._infer_cluster_wrapped = True
+    TritonSemantic.binary_op_sanitize_overflow_impl = sanitize
 
 
 def _cache_np_dtypes(interpreter) -> None:
