@@ -44,3 +44,35 @@ def test_a_dropped_step_output_drops_the_registration_a_dropped_heartbeat_does_n
         assert io.is_registered and inbox.empty()
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_first_drop_before_registering_is_not_a_warning(caplog):
+    """The start-up race (the replica sends before its connect completed; the registration is
+    sent again) is logged at INFO; drops that go on, or that hit a registered replica, warn."""
+    import logging
+
+    ctx = zmq.Context()
+    try:
+        io = ReplicaIO(ServerConfig(coordinator=_nowhere(), name="r"), CAPACITY, queue.SimpleQueue(),
+                       load_fn=ReplicaLoad, state_fn=lambda: "active", context=ctx)
+        with caplog.at_level(logging.INFO, logger="infer_cluster.replica"):
+            io._send_raw(codec.encode(Heartbeat()))
+            first = [r for r in caplog.records if "unreachable" in r.getMessage()]
+            assert [r.levelno for r in first] == [logging.INFO]
+            for _ in range(9):
+                io._send_raw(codec.encode(Heartbeat()))
+            tenth = [r for r in caplog.records if "unreachable" in r.getMessage()]
+            assert [r.levelno for r in tenth] == [logging.INFO, logging.WARNING]
+    finally:
+        ctx.destroy(linger=0)
+    ctx = zmq.Context()
+    try:
+        io = ReplicaIO(ServerConfig(coordinator=_nowhere(), name="r"), CAPACITY, queue.SimpleQueue(),
+                       load_fn=ReplicaLoad, state_fn=lambda: "active", context=ctx)
+        io.is_registered = True
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="infer_cluster.replica"):
+            io._send_raw(codec.encode(Heartbeat()))
+        assert [r.levelno for r in caplog.records if "unreachable" in r.getMessage()] == [logging.WARNING]
+    finally:
+        ctx.destroy(linger=0)

@@ -231,6 +231,7 @@ class ReplicaIO(threading.Thread):
             # new session, which makes the coordinator re-route them from their delivered tokens
             # (or it has declared this replica dead already and re-routed them).
             self.num_dropped += 1
+            was_registered = self.is_registered
             if self.is_registered and not self.closing and not _is_heartbeat(payload):
                 self._forget_registration("a message to the coordinator could not be queued "
                                           "(not connected, or it is not reading)")
@@ -240,8 +241,11 @@ class ReplicaIO(threading.Thread):
                              "and goodbye were not delivered (no request was in flight)",
                              self.config.coordinator)
             elif self.num_dropped in (1, 10, 100) or self.num_dropped % 1000 == 0:
-                log.warning("coordinator %s unreachable: %d message(s) dropped",
-                            self.config.coordinator, self.num_dropped)
+                # A first drop before this replica ever registered is the start-up race of a
+                # connect that has not completed (the registration is sent again): not a warning.
+                level = logging.INFO if self.num_dropped == 1 and not was_registered else logging.WARNING
+                log.log(level, "coordinator %s unreachable: %d message(s) dropped",
+                        self.config.coordinator, self.num_dropped)
 
     def _forward_outputs(self):
         """Send what the engine loop queued; returns the GOODBYE reason once stop is seen."""
