@@ -85,7 +85,7 @@ class _Bucket:
         self.explore_left = 0
         self.steps = [0, 0]                          # decisions taken: plain, verify
         self.prior: Optional[float] = None           # a neighbour's ratio, taken before measuring
-        self.tries = 0.0                             # verify decisions tried while unmeasured
+        self.tries = 0                               # decisions of the current try and its pause
 
     @property
     def plain(self) -> Optional[float]:
@@ -138,7 +138,9 @@ class SpecGovernor:
                 if b.tries < TRY_STEPS:
                     b.tries += 1
                     return self._took(b, True)
-                b.tries -= TRY_STEPS / EXPLORE_EVERY  # no measurement: try again in a while
+                b.tries += 1  # no measurement: plain steps, then another burst of tries
+                if b.tries >= TRY_STEPS + EXPLORE_EVERY:
+                    b.tries = 0
                 return self._took(b, False)
             else:  # verify measured, plain not yet
                 return self._took(b, False)
