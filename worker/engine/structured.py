@@ -75,16 +75,14 @@ class StructuredRequests:
         """Each constrained request's matcher takes its new token: a complete grammar (its stop
         token accepted) ends the request with "stop"; a refused token (never, under the mask)
         ends it failed."""
-        live = [req for req in advanced  # an EOS the grammar allowed ended it already
-                if req.grammar is not None and not req.is_finished]
-        if not live:
-            return
-        synced = GrammarState.sync_all([req.grammar for req in live], [req.output_token_ids for req in live])
-        for req, ok in zip(live, synced):
-            if not ok:
+        for req in advanced:
+            g = req.grammar
+            if g is None or req.is_finished:  # an EOS the grammar allowed ended it already
+                continue
+            if not g.sync(req.output_token_ids):
                 error = EngineError("the output left its structured_outputs grammar").to_dict()
                 scheduler.finish(req, RequestStatus.FAILED, FinishReason.ERROR.value, error)
-            elif req.grammar.is_terminated:  # ignore_eos, or a stop token of the grammar's own
+            elif g.is_terminated:  # ignore_eos, or a stop token of the grammar's own
                 scheduler.finish(req, RequestStatus.FINISHED, FinishReason.STOP.value)
 
     def close(self) -> None:

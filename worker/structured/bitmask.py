@@ -1,8 +1,8 @@
 """`GrammarMasks`: the sampler's grammar step, in place on one step's logits.
 
 Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
-to those rows of the logits only (xgrammar's `apply_token_bitmask_inplace`, C++, on the CPU;
-kernels/bitmask.py on CUDA: one Triton launch with little host work). The bitmask covers the
+to those rows of the logits only (kernels/bitmask.py: one Triton launch with little host work
+on CUDA, its plain-torch reference elsewhere). The bitmask covers the
 tokenizer's ids (worker/structured/compiler.py); logits wider than that (a padded LM head) get
 their extra columns set to -inf, narrower ones use the mask's prefix.
 
@@ -51,7 +51,6 @@ class GrammarMasks:
 
     def __init__(self, threads: int = FILL_THREADS):
         import xgrammar as xgr
-        self._xgr = xgr
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._host: Optional[torch.Tensor] = None  # [rows, words] int32, pinned on CUDA
         self._device: Optional[torch.Tensor] = None
@@ -122,7 +121,7 @@ class GrammarMasks:
         Returns the rows whose state is broken (their logits are left as they are). Rows a
         `prefill` filled from the same states are not filled again."""
         pre = self.join()  # before any state is touched: the helper may still be filling
-        n, width = x.shape
+        n = x.shape[0]
         matchers, use, broken = [], [], []
         vocab = None
         for i in which:
@@ -159,12 +158,7 @@ class GrammarMasks:
             idx = self._idx_device[:k].copy_(idx, non_blocking=True)
             self._copied.record(self._stream)
             self._pending_copy = True
-            apply_token_bitmask(x, dev, idx, vocab)  # one launch, the padded columns included
-            return broken
-        # the CPU: xgrammar's C++ loop, then the columns of a padded LM head
-        self._xgr.apply_token_bitmask_inplace(x, dev, vocab_size=min(width, vocab), indices=idx)
-        if width > vocab:  # a padded LM head: ids past the vocabulary are never allowed
-            x[:, vocab:].index_fill_(0, idx.long(), float("-inf"))
+        apply_token_bitmask(x, dev, idx, vocab)  # the padded head's columns banned too
         return broken
 
 
