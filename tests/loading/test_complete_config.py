@@ -11,7 +11,7 @@ from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.loading.embedded import EMBEDDED_MODELS, build_checkpoint
 from infer_cluster.worker.loading.loader import complete_config, load_hf_config, load_tokenizer
 from infer_cluster.worker.models.decoder import ModelSpec
-from infer_cluster.worker.runner.model_runner import resolve_dtype
+from infer_cluster.worker.runner.device_setup import resolve_dtype
 
 from tests.parity.conftest import FAMILIES
 

@@ -82,7 +82,7 @@ def test_converted_config_reads_without_transformers_as_autoconfig_does(smollm2_
     from infer_cluster.worker.config import EngineConfig
     from infer_cluster.worker.loading.loader import load_hf_config
     from infer_cluster.worker.models.decoder import ModelSpec
-    from infer_cluster.worker.runner.model_runner import resolve_dtype
+    from infer_cluster.worker.runner.device_setup import resolve_dtype
 
     plain, auto = load_hf_config(Path(smollm2_dir)), AutoConfig.from_pretrained(smollm2_dir)
     assert isinstance(plain, SimpleNamespace)

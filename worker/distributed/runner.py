@@ -53,7 +53,7 @@ import torch.distributed as dist
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.device.wait import StuckWatch, drained, keep_until_exit
-from infer_cluster.worker.runner.model_runner import resolve_device, resolve_dtype
+from infer_cluster.worker.runner.device_setup import resolve_device, resolve_dtype
 from infer_cluster.worker.models.decoder import ModelSpec
 from infer_cluster.worker.sched.output import SchedulerOutput
 from infer_cluster.worker.distributed.channel import PendingIds

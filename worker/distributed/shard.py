@@ -43,7 +43,8 @@ from infer_cluster.protocol.errors import ConfigError
 
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.runner.cuda_graphs import DecodeGraphs, capture_sizes
-from infer_cluster.worker.runner.model_runner import ModelRunner, resolve_device
+from infer_cluster.worker.runner.device_setup import resolve_device
+from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.models.decoder import ModelSpec
 from infer_cluster.worker.models.parallel import MAX_PAIR_VOCAB, ParallelState
 from infer_cluster.worker.distributed.channel import PendingIds, StepChannel, payload_on_device

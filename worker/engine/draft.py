@@ -22,7 +22,8 @@ from infer_cluster.protocol.errors import ConfigError
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
 from infer_cluster.worker.models.decoder import ModelSpec
-from infer_cluster.worker.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
+from infer_cluster.worker.runner.device_setup import resolve_device, resolve_dtype
+from infer_cluster.worker.runner.model_runner import ModelRunner
 
 _DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 

@@ -46,7 +46,7 @@ from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.engine.deltas import final_delta, step_logprobs, token_delta
-from infer_cluster.worker.engine.failures import fail_scheduled
+from infer_cluster.worker.engine.failures import recover_step
 from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_runner
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
@@ -253,7 +253,7 @@ class DynamicEngine:
                 self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
-            self._recover(out, launched, exc, deltas)
+            recover_step(self, out, launched, exc, deltas)  # worker/engine/failures.py
         if self.scheduler.failed_at_admission:
             failed, self.scheduler.failed_at_admission = self.scheduler.failed_at_admission, []
             for req in failed:
@@ -361,6 +361,7 @@ class DynamicEngine:
         deltas, stops = self.text.process(deltas)
         self.stop_requests(stops)  # freed now: the next schedule sees their blocks
         return deltas
+
     def _timed(self, phase: str, fn, *args):
         """Run one phase of the step and add its wall time to `stats()["step_seconds"]`."""
         t = time.perf_counter()
@@ -382,27 +383,6 @@ class DynamicEngine:
         now = time.time()
         for req in advanced:  # appended one by one: a failure keeps what was already built
             deltas.append(self._emit(req, step_logprobs(req, logprobs.get(req.request_id), burst), now))
-
-    def _recover(self, out: Optional[SchedulerOutput], launched: bool, exc: Exception, deltas: list) -> None:
-        """After a failed step: wait out the device's work on the launched steps, fail their
-        requests (worker/engine/failures.py) and send the final deltas of every request that
-        ended without one (rare path: a full scan is fine here)."""
-        outs = self._inflight.abandon() + ([out] if out is not None and not launched else [])
-        if self.sampler.grammar_masks is not None:  # a mask filled ahead: its matchers are ours again
-            self.sampler.grammar_masks.join()
-        loads = self.scheduler.has_loads
-        if loads:  # host-tier copies in flight: let them finish before their blocks go back
-            try:
-                self.scheduler.land_all_loads()
-            except Exception:  # a broken device: nothing more will write them
-                pass
-        self.scheduler.settle_all()  # the blocks of requests that ended meanwhile
-        fail_scheduled(self.scheduler, self.allocator, self.host_tier,
-                       outs if out is not None else None, exc, loads)
-        for rid, req in list(self._requests.items()):
-            if req.is_finished:  # finished requests that were reported have no state left
-                self._drop_state(rid)
-                deltas.append(final_delta(req))
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

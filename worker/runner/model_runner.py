@@ -1,7 +1,7 @@
 """`ModelRunner`: builds this rank's model on its device, loads weights, sizes and owns the KV
 pool, and runs one forward pass per `SchedulerOutput`.
 
-Owns: device/dtype resolution, weight loading (checkpoint or `dummy`), the warm-up pass that
+Owns: weight loading (its device and dtypes come from worker/runner/device_setup.py) (checkpoint or `dummy`), the warm-up pass that
 measures activation memory before the KV pool is sized from `gpu_memory_utilization`, and
 `execute()`. It sees nothing of the scheduler but the `SchedulerOutput`, and returns logits of
 the rows to sample (or, for a step the engine found all plain greedy, their argmax ids, from the
@@ -23,6 +23,7 @@ from infer_cluster.kernels.argmax import row_argmax
 from infer_cluster.protocol import OutOfMemoryError
 
 from infer_cluster.worker.config import EngineConfig, env_count
+from infer_cluster.worker.runner.device_setup import resolve_device, resolve_dtype, resolve_kv_dtype
 from infer_cluster.worker.runner.context import DynamicContext, StepInputs
 from infer_cluster.worker.runner.cuda_graphs import DecodeGraphs
 from infer_cluster.worker.runner.mixed_graphs import MixedGraphs, build_mixed_graphs
@@ -35,8 +36,6 @@ from infer_cluster.worker.sched.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 # The largest decode batch whose graph also has a greedy variant (the split argmax captured after
 # the LM head, so an all-greedy step launches no argmax of its own); 0 turns it off.
 GREEDY_GRAPH_ENV = "INFER_CLUSTER_GREEDY_GRAPH_MAX"
@@ -46,29 +45,6 @@ GREEDY_GRAPH_MAX_DEFAULT = 32
 def greedy_graph_max() -> int:
     """`INFER_CLUSTER_GREEDY_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
     return env_count(GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, "sequences")
-
-
-def resolve_device(config: EngineConfig, local_rank: int = 0) -> torch.device:
-    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
-        index = config.device_ids[local_rank] if config.device_ids else local_rank
-        return torch.device("cuda", index)
-    return torch.device("cpu")
-
-
-def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
-    """KV cache storage dtype: the model dtype (`auto`) or int8 (scales kept beside it)."""
-    return torch.int8 if config.kv_cache_dtype == "int8" else dtype
-
-
-def resolve_dtype(config: EngineConfig, hf_config, device: torch.device) -> torch.dtype:
-    if config.dtype != "auto":
-        return _DTYPES[config.dtype]
-    if device.type == "cpu":
-        return torch.float32
-    ckpt = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", "") or "")
-    return torch.float16 if "float16" in ckpt and "bfloat16" not in ckpt else torch.bfloat16
 
 
 @contextlib.contextmanager
