@@ -24,45 +24,75 @@ import torch
 from .dispatch import use_triton
 from .kv_append import check_int8_scales
 
+# The most K values (rows x padded context x kv heads x head dim) the reference gathers at once
+# for a batch of single-query rows.
+BATCHED_DECODE_MAX = 1 << 20
 
-def _gather(cache, scales, blocks, ctx_len):
-    """float32 `[ctx_len, num_kv_heads, head_dim]` of one sequence's cached rows."""
-    rows = cache[blocks].float()                                   # [n, page, H, D]
+
+def _gather(cache, scales, blocks):
+    """float32 `[..., n * page, num_kv_heads, head_dim]` of the cached rows of `blocks`
+    (`[..., n]` block ids), dequantized where `scales` are given."""
+    rows = cache[blocks].float()                                    # [..., n, page, H, D]
     if scales is not None:
-        rows = rows * scales[blocks].transpose(1, 2)[..., None]    # [n, page, H, 1]
-    return rows.reshape(-1, *cache.shape[2:])[:ctx_len]
+        rows = rows * scales[blocks].transpose(-1, -2)[..., None]   # [..., n, page, H, 1]
+    return rows.flatten(-4, -3)
+
+
+def _attend(q, k, v, visible, scale):
+    """Softmax attention of `q` `[..., kv_heads, group, q_len, D]` over `k`/`v` `[..., ctx,
+    kv_heads, D]`, where `visible` `[..., q_len, ctx]` says which keys a query sees. Each KV
+    head serves its `group` query heads as one matrix of rows, with no copy of K/V (GQA)."""
+    *lead, heads, group, q_len, dim = q.shape
+    scores = torch.matmul(q.reshape(*lead, heads, group * q_len, dim), k.movedim(-3, -1))
+    scores.mul_(scale)
+    scores.view(*lead, heads, group, q_len, -1).masked_fill_(
+        ~visible.unsqueeze(-3).unsqueeze(-3), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)                           # [..., H, group * q_len, ctx]
+    return torch.matmul(probs, v.movedim(-2, -3)).view(*lead, heads, group, q_len, dim)
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                         max_query_len=None, k_scale=None, v_scale=None):
     check_int8_scales(k_cache, k_scale, v_scale)
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
+    single = [i for i in range(len(lens)) if qsl[i + 1] - qsl[i] == 1]
+    # One query row each (decode): all such sequences at once, padded to the longest, where that
+    # padded K is small (many short rows: one set of launches instead of one per row); else
+    # one by one below (a long padded gather costs more than it saves).
+    if single and len(single) * max(lens[i] for i in single) * k_cache[0, 0].numel() > BATCHED_DECODE_MAX:
+        single = []
+    if single:
+        rows = torch.tensor([qsl[i] for i in single], device=q.device)
+        ctx = torch.tensor([lens[i] for i in single], device=q.device)
+        num_blocks = (max(lens[i] for i in single) + block_size - 1) // block_size
+        blocks = block_tables[torch.tensor(single, device=q.device), :num_blocks].long()
+        blocks = blocks.clamp(0, k_cache.shape[0] - 1)  # padding may hold any value
+        k = _gather(k_cache, k_scale, blocks)                       # [S, L, H, D]
+        v = _gather(v_cache, v_scale, blocks)
+        visible = torch.arange(k.shape[1], device=q.device)[None, :] < ctx[:, None]  # [S, L]
+        v = v.masked_fill(~visible[..., None, None], 0.0)  # rows past a context add nothing
+        qs = q[rows].float().view(len(single), num_kv_heads, group, 1, head_dim)
+        o = _attend(qs, k, v, visible[:, None, :], scale)           # [S, H, group, 1, D]
+        out[rows] = o.reshape(len(single), num_heads, head_dim).to(q.dtype)
     for i, ctx_len in enumerate(lens):
         start, end = qsl[i], qsl[i + 1]
         q_len = end - start
-        if q_len == 0:
+        if q_len == 0 or (q_len == 1 and single):
             continue
         num_blocks = (ctx_len + block_size - 1) // block_size
         blocks = block_tables[i, :num_blocks].long()
-        k = _gather(k_cache, k_scale, blocks, ctx_len)
-        v = _gather(v_cache, v_scale, blocks, ctx_len)
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        qi = q[start:end].float().transpose(0, 1)            # [H, q_len, D]
-        scores = torch.matmul(qi, k.permute(1, 2, 0)) * scale  # [H, q_len, ctx]
+        k = _gather(k_cache, k_scale, blocks)[:ctx_len]             # [ctx, H, D]
+        v = _gather(v_cache, v_scale, blocks)[:ctx_len]
+        qi = q[start:end].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-        k_pos = torch.arange(ctx_len, device=q.device)
-        mask = k_pos[None, :] > q_pos[:, None]
-        scores.masked_fill_(mask[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.matmul(probs, v.transpose(0, 1)).transpose(0, 1).to(q.dtype)
+        visible = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]  # causal
+        o = _attend(qi, k, v, visible, scale)                       # [H, group, q_len, D]
+        out[start:end] = o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(q.dtype)
     return out
 
 

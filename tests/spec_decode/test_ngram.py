@@ -48,6 +48,23 @@ def test_matches_brute_force_while_tokens_grow(min_n, max_n, alphabet):
             assert index.propose(tokens, k) == brute_force(tokens, min_n, max_n, k), tokens
 
 
+@pytest.mark.parametrize("min_n,max_n,alphabet,high", [(1, 3, 3, 0), (2, 4, 4, 0), (2, 4, 6, 150_000),
+                                                       (3, 5, 2, 1 << 40)])
+def test_long_stretches_indexed_at_once_match_brute_force(min_n, max_n, alphabet, high):
+    """A prompt, or the output of steps that did not propose, is indexed in one numpy pass
+    (hash keys that wrap modulo 2**64, token ids of any size): the same proposals as the
+    brute-force search, then as the list grows a few tokens at a time."""
+    rng = random.Random(min_n * 100 + max_n * 10 + alphabet)
+    for _ in range(10):
+        index = NgramIndex(min_n, max_n)
+        tokens = [high + rng.randrange(alphabet) for _ in range(rng.randint(50, 400))]
+        for _ in range(30):
+            k = rng.randint(1, 6)
+            assert index.propose(tokens, k) == brute_force(tokens, min_n, max_n, k)
+            grow = rng.choice((1, 2, 5, 60, 120))
+            tokens.extend(high + rng.randrange(alphabet) for _ in range(grow))
+
+
 def _request(prompt, output=(), max_tokens=16, **kw):
     req = Request("r", prompt, SamplingParams(max_tokens=max_tokens, **kw), 0)
     for t in output:

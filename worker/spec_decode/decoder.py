@@ -5,7 +5,8 @@ Owns: building the proposer for `EngineConfig.speculative_config` (`build_spec_d
 whether a step speculates (`active`: not where `disable_by_batch_size` or more requests run, and
 with `adaptive` only where the `SpecGovernor` measured it to pay), telling the governor what
 each step was (`start_step`),
-proposing before each schedule, launching `VerifyStep`s (a draft model fills in its proposals
+proposing before each schedule (in a plain step, a few shadow proposals that measure what
+verify steps would accept, shadow.py), launching `VerifyStep`s (a draft model fills in its proposals
 first), and the stats keys (`stats`). The engine calls these and `Scheduler.update_verified`;
 with speculation off it holds None and none of this runs.
 """
@@ -19,6 +20,7 @@ from infer_cluster.worker.spec_decode.config import SpeculativeConfig
 from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.governor import SpecGovernor
 from infer_cluster.worker.spec_decode.ngram import NgramProposer
+from infer_cluster.worker.spec_decode.shadow import ShadowAcceptance
 from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
 
 
@@ -37,6 +39,10 @@ class SpecDecoder:
         self.governor: Optional[SpecGovernor] = (SpecGovernor(config.num_speculative_tokens + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
+        # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)
+        shadow = getattr(self.proposer, "shadow", None)
+        self.shadow = (ShadowAcceptance(shadow) if shadow is not None and self.governor is not None
+                       else None)
 
     def active(self, running, num_waiting: int = 0) -> bool:
         """Whether the next step speculates: not where `disable_by_batch_size` or more
@@ -77,6 +83,10 @@ class SpecDecoder:
             for req in running:
                 if req.spec_token_ids:
                     req.spec_token_ids = []
+            if self.shadow is not None and running and self.governor.wants_shadow(len(running)):
+                tokens = self.shadow.step(running)
+                if tokens is not None:
+                    self.governor.shadowed(len(running), tokens)
             return False
         self.proposer.propose(running)
         return any(req.spec_token_ids for req in running)

@@ -66,6 +66,8 @@ SETTLE_VERIFY = 1   # ... and verify steps
 WINDOW = 16         # step times kept per mode and bucket (judged by their median)
 TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
 MAX_GAP = 1.0       # seconds: a longer gap between steps was idle time, not a step
+HYSTERESIS = 0.05   # a bucket changes mode only where r passes 1 by this much (shadows move r
+                    # every step; each change into verify steps drains the async pipeline)
 
 
 def bucket(batch: int) -> int:
@@ -75,7 +77,7 @@ def bucket(batch: int) -> int:
 
 class _Bucket:
     __slots__ = ("plain_s", "verify_s", "tokens_s", "until_explore", "explore_left", "steps", "prior",
-                 "tries")
+                 "tries", "better")
 
     def __init__(self):
         self.plain_s: deque = deque(maxlen=WINDOW)   # seconds of plain decode steps
@@ -86,6 +88,7 @@ class _Bucket:
         self.steps = [0, 0]                          # decisions taken: plain, verify
         self.prior: Optional[float] = None           # a neighbour's ratio, taken before measuring
         self.tries = 0                               # decisions of the current try and its pause
+        self.better = False                          # the mode chosen last, explorations aside
 
     @property
     def plain(self) -> Optional[float]:
@@ -144,7 +147,7 @@ class SpecGovernor:
                 return self._took(b, False)
             else:  # verify measured, plain not yet
                 return self._took(b, False)
-        better = r > 1.0
+        better = b.better = r > (1.0 - HYSTERESIS if b.better else 1.0 + HYSTERESIS)
         if not measurable:
             return self._took(b, better)
         if b.until_explore is None:
@@ -221,6 +224,20 @@ class SpecGovernor:
     def verified(self, tokens_per_row: float) -> None:
         """The step that speculated gave its rows this many tokens each, on average."""
         self._tokens = tokens_per_row
+
+    def wants_shadow(self, batch: int) -> bool:
+        """Whether plain steps at `batch` should measure what verify steps would accept
+        (shadow.py): not where verify steps could not pay even at full acceptance, measured
+        or carried over from a neighbour."""
+        b = self.buckets.get(bucket(batch))
+        if b is None:
+            return True
+        return not (self._could_not_win(b) or (b.prior is not None and b.ratio is None))
+
+    def shadowed(self, batch: int, tokens_per_row: float) -> None:
+        """Plain steps at `batch` found that verify steps would have given this many tokens a
+        row (shadow.py): the bucket's acceptance follows the text between verify steps."""
+        self._bucket(batch).tokens_s.append(tokens_per_row)
 
     def idle(self) -> None:
         """No step ran: the next gap is not a step's time."""

@@ -5,10 +5,12 @@ prompt_lookup_max]) to the end of its most recent occurrence, grown as the reque
 grow; `NgramIndex.propose`, which takes the longest suffix n-gram of prompt + output (longest
 first) that occurred before and proposes the tokens that followed its most recent occurrence;
 and `NgramProposer`, which sets `Request.spec_token_ids` on the decoding rows of a step.
-Plain Python: a dict lookup per n a step, and a few dict writes per new token (the prompt is
-indexed once, at a request's first proposal). Measured on the 2-core dev CPU with n in 2..4:
-about 2.4 us and 330 bytes a token to index (a 4,000-token prompt: 10 ms once, 1.3 MB while
-the request lives), then about 2 us a step a request.
+Plain Python plus numpy: a dict lookup per n a step and a few dict writes per new token, but a
+long stretch of new tokens (the prompt, at a request's first proposal, or the output of the steps
+that did not speculate) is indexed by numpy in one pass. Why: the governor turns speculation off
+at large batches and explores it now and then, and each exploration indexed every running
+request's prompt and output in Python, ~2.4 us a token: on the H200 (7c28403, workload A, 256
+requests) the untimed host work of the speculating engine grew by 0.34 s of a 6.5 s run.
 Proposals are only guesses: a wrong one costs a verified position, never a wrong token, so
 nothing here has to be exact about which occurrence it copies.
 Must never: change a request's tokens, or propose past max_tokens or max_model_len.
@@ -18,7 +20,33 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
+
 _NONE: list[int] = []  # the shared "no proposals" value (never mutated)
+
+
+# n-gram keys: a polynomial hash of the tokens, modulo 2**64 (numpy's uint64 wraps the same
+# way), so a long list is indexed by numpy in one pass. A hit is checked against the tokens
+# themselves, so a collision can only hide an occurrence, never propose from a wrong one.
+_MUL = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+# Fewer new positions than this are indexed in Python; more (a prompt, or the output of the
+# steps that did not propose) by numpy.
+_VECTOR_FROM = 48
+
+
+_POW = [pow(_MUL, i, 1 << 64) for i in range(64)]  # _MUL ** i mod 2**64
+
+
+def _keys_ending_at(tokens: Sequence[int], end: int, max_n: int) -> list[int]:
+    """The keys of the n-grams ending at position `end` (inclusive), n = 1 .. max_n (fewer
+    near the start): key = sum of tokens[end - j] * _MUL ** j, modulo 2**64."""
+    h = tokens[end]
+    keys = [h]
+    for j in range(1, min(max_n, end + 1)):
+        h = (h + tokens[end - j] * _POW[j]) & _MASK
+        keys.append(h)
+    return keys
 
 
 class NgramIndex:
@@ -29,7 +57,7 @@ class NgramIndex:
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self._ends: list[dict] = [{} for _ in range(max_n - min_n + 1)]  # [n - min_n][ngram] -> end
+        self._ends: list[dict] = [{} for _ in range(max_n - min_n + 1)]  # [n - min_n][key] -> end
         self._num_indexed = 0  # n-grams ending before this position are in `_ends`
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
@@ -39,22 +67,42 @@ class NgramIndex:
         if size < self._num_indexed:  # the list is not the one indexed (never happens in order)
             self.__init__(self.min_n, self.max_n)
         self._index(tokens, size - 1)
-        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
-            end = self._ends[n - self.min_n].get(tuple(tokens[size - n:]))
-            if end is not None:
+        keys = _keys_ending_at(tokens, size - 1, min(self.max_n, size - 1)) if size > 1 else ()
+        for n in range(len(keys), self.min_n - 1, -1):
+            end = self._ends[n - self.min_n].get(keys[n - 1])
+            if end is not None and tokens[end - n + 1:end + 1] == tokens[size - n:]:
                 return list(tokens[end + 1:end + 1 + k])
         return _NONE
 
     def _index(self, tokens: Sequence[int], stop: int) -> None:
         """Record the n-grams ending at positions [num_indexed, stop)."""
-        min_n, ends = self.min_n, self._ends
-        for end in range(self._num_indexed, stop):
-            for j, table in enumerate(ends):
-                start = end - (min_n + j) + 1
-                if start < 0:
-                    break
-                table[tuple(tokens[start:end + 1])] = end
-        self._num_indexed = max(self._num_indexed, stop)
+        first = self._num_indexed
+        if stop - first >= _VECTOR_FROM:
+            self._index_numpy(tokens, first, stop)
+        else:
+            min_n, ends = self.min_n, self._ends
+            for end in range(first, stop):
+                keys = _keys_ending_at(tokens, end, self.max_n)
+                for n in range(min_n, len(keys) + 1):
+                    ends[n - min_n][keys[n - 1]] = end
+        self._num_indexed = max(first, stop)
+
+    def _index_numpy(self, tokens: Sequence[int], first: int, stop: int) -> None:
+        """`_index` for many positions: each n's keys over the window at once, then one dict
+        update (in position order, so the most recent end of a key is the one kept)."""
+        lo = max(0, first - self.max_n + 1)  # the earliest token an n-gram ending at `first` uses
+        window = np.asarray(tokens[lo:stop], dtype=np.uint64)
+        keys = np.zeros(0, dtype=np.uint64)
+        mul = np.uint64(_MUL)
+        with np.errstate(over="ignore"):
+            for n in range(1, self.max_n + 1):
+                # keys[i]: the n-gram of window[i:i + n], ending at window position i + n - 1
+                keys = window[n - 1:] if n == 1 else keys[:-1] * mul + window[n - 1:]
+                if n < self.min_n:
+                    continue
+                skip = max(first - lo - (n - 1), 0)  # n-grams ending before `first` are in already
+                ends = range(lo + n - 1 + skip, stop)
+                self._ends[n - self.min_n].update(zip(keys[skip:].tolist(), ends))
 
 
 class NgramProposer:
@@ -81,6 +129,20 @@ class NgramProposer:
 
     def room(self, req) -> int:
         return proposal_room(req, self.k, self.max_model_len)
+
+    def shadow(self, req) -> list[int]:
+        """The proposals a verify step would check after the request's tokens on the host
+        (its last may still be pending: shadow.py measures, and proposes nothing to run)."""
+        if req.grammar is not None:
+            return _NONE
+        room = min(self.k, req.params.max_tokens - len(req.output_token_ids) - 1,
+                   self.max_model_len - req.num_tokens - 1)
+        if room <= 0:
+            return _NONE
+        index: Optional[NgramIndex] = req.draft_state
+        if index is None:
+            index = req.draft_state = NgramIndex(self.min_n, self.max_n)
+        return index.propose(req.all_token_ids, room)
 
 
 def proposal_room(req, k: int, max_model_len: int) -> int:
