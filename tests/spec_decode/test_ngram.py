@@ -109,3 +109,19 @@ def test_proposer_skips_rows_that_do_not_decode():
     req.grammar = None
     proposer.propose([req])
     assert req.spec_token_ids == [3, 1, 2]
+
+
+def test_rows_get_fewer_proposals_as_the_batch_grows():
+    """A verify step stays a decode step (at most DECODE_SHAPED_MAX_ROWS positions) where one
+    proposal a row allows it: k at small batches, fewer as the batch grows, never none."""
+    from infer_cluster.worker.spec_decode.ngram import row_limit
+    from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
+    assert DECODE_SHAPED_MAX_ROWS == 48
+    assert [row_limit(8, b) for b in (1, 5, 6, 8, 16, 24, 48, 256)] == [8, 8, 7, 5, 2, 1, 1, 1]
+    assert row_limit(4, 1) == 4
+    proposer = NgramProposer(8, 1, 2, 4096)
+    reqs = [_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1], max_tokens=64) for _ in range(8)]
+    proposer.propose(reqs)
+    assert all(req.spec_token_ids == [2, 3, 4, 5, 6] for req in reqs)
+    proposer.propose(reqs[:1])
+    assert reqs[0].spec_token_ids == [2, 3, 4, 5, 6, 7, 8, 9]

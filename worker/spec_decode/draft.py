@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
-from infer_cluster.worker.spec_decode.ngram import proposal_room
+from infer_cluster.worker.spec_decode.ngram import proposal_room, row_limit
 
 _NONE: list[int] = []
 
@@ -54,8 +54,9 @@ class DraftProposer:
     def propose(self, running: Sequence) -> None:
         """Placeholders: as many proposals as each decode row can use (their values come in
         `fill`, once the schedule has given the row its positions and blocks)."""
+        k = row_limit(self.k, len(running))
         for req in running:
-            room = proposal_room(req, self.k, self.max_model_len)
+            room = proposal_room(req, k, self.max_model_len)
             if room <= 0:
                 if req.spec_token_ids:
                     req.spec_token_ids = _NONE

@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
+
 _NONE: list[int] = []  # the shared "no proposals" value (never mutated)
 
 
@@ -116,8 +118,9 @@ class NgramProposer:
         self.max_model_len = max_model_len
 
     def propose(self, running: Sequence) -> None:
+        k = row_limit(self.k, len(running))
         for req in running:
-            room = self.room(req)
+            room = proposal_room(req, k, self.max_model_len)
             if room <= 0:
                 if req.spec_token_ids:
                     req.spec_token_ids = _NONE
@@ -127,15 +130,13 @@ class NgramProposer:
                 index = req.draft_state = NgramIndex(self.min_n, self.max_n)
             req.spec_token_ids = index.propose(req.all_token_ids, room)
 
-    def room(self, req) -> int:
-        return proposal_room(req, self.k, self.max_model_len)
-
-    def shadow(self, req) -> list[int]:
-        """The proposals a verify step would check after the request's tokens on the host
-        (its last may still be pending: shadow.py measures, and proposes nothing to run)."""
+    def shadow(self, req, batch: int) -> list[int]:
+        """The proposals a verify step of `batch` rows would check after the request's tokens
+        on the host (its last may still be pending: shadow.py measures, and proposes nothing
+        to run)."""
         if req.grammar is not None:
             return _NONE
-        room = min(self.k, req.params.max_tokens - len(req.output_token_ids) - 1,
+        room = min(row_limit(self.k, batch), req.params.max_tokens - len(req.output_token_ids) - 1,
                    self.max_model_len - req.num_tokens - 1)
         if room <= 0:
             return _NONE
@@ -143,6 +144,15 @@ class NgramProposer:
         if index is None:
             index = req.draft_state = NgramIndex(self.min_n, self.max_n)
         return index.propose(req.all_token_ids, room)
+
+
+def row_limit(k: int, batch: int) -> int:
+    """Proposals a row at `batch` rows: k, but no more than keep the verify step within
+    `DECODE_SHAPED_MAX_ROWS` positions (a decode step: its kernels and CUDA graphs; past that it
+    runs as a mixed step, several times slower, verify.py), and at least one. So a large k
+    serves batch 1 (on the H200, SmolLM2's copy phases accepted every proposal of k = 4) and
+    shrinks as the batch grows: k = 8 gives 8 up to batch 5, 5 at batch 8, 2 at batch 16."""
+    return min(k, max(1, DECODE_SHAPED_MAX_ROWS // max(1, batch) - 1))
 
 
 def proposal_room(req, k: int, max_model_len: int) -> int:

@@ -17,7 +17,7 @@ d with probability p(d), the chance that the plain draw was d). Each resolved pr
 `accepted + 1` tokens, the figure a verify step reports for the row; a row with nothing to
 propose gives 1 where the batch has other rows (a verify step would still carry it), and
 nothing at batch 1 (that step runs as an ordinary one).
-Owns: the proposals kept and their resolution. Plain Python; the proposer's `shadow(req)` makes
+Owns: the proposals kept and their resolution. Plain Python; the proposer's `shadow(req, batch)` makes
 the proposal (prompt lookup only: a draft model would need a forward), and only rows the governor
 asks for are proposed for (never where verify steps could not pay even at full acceptance).
 """
@@ -34,8 +34,9 @@ MAX_KEPT = 64        # proposals waiting for their tokens, at most
 
 
 class ShadowAcceptance:
-    def __init__(self, propose: Callable[[object], list]):
-        """`propose(req)`: proposals from the request's tokens on the host ([] for none)."""
+    def __init__(self, propose: Callable[[object, int], list]):
+        """`propose(req, batch)`: proposals from the request's tokens on the host ([] for
+        none), as a verify step of `batch` rows would make them."""
         self._propose = propose
         self._kept: deque = deque()  # (request, position of the first proposal, proposals)
         self._next_row = 0
@@ -63,7 +64,7 @@ class ShadowAcceptance:
             start = self._next_row % n
             for j in range(min(ROWS_PER_STEP, n)):
                 req = running[(start + j) % n]
-                waiting.append((req, req.num_tokens, self._propose(req)))
+                waiting.append((req, req.num_tokens, self._propose(req, n)))
             self._next_row = start + ROWS_PER_STEP
         while len(waiting) > MAX_KEPT:  # a stalled request's proposals: the oldest go uncounted
             waiting.popleft()
