@@ -12,8 +12,9 @@ step n first, starts filling step n+1's masks on a helper thread, schedules step
 queues step n+1's draw and then launches step n+2, so step n stays in flight until then. The
 host's text, schedule and launch overlap the device as in an ordinary async step; only the
 collect, the matchers' advance and what of the fill the schedule does not cover stand between
-step n's ids and step n+1's draw. Collected before
-the next schedule: async off, speculative verify steps, and settled-state cases (a schedule that
+step n's ids and step n+1's draw. A speculative verify step stays in flight until the next
+step(), which collects it before it proposes (its rows got several tokens each). Collected
+before the next schedule: async off, and settled-state cases (a schedule that
 preempted, `reset_cache`, failures, a rewind after the sampler's rare redo changed a token a step
 in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_depth` P > 1,
 worker/sched/microbatch.py): up to P steps in flight on disjoint groups of the batch.
@@ -268,13 +269,13 @@ class DynamicEngine:
 
     def _propose(self, deltas: list) -> bool:
         """Speculating: whether the next step verifies proposals (`SpecDecoder.active`), and
-        the proposals. A verify step is synchronous: proposals need every token on the host, so
-        the steps in flight are collected first. A step that does not speculate is an ordinary
-        step, async where that is on."""
+        the proposals. Proposals need every token on the host, so the steps in flight are
+        collected first; so are they after a verify step, whatever comes next. A step that
+        does not speculate is an ordinary step, async where that is on."""
         if self.spec_decoder is None:
             return False
         verify = self.spec_decoder.active(self.scheduler.running, len(self.scheduler.waiting))
-        if verify:
+        if verify or self._inflight.holds_verify:  # a verify step's rows got several tokens each
             while self._inflight:
                 self._collect(deltas)
         return self.spec_decoder.propose(self.scheduler.running, verify)  # none: an ordinary step
@@ -287,8 +288,9 @@ class DynamicEngine:
         already."""
         if self.pipeline_depth > 1:
             return False, False
-        sync = not self.async_scheduling or verify
-        defer = not sync and bool(self._sync_ids and any(s.request_id in self._sync_ids for s in out.requests))
+        sync = not self.async_scheduling
+        defer = not (sync or verify) and bool(self._sync_ids and any(s.request_id in self._sync_ids
+                                                                     for s in out.requests))
         return sync, defer
 
     def _launch(self, out: SchedulerOutput, verify: bool, defer: bool) -> None:

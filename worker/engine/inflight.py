@@ -125,6 +125,12 @@ class InFlightSteps:
     def __len__(self) -> int:
         return len(self.steps)
 
+    @property
+    def holds_verify(self) -> bool:
+        """A speculative verify step is in flight (worker/spec_decode/verify.py): its rows get
+        a variable number of tokens, so nothing may be scheduled after it until it is collected."""
+        return any(getattr(step, "is_verify", False) for step in self.steps)
+
     def launch(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
                eos_token_ids, defer_draw: bool = False) -> LaunchedStep:
         """Queue the step's forward and draw on the device; nothing waits for them here.

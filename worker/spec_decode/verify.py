@@ -1,4 +1,4 @@
-"""`VerifyStep`: one synchronous step of a speculating engine, and the acceptance rule.
+"""`VerifyStep`: one step of a speculating engine, and the acceptance rule.
 
 A decode row with k proposals d1..dk was scheduled as k + 1 positions (its last token, then the
 proposals), so the runner returns logits at each of them. The sampler draws position j as the
@@ -82,7 +82,12 @@ class SpecStats:
 class VerifyStep:
     """A step launched by a speculating engine: forward and draw are queued at construction;
     `wait` brings the draws to the host and returns each sampled request's new tokens. The
-    engine keeps it with its other launched steps (`wait`, `abandon`, `out`)."""
+    engine keeps it with its other launched steps (`wait`, `abandon`, `out`). With async
+    scheduling it stays in flight until the next `step()`, so the text of the step before it
+    and the caller's work overlap its forward; that step() collects it before proposing or
+    scheduling anything (`InFlightSteps.holds_verify`)."""
+
+    is_verify = True
 
     def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
                  eos_token_ids, stats: SpecStats, governor=None):
