@@ -7,7 +7,9 @@ under the target's block ids; its runner is built by the engine, worker/engine/d
 and verification (`verify.py`: a step whose decode rows carry proposals computes logits at each
 of their k + 1 positions, the sampler draws every position as if the proposals were the
 request's tokens, and the longest prefix of proposals that equals the draws is accepted, plus
-the first draw that differs). The scheduler's side (proposals scheduled as extra positions of a
+the first draw that differs), when to speculate (`governor.py`: per batch size, from measured
+step times and acceptance; `shadow.py`: the acceptance plain steps would have had). The
+scheduler's side (proposals scheduled as extra positions of a
 decode row, rejected positions and their blocks given back) is in worker/sched/ (`Request`
 `spec_token_ids`, `Scheduler.update_verified`); the engine wires it in (worker/engine/engine.py).
 See docs/spec_decode.md.
@@ -16,6 +18,7 @@ Layering: sits beside worker/sampling/ and may import it, worker/sched/, device/
 kernels/; never the engine, runner or serving (the engine hands this package its runner and
 sampler). `config.py` never imports torch (the CLI validates configs without it).
 To extend with a method: add it to `config.METHODS`, give it a proposer with
-`propose(requests)` (and `fill(out, requests)` if it needs the scheduled positions), and keep
+`propose(requests)` (and `fill(out, requests)` if it needs the scheduled positions; `shadow(req,
+batch)` if it can propose without a forward, for shadow acceptance), and keep
 verification as it is: it never looks at where proposals came from.
 """
