@@ -172,3 +172,23 @@ def test_a_verify_step_runs_as_a_decode_step_with_the_same_logits():
     assert decode_shaped(verify_out, max_rows=4) is None
     assert decode_shaped(SchedulerOutput([verify_out.requests[1]], 1)) is None  # no proposals
     llm.close()
+
+
+@pytest.mark.parametrize("extra,fast", [({}, True), ({"logprobs": 2}, False),
+                                        ({"repetition_penalty": 1.3}, False)])
+def test_plain_greedy_verify_steps_take_argmax_ids_without_sampler_rows(monkeypatch, extra, fast):
+    """A verify step whose requests are all plain greedy draws each position's argmax and
+    builds no per-position sampler rows; one with logprobs or penalties takes the sampler. The
+    tokens equal speculation off either way."""
+    from infer_cluster.worker import LLM
+    from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
+    kw = dict(block_size=8, num_kv_blocks=256)
+    params = greedy(40, **extra)
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:3], params, use_tqdm=False)]
+    calls = []
+    real = verify.expand_rows
+    monkeypatch.setattr(verify, "expand_rows", lambda *a: calls.append(1) or real(*a))
+    llm = LLM("tiny-random", speculative_config=SPEC, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)] == want
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+    assert (not calls) == fast

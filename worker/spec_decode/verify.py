@@ -16,8 +16,10 @@ proposal d is kept with probability p(d), and on rejection the token is drawn fr
 removed and renormalised, because that is the draw x's law given x != d. A seeded request
 draws the very numbers it would draw without speculation, so it reproduces its own output.
 
-Owns: building the expanded sampler rows (`expand_rows`), the host half (the one sync of the
-step), the acceptance (`accept`), and counting proposals and acceptances (`SpecStats`).
+Owns: building the expanded sampler rows (`expand_rows`; a step of plain greedy requests takes
+each position's argmax instead, from the greedy CUDA graph where the runner has one), the host
+half (the one sync of the step), the acceptance (`accept`), and counting proposals and
+acceptances (`SpecStats`).
 Proposals never change the output's law (for greedy and seeded requests, not even its tokens),
 only how many tokens one forward yields.
 Must never: touch the scheduler (the engine applies the tokens, `Scheduler.update_verified`).
@@ -95,12 +97,19 @@ class VerifyStep:
         self.out = out
         self._stats = stats
         self._governor = governor
-        logits, row_ids = runner.execute(decode_shaped(out) or out)
         proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
                      for s in out.requests if s.num_spec_tokens}
+        greedy = _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
+        ids_only = greedy and runner.takes_greedy_ids
+        result, row_ids = runner.execute(decode_shaped(out) or out, greedy_ids=ids_only)
+        if greedy:  # every position an argmax of the raw logits: no sampler rows to build
+            self._groups = groups(row_ids, proposals)
+            self.draw = sampler.draw_greedy_ids(result if ids_only else result.argmax(dim=-1),
+                                                [_DROPPED_ROW] * len(row_ids))
+            return
         rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
         # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        self.draw = sampler.draw(logits, rows, logits_writable=True)
+        self.draw = sampler.draw(result, rows, logits_writable=True)
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, list[int]], dict[str, list], list[str]]:
         """{request id: its new tokens}, {request id: their logprob entries (deferred) or
@@ -151,6 +160,33 @@ def decode_shaped(out: SchedulerOutput, max_rows: int = DECODE_SHAPED_MAX_ROWS) 
     if len(rows) == len(out.requests) or len(rows) > max_rows:
         return None  # no proposals (already a decode step), or too many positions
     return SchedulerOutput(rows, len(rows))
+
+
+def _plain_greedy(out: SchedulerOutput, requests: dict, sampler: Sampler, vocab_size: int,
+                  eos_token_ids) -> bool:
+    """Whether every request of the step is plain greedy (`RowClasses.plain_greedy`: no
+    penalties, logprobs, bias, grammar or min_tokens to keep; then none of its positions has
+    any, since min_tokens only ends as a row grows), judged on one row per request."""
+    rows = []
+    for s in out.requests:
+        req = requests.get(s.request_id)
+        if req is None:
+            return False  # ended after scheduling: the general path drops its rows
+        rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
+                                         None, eos_token_ids, s.request_id, req.num_pending - 1,
+                                         req.grammar))
+    return bool(rows) and sampler.classify(rows, vocab_size).plain_greedy
+
+
+def groups(row_ids: list[str], proposals: dict) -> list:
+    """(request id, first row, proposals) of each request of a step whose rows `row_ids`
+    carry one row per position (what `expand_rows` returns beside the rows)."""
+    out, i, n = [], 0, len(row_ids)
+    while i < n:
+        drafts = proposals.get(row_ids[i], ())
+        out.append((row_ids[i], i, drafts))
+        i += len(drafts) + 1
+    return out
 
 
 def expand_rows(row_ids: list[str], proposals: dict, requests: dict, eos_token_ids):
