@@ -232,3 +232,21 @@ def test_a_try_that_never_measures_pauses():
     burst = [True] * TRY_STEPS + [False] * EXPLORE_EVERY  # tries together, so they can settle
     assert modes[:2 * len(burst)] == 2 * burst
     assert sum(modes) == TRY_STEPS * -(-200 // len(burst))
+
+
+def test_full_acceptance_counts_the_proposals_a_row_gets_at_that_batch():
+    """Rows get fewer proposals as the batch grows (`row_limit`: k = 8 gives one a row from
+    batch 24). At batch 256 a verify step of 4.2 plain ones could pay with 9 tokens a row but
+    not with the 2 a row can get there: it could not win, so the next bucket starts from its
+    ratio and never tries. With the k + 1 = 9 of small batches, workload A (H200, k = 8,
+    2026-11-29) tried every bucket and ran at 0.73 of off."""
+    from infer_cluster.worker.spec_decode.ngram import row_limit
+    gov = SpecGovernor(lambda batch: row_limit(8, batch) + 1)
+    t = simulate(gov, 200, 256, plain_s=6.2e-3, verify_s=26e-3, tokens=1.5)[1]
+    modes, _ = simulate(gov, 150, 130, plain_s=5.7e-3, verify_s=41e-3, tokens=1.6, t=t)
+    assert sum(modes) == 0
+    assert not gov.wants_shadow(256)
+    flat = SpecGovernor(max_tokens=9)
+    t = simulate(flat, 200, 256, plain_s=6.2e-3, verify_s=26e-3, tokens=1.5)[1]
+    modes, _ = simulate(flat, 150, 130, plain_s=5.7e-3, verify_s=41e-3, tokens=1.6, t=t)
+    assert modes[0]  # the flat bound tried the next bucket

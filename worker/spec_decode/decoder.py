@@ -19,7 +19,7 @@ from typing import Optional
 from infer_cluster.worker.spec_decode.config import SpeculativeConfig
 from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.governor import SpecGovernor
-from infer_cluster.worker.spec_decode.ngram import NgramProposer
+from infer_cluster.worker.spec_decode.ngram import NgramProposer, row_limit
 from infer_cluster.worker.spec_decode.shadow import ShadowAcceptance
 from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
 
@@ -36,7 +36,8 @@ class SpecDecoder:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
-        self.governor: Optional[SpecGovernor] = (SpecGovernor(config.num_speculative_tokens + 1)
+        k = config.num_speculative_tokens
+        self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)

@@ -20,7 +20,8 @@ workload's batch falls through every bucket as its requests end): at ba160b5 the
 workload A at 0.76 of speculation off with a verify step 4x a plain one at batch 64-256, from
 trying each bucket and exploring every 32-512 decisions. So:
 - An unmeasured bucket whose next-door bucket (one up, else one down) measured verify steps
-  that could not pay even if every proposal were accepted (`max_tokens * plain / verify <= 1`)
+  that could not pay even if every proposal were accepted (`max_tokens * plain / verify <= 1`, with
+  the proposals a row gets at the bucket's smallest batch: `row_limit` shrinks them as it grows)
   starts from that bucket's `r` (its own, or the one it started from) instead of trying: plain
   steps, measured, and verify steps only when an exploration comes. Only the step times decide
   that, never the acceptance: a few verify steps' tokens are noise (SmolLM2 at batch 8-15
@@ -53,7 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 from statistics import median
-from typing import Optional
+from typing import Callable, Optional, Union
 
 EXPLORE_EVERY = 32    # the fewest decisions between two explorations of the mode that looks worse
 EXPLORE_MAX = 4096    # ... and the most
@@ -112,10 +113,12 @@ class _Bucket:
 
 
 class SpecGovernor:
-    def __init__(self, max_tokens: int = 5, explore_every: int = EXPLORE_EVERY,
-                 explore_max: int = EXPLORE_MAX):
-        """`max_tokens`: the most tokens a verify step can give a row (k + 1)."""
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: Union[int, Callable[[int], int]] = 5,
+                 explore_every: int = EXPLORE_EVERY, explore_max: int = EXPLORE_MAX):
+        """`max_tokens`: the most tokens a verify step can give a row (k + 1), or that as a
+        function of the batch size (the proposer's `row_limit` + 1: fewer proposals a row
+        as the batch grows)."""
+        self.max_tokens = max_tokens if callable(max_tokens) else (lambda batch: max_tokens)
         self.explore_every, self.explore_max = explore_every, explore_max
         self.buckets: dict[int, _Bucket] = {}
         self._last: Optional[tuple[float, int, bool, bool]] = None  # start, batch, verify, counts
@@ -167,10 +170,12 @@ class SpecGovernor:
         want = EXPLORE_STEPS * (gap - 1.0) / EXPLORE_BUDGET
         return int(min(max(want, self.explore_every), self.explore_max))
 
-    def _could_not_win(self, b: _Bucket) -> bool:
-        """Whether `b`'s verify steps lose even with every proposal accepted."""
+    def _could_not_win(self, key: int) -> bool:
+        """Whether the verify steps of bucket `key` lose even with every proposal accepted (at
+        the most proposals a row of the bucket's smallest batch)."""
+        b = self.buckets[key]
         plain, verify = b.plain, b.verify
-        return plain is not None and verify is not None and self.max_tokens * plain <= verify
+        return plain is not None and verify is not None and self.max_tokens(1 << key) * plain <= verify
 
     def _prior(self, key: int) -> Optional[float]:
         """The ratio of a neighbouring bucket (one up, else one down) whose verify steps could
@@ -183,7 +188,7 @@ class SpecGovernor:
                 continue
             if b.prior is not None and b.ratio is None:
                 return b.prior
-            if b.ratio is not None and self._could_not_win(b):
+            if b.ratio is not None and self._could_not_win(k):
                 return b.ratio
         return None
 
@@ -229,10 +234,11 @@ class SpecGovernor:
         """Whether plain steps at `batch` should measure what verify steps would accept
         (shadow.py): not where verify steps could not pay even at full acceptance, measured
         or carried over from a neighbour."""
-        b = self.buckets.get(bucket(batch))
+        key = bucket(batch)
+        b = self.buckets.get(key)
         if b is None:
             return True
-        return not (self._could_not_win(b) or (b.prior is not None and b.ratio is None))
+        return not (self._could_not_win(key) or (b.prior is not None and b.ratio is None))
 
     def shadowed(self, batch: int, tokens_per_row: float) -> None:
         """Plain steps at `batch` found that verify steps would have given this many tokens a
