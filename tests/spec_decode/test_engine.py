@@ -312,7 +312,8 @@ def test_disable_by_batch_size_turns_proposals_off_while_the_batch_is_large():
 def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypatch, caplog):
     """With async scheduling, a step where `disable_by_batch_size` turns speculation off is an
     ordinary async step (its inputs read from the step before, on the device), and one with
-    proposals is a synchronous verify step; the tokens never change. The 8 requests (of
+    proposals is a verify step, collected before anything is scheduled after it; the tokens
+    never change. The 8 requests (of
     different lengths) start without proposals (limit 4) and speculate once fewer than 4 run;
     the draft model catches up on the tokens the async steps made. The longest request bans
     repeated n-grams (a row whose draw needs its last id on the host): in an async step its draw
@@ -336,6 +337,40 @@ def test_async_scheduling_runs_the_steps_that_do_not_speculate(method, monkeypat
     if method == "draft_model":  # the draft has the target's weights and caught up exactly; it
         # only misses where the n-gram ban moves the target off its argmax
         assert stats["num_spec_accepted_tokens"] >= 0.9 * stats["num_spec_draft_tokens"]
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_an_abort_while_a_verify_step_is_in_flight_loses_nothing():
+    """With async scheduling a verify step stays in flight between `step()` calls. A request
+    aborted then ends with one final "abort" delta; the others keep their tokens, and every
+    block comes back."""
+    kw = dict(block_size=8, num_kv_blocks=128)
+    params = greedy(40)
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:3], params, use_tqdm=False)]
+    engine = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, **kw).engine
+    ids = [engine.add_request(p, params) for p in PROMPTS[:3]]
+    tokens = {rid: [] for rid in ids}
+    finals = {}
+
+    def take(deltas):
+        for d in deltas:
+            tokens[d.request_id] += d.token_ids
+            if d.finish_reason is not None:
+                assert d.request_id not in finals  # exactly one final delta
+                finals[d.request_id] = d.finish_reason
+
+    for _ in range(100):
+        take(engine.step())
+        if engine._inflight.holds_verify:
+            break
+    assert engine._inflight.holds_verify
+    assert engine.abort(ids[0])
+    while engine.has_unfinished_requests():
+        take(engine.step())
+    assert finals == {ids[0]: "abort", ids[1]: "length", ids[2]: "length"}
+    assert [tokens[rid] for rid in ids[1:]] == want[1:]
+    assert tokens[ids[0]] == want[0][:len(tokens[ids[0]])]
+    stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
