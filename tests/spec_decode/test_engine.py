@@ -376,7 +376,7 @@ def test_an_abort_while_a_verify_step_is_in_flight_loses_nothing():
 
 def test_a_step_without_proposals_is_an_ordinary_step(monkeypatch):
     """Prompt lookup finds nothing in text that never repeats: the step then runs as an
-    ordinary (async) decode step, not as a synchronous verify step of one position a row."""
+    ordinary (async) decode step, not as a verify step of one position a row."""
     from infer_cluster.worker.spec_decode.decoder import SpecDecoder
     launched = []
     real = SpecDecoder.launch

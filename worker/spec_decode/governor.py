@@ -42,9 +42,9 @@ A step's time counts only when it and the step after it are decode-only (a promp
 make a step look slow), and not in the first steps after a change of mode: `SETTLE` plain
 steps (an async pipeline refills: with one step settling, the H200 measured plain steps at
 1.16 ms where steady async decoding took 0.86 ms, 285607e, 0.6B shape, batch 1), and
-`SETTLE_VERIFY` verify steps (a draft catches up). Verify steps are synchronous: the engine
-drains the steps in flight before the first one starts, so that drain falls in the gap of the
-plain step before it, and a verify step needs less settling. At batch 256 each verify step of
+`SETTLE_VERIFY` verify steps (a draft catches up). The engine drains the steps in flight
+before a verify step is proposed, so that drain falls in the gap of the plain step before it,
+and a verify step needs less settling. At batch 256 each verify step of
 a try cost 7 plain ones (H200, 41ff583). Only steps expected to be decode-only try an
 unmeasured mode or explore. The clock is the caller's: `start_step(now, ...)` at the start of
 every engine step, so tests can drive it. Plain Python; never touches tensors or requests.
