@@ -1,7 +1,8 @@
 """tests/triton_interpreter.py makes the CPU interpreter cheaper without changing what it
 computes or checks: with the interpreter's `debug` on, the overflow sanitizer still fails a
 launch whose int32 add overflows (and, as upstream, its verdict is dropped without `debug`),
-and the cached `_get_np_dtype` answers as the original for every dtype."""
+the cached `_get_np_dtype` answers as the original for every dtype, and shared block shapes
+are those upstream builds, with its errors."""
 
 import dataclasses
 import os
@@ -27,6 +28,7 @@ def test_the_patches_are_installed():
     from triton.runtime import interpreter
     assert getattr(TritonSemantic.binary_op_sanitize_overflow_impl, "_infer_cluster_wrapped", False)
     assert getattr(interpreter._get_np_dtype, "_infer_cluster_wrapped", False)
+    assert getattr(tl.core.block_type.__init__, "_infer_cluster_wrapped", False)
 
 
 def test_overflow_is_still_caught_with_debug_and_wraps_without(monkeypatch):
@@ -60,3 +62,34 @@ def test_cached_np_dtypes_answer_as_the_original():
         for _ in range(2):  # uncached, then cached
             assert interpreter._get_np_dtype(dtype) == upstream(dtype)
     assert isinstance(interpreter._get_np_dtype(tl.float32), np.dtype)
+
+
+def _upstream(fn, name):
+    return next(c.cell_contents for c in fn.__closure__ if callable(c.cell_contents)
+                and getattr(c.cell_contents, "__qualname__", "").endswith(name))
+
+
+def test_shared_block_shapes_are_upstreams_and_keep_its_errors():
+    core = tl.core
+    core.block_type(tl.float32, [2])  # shared from now on: 2.0 must still be refused below
+    block_init = _upstream(core.block_type.__init__, "block_type.__init__")
+    tensor_init = _upstream(core.tensor.__init__, "tensor.__init__")
+    for element, shape in ((tl.float32, [4, 8]), (tl.int32, [tl.constexpr(16)]), (tl.bfloat16, [1, 2, 4])):
+        want = core.block_type.__new__(core.block_type)
+        block_init(want, element, shape)
+        for _ in range(2):  # built, then shared
+            got = core.block_type(element, shape)
+            assert (list(got.shape), got.numel, got.name, str(got)) == (list(want.shape), want.numel,
+                                                                         want.name, str(want))
+            assert got == want and got.is_block() and got.scalar == element
+            t = core.tensor(None, got)
+            u = core.tensor.__new__(core.tensor)
+            tensor_init(u, None, want)
+            assert ([s.value for s in t.shape], t.numel.value, t.dtype, str(t)) == \
+                ([s.value for s in u.shape], u.numel.value, u.dtype, str(u))
+    for bad, error in (([3], ValueError), ([2.0], TypeError), ([], TypeError)):
+        for _ in range(2):  # never cached
+            with pytest.raises(error):
+                core.block_type(tl.float32, bad)
+    scalar = core.tensor(None, tl.float32)  # not a block: upstream's path
+    assert scalar.shape == () or list(scalar.shape) == []
