@@ -23,7 +23,7 @@ address_option = click.option("--address", default=DEFAULT_ADDRESS, show_default
                               help="the coordinator's client address")
 
 
-CONNECT_TIMEOUT = 3.0  # a CLI command answers within 5 s even when nothing listens
+CONNECT_TIMEOUT = 3.0  # a CLI command gives up on a silent address after this (plus its start-up)
 
 
 def _client(address: str, auth=None, roles=("client", "admin")):

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from infer_cluster.cli import OneLineErrors
+from infer_cluster.cli_client import CONNECT_TIMEOUT
 
 from .conftest import REPO, child_env, free_port, spawn, stop_process
 
@@ -146,7 +147,10 @@ def test_mistake_is_one_line(world, argv, words):
     assert "Traceback" not in r.stderr + r.stdout
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("error: ") and words in lines[0], lines[0]
-    assert elapsed < 5.0, f"took {elapsed:.1f} s"
+    # The client waits at most the CLI's CONNECT_TIMEOUT (3 s) for a first answer; the rest is
+    # the interpreter's start-up, which took up to 2.2 s on the 2-core CI host under the suite
+    # (5.2 s in all once): the bound says "gives up", not how fast Python starts.
+    assert elapsed < CONNECT_TIMEOUT + 4.0, f"took {elapsed:.1f} s"
 
 
 def test_debug_shows_the_traceback_of_an_unexpected_error():
