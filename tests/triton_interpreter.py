@@ -81,9 +81,9 @@ def _share_block_shapes() -> None:
     of `constexpr`s. That was ~15% of the CPU time of tests/kernels/test_attention_int8.py and
     tests/parity/test_norm_fuse.py (47.7 s against 40.4 s). These depend only on the element
     type and the shape, and nothing mutates them, so a block type of an (element type, shape)
-    seen before takes the same objects, and its tensors take the same constexpr shape. Other
-    types (scalars, pointers), shapes of anything but ints and unhashable keys go through
-    upstream's code."""
+    seen before takes the same objects, and its tensors take the same constexpr shape; a
+    scalar tensor takes one shared empty shape. Shapes of anything but ints and unhashable
+    keys go through upstream's code."""
     try:
         import triton.language.core as core
     except ImportError:
@@ -96,9 +96,10 @@ def _share_block_shapes() -> None:
     shapes: dict = {}  # (element type, shape as ints) -> (shape, numel, name, constexpr shape)
 
     def block_init(self, element_ty, shape):
-        dims = tuple(s.value if isinstance(s, constexpr) else s for s in shape)
-        if not all(type(d) is int for d in dims):  # 2.0 would hash as 2: upstream decides
-            return original_block(self, element_ty, shape)
+        dims = tuple([s.value if s.__class__ is constexpr else s for s in shape])
+        for d in dims:
+            if d.__class__ is not int:  # 2.0 would hash as 2: upstream decides
+                return original_block(self, element_ty, shape)
         key = (element_ty, dims)
         try:
             seen = shapes.get(key)
@@ -113,13 +114,19 @@ def _share_block_shapes() -> None:
             self.shape, self.numel, self.name = seen[0], seen[1], seen[2]
         self._infer_cluster_shape = seen[3]
 
+    no_shape = core.tuple([])  # a scalar's shape, as upstream builds it (and never changes)
+
     def tensor_init(self, handle, type):
         shape = getattr(type, "_infer_cluster_shape", None)
-        if shape is None:  # not a block type
-            return original_tensor(self, handle, type)
+        if shape is None:
+            if type.is_block():  # a block type built before the patch: as upstream
+                return original_tensor(self, handle, type)
+            shape, numel = no_shape, 1
+        else:
+            numel = type.numel
         base_init(self)
         self.handle = handle
-        self.numel = constexpr(type.numel)
+        self.numel = constexpr(numel)
         self.type = type
         self.dtype = type.scalar
         self.shape = shape

@@ -91,5 +91,10 @@ def test_shared_block_shapes_are_upstreams_and_keep_its_errors():
         for _ in range(2):  # never cached
             with pytest.raises(error):
                 core.block_type(tl.float32, bad)
-    scalar = core.tensor(None, tl.float32)  # not a block: upstream's path
-    assert scalar.shape == () or list(scalar.shape) == []
+    for scalar_type in (tl.float32, tl.int64, tl.pointer_type(tl.float16)):  # not blocks
+        got = core.tensor(None, scalar_type)
+        want = core.tensor.__new__(core.tensor)
+        tensor_init(want, None, scalar_type)
+        assert (list(got.shape), got.numel.value, got.dtype, got.type, str(got)) == \
+            (list(want.shape), want.numel.value, want.dtype, want.type, str(want))
+        assert isinstance(got.shape, core.tuple)
