@@ -64,12 +64,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
     # One query row each (decode): all such sequences at once, padded to the longest, where that
     # padded K is small (many short rows: one set of launches instead of one per row); else
     # one by one below (a long padded gather costs more than it saves).
-    if single and len(single) * max(lens[i] for i in single) * k_cache[0, 0].numel() > BATCHED_DECODE_MAX:
+    longest = max((lens[i] for i in single), default=0)
+    if len(single) * longest * k_cache[0, 0].numel() > BATCHED_DECODE_MAX:
         single = []
     if single:
         rows = torch.tensor([qsl[i] for i in single], device=q.device)
         ctx = torch.tensor([lens[i] for i in single], device=q.device)
-        num_blocks = (max(lens[i] for i in single) + block_size - 1) // block_size
+        num_blocks = (longest + block_size - 1) // block_size
         blocks = block_tables[torch.tensor(single, device=q.device), :num_blocks].long()
         blocks = blocks.clamp(0, k_cache.shape[0] - 1)  # padding may hold any value
         k = _gather(k_cache, k_scale, blocks)                       # [S, L, H, D]

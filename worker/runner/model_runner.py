@@ -1,7 +1,8 @@
 """`ModelRunner`: builds this rank's model on its device, loads weights, sizes and owns the KV
 pool, and runs one forward pass per `SchedulerOutput`.
 
-Owns: weight loading (its device and dtypes come from worker/runner/device_setup.py) (checkpoint or `dummy`), the warm-up pass that
+Owns: weight loading (checkpoint or `dummy`; the device and dtypes from
+worker/runner/device_setup.py), the warm-up pass that
 measures activation memory before the KV pool is sized from `gpu_memory_utilization`, and
 `execute()`. It sees nothing of the scheduler but the `SchedulerOutput`, and returns logits of
 the rows to sample (or, for a step the engine found all plain greedy, their argmax ids, from the

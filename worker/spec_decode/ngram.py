@@ -125,25 +125,21 @@ class NgramProposer:
                 if req.spec_token_ids:
                     req.spec_token_ids = _NONE
                 continue
-            index: Optional[NgramIndex] = req.draft_state
-            if index is None:
-                index = req.draft_state = NgramIndex(self.min_n, self.max_n)
-            req.spec_token_ids = index.propose(req.all_token_ids, room)
+            req.spec_token_ids = self._index(req).propose(req.all_token_ids, room)
 
     def shadow(self, req, batch: int) -> list[int]:
         """The proposals a verify step of `batch` rows would check after the request's tokens
         on the host (its last may still be pending: shadow.py measures, and proposes nothing
         to run)."""
-        if req.grammar is not None:
-            return _NONE
-        room = min(row_limit(self.k, batch), req.params.max_tokens - len(req.output_token_ids) - 1,
-                   self.max_model_len - req.num_tokens - 1)
-        if room <= 0:
-            return _NONE
+        room = proposal_cap(req, row_limit(self.k, batch), self.max_model_len)
+        return self._index(req).propose(req.all_token_ids, room) if room > 0 else _NONE
+
+    def _index(self, req) -> NgramIndex:
+        """The request's index, made at its first proposal (`Request.draft_state`)."""
         index: Optional[NgramIndex] = req.draft_state
         if index is None:
             index = req.draft_state = NgramIndex(self.min_n, self.max_n)
-        return index.propose(req.all_token_ids, room)
+        return index
 
 
 def row_limit(k: int, batch: int) -> int:
@@ -157,10 +153,17 @@ def row_limit(k: int, batch: int) -> int:
 
 def proposal_room(req, k: int, max_model_len: int) -> int:
     """How many proposals the request can use: 0 unless it decodes (every token but the last
-    computed, nothing pending, no grammar); at most k, and never so many that the verified
-    tokens could pass max_tokens or max_model_len. Every proposer uses this rule."""
-    num_tokens = req.num_tokens
-    if req.num_computed_tokens != num_tokens - 1 or req.num_pending or req.grammar is not None:
+    computed, nothing pending), then `proposal_cap`. Every proposer uses this rule."""
+    if req.num_computed_tokens != req.num_tokens - 1 or req.num_pending:
+        return 0
+    return proposal_cap(req, k, max_model_len)
+
+
+def proposal_cap(req, k: int, max_model_len: int) -> int:
+    """0 for a request with a grammar; else at most k, and never so many that the verified
+    tokens could pass max_tokens or max_model_len (shadow proposals use this alone: their
+    request's last token may still be pending)."""
+    if req.grammar is not None:
         return 0
     return min(k, req.params.max_tokens - len(req.output_token_ids) - 1,
-               max_model_len - num_tokens - 1)
+               max_model_len - req.num_tokens - 1)
