@@ -392,3 +392,24 @@ def test_a_step_without_proposals_is_an_ordinary_step(monkeypatch):
     assert len(out.token_ids) == 3
     assert all(n > 0 for n in launched)
     assert llm.stats()["num_spec_draft_tokens"] == sum(launched)
+
+
+def test_a_speculating_step_whose_host_tokens_propose_nothing_keeps_the_pipeline(monkeypatch):
+    """With async scheduling, a step that would speculate asks prompt lookup about the tokens
+    already on the host before waiting for the step in flight. Text that never repeats proposes
+    nothing, so its steps stay async (their inputs come from the step before, on the device);
+    repeating text still waits, proposes and verifies; the tokens never change."""
+    from tests.engine.test_async_scheduling import pending_rows_spy
+    kw = dict(block_size=8, num_kv_blocks=64)
+    cases = [([list(range(40, 80))], {**SPEC, "prompt_lookup_min": 3}, 3), (PROMPTS[:2], SPEC, 24)]
+    for prompts, spec, n in cases:
+        want = [o.token_ids for o in LLM("tiny-random", **kw).generate(prompts, greedy(n), use_tqdm=False)]
+        pending = pending_rows_spy(monkeypatch)
+        llm = LLM("tiny-random", speculative_config=spec, async_scheduling=True, **kw)
+        assert [o.token_ids for o in llm.generate(prompts, greedy(n), use_tqdm=False)] == want
+        stats = llm.stats()
+        if n == 3:  # no trigram recurs: no wait, so the second and third steps read pending inputs
+            assert stats["num_spec_draft_tokens"] == 0 and pending == [0, 1, 1], pending
+        else:
+            assert stats["num_spec_accepted_tokens"] > 0, stats
+        monkeypatch.undo()

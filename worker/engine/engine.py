@@ -270,15 +270,19 @@ class DynamicEngine:
     def _propose(self, deltas: list) -> bool:
         """Speculating: whether the next step verifies proposals (`SpecDecoder.active`), and
         the proposals. Proposals need every token on the host, so the steps in flight are
-        collected first; so are they after a verify step, whatever comes next. A step that
-        does not speculate is an ordinary step, async where that is on."""
+        collected first, unless the tokens already on the host propose nothing
+        (`SpecDecoder.worth_waiting`: then the step is an ordinary one and the pipeline keeps
+        going); they always are after a verify step, whatever comes next. A step that does not
+        speculate is an ordinary step, async where that is on."""
         if self.spec_decoder is None:
             return False
-        verify = self.spec_decoder.active(self.scheduler.running, len(self.scheduler.waiting))
-        if verify or self._inflight.holds_verify:  # a verify step's rows got several tokens each
-            while self._inflight:
+        running = self.scheduler.running
+        verify = self.spec_decoder.active(running, len(self.scheduler.waiting))
+        if self._inflight.holds_verify or (verify and self._inflight
+                                           and self.spec_decoder.worth_waiting(running)):
+            while self._inflight:  # a verify step's rows got several tokens each
                 self._collect(deltas)
-        return self.spec_decoder.propose(self.scheduler.running, verify)  # none: an ordinary step
+        return self.spec_decoder.propose(running, verify)  # none: an ordinary step
 
     def _step_mode(self, out: SchedulerOutput, verify: bool) -> tuple[bool, bool]:
         """(sync, defer) for the scheduled step. sync: collected before the next schedule (async
