@@ -14,7 +14,7 @@ from typing import Optional
 
 
 class GrammarState:
-    __slots__ = ("matcher", "vocab_size", "num_accepted", "last_token", "broken")
+    __slots__ = ("matcher", "vocab_size", "num_accepted", "last_token", "broken", "_stop_ids")
 
     def __init__(self, compiled):
         import xgrammar as xgr
@@ -23,11 +23,15 @@ class GrammarState:
         self.num_accepted = 0
         self.last_token: Optional[int] = None
         self.broken = False
+        # a matcher terminates only by accepting one of these (xgrammar's stop tokens)
+        self._stop_ids = frozenset(self.matcher.stop_token_ids)
 
     @property
     def is_terminated(self) -> bool:
-        """The grammar is complete and its stop token was accepted: nothing more may follow."""
-        return self.matcher.is_terminated()
+        """The grammar is complete and its stop token was accepted: nothing more may follow.
+        Asked only where the last token accepted is a stop token: the engine asks every
+        constrained row every step, and each call into xgrammar costs host time."""
+        return self.last_token in self._stop_ids and self.matcher.is_terminated()
 
     def sync(self, tokens: list[int]) -> bool:
         """Accept `tokens[num_accepted:]`; rebuild first if `tokens` does not extend what was
@@ -39,8 +43,11 @@ class GrammarState:
             self.broken = False
         if self.broken:
             return False
+        if n == len(tokens):
+            return True
+        accept = self.matcher.accept_token  # refuses every token once terminated
         for t in tokens[n:]:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(int(t)):
+            if not accept(int(t)):
                 self.broken = True
                 return False
             self.num_accepted += 1
