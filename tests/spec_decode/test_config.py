@@ -25,9 +25,9 @@ def test_dict_json_and_instance_give_the_same_config():
 
 
 @pytest.mark.parametrize("value,message", [
-    (dict(NGRAM, num_speculative_tokens=0), "speculative_config.num_speculative_tokens must be 1..16, got 0"),
-    (dict(NGRAM, num_speculative_tokens=17), "speculative_config.num_speculative_tokens must be 1..16"),
-    (dict(NGRAM, num_speculative_tokens=True), "speculative_config.num_speculative_tokens must be 1..16"),
+    (dict(NGRAM, num_speculative_tokens=0), "speculative_config.num_speculative_tokens must be 1..32, got 0"),
+    (dict(NGRAM, num_speculative_tokens=33), "speculative_config.num_speculative_tokens must be 1..32"),
+    (dict(NGRAM, num_speculative_tokens=True), "speculative_config.num_speculative_tokens must be 1..32"),
     (dict(NGRAM, prompt_lookup_min=0), "speculative_config.prompt_lookup_min must be 1..64"),
     (dict(NGRAM, prompt_lookup_max=65), "speculative_config.prompt_lookup_max must be 1..64"),
     (dict(NGRAM, prompt_lookup_min=6), r"speculative_config.prompt_lookup_min \(6\) must be <= prompt_lookup_max \(5\)"),
@@ -78,7 +78,7 @@ def test_cli_flag_reaches_the_config_and_the_replica_argv():
     assert engine_argv({"speculative_config": json.dumps(NGRAM)}) == ["--speculative-config", json.dumps(NGRAM)]
     bad = CliRunner().invoke(main, ["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'])
     assert bad.exit_code == 1
-    assert "speculative_config.num_speculative_tokens must be 1..16" in bad.output
+    assert "speculative_config.num_speculative_tokens must be 1..32" in bad.output
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])

@@ -413,3 +413,26 @@ def test_a_speculating_step_whose_host_tokens_propose_nothing_keeps_the_pipeline
         else:
             assert stats["num_spec_accepted_tokens"] > 0, stats
         monkeypatch.undo()
+
+
+def test_the_largest_k_verifies_exactly(monkeypatch):
+    """k = 32 (the most `speculative_config` takes) at batch 1: the prompt holds every id from 3
+    to 399 once, so an output token below 368 finds 32 tokens after it and the verify step has
+    33 positions (decode-shaped); the output equals speculation off."""
+    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
+    proposed = []
+    real = SpecDecoder.launch
+
+    def spy(self, out, *a, **kw):
+        proposed.append(max(s.num_spec_tokens for s in out.requests))
+        return real(self, out, *a, **kw)
+    monkeypatch.setattr(SpecDecoder, "launch", spy)
+    kw = dict(block_size=8, num_kv_blocks=128)
+    prompts = [list(range(3, 400))]
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(prompts, greedy(48), use_tqdm=False)]
+    llm = LLM("tiny-random", speculative_config={**SPEC, "num_speculative_tokens": 32}, **kw)
+    assert [o.token_ids for o in llm.generate(prompts, greedy(48), use_tqdm=False)] == want
+    assert max(proposed) == 32, proposed
+    assert len(llm.stats()["spec_acceptance_per_position"]) == 32
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

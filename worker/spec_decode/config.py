@@ -2,7 +2,7 @@
 
 Owns: parsing the user's value (a dict, a JSON string from `--speculative-config`, or a
 `SpeculativeConfig`), the checks of each field (messages name the field, e.g.
-`speculative_config.num_speculative_tokens must be 1..16`), and `refuse_unsupported`: the
+`speculative_config.num_speculative_tokens must be 1..32`), and `refuse_unsupported`: the
 engine settings speculation does not run with yet, refused at configuration time with one line
 naming both settings rather than producing wrong output.
 Must never import torch (the CLI builds configs without it).
@@ -20,7 +20,7 @@ from typing import Any, Optional
 from infer_cluster.protocol.errors import ConfigError
 
 METHODS = ("ngram", "draft_model")
-MAX_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = 32
 MAX_LOOKUP = 64  # longest n-gram the proposer matches
 
 
