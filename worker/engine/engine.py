@@ -397,8 +397,11 @@ class DynamicEngine:
 
     def close(self) -> None:
         """Release the draw graphs and the runner's processes (tensor/pipeline-parallel ranks);
-        idempotent."""
-        if self.draw_graphs is not None:
+        idempotent. A device that a rank's failure left stuck (`device_stuck`: a symmetric-memory
+        all-reduce waits for the dead rank, worker/device/wait.py) never finishes its queued
+        work, so the draw graphs are not released there (their release waits for the device):
+        they stay until the process exits."""
+        if self.draw_graphs is not None and not getattr(self.runner, "device_stuck", False):
             self.draw_graphs.release()
         self.structured.close()
         self.sampler.close()
