@@ -304,9 +304,10 @@ def test_clear_bans_keeps_one_allowed_token():
 
 
 def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
-    """With async scheduling the masks of a deferred draw are filled on a helper thread while
-    the next step is scheduled (`GrammarMasks.prefill`, from eight rows up); the outputs are
-    those of synchronous decoding, and the filled-ahead rows are used."""
+    """With async scheduling the matchers of a deferred draw take their new tokens and its
+    masks are filled on a helper thread while the next step is scheduled (`GrammarMasks.prefill`,
+    from eight rows up); the outputs are those of synchronous decoding, and the filled-ahead
+    rows are used."""
     from infer_cluster.worker.structured.bitmask import BATCH_FILL_MIN_ROWS, GrammarMasks
     used = []
     real_prefill, real_join = GrammarMasks.prefill, GrammarMasks.join
@@ -317,6 +318,21 @@ def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
             used.append(len(pre[2]))
         return pre
     monkeypatch.setattr(GrammarMasks, "join", join)
+    import threading
+
+    import xgrammar as xgr
+    fills, real_fill = [], xgr.BatchGrammarMatcher.batch_fill_next_token_bitmask
+
+    def fill(self, *a, **kw):
+        fills.append(threading.current_thread() is threading.main_thread())
+        return real_fill(self, *a, **kw)
+    monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", fill)
+    accepts, real_accept = [], xgr.GrammarMatcher.accept_token
+
+    def accept(self, *a, **kw):  # one token of one row: on the main thread, the rare path
+        accepts.append(threading.current_thread() is threading.main_thread())
+        return real_accept(self, *a, **kw)
+    monkeypatch.setattr(xgr.GrammarMatcher, "accept_token", accept)
     schema = BOUNDED["flat"]
     n = BATCH_FILL_MIN_ROWS + 4
     prompts = [[3 + i, 7, 9 + i] for i in range(n)] + ["free"]
@@ -325,12 +341,21 @@ def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
     kw = dict(num_kv_blocks=128, block_size=16, max_model_len=512)
     want = [(o.token_ids, o.finish_reason) for o in
             LLM("tiny-random", async_scheduling=False, **kw).generate(prompts, params, use_tqdm=False)]
+    fills.clear(), accepts.clear()  # the synchronous engine does both on the main thread
     fast = LLM("tiny-random", async_scheduling=True, **kw)
     got = [(o.token_ids, o.finish_reason) for o in fast.generate(prompts, params, use_tqdm=False)]
     fast.close()
     assert got == want
     assert used and max(used) >= BATCH_FILL_MIN_ROWS
     assert real_prefill is GrammarMasks.prefill
+    # the helper advanced the matchers and filled: the draws used its masks as they were
+    # and advanced the matchers there too (a token at a time on the main thread only where a
+    # stop token may end a grammar, or before the first fill ahead)
+    total = sum(len(ids) for ids, _ in got[:n])
+    print("batch fills on the main thread / the helper:", fills.count(True), fills.count(False),
+          "; accepts one by one on the main thread:", accepts.count(True), "of", total)
+    assert fills.count(False) >= 5 and fills.count(True) <= 1, fills
+    assert accepts.count(True) <= 2 * n < total, (accepts.count(True), total)
 
 
 def test_a_fill_ahead_from_stale_states_is_not_used():
@@ -349,7 +374,7 @@ def test_a_fill_ahead_from_stale_states_is_not_used():
     first = llm.tokenizer.encode("gamma", add_special_tokens=False)[0]
     rows = [SamplingRequestState(params, [1], outputs[i], None, (0,), f"r{i}", 0, states[i]) for i in range(n)]
     masks = GrammarMasks()
-    masks.prefill(list(enumerate(states)), n, torch.device("cpu"))
+    masks.prefill([(i, states[i], outputs[i]) for i in range(n)], n, torch.device("cpu"))
     outputs[0].append(first)  # row 0 moves on after the fill ahead
     got = torch.zeros(n, llm.engine.spec.vocab_size)
     masks.apply(got, rows, list(range(n)))

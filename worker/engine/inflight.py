@@ -178,7 +178,7 @@ class InFlightSteps:
         for i, rid in enumerate(step.row_ids):
             req = requests.get(rid)
             if req is not None and req.grammar is not None and req.num_pending == 1:
-                states.append((i, req.grammar))
+                states.append((i, req.grammar, req.output_token_ids))
         if states:
             sampler.prefill_masks(states, len(step.row_ids), step.logits.device)
 

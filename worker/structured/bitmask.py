@@ -14,8 +14,11 @@ on a few threads, into one pinned host buffer kept across steps (no allocation o
 step); the mask and the rows' indices go up with non-blocking copies into device buffers kept
 too. Nothing here may wait for the device: the draw is queued while the forward still runs, and
 a copy from pageable memory (xgrammar's own upload of a list of indices) would block the host
-until the forward ended. The engine
-fills while the step's forward runs on the device (worker/engine/engine.py, deferred draws).
+until the forward ended. The engine fills while the step's forward runs on the device
+(worker/engine/engine.py, deferred draws): `prefill` first advances the rows' matchers by the
+tokens the step before gave them, then fills, both on a helper thread in xgrammar calls that
+release the GIL, while the engine schedules the next step. On the H200 host the matchers'
+advance had cost the main thread ~10 us a row (547aa05).
 The host buffer is reused at the next step once the device has read it: an event recorded after
 the copy is waited on before the next fill (at depth 1 it has long passed: the engine waited for
 this step's ids, copied after the mask).
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 
 from infer_cluster.kernels.bitmask import apply_token_bitmask
+from infer_cluster.worker.structured.state import accept_all
 
 # Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
 # to leave the replica's other host work (scheduling, detokenizing) its cores.
@@ -85,21 +89,31 @@ class GrammarMasks:
         view = host[:n]
         return view, (self._device[:n] if device.type == "cuda" else view)
 
-    def prefill(self, states: list[tuple[int, object]], n: int, device: torch.device) -> None:
-        """Start filling the mask rows of the next `apply` (`n` rows; `states`: (row, its
-        `GrammarState`), each in step with its tokens) on a helper thread, so the caller can
-        schedule the next step meanwhile (xgrammar's fill releases the GIL). The caller must
-        not touch those states until `apply` (or `join`) has waited for it."""
+    def prefill(self, states: list[tuple[int, object, list[int]]], n: int, device: torch.device) -> None:
+        """Start, on a helper thread, advancing the states of the next `apply`'s rows by their
+        new tokens and filling their mask rows (`n` rows; `states`: (row, its `GrammarState`,
+        its output tokens)), so the caller can schedule the next step meanwhile: xgrammar's
+        batched accept and fill release the GIL. Only the tokens there now count (a list that
+        grows later is read up to its present length). The caller must not touch those states
+        until `apply` (or `join`) has waited for it."""
         self.join()
-        live = [(i, g) for i, g in states if not g.broken]
-        if len(live) < BATCH_FILL_MIN_ROWS:
+        if len(states) < BATCH_FILL_MIN_ROWS:
             return  # a few rows fill faster than a thread starts
-        host, _ = self._buffers(n, live[0][1].vocab_size, device)
+        host, _ = self._buffers(n, states[0][1].vocab_size, device)
         if self._filler is None:
             self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
-        matchers, use = [g.matcher for _, g in live], [i for i, _ in live]
-        future = self._filler.submit(self._batch.batch_fill_next_token_bitmask, matchers, host, use)
-        self._prefill = (future, n, [(i, g, g.num_accepted) for i, g in live])
+        items = [(g, tokens, len(tokens)) for _, g, tokens in states]
+        future = self._filler.submit(self._advance_and_fill, items, [i for i, _, _ in states], host)
+        self._prefill = (future, n, [i for i, _, _ in states], [(g, size) for g, _, size in items])
+
+    def _advance_and_fill(self, items: list, rows: list[int], host: torch.Tensor) -> list[int]:
+        """The helper's job: sync the states, fill the rows of those not broken; returns them."""
+        accept_all(items)
+        live = [(i, g) for i, (g, _, _) in zip(rows, items) if not g.broken]
+        if live:
+            self._batch.batch_fill_next_token_bitmask([g.matcher for _, g in live], host,
+                                                      [i for i, _ in live])
+        return [i for i, _ in live]
 
     def join(self) -> Optional[tuple]:
         """Wait for a started `prefill` and hand it over (None if none was started)."""
@@ -122,6 +136,14 @@ class GrammarMasks:
         `prefill` filled from the same states are not filled again."""
         pre = self.join()  # before any state is touched: the helper may still be filling
         n = x.shape[0]
+        if pre is not None and pre[1] == n and pre[2] == which and pre[3] == [
+                (rows[i].grammar, len(rows[i].output_token_ids)) for i in which]:
+            # filled ahead from these very states and tokens: only the broken are left out
+            use = pre[0].result()
+            broken = [i for i in which if rows[i].grammar.broken]
+            if use:
+                self._upload_and_apply(x, rows[use[0]].grammar.vocab_size, use, bans)
+            return broken
         matchers, use, broken = [], [], []
         vocab = None
         for i in which:
@@ -137,15 +159,19 @@ class GrammarMasks:
             vocab = r.grammar.vocab_size
         if not use:
             return broken
-        host, dev = self._buffers(n, vocab, x.device)
-        if pre is not None and pre[1] == n and [(i, rows[i].grammar, rows[i].grammar.num_accepted)
-                                                for i in use] == pre[2]:
-            pass  # filled ahead, from these very states
-        elif len(matchers) >= BATCH_FILL_MIN_ROWS:
+        host, _ = self._buffers(n, vocab, x.device)
+        if len(matchers) >= BATCH_FILL_MIN_ROWS:
             self._batch.batch_fill_next_token_bitmask(matchers, host, use)
         else:
             for matcher, i in zip(matchers, use):
                 matcher.fill_next_token_bitmask(host, i)
+        self._upload_and_apply(x, vocab, use, bans)
+        return broken
+
+    def _upload_and_apply(self, x: torch.Tensor, vocab: int, use: list[int],
+                          bans: Optional[dict]) -> None:
+        """Clear the bans from the filled host rows `use`, send them up and mask x's rows."""
+        host, dev = self._buffers(x.shape[0], vocab, x.device)
         if bans:
             for i in use:
                 if bans.get(i):
@@ -159,7 +185,6 @@ class GrammarMasks:
             self._copied.record(self._stream)
             self._pending_copy = True
         apply_token_bitmask(x, dev, idx, vocab)  # the padded head's columns banned too
-        return broken
 
 
 def _clear_bans(row: torch.Tensor, banned, vocab: int) -> None:

@@ -3,8 +3,9 @@
 Owns: the matcher and how many of the request's output tokens it has accepted. `sync(tokens)`
 accepts the tokens it has not seen yet (resume tokens of a failed-over request included) and
 rebuilds the matcher from the whole list (reset, then accept each) when the list no longer
-extends what it accepted. A token the grammar refuses leaves the state `broken` (the engine ends
-the request): the mask makes that impossible unless the tokens came from elsewhere.
+extends what it accepted; `accept_all` syncs many states, the common one-token case in one
+xgrammar call. A token the grammar refuses leaves the state `broken` (the engine ends the
+request): the mask makes that impossible unless the tokens came from elsewhere.
 Host only: never touches tensors but the bitmask row it fills.
 """
 
@@ -14,7 +15,7 @@ from typing import Optional
 
 
 class GrammarState:
-    __slots__ = ("matcher", "vocab_size", "num_accepted", "last_token", "broken", "_stop_ids")
+    __slots__ = ("matcher", "vocab_size", "num_accepted", "last_token", "broken", "stop_ids")
 
     def __init__(self, compiled):
         import xgrammar as xgr
@@ -24,14 +25,14 @@ class GrammarState:
         self.last_token: Optional[int] = None
         self.broken = False
         # a matcher terminates only by accepting one of these (xgrammar's stop tokens)
-        self._stop_ids = frozenset(self.matcher.stop_token_ids)
+        self.stop_ids = frozenset(self.matcher.stop_token_ids)
 
     @property
     def is_terminated(self) -> bool:
         """The grammar is complete and its stop token was accepted: nothing more may follow.
         Asked only where the last token accepted is a stop token: the engine asks every
         constrained row every step, and each call into xgrammar costs host time."""
-        return self.last_token in self._stop_ids and self.matcher.is_terminated()
+        return self.last_token in self.stop_ids and self.matcher.is_terminated()
 
     def sync(self, tokens: list[int]) -> bool:
         """Accept `tokens[num_accepted:]`; rebuild first if `tokens` does not extend what was
@@ -54,6 +55,42 @@ class GrammarState:
             self.last_token = t
         return True
 
+    def next_token(self, tokens: list[int], size: int) -> Optional[int]:
+        """The one token that `tokens[:size]` adds to what was accepted, where it adds exactly
+        one (the common case, which `accept_all` batches); None otherwise (`sync` it)."""
+        n = self.num_accepted
+        if self.broken or size != n + 1 or (n and tokens[n - 1] != self.last_token):
+            return None
+        return int(tokens[n])
+
+    def took(self, token: int, accepted: bool) -> None:
+        """Record what the matcher did with `next_token`'s token."""
+        if accepted:
+            self.num_accepted += 1
+            self.last_token = token
+        else:
+            self.broken = True
+
     def fill(self, bitmask, row: int) -> None:
         """The allowed next tokens into `bitmask[row]` (xgrammar's packed int32 layout)."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def accept_all(items: list[tuple["GrammarState", list[int], int]]) -> None:
+    """Sync each state with the first `size` of its tokens. The states one token behind (every
+    decoding row after a step) take theirs in one xgrammar call, which releases the GIL, so a
+    helper thread can run it beside the engine's own Python (worker/structured/bitmask.py);
+    the others (a resume, a rebuild) take `sync`."""
+    import xgrammar as xgr
+    batch, tokens_in = [], []
+    for g, tokens, size in items:
+        t = g.next_token(tokens, size)
+        if t is None:
+            g.sync(tokens[:size])
+        else:
+            batch.append(g)
+            tokens_in.append(t)
+    if batch:
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token([g.matcher for g in batch], tokens_in)
+        for g, t, ok in zip(batch, tokens_in, accepted):
+            g.took(t, ok)
