@@ -3,11 +3,13 @@ input-grounded workload: chat-templated "rewrite / correct / repeat this passage
 prompts over about `--input-chars` / 4 tokens of input (English from tests/data, code from this
 repository), greedy, so the model copies much of its input.
 
-Runs, one engine at a time in one process: `off` and `on` (the engine's defaults: CUDA graphs,
+Runs, in one process: `off` and `on` (the engine's defaults: CUDA graphs,
 async scheduling where they apply; verify steps are synchronous, run as decode steps up to 48
 positions and replay the mixed-step graphs above), and on request `off_eager` / `on_eager`
-(enforce_eager, synchronous). Reports tok/s per batch size (`--rounds` rounds of fresh
-conversations, timed together), the ratios, batch-1 TPOT from the request metrics, the
+(enforce_eager, synchronous). By default every run's engine is built first and the rounds
+alternate between them (`--interleave`), so a drift of the host's speed falls on all alike.
+Reports tok/s per batch size (`--rounds` rounds of fresh conversations, summed), the ratios and
+each round's ratio (min / median / max), batch-1 TPOT from the request metrics, the
 acceptance per position, and how far greedy outputs agree with the first run: identical on the
 CPU in float32; in bf16 a verify step computes a position in a batch of other shape than
 decoding does (other GEMV and attention launches), so near-ties can flip a token and the outputs
@@ -83,6 +85,11 @@ def main(argv=None) -> dict:
                          "it to pay; off speculates in every step (what verification alone gives)")
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
                     choices=["off", "on", "off_eager", "on_eager"])
+    ap.add_argument("--interleave", default="on", choices=["on", "off"],
+                    help="on: build every run's engine first, then alternate them round by round "
+                         "(a drift of the host's speed, which moved batch-1 TPOT by up to 45%% "
+                         "within one H200 call, falls on every run alike; each engine gets "
+                         "--gpu-memory-utilization / len(--runs)); off: one engine after another")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="at most the draft's positions (a small draft may reach fewer than the target)")
@@ -92,7 +99,6 @@ def main(argv=None) -> dict:
     import torch
 
     from infer_cluster.protocol import SamplingParams
-    from infer_cluster.worker import LLM
 
     def sync():
         if torch.cuda.is_available():
@@ -112,52 +118,10 @@ def main(argv=None) -> dict:
              "on_eager": {**eager, "speculative_config": spec}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
     params = SamplingParams(temperature=0, max_tokens=args.output_len)
-    results, outputs = {}, {}
-    for name in args.runs:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-                  gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-                  **modes[name])
-        llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
-        run = {}
-        for b in args.batch:
-            before = llm.stats()
-            sync()
-            t = time.perf_counter()
-            outs = []
-            for r in range(args.rounds):
-                outs += llm.chat(convs[r * b:(r + 1) * b], params, use_tqdm=False)
-            sync()
-            seconds = time.perf_counter() - t
-            after = llm.stats()
-            tokens = sum(len(o.token_ids) for o in outs)
-            row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                   "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs)}
-            if b == 1:
-                tpots = [(o.metrics.finish_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
-                         for o in outs if o.metrics is not None and o.metrics.finish_time
-                         and o.metrics.first_token_time and len(o.token_ids) > 1]
-                if tpots:
-                    row["tpot_ms"] = sum(tpots) / len(tpots) * 1e3
-            drafts = after["num_spec_draft_tokens"] - before["num_spec_draft_tokens"]
-            if drafts:
-                row["acceptance"] = (after["num_spec_accepted_tokens"] - before["num_spec_accepted_tokens"]) / drafts
-            run[b] = row
-            outputs[(name, b)] = [o.token_ids for o in outs]
-            print(f"{name:>9} batch {b:>2}: {tokens} tokens in {seconds:.2f} s = "
-                  f"{tokens / seconds:.1f} tok/s" + (f", TPOT {row['tpot_ms']:.2f} ms" if "tpot_ms" in row else "")
-                  + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
-        if name.startswith("on"):
-            run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
-            governor = llm.engine.spec_decoder.governor
-            if governor is not None:  # adaptive: what it measured, per batch-size bucket
-                run["governor"] = governor.as_dict()
-                print(f"{name:>9} governor estimates: {run['governor']}")
-        results[name] = run
-        llm.close()
-        del llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    if args.interleave == "on" and len(args.runs) > 1:
+        results, outputs, paired = _interleaved(args, modes, convs, params, sync)
+    else:
+        (results, outputs), paired = _one_after_another(args, modes, convs, params, sync), {}
     identical = all(outputs[(name, b)] == outputs[(args.runs[0], b)] for name in args.runs for b in args.batch)
     agreement = {name: {b: _agreement(outputs[(name, b)], outputs[(args.runs[0], b)]) for b in args.batch}
                  for name in args.runs[1:]}
@@ -169,11 +133,121 @@ def main(argv=None) -> dict:
     print(f"greedy outputs identical across runs: {identical}; agreement with {args.runs[0]}: {agreement}")
     for key, by_batch in ratios.items():
         print(f"{key}: " + ", ".join(f"batch {b} {r:.2f}x" for b, r in by_batch.items()))
+    for key, by_batch in paired.items():
+        print(f"{key} per round (min / median / max): " + ", ".join(
+            f"batch {b} {min(r):.2f} / {sorted(r)[len(r) // 2]:.2f} / {max(r):.2f}" for b, r in by_batch.items()))
     result = {**run_info(), "model": args.model, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
-              "input_chars": args.input_chars, "output_len": args.output_len, "rounds": args.rounds, "runs": results,
-              "ratios": ratios, "identical": identical, "agreement": agreement}
+              "input_chars": args.input_chars, "output_len": args.output_len, "rounds": args.rounds,
+              "interleave": args.interleave == "on" and len(args.runs) > 1, "runs": results,
+              "ratios": ratios, "ratios_per_round": paired, "identical": identical, "agreement": agreement}
     write_json(args.out, json.loads(json.dumps(result)))  # int batch keys become strings
     return result
+
+
+def _engine(args, mode: dict, share: float, convs: list):
+    from infer_cluster.protocol import SamplingParams
+    from infer_cluster.worker import LLM
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
+              gpu_memory_utilization=share, max_model_len=args.max_model_len, **mode)
+    llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+    return llm
+
+
+def _row(outs: list, seconds: float, b: int, before: dict, after: dict) -> dict:
+    """tokens, seconds, tokens/s, prompt tokens, batch-1 TPOT (from the request metrics) and
+    the acceptance of a set of outputs."""
+    tokens = sum(len(o.token_ids) for o in outs)
+    row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+           "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs)}
+    if b == 1:
+        tpots = [(o.metrics.finish_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
+                 for o in outs if o.metrics is not None and o.metrics.finish_time
+                 and o.metrics.first_token_time and len(o.token_ids) > 1]
+        if tpots:
+            row["tpot_ms"] = sum(tpots) / len(tpots) * 1e3
+    drafts = after["num_spec_draft_tokens"] - before["num_spec_draft_tokens"]
+    if drafts:
+        row["acceptance"] = (after["num_spec_accepted_tokens"] - before["num_spec_accepted_tokens"]) / drafts
+    return row
+
+
+def _print_row(name: str, b: int, row: dict) -> None:
+    print(f"{name:>9} batch {b:>2}: {row['tokens']} tokens in {row['seconds']:.2f} s = "
+          f"{row['tokens_per_s']:.1f} tok/s" + (f", TPOT {row['tpot_ms']:.2f} ms" if "tpot_ms" in row else "")
+          + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
+
+
+def _finish_run(name: str, llm, run: dict) -> None:
+    if name.startswith("on"):
+        run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
+        governor = llm.engine.spec_decoder.governor
+        if governor is not None:  # adaptive: what it measured, per batch-size bucket
+            run["governor"] = governor.as_dict()
+            print(f"{name:>9} governor estimates: {run['governor']}")
+
+
+def _interleaved(args, modes: dict, convs: list, params, sync):
+    """Every run's engine at once, rounds alternating between them; also each round's ratio of
+    "on" to "off" tokens/s (`paired`)."""
+    share = args.gpu_memory_utilization / len(args.runs)
+    engines = {name: _engine(args, modes[name], share, convs) for name in args.runs}
+    results = {name: {} for name in args.runs}
+    outputs, paired = {}, {}
+    for b in args.batch:
+        outs = {name: [] for name in args.runs}
+        seconds = dict.fromkeys(args.runs, 0.0)
+        before = {name: engines[name].stats() for name in args.runs}
+        per_round = {name: [] for name in args.runs}
+        for r in range(args.rounds):
+            for name in (args.runs if r % 2 == 0 else args.runs[::-1]):  # neither always goes first
+                sync()
+                t = time.perf_counter()
+                got = engines[name].chat(convs[r * b:(r + 1) * b], params, use_tqdm=False)
+                sync()
+                dt = time.perf_counter() - t
+                seconds[name] += dt
+                outs[name] += got
+                per_round[name].append(sum(len(o.token_ids) for o in got) / dt)
+        for name in args.runs:
+            row = _row(outs[name], seconds[name], b, before[name], engines[name].stats())
+            results[name][b] = row
+            outputs[(name, b)] = [o.token_ids for o in outs[name]]
+            _print_row(name, b, row)
+        for on, base in (("on", "off"), ("on_eager", "off_eager")):
+            if on in per_round and base in per_round:
+                paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
+    for name, llm in engines.items():
+        _finish_run(name, llm, results[name])
+        llm.close()
+    return results, outputs, paired
+
+
+def _one_after_another(args, modes: dict, convs: list, params, sync) -> tuple[dict, dict]:
+    """One engine at a time (all of --gpu-memory-utilization), every batch size, then the next."""
+    import torch
+    results, outputs = {}, {}
+    for name in args.runs:
+        llm = _engine(args, modes[name], args.gpu_memory_utilization, convs)
+        run = {}
+        for b in args.batch:
+            before = llm.stats()
+            sync()
+            t = time.perf_counter()
+            outs = []
+            for r in range(args.rounds):
+                outs += llm.chat(convs[r * b:(r + 1) * b], params, use_tqdm=False)
+            sync()
+            run[b] = _row(outs, time.perf_counter() - t, b, before, llm.stats())
+            outputs[(name, b)] = [o.token_ids for o in outs]
+            _print_row(name, b, run[b])
+        _finish_run(name, llm, run)
+        results[name] = run
+        llm.close()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return results, outputs
 
 
 def _agreement(got: list[list[int]], want: list[list[int]]) -> float:

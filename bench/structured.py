@@ -1,6 +1,7 @@
 """Structured outputs' cost: the same random-length workload with none, half or all of its
-requests under a JSON schema (in one process, one engine, back to back), batch-1 TPOT with and
-without a schema, and the compile time of the ten test schemas, cold and cached.
+requests under a JSON schema (in one process, one engine, `--repeats` passes of each in mirrored
+order), batch-1 TPOT with and without a schema, and the compile time of the ten test schemas,
+cold and cached.
 
 The schema (an array of strings) never forces an early end, so with dummy weights a constrained
 request still writes about as many tokens as a free one; every run reports its own token count,
@@ -37,6 +38,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"))
     ap.add_argument("--output-len", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"))
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="passes of each kind (none, half, all; free and schema at batch 1), in "
+                         "mirrored order (A B C C B A ...), summed")
     ap.add_argument("--tokenizer", default=None,
                     help="another tokenizer (a model name or path), e.g. a real model's large vocabulary "
                          "beside a dummy-weight shape, so the masks cost what they cost on a real model")
@@ -71,7 +75,11 @@ def main(argv=None) -> dict:
     # warm-up: kernels, the grammar pool and its TokenizerInfo
     llm.generate(prompts[:2], [params(8, False), params(8, True)], use_tqdm=False)
     runs = {}
-    for ri, (name, every) in enumerate((("none", 0), ("half", 2), ("all", 1))):
+    kinds = (("none", 0), ("half", 2), ("all", 1))
+    # none, half, all, then all, half, none, ...: a drift of the host's speed over the call falls
+    # on every kind alike (one pass each moved "all" from 0.97 to 0.77 between machines)
+    order = [kind for r in range(args.repeats) for kind in (kinds if r % 2 == 0 else kinds[::-1])]
+    for ri, (name, every) in enumerate(order):
         shift = 7919 * (ri + 1)  # other ids per run: no prefix-cache hits across runs
         run_prompts = [[2 + (t + shift) % (vocab - 2) for t in p] for p in prompts]
         ps = [params(n, bool(every) and i % every == 0) for i, n in enumerate(out_lens)]
@@ -84,15 +92,23 @@ def main(argv=None) -> dict:
         n_tokens = sum(len(o.token_ids) for o in outs)
         # the engine's host time per phase over the run (where a constrained run's time goes)
         phases = {k: round(v - phases0.get(k, 0.0), 3) for k, v in llm.stats()["step_seconds"].items()}
-        runs[name] = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
-                      "host_phase_seconds": phases}
+        run = runs.setdefault(name, {"tokens": 0, "seconds": 0.0, "passes": []})
+        run["tokens"] += n_tokens
+        run["seconds"] += elapsed
+        run["passes"].append({"tokens_per_s": n_tokens / elapsed, "host_phase_seconds": phases})
         print(f"{name:>5}: {n_tokens} tokens in {elapsed:.2f} s = {n_tokens / elapsed:.1f} tok/s; "
               f"host phases, s: {phases}")
+    for run in runs.values():
+        run["tokens_per_s"] = run["tokens"] / run["seconds"]
     for name in ("half", "all"):
         runs[name]["vs_none"] = runs[name]["tokens_per_s"] / runs["none"]["tokens_per_s"]
+        per_pass = [p["tokens_per_s"] / q["tokens_per_s"] for p, q in zip(runs[name]["passes"], runs["none"]["passes"])]
+        print(f"{name:>5} / none: {runs[name]['vs_none']:.3f} over {args.repeats} passes each (per pass: "
+              + ", ".join(f"{r:.3f}" for r in per_pass) + ")")
 
-    tpot = {}
-    for name, constrained in (("free", False), ("schema", True)):
+    tpot, decode_s = {}, {"free": [], "schema": []}
+    pair = (("free", False), ("schema", True))
+    for name, constrained in [k for r in range(args.repeats) for k in (pair if r % 2 == 0 else pair[::-1])]:
         n = args.tpot_tokens
         llm.generate([prompts[0]], params(4, constrained), use_tqdm=False)
         sync()
@@ -105,7 +121,9 @@ def main(argv=None) -> dict:
         print(f"batch-1 {name}: host phases, ms per token: {phases}")
         m = out.metrics
         decode = (m.finish_time - m.first_token_time) if m and m.finish_time else time.perf_counter() - t
-        tpot[name] = decode / max(1, len(out.token_ids) - 1)
+        decode_s[name].append(decode / max(1, len(out.token_ids) - 1))
+    for name, values in decode_s.items():
+        tpot[name] = sum(values) / len(values)
     tpot["ratio"] = tpot["schema"] / tpot["free"]
     print(f"batch-1 TPOT: free {tpot['free'] * 1e3:.2f} ms, schema {tpot['schema'] * 1e3:.2f} ms "
           f"({tpot['ratio']:.2f}x)")
