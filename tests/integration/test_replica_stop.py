@@ -11,6 +11,7 @@ itself depends on thread timing and is not forced here."""
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -25,6 +26,13 @@ def test_a_replica_stopped_after_its_coordinator_warns_about_nothing(tmp_path):
                            coordinator_args=["--heartbeat-interval", "5", "--replica-timeout", "30"])
     try:
         cluster.start()
+        # A replica sends its first heartbeat right after registering. Stopped before it lands,
+        # the coordinator leaves that heartbeat undeliverable, and the replica rightly warns (a
+        # coordinator that vanished while it was serving): wait for that heartbeat's load report.
+        deadline = time.monotonic() + 10
+        while not cluster.status()["replicas"][0]["num_total_blocks"]:
+            assert time.monotonic() < deadline, "no heartbeat from the replica within 10 s"
+            time.sleep(0.05)
         cluster.coordinator.send_signal(signal.SIGTERM)
         assert cluster.coordinator.wait(20) == 0
         cluster.replicas[0].send_signal(signal.SIGTERM)
