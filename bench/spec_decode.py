@@ -88,8 +88,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--interleave", default="on", choices=["on", "off"],
                     help="on: build every run's engine first, then alternate them round by round "
                          "(a drift of the host's speed, which moved batch-1 TPOT by up to 45%% "
-                         "within one H200 call, falls on every run alike; each engine gets "
-                         "--gpu-memory-utilization / len(--runs)); off: one engine after another")
+                         "within one H200 call, falls on every run alike; the engines share "
+                         "--gpu-memory-utilization equally); off: one engine after another")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="at most the draft's positions (a small draft may reach fewer than the target)")
@@ -189,8 +189,10 @@ def _finish_run(name: str, llm, run: dict) -> None:
 def _interleaved(args, modes: dict, convs: list, params, sync):
     """Every run's engine at once, rounds alternating between them; also each round's ratio of
     "on" to "off" tokens/s (`paired`)."""
+    # An engine sizes its KV pool from everything this process holds already (the engines built
+    # before it included), so the i-th one is given i + 1 shares: the pools come out equal.
     share = args.gpu_memory_utilization / len(args.runs)
-    engines = {name: _engine(args, modes[name], share, convs) for name in args.runs}
+    engines = {name: _engine(args, modes[name], share * (i + 1), convs) for i, name in enumerate(args.runs)}
     results = {name: {} for name in args.runs}
     outputs, paired = {}, {}
     for b in args.batch:
