@@ -47,19 +47,23 @@ def test_bad_values_name_the_field(value, message):
         EngineConfig(speculative_config=value)
 
 
-@pytest.mark.parametrize("settings,names", [
-    (dict(tensor_parallel_size=2), "tensor_parallel_size"),
-    (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
+DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4}
+
+
+@pytest.mark.parametrize("spec,settings,names", [
+    (NGRAM, dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
+    (DRAFT, dict(tensor_parallel_size=2), "tensor_parallel_size"),
 ])
-def test_combinations_not_built_are_refused_naming_both(settings, names):
+def test_combinations_not_built_are_refused_naming_both(spec, settings, names):
     with pytest.raises(ConfigError) as info:
-        EngineConfig(speculative_config=NGRAM, **settings)
+        EngineConfig(speculative_config=spec, **settings)
     message = str(info.value)
     assert "speculative_config" in message and names in message and "\n" not in message
     EngineConfig(**settings)  # alone, each is fine
 
 
 def test_allowed_combinations():
+    EngineConfig(speculative_config=NGRAM, tensor_parallel_size=2)  # tests/distributed/test_spec_decode.py
     EngineConfig(speculative_config=NGRAM, async_scheduling="auto")
     EngineConfig(speculative_config=NGRAM, async_scheduling=False)
     EngineConfig(speculative_config=NGRAM, async_scheduling=True)  # steps that do not speculate

@@ -63,5 +63,7 @@ class SchedulerOutput:
         return not self.requests
 
     def sampled_request_ids(self) -> list[str]:
-        """Request id of each sampled row, in step order (the rows of the step's logits)."""
-        return [r.request_id for r in self.requests if r.needs_sample]
+        """Request id of each sampled row, in step order (the rows of the step's logits): a row
+        with k speculative proposals has k + 1 (worker/runner/step_rows.py)."""
+        return [r.request_id for r in self.requests if r.needs_sample
+                for _ in range(r.num_spec_tokens + 1)]

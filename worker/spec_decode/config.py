@@ -95,6 +95,10 @@ class SpeculativeConfig:
 def refuse_unsupported(config) -> None:
     """Raise `ConfigError` naming both settings where `config` (an `EngineConfig` with
     speculation on) asks for something verification does not do yet."""
-    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
-        raise ConfigError("speculative_config does not run with tensor_parallel_size or "
-                          "pipeline_parallel_size > 1 yet; use a single-rank replica")
+    if config.pipeline_parallel_size > 1:
+        raise ConfigError("speculative_config does not run with pipeline_parallel_size > 1 yet "
+                          "(its micro-batches continue rows from drawn ids the verify step would "
+                          "change); use tensor_parallel_size or a single-rank replica")
+    if config.tensor_parallel_size > 1 and config.speculative_config.method == "draft_model":
+        raise ConfigError("speculative_config.method 'draft_model' does not run with "
+                          "tensor_parallel_size > 1 yet; use method 'ngram' there")

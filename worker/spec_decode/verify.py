@@ -33,6 +33,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
+from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
@@ -97,6 +98,8 @@ class VerifyStep:
         self.out = out
         self._stats = stats
         self._governor = governor
+        # a rank group's checks, as for an ordinary step (worker/engine/inflight.py)
+        self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
         proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
                      for s in out.requests if s.num_spec_tokens}
         greedy = _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
@@ -106,15 +109,22 @@ class VerifyStep:
             self._groups = groups(row_ids, proposals)
             self.draw = sampler.draw_greedy_ids(result if ids_only else result.argmax(dim=-1),
                                                 [_DROPPED_ROW] * len(row_ids))
-            return
-        rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
-        # The runner's logits are this step's own tensor: the sampler may edit them in place.
-        self.draw = sampler.draw(result, rows, logits_writable=True)
+        else:
+            rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
+            # The runner's logits are this step's own tensor: the sampler may edit them in place.
+            self.draw = sampler.draw(result, rows, logits_writable=True)
+        self._event: Optional[torch.cuda.Event] = None
+        if self.draw.transfer.device.type == "cuda":  # what `wait` and `abandon` wait for
+            self._event = torch.cuda.Event()
+            self._event.record()
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, list[int]], dict[str, list], list[str]]:
         """{request id: its new tokens}, {request id: their logprob entries (deferred) or
         None}, and no redrawn ids (the sampler's redo has run before anything used them)."""
         draw = self.draw
+        if self._event is not None:  # gives up early only once a rank group failed: verify raises
+            wait_event(self._event, self._gave_up)
+        self._verify()  # a rank group: did it stay healthy through the step?
         values = draw.values.flatten().tolist() if draw.values is not None else None
         result = sampler.finish(draw, draw.transfer.tolist(), values, defer_logprobs=True)
         tokens, logprobs = accept(self._groups, result.token_ids, result.logprobs, self._stats)
@@ -123,10 +133,11 @@ class VerifyStep:
         return tokens, logprobs, []
 
     def abandon(self) -> None:
-        """A failure: let the device finish the step before its blocks are freed."""
+        """A failure: let the device finish the step before its blocks are freed (a failed rank
+        group's device may never finish: then the wait ends at once, as for an ordinary step)."""
         try:
-            if self.draw.transfer.device.type == "cuda":
-                torch.cuda.current_stream(self.draw.transfer.device).synchronize()
+            if self._event is not None:
+                wait_event(self._event, self._gave_up)
         except Exception:  # the device fault is reported by the step that raised
             pass
 
