@@ -374,17 +374,22 @@ def test_an_abort_while_a_verify_step_is_in_flight_loses_nothing():
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
+def verify_steps_spy(monkeypatch, measure) -> list:
+    """`measure(out)` of every verify step the engine launches (`SpecDecoder.launch`)."""
+    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
+    seen, real = [], SpecDecoder.launch
+
+    def spy(self, out, *a, **kw):
+        seen.append(measure(out))
+        return real(self, out, *a, **kw)
+    monkeypatch.setattr(SpecDecoder, "launch", spy)
+    return seen
+
+
 def test_a_step_without_proposals_is_an_ordinary_step(monkeypatch):
     """Prompt lookup finds nothing in text that never repeats: the step then runs as an
     ordinary (async) decode step, not as a verify step of one position a row."""
-    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
-    launched = []
-    real = SpecDecoder.launch
-
-    def spy(self, out, *a, **kw):
-        launched.append(sum(s.num_spec_tokens for s in out.requests))
-        return real(self, out, *a, **kw)
-    monkeypatch.setattr(SpecDecoder, "launch", spy)
+    launched = verify_steps_spy(monkeypatch, lambda out: sum(s.num_spec_tokens for s in out.requests))
     llm = LLM("tiny-random", speculative_config={**SPEC, "prompt_lookup_min": 3}, block_size=8,
               num_kv_blocks=64)
     # distinct ids, and few new tokens: no trigram recurs, so nothing is ever proposed
@@ -419,14 +424,7 @@ def test_the_largest_k_verifies_exactly(monkeypatch):
     """k = 32 (the most `speculative_config` takes) at batch 1: the prompt holds every id from 3
     to 399 once, so an output token below 368 finds 32 tokens after it and the verify step has
     33 positions (decode-shaped); the output equals speculation off."""
-    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
-    proposed = []
-    real = SpecDecoder.launch
-
-    def spy(self, out, *a, **kw):
-        proposed.append(max(s.num_spec_tokens for s in out.requests))
-        return real(self, out, *a, **kw)
-    monkeypatch.setattr(SpecDecoder, "launch", spy)
+    proposed = verify_steps_spy(monkeypatch, lambda out: max(s.num_spec_tokens for s in out.requests))
     kw = dict(block_size=8, num_kv_blocks=128)
     prompts = [list(range(3, 400))]
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(prompts, greedy(48), use_tqdm=False)]

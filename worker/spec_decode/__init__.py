@@ -19,6 +19,6 @@ kernels/; never the engine, runner or serving (the engine hands this package its
 sampler). `config.py` never imports torch (the CLI validates configs without it).
 To extend with a method: add it to `config.METHODS`, give it a proposer with
 `propose(requests)` (and `fill(out, requests)` if it needs the scheduled positions; `shadow(req,
-batch)` if it can propose without a forward, for shadow acceptance), and keep
+batch)` if it can propose without a forward: shadow acceptance and `worth_waiting` ask it), and keep
 verification as it is: it never looks at where proposals came from.
 """

@@ -142,7 +142,8 @@ class GrammarMasks:
             use = pre[0].result()
             broken = [i for i in which if rows[i].grammar.broken]
             if use:
-                self._upload_and_apply(x, rows[use[0]].grammar.vocab_size, use, bans)
+                vocab = rows[use[0]].grammar.vocab_size
+                self._upload_and_apply(x, *self._buffers(n, vocab, x.device), vocab, use, bans)
             return broken
         matchers, use, broken = [], [], []
         vocab = None
@@ -159,19 +160,18 @@ class GrammarMasks:
             vocab = r.grammar.vocab_size
         if not use:
             return broken
-        host, _ = self._buffers(n, vocab, x.device)
+        host, dev = self._buffers(n, vocab, x.device)
         if len(matchers) >= BATCH_FILL_MIN_ROWS:
             self._batch.batch_fill_next_token_bitmask(matchers, host, use)
         else:
             for matcher, i in zip(matchers, use):
                 matcher.fill_next_token_bitmask(host, i)
-        self._upload_and_apply(x, vocab, use, bans)
+        self._upload_and_apply(x, host, dev, vocab, use, bans)
         return broken
 
-    def _upload_and_apply(self, x: torch.Tensor, vocab: int, use: list[int],
-                          bans: Optional[dict]) -> None:
+    def _upload_and_apply(self, x: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, vocab: int,
+                          use: list[int], bans: Optional[dict]) -> None:
         """Clear the bans from the filled host rows `use`, send them up and mask x's rows."""
-        host, dev = self._buffers(x.shape[0], vocab, x.device)
         if bans:
             for i in use:
                 if bans.get(i):
