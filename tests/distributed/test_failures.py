@@ -166,13 +166,18 @@ REPLICA = textwrap.dedent("""
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", ["sigkill", "close"])
-def test_rank_processes_end_with_rank0(started, dist_checkpoints, how):
+@pytest.mark.parametrize("rank_start", ["fork-server", "exec"])
+def test_rank_processes_end_with_rank0(started, dist_checkpoints, how, rank_start, monkeypatch):
     """A replica process that is SIGKILLed (no cleanup runs) or that closes its LLM leaves no
-    rank process behind."""
+    rank process behind, whether its ranks were forked by the fork server (whose children are
+    not rank 0's) or exec'd."""
+    monkeypatch.setenv("INFER_CLUSTER_RANK_START", rank_start)
     if how == "close":
         llm = started.track(LLM(dist_checkpoints["qwen2"], tensor_parallel_size=2, **ENGINE))
         pids = llm.engine.runner.rank_pids
         assert all(is_running(p) for p in pids)
+        parents = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in pids}
+        assert (parents == {os.getpid()}) == (rank_start == "exec"), parents  # forked: the server's
         llm.close()
         llm.close()  # idempotent
         assert wait_gone(pids, 5.0) == []

@@ -1,7 +1,9 @@
 """Rank 0's side of the rank processes: start them, watch them, end them.
 
-Owns: spawning ranks 1..N-1 as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
-never a fork of this process, which may hold CUDA), the three pipes per rank (its stdin, whose
+Owns: spawning ranks 1..N-1, never as a fork of this process, which may hold CUDA: forked from
+the fork server (worker/distributed/fork_server.py, the default: torch is imported there once)
+or as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
+`DistributedOptions.rank_start` "exec"); the three pipes per rank (its stdin, whose
 EOF tells the rank to exit at once: rank 0 closed it or is gone; a heartbeat pipe it writes a
 byte to every `heartbeat_interval_s`; its stderr, which a thread copies line by line into rank
 0's stderr, the replica's log, each line prefixed `rank N |`, so a rank's traceback, NCCL's
@@ -33,6 +35,7 @@ from typing import Callable, Optional
 
 from infer_cluster.protocol import EngineError
 
+from infer_cluster.worker.distributed.fork_server import fork_rank
 from infer_cluster.worker.distributed.topology import DistributedOptions
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ def describe_exit(returncode: int) -> str:
 @dataclass
 class RankProcess:
     rank: int
-    popen: subprocess.Popen
+    popen: subprocess.Popen  # or a `fork_server.ForkedRank`, which answers the same calls
     heartbeat_fd: int                      # read end, owned by rank 0
     last_beat: Optional[float] = None      # monotonic time of the last heartbeat byte
     started: float = field(default_factory=time.monotonic)
@@ -75,13 +78,16 @@ def spawn_rank(rank: int, bootstrap: dict, options: DistributedOptions,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
     env.update(extra_env or {})
-    args = dict(bootstrap, rank=rank, heartbeat_fd=hb_write, parent_pid=os.getpid(),
-                options=options.to_dict())
+    args = dict(bootstrap, rank=rank, options=options.to_dict())
     try:
-        popen = subprocess.Popen([sys.executable, "-m", "infer_cluster.worker.distributed.rank_main",
-                                  json.dumps(args)],
-                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(hb_write,),
-                                 env=env, close_fds=True)
+        if options.rank_start == "fork-server":
+            popen = fork_rank(args, hb_write, env)
+        else:
+            args.update(heartbeat_fd=hb_write, parent_pid=os.getpid())
+            popen = subprocess.Popen([sys.executable, "-m", "infer_cluster.worker.distributed.rank_main",
+                                      json.dumps(args)],
+                                     stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(hb_write,),
+                                     env=env, close_fds=True)
     except Exception:
         os.close(hb_read)
         raise

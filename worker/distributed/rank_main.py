@@ -1,4 +1,6 @@
-"""Entry point of ranks 1..N-1: `python -m infer_cluster.worker.distributed.rank_main BOOTSTRAP_JSON`.
+"""Entry point of ranks 1..N-1: `main([_, BOOTSTRAP_JSON])`, called in a child of the fork server
+(worker/distributed/fork_server.py) or by `python -m infer_cluster.worker.distributed.rank_main
+BOOTSTRAP_JSON` (`DistributedOptions.rank_start` "exec").
 
 Owns: one rank process's life. Before torch loads (seconds), it starts the heartbeat thread,
 which also ends the process when rank 0 is gone (heartbeat pipe broken or parent pid changed),

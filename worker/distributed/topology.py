@@ -117,6 +117,9 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
+RANK_STARTS = ("fork-server", "exec")
+
+
 @dataclass(frozen=True)
 class DistributedOptions:
     """Rendezvous and failure-detection settings of one replica's rank group.
@@ -135,8 +138,13 @@ class DistributedOptions:
     heartbeat_timeout_s: float = 5.0
     startup_timeout_s: float = 60.0
     shutdown_timeout_s: float = 5.0
+    # How ranks 1..N-1 start: "fork-server" (forked from one interpreter that imported torch
+    # once, worker/distributed/fork_server.py) or "exec" (a fresh interpreter each).
+    rank_start: str = "fork-server"
 
     def __post_init__(self):
+        if self.rank_start not in RANK_STARTS:
+            raise ConfigError(f"rank start must be one of {', '.join(RANK_STARTS)}, got {self.rank_start!r}")
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"master port must be in [0, 65535], got {self.master_port}")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
@@ -146,7 +154,8 @@ class DistributedOptions:
     @classmethod
     def from_env(cls) -> "DistributedOptions":
         """`INFER_CLUSTER_MASTER_ADDR` / `_MASTER_PORT`, `INFER_CLUSTER_DIST_TIMEOUT_S`,
-        `INFER_CLUSTER_HEARTBEAT_TIMEOUT_S`, `INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S`."""
+        `INFER_CLUSTER_HEARTBEAT_TIMEOUT_S`, `INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S`,
+        `INFER_CLUSTER_RANK_START`."""
         port = os.environ.get("INFER_CLUSTER_MASTER_PORT", "0") or "0"
         try:
             port_num = int(port)
@@ -159,7 +168,8 @@ class DistributedOptions:
                    heartbeat_interval_s=d.heartbeat_interval_s,
                    heartbeat_timeout_s=_env_float("INFER_CLUSTER_HEARTBEAT_TIMEOUT_S", d.heartbeat_timeout_s),
                    startup_timeout_s=_env_float("INFER_CLUSTER_DIST_STARTUP_TIMEOUT_S", d.startup_timeout_s),
-                   shutdown_timeout_s=d.shutdown_timeout_s)
+                   shutdown_timeout_s=d.shutdown_timeout_s,
+                   rank_start=os.environ.get("INFER_CLUSTER_RANK_START") or d.rank_start)
 
     @property
     def join_timeout_s(self) -> float:
