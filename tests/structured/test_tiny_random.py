@@ -323,8 +323,13 @@ def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
     import xgrammar as xgr
     fills, real_fill = [], xgr.BatchGrammarMatcher.batch_fill_next_token_bitmask
 
+    import sys
+    intervals = set()  # the interpreter's thread switch interval while the helper fills
+
     def fill(self, *a, **kw):
         fills.append(threading.current_thread() is threading.main_thread())
+        if not fills[-1]:
+            intervals.add(sys.getswitchinterval())
         return real_fill(self, *a, **kw)
     monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", fill)
     accepts, real_accept = [], xgr.GrammarMatcher.accept_token
@@ -342,11 +347,16 @@ def test_many_constrained_rows_fill_ahead_with_the_same_outputs(monkeypatch):
     want = [(o.token_ids, o.finish_reason) for o in
             LLM("tiny-random", async_scheduling=False, **kw).generate(prompts, params, use_tqdm=False)]
     fills.clear(), accepts.clear()  # the synchronous engine does both on the main thread
+    before = sys.getswitchinterval()
     fast = LLM("tiny-random", async_scheduling=True, **kw)
     got = [(o.token_ids, o.finish_reason) for o in fast.generate(prompts, params, use_tqdm=False)]
     fast.close()
     assert got == want
     assert used and max(used) >= BATCH_FILL_MIN_ROWS
+    # the helper filled with the short switch interval; the interpreter's is back afterwards
+    from infer_cluster.worker.structured.bitmask import FILL_SWITCH_INTERVAL_S
+    assert intervals and all(abs(i - FILL_SWITCH_INTERVAL_S) < 1e-6 for i in intervals), intervals
+    assert sys.getswitchinterval() == before
     assert real_prefill is GrammarMasks.prefill
     # the helper advanced the matchers and filled: the draws used its masks as they were
     # and advanced the matchers there too (a token at a time on the main thread only where a

@@ -19,6 +19,13 @@ until the forward ended. The engine fills while the step's forward runs on the d
 tokens the step before gave them, then fills, both on a helper thread in xgrammar calls that
 release the GIL, while the engine schedules the next step. On the H200 host the matchers'
 advance had cost the main thread ~10 us a row (547aa05).
+While a fill runs beside the main thread, the interpreter's thread switch interval is 0.2 ms
+instead of 5 ms (`FILL_SWITCH_INTERVAL_S`, restored at `join`): between its xgrammar calls the
+helper needs the GIL back, and the main thread, scheduling in Python, kept it for up to the full
+interval, so the fill ran mostly after the main thread had started waiting for it. H200,
+d044976, 2026-11-29, workload A (`bench/structured.py`): all rows constrained 0.836 -> 0.882 of
+none, half 0.903 -> 0.944; the draw's wait for 256 rows' fill 4.1-4.3 -> 2.5-2.8 ms a step. It
+only applies from `BATCH_FILL_MIN_ROWS` up: at batch 1 the fill is the main thread's own.
 The host buffer is reused at the next step once the device has read it: an event recorded after
 the copy is waited on before the next fill (at depth 1 it has long passed: the engine waited for
 this step's ids, copied after the mask).
@@ -33,6 +40,7 @@ Must never: touch rows without a grammar, or run for a row with tokens pending o
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
@@ -45,6 +53,8 @@ from infer_cluster.worker.structured.state import accept_all
 # Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
 # to leave the replica's other host work (scheduling, detokenizing) its cores.
 FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) - 1))
+# The interpreter's thread switch interval while a fill runs beside the main thread (see above).
+FILL_SWITCH_INTERVAL_S = 0.0002
 # Fewer rows are filled one by one on the calling thread: a batched fill costs about 0.6 ms of
 # start-up on the H200 host even for one row (cProfile, 2026-11-28), four times a row's fill.
 BATCH_FILL_MIN_ROWS = 8
@@ -66,6 +76,7 @@ class GrammarMasks:
         self._filler: Optional[ThreadPoolExecutor] = None  # `prefill`'s one thread
         # a fill started ahead of the draw: (future, n, [(row, state, num_accepted)])
         self._prefill: Optional[tuple] = None
+        self._switch_interval: Optional[float] = None  # the interpreter's, while a fill runs
 
     def _buffers(self, n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `n` rows of the host buffer and of its device twin. Rows not filled keep
@@ -103,7 +114,13 @@ class GrammarMasks:
         if self._filler is None:
             self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
         items = [(g, tokens, len(tokens)) for _, g, tokens in states]
-        future = self._filler.submit(self._advance_and_fill, items, [i for i, _, _ in states], host)
+        self._switch_interval = sys.getswitchinterval()  # restored by `join`
+        sys.setswitchinterval(min(self._switch_interval, FILL_SWITCH_INTERVAL_S))
+        try:
+            future = self._filler.submit(self._advance_and_fill, items, [i for i, _, _ in states], host)
+        except BaseException:
+            sys.setswitchinterval(self._switch_interval)
+            raise
         self._prefill = (future, n, [i for i, _, _ in states], [(g, size) for g, _, size in items])
 
     def _advance_and_fill(self, items: list, rows: list[int], host: torch.Tensor) -> list[int]:
@@ -119,7 +136,10 @@ class GrammarMasks:
         """Wait for a started `prefill` and hand it over (None if none was started)."""
         pre, self._prefill = self._prefill, None
         if pre is not None:
-            pre[0].result()
+            try:
+                pre[0].result()
+            finally:
+                sys.setswitchinterval(self._switch_interval)
         return pre
 
     def close(self) -> None:
