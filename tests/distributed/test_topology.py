@@ -38,12 +38,14 @@ def test_options_from_env(monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_RANK_START", "exec")
     opts = DistributedOptions.from_env()
     assert opts.master_port == 29511 and opts.heartbeat_timeout_s == 3.0 and opts.rank_start == "exec"
-    assert DistributedOptions().rank_start == "fork-server"
+    auto = DistributedOptions()
+    assert auto.rank_start == "auto" and auto.start_for("cpu") == "fork-server" and auto.start_for("cuda") == "exec"
+    assert opts.start_for("cpu") == "exec"
     assert DistributedOptions(**opts.to_dict()) == opts  # how rank processes receive them
     monkeypatch.setenv("INFER_CLUSTER_DIST_TIMEOUT_S", "soon")
     with pytest.raises(ConfigError, match="INFER_CLUSTER_DIST_TIMEOUT_S must be a number"):
         DistributedOptions.from_env()
     with pytest.raises(ConfigError, match="heartbeat timeout"):
         DistributedOptions(heartbeat_timeout_s=0.6, heartbeat_interval_s=0.5)
-    with pytest.raises(ConfigError, match="rank start must be one of fork-server, exec, got 'fork'"):
+    with pytest.raises(ConfigError, match="rank start must be one of auto, fork-server, exec, got 'fork'"):
         DistributedOptions(rank_start="fork")

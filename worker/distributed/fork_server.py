@@ -7,7 +7,8 @@ every rank. The standard library's fork server (`multiprocessing`, start method 
 is one fresh interpreter per replica process that imports `PRELOAD` once and forks a child per
 rank on request. It never runs torch code, so it holds no CUDA context and no thread pool: its
 children start as clean as a fresh interpreter (this process, which may hold CUDA, is never
-forked). It exits with the process that started it.
+forked). It exits with the process that started it. Used for replicas on the CPU
+(`DistributedOptions.start_for`); CUDA replicas exec their ranks until this has run beside them.
 
 Owns: `fork_rank(args, env)`, which starts `rank_main.main` in a forked child with the rank's
 three pipes in place: its stdin on fd 0 (EOF: rank 0 is gone), its stderr on fd 2 (rank 0

@@ -1,9 +1,10 @@
 """Rank 0's side of the rank processes: start them, watch them, end them.
 
-Owns: spawning ranks 1..N-1, never as a fork of this process, which may hold CUDA: forked from
-the fork server (worker/distributed/fork_server.py, the default: torch is imported there once)
-or as fresh interpreters (`python -m infer_cluster.worker.distributed.rank_main`,
-`DistributedOptions.rank_start` "exec"); the three pipes per rank (its stdin, whose
+Owns: spawning ranks 1..N-1, never as a fork of this process, which may hold CUDA: forked
+from the fork server (worker/distributed/fork_server.py: torch is imported there once; the
+default for a replica on the CPU) or as fresh interpreters (`python -m
+infer_cluster.worker.distributed.rank_main`: on CUDA, or where `DistributedOptions.rank_start`
+says "exec"); the three pipes per rank (its stdin, whose
 EOF tells the rank to exit at once: rank 0 closed it or is gone; a heartbeat pipe it writes a
 byte to every `heartbeat_interval_s`; its stderr, which a thread copies line by line into rank
 0's stderr, the replica's log, each line prefixed `rank N |`, so a rank's traceback, NCCL's

@@ -109,8 +109,9 @@ class DistributedRunner:
                          log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
         atexit.register(self.close)
         try:
+            rank_options = dataclasses.replace(self.options, rank_start=self.options.start_for(device.type))
             for r in range(1, world):  # one at a time, so close() ends those already started
-                self._ranks.append(spawn_rank(r, bootstrap, self.options))
+                self._ranks.append(spawn_rank(r, bootstrap, rank_options))
             self._monitor = RankMonitor(self._ranks, self.options)
             self._monitor.on_failure(self._on_failure)
             self._monitor.start()

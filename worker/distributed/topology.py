@@ -117,7 +117,7 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
-RANK_STARTS = ("fork-server", "exec")
+RANK_STARTS = ("auto", "fork-server", "exec")
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,16 @@ class DistributedOptions:
     startup_timeout_s: float = 60.0
     shutdown_timeout_s: float = 5.0
     # How ranks 1..N-1 start: "fork-server" (forked from one interpreter that imported torch
-    # once, worker/distributed/fork_server.py) or "exec" (a fresh interpreter each).
-    rank_start: str = "fork-server"
+    # once, worker/distributed/fork_server.py), "exec" (a fresh interpreter each), or "auto":
+    # the fork server for a replica on the CPU, exec on CUDA (the fork server has not run
+    # beside CUDA ranks yet; start-up there is the weights and graphs, not the imports).
+    rank_start: str = "auto"
+
+    def start_for(self, device_type: str) -> str:
+        """The rank start a replica on `device_type` uses ("auto" resolved)."""
+        if self.rank_start != "auto":
+            return self.rank_start
+        return "fork-server" if device_type == "cpu" else "exec"
 
     def __post_init__(self):
         if self.rank_start not in RANK_STARTS:
