@@ -27,7 +27,8 @@ interval, so the fill ran mostly after the main thread had started waiting for i
 (`bench/structured.py`) all rows constrained 0.836 -> 0.882 of none, half 0.903 -> 0.944; the
 draw's wait for 256 rows' fill 4.1-4.3 -> 2.5-2.8 ms a step (`structphase`). As built here
 (b79a985), two calls on two hosts gave all 0.940 and 0.835, half 0.944 and 0.918: the hosts
-differ more than the change. It only applies from `BATCH_FILL_MIN_ROWS` up: at batch 1 the fill is the main thread's own.
+differ more than the change. It only applies from `BATCH_FILL_MIN_ROWS` up: at batch 1 the
+fill is the main thread's own.
 The host buffer is reused at the next step once the device has read it: an event recorded after
 the copy is waited on before the next fill (at depth 1 it has long passed: the engine waited for
 this step's ids, copied after the mask).
