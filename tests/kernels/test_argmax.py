@@ -49,18 +49,19 @@ def test_strided_rows_and_dispatch(device):
         row_argmax(torch.empty(3, 0, device=device))
 
 
-SM90_SPILLS = """
+from tests.kernels.conftest import sm90_check  # noqa: E402
+
+SM90_SPILLS = sm90_check("argmax_spills", """
 from bench.ptxas_check import argmax_variants, compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in argmax_variants():
     regs, spills = ptxas_info(compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"])
     print(name.replace(" ", "_"), regs, spills)
-"""
+""")
 
 
-def test_sm90_builds_do_not_spill():
+def test_sm90_builds_do_not_spill(sm90_builds):
     """Compiled ahead of time for an H100 (no GPU needed; in a child process, as the interpreter
     cannot compile), at the launch options `row_argmax_triton` uses: no kernel spills."""
-    from tests.kernels.conftest import run_without_interpreter
-    rows = [line.split() for line in run_without_interpreter(SM90_SPILLS, timeout=300).splitlines()]
+    rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
     assert [name for name, _, _ in rows] == ["argmax_parts_fp32", "argmax_parts_bf16", "argmax_pick"]
     assert [name for name, _, spills in rows if int(spills)] == []

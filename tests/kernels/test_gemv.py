@@ -230,21 +230,22 @@ def test_model_layers_take_the_small_path(monkeypatch):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-SM90_GEMV_CHECK = """
+from tests.kernels.conftest import sm90_check  # noqa: E402
+
+SM90_GEMV_CHECK = sm90_check("gemv_picked_configs", """
 from bench.ptxas_check import gemv_variants, compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     ptx = compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"]
     regs, spills = ptxas_info(ptx)
     print(name, spills, ptx.count("cp.async."), ptx.count("mma.sync"))
-"""
+""")
 
 
-def test_sm90_build_of_the_picked_configs():
+def test_sm90_build_of_the_picked_configs(sm90_builds):
     """Every config `pick_config` gives the Qwen3-0.6B shapes compiles for an H100 ahead of time
     (no GPU needed; in a child process, as the interpreter cannot compile) without spills, with
     the K loop pipelined (cp.async) and the dot configs on tensor cores (mma)."""
-    from tests.kernels.conftest import run_without_interpreter
-    rows = [line.split() for line in run_without_interpreter(SM90_GEMV_CHECK).splitlines()]
+    rows = [line.split() for line in sm90_builds.get(SM90_GEMV_CHECK).splitlines()]
     assert rows
     for *name, spills, cp_async, mma in rows:
         assert int(spills) == 0, name

@@ -124,7 +124,9 @@ def test_qwen3_batch1_shapes_on_gpu(gpu_device, monkeypatch, n, k):
     _same(off, on)
 
 
-SM90_REGISTERS = """
+from tests.kernels.conftest import sm90_check  # noqa: E402
+
+SM90_REGISTERS = sm90_check("gemv_one_chunk_registers", """
 from bench.ptxas_check import compile_sm90, ptxas_info
 from infer_cluster.kernels.gemv_triton import _gemv_kernel
 # qkv / gate_up of the Qwen3-0.6B shape at one row, fused norm, the table's 4 x 1024 tile
@@ -138,16 +140,15 @@ for one in (False, True):
                   BLOCK_K=1024, NORM_BLOCK=1024, PDL=True, ONE_CHUNK=one)
     ptx = compile_sm90(_gemv_kernel, ptrs, ints, consts, dict(num_warps=4, num_stages=1), ()).asm["ptx"]
     print(one, *ptxas_info(ptx))
-"""
+""")
 
 
-def test_sm90_one_chunk_build_uses_fewer_registers():
+def test_sm90_one_chunk_build_uses_fewer_registers(sm90_builds):
     """The reason for the build (no GPU needed: Triton's bundled ptxas). The 4 x 1024 fused-norm
     tile took 71 registers, 7 programs of 4 warps per SM: gate_up's 1,536 programs were 1.66
     waves. With the one-chunk build it took 40 (12 per SM, one wave) on triton 3.7.1."""
-    from tests.kernels.conftest import run_without_interpreter
     rows = {one: (int(regs), int(spills)) for one, regs, spills in
-            (line.split() for line in run_without_interpreter(SM90_REGISTERS).splitlines())}
+            (line.split() for line in sm90_builds.get(SM90_REGISTERS).splitlines())}
     (general, general_spills), (one_chunk, one_spills) = rows["False"], rows["True"]
     assert general_spills == 0 and one_spills == 0
     assert one_chunk < general, rows

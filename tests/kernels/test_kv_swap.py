@@ -111,7 +111,9 @@ def test_layout_rejects_mismatches():
         kv_swap_ref(SwapLayout(layers, buf.tensors), torch.tensor([0, 1]), torch.tensor([0]), True)
 
 
-SM90_PTX_COUNTS = """
+from tests.kernels.conftest import sm90_check  # noqa: E402
+
+SM90_PTX_COUNTS = sm90_check("kv_swap_ptx_counts", """
 import re
 from bench.ptxas_check import compile_sm90
 from infer_cluster.kernels.kv_swap_triton import _kv_swap_kernel
@@ -120,13 +122,12 @@ ptrs = dict(dev_base="*i32", host_base="*i32", dev_off_ptr="*i64", host_off_ptr=
 consts = dict(TO_HOST=False, NUM_A=2, ROW_A=8192, ROW_B=8192, CHUNK_A=2048, CHUNK_B=2048, ALIGN=16)
 ptx = compile_sm90(_kv_swap_kernel, ptrs, dict(num_layers=28), consts, dict(num_warps=4), ()).asm["ptx"]
 print(len(re.findall(r"ld[.]global[.]v4[.]b32", ptx)), len(re.findall(r"st[.]global[.]v4[.]b32", ptx)))
-"""
+""")
 
 
-def test_sm90_build_moves_16_bytes_per_access():
+def test_sm90_build_moves_16_bytes_per_access(sm90_builds):
     """Compiled ahead of time for an H100 (no GPU needed; in a child process, as the
     interpreter cannot compile): the K/V rows move with 128-bit loads and stores, which the
     offsets' alignment hint and the compile-time row sizes allow. A regression to 32-bit
     accesses would cost most of the link's rate."""
-    from tests.kernels.conftest import run_without_interpreter
-    assert run_without_interpreter(SM90_PTX_COUNTS, timeout=240).split() == ["4", "4"]  # 4 x 16 B per thread each way: 8 KiB per program
+    assert sm90_builds.get(SM90_PTX_COUNTS).split() == ["4", "4"]  # 4 x 16 B per thread each way: 8 KiB per program

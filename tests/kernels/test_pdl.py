@@ -8,7 +8,7 @@ wait. GPU runs with PDL on are the kernel and parity tests (it is the default on
 import torch
 
 from infer_cluster.kernels.pdl import pdl_enabled, pdl_launch
-from tests.kernels.conftest import run_without_interpreter
+from tests.kernels.conftest import sm90_check
 
 
 def test_off_without_cuda_and_with_the_switch(monkeypatch):
@@ -23,7 +23,7 @@ def test_launch_option_only_when_on():
     assert pdl_launch(True) == {"launch_pdl": True}
 
 
-PTX_ORDER = """
+PTX_ORDER = sm90_check("pdl_gemv_order", """
 from bench.ptxas_check import gemv_variants, compile_sm90
 for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     if "norm" not in name or "fma" not in name:
@@ -34,11 +34,11 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     loads = [i for i, l in enumerate(lines) if l.startswith("ld.global")]
     print(name.replace(" ", "_"), first("griddepcontrol.launch_dependents"), first("griddepcontrol.wait"),
           loads[0], loads[-1])
-"""
+""")
 
 
-def test_sm90_gemv_loads_weights_before_the_wait():
-    rows = [line.split() for line in run_without_interpreter(PTX_ORDER).splitlines()]
+def test_sm90_gemv_loads_weights_before_the_wait(sm90_builds):
+    rows = [line.split() for line in sm90_builds.get(PTX_ORDER).splitlines()]
     assert rows, "no fused-norm CUDA-core GEMV variant was built"
     for name, release, wait, first_load, last_load in rows:
         assert int(release) < int(wait), name
@@ -46,7 +46,7 @@ def test_sm90_gemv_loads_weights_before_the_wait():
         assert int(first_load) < int(wait) < int(last_load), name
 
 
-DECODE_ORDER = """
+DECODE_ORDER = sm90_check("pdl_decode_order", """
 from bench.ptxas_check import _decode_row, compile_sm90
 from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED as c
 for pre in (False, True):
@@ -58,11 +58,11 @@ for pre in (False, True):
         wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
         loads = [i for i, l in enumerate(lines) if "ld.global" in l or "cp.async.c" in l]
         print(int(pre), int(split), sum(i < wait for i in loads), sum(i > wait for i in loads))
-"""
+""")
 
 
-def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads():
-    rows = [tuple(map(int, line.split())) for line in run_without_interpreter(DECODE_ORDER).splitlines()]
+def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads(sm90_builds):
+    rows = [tuple(map(int, line.split())) for line in sm90_builds.get(DECODE_ORDER).splitlines()]
     assert len(rows) == 4
     for pre, split, before, after in rows:
         assert after > 0
@@ -71,18 +71,18 @@ def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads():
         assert (before > 8) if pre else (before == 0), (pre, split, before)
 
 
-PREP_ORDER = """
+PREP_ORDER = sm90_check("pdl_qkv_prep_order", """
 from bench.ptxas_check import _qkv_prep_variants, compile_sm90
 for name, kernel, ptrs, ints, consts, opts, dns in _qkv_prep_variants():
     lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"].splitlines()]
     wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
     loads = [i for i, l in enumerate(lines) if "ld.global" in l]
     print(int(consts["HAS_NORM"]), sum(i < wait for i in loads), sum(i > wait for i in loads))
-"""
+""")
 
 
-def test_sm90_qkv_prep_loads_its_step_inputs_and_constants_before_the_wait():
-    rows = [tuple(map(int, line.split())) for line in run_without_interpreter(PREP_ORDER).splitlines()]
+def test_sm90_qkv_prep_loads_its_step_inputs_and_constants_before_the_wait(sm90_builds):
+    rows = [tuple(map(int, line.split())) for line in sm90_builds.get(PREP_ORDER).splitlines()]
     assert len(rows) == 3
     for norm, before, after in rows:
         # position, slot, cos and sin (and both norm weights) before; the qkv row after

@@ -261,20 +261,21 @@ def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch, dtype, wi
     assert got == ref
 
 
-SM90_SPILLS = """
+from tests.kernels.conftest import sm90_check  # noqa: E402
+
+SM90_SPILLS = sm90_check("sampler_spills", """
 from bench.ptxas_check import compile_sm90, ptxas_info, sampler_variants
 for name, kernel, ptrs, ints, consts, opts, dns in sampler_variants():
     regs, spills = ptxas_info(compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"])
     print(name.replace(" ", "_"), regs, spills)
-"""
+""")
 
 
-def test_sm90_builds_do_not_spill():
+def test_sm90_builds_do_not_spill(sm90_builds):
     """Compiled ahead of time for an H100 (no GPU needed; in a child process, as the interpreter
     cannot compile), at the launch options the entry points use: every sampler kernel fits its
     registers. The candidate kernel's 16 warps x [512, 16] tiles are sized for that (32-wide
     tiles spilled)."""
-    from tests.kernels.conftest import run_without_interpreter
-    rows = [line.split() for line in run_without_interpreter(SM90_SPILLS, timeout=300).splitlines()]
+    rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
     assert len(rows) == 19
     assert [name for name, _, spills in rows if int(spills)] == []
