@@ -37,6 +37,14 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_gguf):
+    """HF's own tokenizer read from the GGUF file (the reference; ~4 CPU s to build, so shared)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+
+
+@pytest.fixture(scope="session")
 def gguf_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("gguf-cache")
 

@@ -37,10 +37,8 @@ def render(tok, messages, tools=None) -> str:
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer(smollm2_gguf):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+def smollm2_tokenizer(hf_smollm2_tokenizer):
+    tok = hf_smollm2_tokenizer
     assert "tools" not in tok.chat_template and "tool_calls" not in tok.chat_template
     return tok
 

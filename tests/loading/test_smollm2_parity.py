@@ -30,10 +30,8 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(smollm2_gguf):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+def hf_tokenizer(hf_smollm2_tokenizer):
+    return hf_smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
