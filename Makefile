@@ -34,11 +34,12 @@ $(VIRTUAL_ENV)/.infer-cluster-installed: setup.cfg pyproject.toml
 
 venv: $(ENV_STAMP)
 
-# pytest-xdist workers: two more than cores, because many tests wait on the processes they
-# start (on 2 cores, 4 workers took 380 s where 2 took 414 s); TEST_WORKERS=0 runs in this
-# process. `--dist loadgroup` keeps the tests that share an expensive set-up on one worker
-# (tests/conftest.py).
-TEST_WORKERS ?= $(shell $(PY) -c "import os; print((os.cpu_count() or 1) + 2)" 2>/dev/null || echo auto)
+# pytest-xdist workers: one more than cores, because many tests wait on the processes they
+# start (on 2 cores, one tree: 3 workers took 276 s where 4 took 301 s, 2026-11-29; earlier 4
+# took 380 s where 2 took 414 s): each worker collects the whole suite (~10 CPU s) and the
+# suite is CPU-bound. TEST_WORKERS=0 runs in this process. `--dist loadgroup` keeps the tests
+# that share an expensive set-up on one worker (tests/conftest.py).
+TEST_WORKERS ?= $(shell $(PY) -c "import os; print((os.cpu_count() or 1) + 1)" 2>/dev/null || echo auto)
 test: $(ENV_STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 -n $(TEST_WORKERS) --dist loadgroup tests
 
