@@ -40,8 +40,11 @@ venv: $(ENV_STAMP)
 # suite is CPU-bound. TEST_WORKERS=0 runs in this process. `--dist loadgroup` keeps the tests
 # that share an expensive set-up on one worker (tests/conftest.py).
 TEST_WORKERS ?= $(shell $(PY) -c "import os; print((os.cpu_count() or 1) + 1)" 2>/dev/null || echo auto)
+# Bytecode caches on (git-ignored __pycache__), even where the environment sets
+# PYTHONDONTWRITEBYTECODE: the suite starts ~150 Python processes (replicas, ranks, CLIs), and
+# each would compile the package from source, and each worker re-rewrite every test module.
 test: $(ENV_STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 -n $(TEST_WORKERS) --dist loadgroup tests
+	env -u PYTHONDONTWRITEBYTECODE TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The GPU tests (`-m gpu`) in parts that each fit one 10-minute run on one GPU (distributed
 # needs 2 or more). `make test-gpu` lists them; `make test-gpu PART=kernels-attention` runs one.
