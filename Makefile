@@ -41,8 +41,8 @@ venv: $(ENV_STAMP)
 # that share an expensive set-up on one worker (tests/conftest.py).
 TEST_WORKERS ?= $(shell $(PY) -c "import os; print((os.cpu_count() or 1) + 1)" 2>/dev/null || echo auto)
 # Bytecode caches on (git-ignored __pycache__), even where the environment sets
-# PYTHONDONTWRITEBYTECODE: the suite starts ~150 Python processes (replicas, ranks, CLIs), and
-# each would compile the package from source, and each worker re-rewrite every test module.
+# PYTHONDONTWRITEBYTECODE: the suite starts ~150 Python processes (replicas, ranks, CLIs), each
+# of which would compile the package from source (a fresh clone on 2 cores: 319 -> 301 s).
 test: $(ENV_STAMP)
 	env -u PYTHONDONTWRITEBYTECODE TRITON_INTERPRET=1 $(PY) -m pytest -q --timeout=600 -n $(TEST_WORKERS) --dist loadgroup tests
 
