@@ -36,7 +36,6 @@ from typing import Optional
 PRELOAD = ["torch", "torch.distributed"]
 
 
-
 def _context():
     """The fork-server start method (the server itself is `multiprocessing`'s, one per process,
     started by the first `Process.start`: the preload list only counts until then)."""

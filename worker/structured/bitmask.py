@@ -25,7 +25,7 @@ helper needs the GIL back, and the main thread, scheduling in Python, kept it fo
 interval, so the fill ran mostly after the main thread had started waiting for it. H200,
 2026-11-29, the whole process at 0.2 ms against 5 ms in one call: workload A
 (`bench/structured.py`) all rows constrained 0.836 -> 0.882 of none, half 0.903 -> 0.944; the
-draw's wait for 256 rows' fill 4.1-4.3 -> 2.5-2.8 ms a step (`structphase`). As built here
+draw's wait for 256 rows' fill 4.1-4.3 -> 2.5-2.8 ms a step (timers around the draw). As built here
 (b79a985), two calls on two hosts gave all 0.940 and 0.835, half 0.944 and 0.918: the hosts
 differ more than the change. It only applies from `BATCH_FILL_MIN_ROWS` up: at batch 1 the
 fill is the main thread's own.
@@ -117,14 +117,15 @@ class GrammarMasks:
         if self._filler is None:
             self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
         items = [(g, tokens, len(tokens)) for _, g, tokens in states]
+        rows = [i for i, _, _ in states]
         self._switch_interval = sys.getswitchinterval()  # restored by `join`
         sys.setswitchinterval(min(self._switch_interval, FILL_SWITCH_INTERVAL_S))
         try:
-            future = self._filler.submit(self._advance_and_fill, items, [i for i, _, _ in states], host)
+            future = self._filler.submit(self._advance_and_fill, items, rows, host)
         except BaseException:
             sys.setswitchinterval(self._switch_interval)
             raise
-        self._prefill = (future, n, [i for i, _, _ in states], [(g, size) for g, _, size in items])
+        self._prefill = (future, n, rows, [(g, size) for g, _, size in items])
 
     def _advance_and_fill(self, items: list, rows: list[int], host: torch.Tensor) -> list[int]:
         """The helper's job: sync the states, fill the rows of those not broken; returns them."""

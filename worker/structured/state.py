@@ -30,8 +30,8 @@ class GrammarState:
     @property
     def is_terminated(self) -> bool:
         """The grammar is complete and its stop token was accepted: nothing more may follow.
-        Asked only where the last token accepted is a stop token: the engine asks every
-        constrained row every step, and each call into xgrammar costs host time."""
+        No xgrammar call unless the last token accepted is a stop token (the only way a
+        matcher terminates)."""
         return self.last_token in self.stop_ids and self.matcher.is_terminated()
 
     def sync(self, tokens: list[int]) -> bool:
