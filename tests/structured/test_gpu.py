@@ -68,3 +68,62 @@ def test_constrained_output_same_with_async_and_graphs():
     llm = LLM("tiny-random", **kw)
     assert llm.engine.async_scheduling
     assert [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)] == want
+
+
+def test_greedy_constrained_draws_replay_a_graph_with_the_eager_result(monkeypatch):
+    """Greedy rows whose only edit is a grammar's mask are drawn by a CUDA graph (uploads, mask,
+    argmax; worker/structured/mask_graphs.py) once their logits' buffer was seen: the same
+    tokens as the eager draw (draw graphs off), at batch 1 and 3, the graphs really replaying."""
+    from infer_cluster.worker import LLM
+
+    kw = dict(device="cuda", dtype="float32", num_kv_blocks=256, max_num_seqs=8)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "tags": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["name", "tags"]}
+    params = SamplingParams(temperature=0, max_tokens=60, structured_outputs={"json": schema})
+    batches = [["Hello"], ["a b c", [5, 6, 7], [9] * 20]]
+    monkeypatch.setenv("INFER_CLUSTER_DRAW_GRAPH_MAX", "0")
+    eager = LLM("tiny-random", **kw)
+    assert eager.engine.draw_graphs is None
+    want = [[(o.token_ids, o.finish_reason) for o in eager.generate(b, params, use_tqdm=False)] for b in batches]
+    eager.close()
+    monkeypatch.delenv("INFER_CLUSTER_DRAW_GRAPH_MAX")
+    llm = LLM("tiny-random", **kw)
+    got = [[(o.token_ids, o.finish_reason) for o in llm.generate(b, params, use_tqdm=False)] for b in batches]
+    assert got == want
+    graphs = llm.engine.draw_graphs.mask_argmax
+    assert graphs.captures >= 2 and graphs.replays >= 20 and not graphs.disabled
+    llm.close()
+
+
+def test_mask_argmax_graph_matches_apply_then_argmax():
+    """`MaskArgmaxGraphs` against `apply_token_bitmask_ref` + argmax over one reused logits
+    buffer (as a decode graph's output is), with new masks and values each call."""
+    from infer_cluster.kernels.bitmask import apply_token_bitmask_ref
+    from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
+
+    n, vocab, width = 4, 1000, 1024  # a head wider than the tokenizer: the extra columns banned
+    words = (vocab + 31) // 32
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.empty(n, width, device="cuda", dtype=torch.bfloat16)
+    host = torch.empty(n, words, dtype=torch.int32, pin_memory=True)
+    dev = torch.empty(n, words, dtype=torch.int32, device="cuda")
+    idx_host = torch.tensor([0, 2, 3], dtype=torch.int32).pin_memory()
+    idx_dev = torch.empty(n, dtype=torch.int32, device="cuda")
+    graphs = MaskArgmaxGraphs(torch.device("cuda"))
+    served = 0
+    for _ in range(5):
+        values = torch.randn(n, width, generator=gen)
+        logits.copy_(values)
+        host.copy_(torch.randint(-2**31, 2**31 - 1, (n, words), generator=gen, dtype=torch.int64).to(torch.int32))
+        host[2] = 0
+        host[2, 3] = 1 << 5  # one token allowed: 3 * 32 + 5
+        want = apply_token_bitmask_ref(values.to(torch.bfloat16).float(), host.clone(), idx_host.clone(), vocab).argmax(-1)
+        ids = graphs.argmax(logits, host, dev, idx_host, idx_dev, vocab)
+        if ids is None:  # first sight of this buffer: the caller's eager draw
+            continue
+        served += 1
+        assert ids.cpu().tolist() == want.tolist()
+        assert ids[2].item() == 3 * 32 + 5
+    assert served == 4 and graphs.captures == 2
+    graphs.release()

@@ -41,6 +41,8 @@ import torch
 
 from infer_cluster.kernels.sample import philox_uniforms
 from infer_cluster.worker.config import env_count
+from infer_cluster.worker.device.graphs import capture_mid_serving
+from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
 from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, draw_random_rows
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,8 @@ class DrawGraphs:
         self._slot = 0
         self.replays = 0  # draws served by a graph (tests check that graphs really ran)
         self.captures = 0
+        # greedy constrained draws (worker/structured/mask_graphs.py): released with these
+        self.mask_argmax = MaskArgmaxGraphs(device)
 
     @classmethod
     def for_device(cls, device: torch.device) -> Optional["DrawGraphs"]:
@@ -191,20 +195,7 @@ class DrawGraphs:
             return torch.cat((ids, unresolved)), aux
 
         body()  # warm-up: Triton compiles outside the capture
-        # Captured on a side stream after the current one's queued work, without
-        # `torch.cuda.graph`'s device sync and `empty_cache`: this runs mid-serving, where
-        # emptying the allocator's cache made the next steps allocate afresh.
-        graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            try:
-                transfer, aux = body()
-            finally:
-                graph.capture_end()
-        current.wait_stream(side)
+        graph, (transfer, aux) = capture_mid_serving(body, self.device, self._pool)
         self._pool = graph.pool()
         g = _Graph(graph, packed, transfer, aux)
         self._graphs[key] = g
@@ -222,6 +213,7 @@ class DrawGraphs:
             self._graphs.clear()
             self._logits.clear()
             self._pool = None
+            self.mask_argmax.release()
 
 
 def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, width: int, top_p_alone: bool):

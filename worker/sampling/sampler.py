@@ -101,9 +101,15 @@ class Sampler:
     def prefill_masks(self, states: list, num_rows: int, device) -> None:
         """Start filling the grammar masks of the next draw (`states`: (row, `GrammarState`))
         on a helper thread (worker/structured/bitmask.py, `GrammarMasks.prefill`)."""
+        self._masks().prefill(states, num_rows, device)
+
+    def _masks(self) -> GrammarMasks:
+        """The grammar masks, made on the first constrained row (with the draw graphs' masked
+        argmax graphs, where those are on)."""
         if self.grammar_masks is None:
-            self.grammar_masks = GrammarMasks()
-        self.grammar_masks.prefill(states, num_rows, device)
+            graphs = self.draw_graphs.mask_argmax if self.draw_graphs is not None else None
+            self.grammar_masks = GrammarMasks(graphs=graphs)
+        return self.grammar_masks
 
     def close(self) -> None:
         """Stop the mask filler's thread, if one was started."""
@@ -208,10 +214,11 @@ class Sampler:
                 apply_logit_bias(x, rows, bias_rows)
             if min_tokens_rows:
                 apply_min_tokens(x, rows, min_tokens_rows)
+            if mask_only:  # greedy rows and a grammar's mask: one graph replay where it can
+                token_ids, _ = self._masks().apply_argmax(x, rows, grammar_rows, grammar_bans)
+                return DeviceDraw(token_ids, token_ids, None, n)
             if grammar_rows:  # a broken row (a token its grammar refused) is drawn as it is:
-                if self.grammar_masks is None:  # the engine ends a broken row when it collects
-                    self.grammar_masks = GrammarMasks()
-                self.grammar_masks.apply(x, rows, grammar_rows, grammar_bans)
+                self._masks().apply(x, rows, grammar_rows, grammar_bans)  # the engine ends it when it collects
 
             x_lp = lse = maxima = None
             if logprob_rows:

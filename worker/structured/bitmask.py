@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from infer_cluster.kernels.bitmask import apply_token_bitmask
+from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
 from infer_cluster.worker.structured.state import accept_all
 
 # Threads for one step's fill: enough to cover a 256-row step behind its forward, few enough
@@ -66,8 +67,9 @@ BATCH_FILL_MIN_ROWS = 8
 class GrammarMasks:
     """One sampler's bitmask buffers and batched filler (made on the first constrained row)."""
 
-    def __init__(self, threads: int = FILL_THREADS):
+    def __init__(self, threads: int = FILL_THREADS, graphs: Optional[MaskArgmaxGraphs] = None):
         import xgrammar as xgr
+        self.graphs = graphs  # `apply_argmax`'s CUDA graphs; None: eager draws
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._host: Optional[torch.Tensor] = None  # [rows, words] int32, pinned on CUDA
         self._device: Optional[torch.Tensor] = None
@@ -158,6 +160,36 @@ class GrammarMasks:
         of `bans[i]` (the sampler's n-gram and min_tokens bans) unless that would leave none.
         Returns the rows whose state is broken (their logits are left as they are). Rows a
         `prefill` filled from the same states are not filled again."""
+        use, broken, vocab = self._fill(x, rows, which)
+        if use:
+            host, dev = self._stage(x, vocab, use, bans)
+            self._upload(host, dev, len(use))
+            apply_token_bitmask(x, dev, self._idx(dev, len(use)), vocab)  # the padded head's columns banned too
+        return broken
+
+    def apply_argmax(self, x: torch.Tensor, rows: Sequence, which: list[int],
+                     bans: Optional[dict] = None) -> tuple[torch.Tensor, list[int]]:
+        """`apply`, then each row's argmax: (ids `[rows]`, the broken rows). On CUDA with graphs
+        (`graphs`), the uploads, the mask and the argmax replay from one CUDA graph
+        (worker/structured/mask_graphs.py) once the logits' buffer was seen before."""
+        use, broken, vocab = self._fill(x, rows, which)
+        if not use:
+            return x.argmax(dim=-1), broken
+        host, dev = self._stage(x, vocab, use, bans)
+        k = len(use)
+        if self.graphs is not None and dev is not host:
+            ids = self.graphs.argmax(x, host, dev, self._idx_host[:k], self._idx_device, vocab)
+            if ids is not None:
+                self._copied.record(self._stream)
+                self._pending_copy = True
+                return ids, broken
+        self._upload(host, dev, k)
+        apply_token_bitmask(x, dev, self._idx(dev, k), vocab)
+        return x.argmax(dim=-1), broken
+
+    def _fill(self, x: torch.Tensor, rows: Sequence, which: list[int]) -> tuple[list, list, Optional[int]]:
+        """Sync the states of rows `which` and fill their host mask rows, unless a `prefill`
+        did from the same states and tokens: (rows to mask, broken rows, the grammar's vocab)."""
         pre = self.join()  # before any state is touched: the helper may still be filling
         n = x.shape[0]
         if pre is not None and pre[1] == n and pre[2] == which and pre[3] == [
@@ -165,10 +197,7 @@ class GrammarMasks:
             # filled ahead from these very states and tokens: only the broken are left out
             use = pre[0].result()
             broken = [i for i in which if rows[i].grammar.broken]
-            if use:
-                vocab = rows[use[0]].grammar.vocab_size
-                self._upload_and_apply(x, *self._buffers(n, vocab, x.device), vocab, use, bans)
-            return broken
+            return use, broken, rows[use[0]].grammar.vocab_size if use else None
         matchers, use, broken = [], [], []
         vocab = None
         for i in which:
@@ -183,32 +212,38 @@ class GrammarMasks:
             use.append(i)
             vocab = r.grammar.vocab_size
         if not use:
-            return broken
-        host, dev = self._buffers(n, vocab, x.device)
+            return use, broken, vocab
+        host, _ = self._buffers(n, vocab, x.device)
         if len(matchers) >= BATCH_FILL_MIN_ROWS:
             self._batch.batch_fill_next_token_bitmask(matchers, host, use)
         else:
             for matcher, i in zip(matchers, use):
                 matcher.fill_next_token_bitmask(host, i)
-        self._upload_and_apply(x, host, dev, vocab, use, bans)
-        return broken
+        return use, broken, vocab
 
-    def _upload_and_apply(self, x: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, vocab: int,
-                          use: list[int], bans: Optional[dict]) -> None:
-        """Clear the bans from the filled host rows `use`, send them up and mask x's rows."""
+    def _stage(self, x: torch.Tensor, vocab: int, use: list[int],
+               bans: Optional[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled host rows `use` less their bans, the rows' indices written to the host
+        index buffer: (host mask rows, their device twin)."""
+        host, dev = self._buffers(x.shape[0], vocab, x.device)
         if bans:
             for i in use:
                 if bans.get(i):
                     _clear_bans(host[i], bans[i], vocab)
-        k = len(use)
-        idx = self._idx_host[:k]
-        idx.numpy()[:] = use
+        self._idx_host[:len(use)].numpy()[:] = use
+        return host, dev
+
+    def _upload(self, host: torch.Tensor, dev: torch.Tensor, k: int) -> None:
+        """Send the mask and `k` row indices up (non-blocking, from pinned memory)."""
         if dev is not host:
             dev.copy_(host, non_blocking=True)
-            idx = self._idx_device[:k].copy_(idx, non_blocking=True)
+            self._idx_device[:k].copy_(self._idx_host[:k], non_blocking=True)
             self._copied.record(self._stream)
             self._pending_copy = True
-        apply_token_bitmask(x, dev, idx, vocab)  # the padded head's columns banned too
+
+    def _idx(self, dev: torch.Tensor, k: int) -> torch.Tensor:
+        """The `k` row indices where the mask is applied: the device copy, or the host's."""
+        return self._idx_host[:k] if dev.device.type == "cpu" else self._idx_device[:k]
 
 
 def _clear_bans(row: torch.Tensor, banned, vocab: int) -> None:

@@ -1,0 +1,28 @@
+"""`capture_mid_serving`: capture a CUDA graph while the engine serves.
+
+Used by the sampler's draw graphs (worker/sampling/draw_graphs.py) and the grammar's masked
+argmax (worker/structured/mask_graphs.py), both captured on first use between steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def capture_mid_serving(body, device: torch.device, pool=None) -> tuple:
+    """(graph, what `body()` returned) with `body`'s device work captured, not run. Captured on a
+    side stream after the current one's queued work, without `torch.cuda.graph`'s device sync
+    and `empty_cache`: this runs mid-serving, where emptying the allocator's cache made the next
+    steps allocate afresh. `pool`: a graph memory pool to share (`graph.pool()` of another)."""
+    graph = torch.cuda.CUDAGraph()
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            result = body()
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    return graph, result
