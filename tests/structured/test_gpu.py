@@ -100,7 +100,7 @@ def test_mask_argmax_graph_matches_apply_then_argmax():
     """`MaskArgmaxGraphs` against `apply_token_bitmask_ref` + argmax over one reused logits
     buffer (as a decode graph's output is), with new masks and values each call."""
     from infer_cluster.kernels.bitmask import apply_token_bitmask_ref
-    from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
+    from infer_cluster.worker.structured.mask_graphs import MAX_ROWS, MaskArgmaxGraphs
 
     n, vocab, width = 4, 1000, 1024  # a head wider than the tokenizer: the extra columns banned
     words = (vocab + 31) // 32
@@ -126,4 +126,10 @@ def test_mask_argmax_graph_matches_apply_then_argmax():
         assert ids.cpu().tolist() == want.tolist()
         assert ids[2].item() == 3 * 32 + 5
     assert served == 4 and graphs.captures == 2
+    wide = torch.zeros(MAX_ROWS + 1, width, device="cuda", dtype=torch.bfloat16)
+    wide_host = torch.zeros(MAX_ROWS + 1, words, dtype=torch.int32, pin_memory=True)
+    wide_dev = torch.zeros(MAX_ROWS + 1, words, dtype=torch.int32, device="cuda")
+    for _ in range(3):  # a batch past MAX_ROWS is drawn eagerly, however often it comes
+        assert graphs.argmax(wide, wide_host, wide_dev, idx_host, idx_dev, vocab) is None
+    assert graphs.captures == 2
     graphs.release()

@@ -13,7 +13,11 @@ logits' address, shape, strides and dtype, the tokenizer's vocabulary, the buffe
 and the number of masked rows. A decode graph's logits live at one address per batch size, so
 at steady state every draw replays. A key is captured the second time it is seen (the first
 draw runs eagerly and compiles the Triton kernel outside any capture); logits at a new address
-each step (eager forwards) never get one. At most `MAX_GRAPHS` keys; past that, eager draws.
+each step (eager forwards) never get one. Only steps of at most `MAX_ROWS` rows take a graph:
+there the five launches are the draw's cost, while a large batch amortizes them, and its row
+count changes with nearly every request that ends, so its keys would fill the table (on the
+H200 a batch-1 request served after a 256-row workload found the table full and drew eagerly:
+1.35x the unconstrained TPOT against 1.06x). At most `MAX_GRAPHS` keys; past that, eager draws.
 
 Correct whatever the address held before: a graph touches memory only when it replays, and it
 replays only for logits at its key's address, shape and strides, which are then the step's own.
@@ -32,7 +36,8 @@ from infer_cluster.worker.device.graphs import capture_mid_serving
 
 log = logging.getLogger(__name__)
 
-MAX_GRAPHS = 16
+MAX_ROWS = 8
+MAX_GRAPHS = 32
 _MAX_SEEN = 1024  # keys remembered once; forgotten all at once past this
 
 
@@ -51,6 +56,8 @@ class MaskArgmaxGraphs:
         """The ids `[rows]` of `logits` after masking rows `idx_host` with `host` (both pinned,
         written by the caller), from a graph; None where no graph serves (the caller draws
         eagerly). `dev` and `idx_dev`: the device buffers the graph uploads into."""
+        if logits.shape[0] > MAX_ROWS:
+            return None
         k = idx_host.shape[0]
         key = (logits.data_ptr(), tuple(logits.shape), logits.stride(), logits.dtype, vocab,
                host.data_ptr(), tuple(host.shape), dev.data_ptr(), idx_host.data_ptr(),
