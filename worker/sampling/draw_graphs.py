@@ -24,6 +24,9 @@ sampler's kernels on. Rows are padded up to the bucket; padding rows draw from s
 are dropped. The result is the eager draw's: the same kernels on the same values, in the same
 order, with the candidate width of the step (the key).
 
+`mask_argmax`: the graphs of greedy constrained draws (worker/structured/mask_graphs.py), held
+here so that they are on and off, and released, with these.
+
 `INFER_CLUSTER_DRAW_GRAPH_MAX` sets `max_batch` (default 32; 0 turns the graphs off, the A/B).
 Must never: capture while another capture runs, or hand out a static buffer.
 To extend (another draw feature): make it part of the key if it changes which kernels launch, and

@@ -2,7 +2,8 @@
 
 Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
 to those rows of the logits only (kernels/bitmask.py: one Triton launch with little host work
-on CUDA, its plain-torch reference elsewhere). The bitmask covers the
+on CUDA, its plain-torch reference elsewhere); `apply_argmax` for greedy rows, whose uploads,
+mask and argmax replay from one CUDA graph at small batches (worker/structured/mask_graphs.py). The bitmask covers the
 tokenizer's ids (worker/structured/compiler.py); logits wider than that (a padded LM head) get
 their extra columns set to -inf, narrower ones use the mask's prefix.
 
