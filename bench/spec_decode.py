@@ -72,7 +72,8 @@ def main(argv=None) -> dict:
                     help="rounds per batch size, each over the next conversations (batch 1 at 256 "
                          "tokens is ~0.2 s on an H200: one round is mostly noise)")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    ap.add_argument("--lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"))
+    ap.add_argument("--lookup", type=int, nargs=2, default=[3, 4], metavar=("MIN", "MAX"),
+                    help="prompt_lookup_min / _max (the engine's defaults)")
     ap.add_argument("--method", choices=["ngram", "draft_model"], default="ngram")
     ap.add_argument("--draft-model", default=None, help="the draft (model path or embedded name) "
                     "for --method draft_model; default: the target itself")

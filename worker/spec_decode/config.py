@@ -33,7 +33,11 @@ def _whole(name: str, value, low: int, high: int) -> None:
 class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 2  # the shortest suffix n-gram that may propose
+    # The shortest suffix n-gram that may propose. 3, not 2: replayed over the input-grounded
+    # workload's greedy SmolLM2 outputs (bench/spec_replay.py, 2026-11-29), a 2-gram match gave
+    # 2.7 tokens a verify step where a verify step costs ~2.7 plain ones on the H200, and 3..4
+    # took the estimated batch-1 speedup from 1.66x to 1.80x at k = 8 (1.83x to 2.04x at 16).
+    prompt_lookup_min: int = 3
     prompt_lookup_max: int = 4  # the longest one tried (longest first)
     model: Optional[str] = None  # draft_model only: a model path or embedded name
     # vLLM's name: no proposals in a step where this many requests (or more) are running; None:
