@@ -35,3 +35,23 @@ def test_replay_counts_what_the_engine_counts(outputs, k, lo, hi):
         got["num_spec_draft_tokens"], got["num_spec_accepted_tokens"])
     assert s["acceptance_per_position"] == pytest.approx(got["spec_acceptance_per_position"])
     assert s["tokens"] == sum(len(o) - 1 for o in outputs)
+
+
+def test_replay_command_reads_saved_outputs(tmp_path, outputs):
+    """`bench/spec_replay.py --outputs FILE` replays saved outputs without a model and writes
+    one row per (k, window), its estimate from the step costs given."""
+    import json
+
+    from bench.spec_replay import main
+
+    saved = tmp_path / "outputs.json"
+    saved.write_text(json.dumps([{"prompt": p, "output": o} for p, o in zip(PROMPTS, outputs)]))
+    result = main(["--outputs", str(saved), "--output-len", str(MAX_TOKENS), "--k", "2", "4",
+                   "--lookup", "1-2", "2-4", "--plain-ms", "1", "--verify-ms", "1",
+                   "--out", str(tmp_path / "replay.json")])
+    rows = {(r["k"], r["prompt_lookup_min"], r["prompt_lookup_max"]): r for r in result["results"]}
+    assert set(rows) == {(2, 1, 2), (2, 2, 4), (4, 1, 2), (4, 2, 4)}
+    for r in rows.values():  # equal step costs: the estimate is tokens per step
+        steps = r["plain_steps"] + r["verify_steps"]
+        assert r["estimated_speedup"] == pytest.approx(r["tokens"] / steps) and r["tokens"] > steps
+    assert json.loads((tmp_path / "replay.json").read_text())["results"] == result["results"]
