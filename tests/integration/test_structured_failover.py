@@ -65,6 +65,7 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         after = cluster.status()["coordinator"]
         assert after["num_resumed"] > before["num_resumed"], \
             f"no request was resumed mid-structure (killed replica-{victim}; requests per replica {rows})"
-    finally:
-        cluster.start_replica(victim)  # the session's cluster, as the other tests expect it
+    finally:  # the session's cluster whole again, as the other tests expect it
+        if cluster.replicas[victim] is None or cluster.replicas[victim].poll() is not None:
+            cluster.start_replica(victim)
         cluster.wait_replicas(2)
