@@ -42,45 +42,44 @@ VERIFY_MS = {k: 0.85 + (0.97 if k + 1 <= 8 else 1.07 if k + 1 <= 16 else 1.30) f
 
 
 def replay(prompt: list[int], output: list[int], k: int, min_n: int, max_n: int,
-           max_tokens: int) -> dict:
-    """One request's steps after its prefill: plain and verify steps, proposals made and
-    accepted (per position), tokens."""
+           max_tokens: int, stats) -> dict:
+    """One request's steps after its prefill: plain and verify steps and tokens; its proposals
+    and acceptances go to `stats` (the engine's `SpecStats`)."""
     from infer_cluster.worker.spec_decode.ngram import NgramIndex
+    from infer_cluster.worker.spec_decode.verify import num_accepted
 
     index = NgramIndex(min_n, max_n)
     tokens = list(prompt) + list(output[:1])
     done = 1
-    stats = {"plain": 0, "verify": 0, "drafted": [0] * k, "accepted": [0] * k, "tokens": 0}
+    steps = {"plain": 0, "verify": 0, "tokens": 0}
     while done < len(output):
         room = min(k, max_tokens - done - 1)
         drafts = index.propose(tokens, room) if room > 0 else []
-        a = 0
-        for d, x in zip(drafts, output[done:]):
-            if d != x:
-                break
-            a += 1
+        a = num_accepted(drafts, output[done:])
         n = min(a + 1, len(output) - done)
-        stats["verify" if drafts else "plain"] += 1
-        for j in range(len(drafts)):
-            stats["drafted"][j] += 1
-            stats["accepted"][j] += j < a
+        steps["verify" if drafts else "plain"] += 1
+        if drafts:
+            stats.record(len(drafts), a)
         tokens.extend(output[done:done + n])
         done += n
-        stats["tokens"] += n
-    return stats
+        steps["tokens"] += n
+    return steps
 
 
-def summarize(rows: list[dict], k: int, plain_ms: float, verify_ms: float) -> dict:
+def replay_all(data: list[dict], k: int, min_n: int, max_n: int, max_tokens: int,
+               plain_ms: float, verify_ms: float) -> dict:
+    """Every request of `data` replayed: steps, tokens, tokens a verify step, the engine's
+    speculation counters and the estimated speedup."""
+    from infer_cluster.worker.spec_decode.verify import SpecStats
+
+    stats = SpecStats(k)
+    rows = [replay(d["prompt"], d["output"], k, min_n, max_n, max_tokens, stats) for d in data]
     plain = sum(r["plain"] for r in rows)
     verify = sum(r["verify"] for r in rows)
     tokens = sum(r["tokens"] for r in rows)
-    drafted = [sum(r["drafted"][j] for r in rows) for j in range(k)]
-    accepted = [sum(r["accepted"][j] for r in rows) for j in range(k)]
     on_ms = plain * plain_ms + verify * verify_ms
     return {"plain_steps": plain, "verify_steps": verify, "tokens": tokens,
-            "tokens_per_verify": (tokens - plain) / verify if verify else 0.0,
-            "num_spec_draft_tokens": sum(drafted), "num_spec_accepted_tokens": sum(accepted),
-            "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+            "tokens_per_verify": (tokens - plain) / verify if verify else 0.0, **stats.as_dict(),
             "estimated_speedup": tokens * plain_ms / on_ms if on_ms else 1.0}
 
 
@@ -133,8 +132,7 @@ def main(argv=None) -> dict:
         verify_ms = args.verify_ms if args.verify_ms is not None else VERIFY_MS[k]
         for window in args.lookup:
             lo, hi = (int(x) for x in window.split("-"))
-            rows = [replay(d["prompt"], d["output"], k, lo, hi, args.output_len) for d in data]
-            s = summarize(rows, k, args.plain_ms, verify_ms)
+            s = replay_all(data, k, lo, hi, args.output_len, args.plain_ms, verify_ms)
             results.append({"k": k, "prompt_lookup_min": lo, "prompt_lookup_max": hi, **s})
             print(f"k {k:2d} lookup {lo}-{hi:<2d}: {s['verify_steps']:5d} verify and {s['plain_steps']:5d} "
                   f"plain steps, {s['tokens_per_verify']:.2f} tokens a verify step, estimated "

@@ -4,7 +4,7 @@ and accepted, per position), for several settings, on prompts that repeat themse
 
 import pytest
 
-from bench.spec_replay import replay, summarize
+from bench.spec_replay import replay_all
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
@@ -28,12 +28,12 @@ def test_replay_counts_what_the_engine_counts(outputs, k, lo, hi):
     for prompt, want in zip(PROMPTS, outputs):  # one at a time: batch 1
         assert llm.generate([prompt], params, use_tqdm=False)[0].token_ids == want
     got = llm.stats()
-    rows = [replay(p, o, k, lo, hi, MAX_TOKENS) for p, o in zip(PROMPTS, outputs)]
-    s = summarize(rows, k, plain_ms=1.0, verify_ms=1.0)
+    s = replay_all([{"prompt": p, "output": o} for p, o in zip(PROMPTS, outputs)], k, lo, hi,
+                   MAX_TOKENS, plain_ms=1.0, verify_ms=1.0)
     assert s["num_spec_draft_tokens"] > s["num_spec_accepted_tokens"] > 0
     assert (s["num_spec_draft_tokens"], s["num_spec_accepted_tokens"]) == (
         got["num_spec_draft_tokens"], got["num_spec_accepted_tokens"])
-    assert s["acceptance_per_position"] == pytest.approx(got["spec_acceptance_per_position"])
+    assert s["spec_acceptance_per_position"] == pytest.approx(got["spec_acceptance_per_position"])
     assert s["tokens"] == sum(len(o) - 1 for o in outputs)
 
 

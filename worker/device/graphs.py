@@ -1,7 +1,9 @@
-"""`capture_mid_serving`: capture a CUDA graph while the engine serves.
+"""CUDA graphs' life: `capture_mid_serving` (capture while the engine serves) and
+`release_graphs` (drop graphs once the device is done with them).
 
-Used by the sampler's draw graphs (worker/sampling/draw_graphs.py) and the grammar's masked
-argmax (worker/structured/mask_graphs.py), both captured on first use between steps.
+Used by the decode and mixed-step graphs (worker/runner/), the sampler's draw graphs
+(worker/sampling/draw_graphs.py) and the grammar's masked argmax
+(worker/structured/mask_graphs.py).
 """
 
 from __future__ import annotations
@@ -26,3 +28,17 @@ def capture_mid_serving(body, device: torch.device, pool=None) -> tuple:
             graph.capture_end()
     current.wait_stream(side)
     return graph, result
+
+
+def release_graphs(graphs: dict, *stores, device=None) -> None:
+    """Clear `graphs` (captured graphs) and `stores` (what they read or write) after the device
+    finished its queued work, which waits only if there are graphs; they are cleared even if
+    that wait fails (a device error after a peer died). `device`: the one to wait for (default:
+    the current one)."""
+    try:
+        if graphs:
+            torch.cuda.synchronize(device)
+    finally:
+        graphs.clear()
+        for store in stores:
+            store.clear()

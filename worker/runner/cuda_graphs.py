@@ -36,6 +36,7 @@ from typing import Callable, Optional
 
 import torch
 
+from infer_cluster.worker.device.graphs import release_graphs
 from infer_cluster.worker.models.decoder import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -153,14 +154,3 @@ class DecodeGraphs:
         """Destroy the graphs and their outputs (before the process group goes)."""
         release_graphs(self.greedy_graphs, self.greedy_outputs)
         release_graphs(self.graphs, self.outputs)
-
-
-def release_graphs(graphs: dict, outputs: dict) -> None:
-    """Drop captured graphs and their outputs after the device finished pending work; they go
-    even if that wait fails (a device error after a peer died)."""
-    try:
-        if graphs:
-            torch.cuda.synchronize()
-    finally:
-        graphs.clear()
-        outputs.clear()

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from infer_cluster.worker.runner.cuda_graphs import release_graphs
+from infer_cluster.worker.device.graphs import release_graphs
 from infer_cluster.worker.models.decoder import AttentionMetadata
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ import torch
 
 from infer_cluster.kernels.sample import philox_uniforms
 from infer_cluster.worker.config import env_count
-from infer_cluster.worker.device.graphs import capture_mid_serving
+from infer_cluster.worker.device.graphs import capture_mid_serving, release_graphs
 from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
 from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, draw_random_rows
 
@@ -209,14 +209,11 @@ class DrawGraphs:
     def release(self) -> None:
         """Drop every graph and buffer after the device finished pending work; they go even if
         that wait fails (a device error)."""
+        self._pool = None
         try:
-            if self._graphs:
-                torch.cuda.synchronize(self.device)
+            release_graphs(self._graphs, self._logits, device=self.device)
         finally:
-            self._graphs.clear()
-            self._logits.clear()
-            self._pool = None
-            self.mask_argmax.release()
+            self.mask_argmax.release()  # its wait, if any, finds the device drained already
 
 
 def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, width: int, top_p_alone: bool):

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from infer_cluster.kernels.bitmask import apply_token_bitmask
-from infer_cluster.worker.device.graphs import capture_mid_serving
+from infer_cluster.worker.device.graphs import capture_mid_serving, release_graphs
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,6 @@ class MaskArgmaxGraphs:
         return graph, ids
 
     def release(self) -> None:
-        """Drop every graph after the device finished pending work; they go even if that wait
-        fails (a device error)."""
-        try:
-            if self._pairs:
-                torch.cuda.synchronize(self.device)
-        finally:
-            self._pairs.clear()
-            self._seen.clear()
-            self._pool = None
+        """Drop every graph once the device finished its queued work (even if that wait fails)."""
+        self._pool = None
+        release_graphs(self._pairs, self._seen, device=self.device)
