@@ -70,3 +70,50 @@ def test_upload_ring_wraps_without_overwriting_pending_rows():
     long = up(np.arange(5000, dtype=np.int64))  # over capacity: the pinned DMA copy
     torch.cuda.synchronize()
     assert np.array_equal(long.cpu().numpy(), np.arange(5000))
+
+
+def _staged_case(rows: int, cols: int, device: str = "cpu"):
+    from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
+    head, table_at, stride = 37, 40, 9
+    words = table_at + (4 * stride + 1) // 2 + 1
+    src = torch.arange(words, dtype=torch.int64) * 1_000_003 + 11
+    out = torch.full((words,), -1, dtype=torch.int64, device=device)
+    want = out.cpu().clone()
+    want[:head] = src[:head]
+    w32, s32 = want.view(torch.int32), src.view(torch.int32)
+    for r in range(rows):
+        at = 2 * table_at + r * stride
+        w32[at:at + cols] = s32[at:at + cols]
+    return mapped_read_staged, src, out, want, (head, table_at, rows, cols, stride)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("rows,cols", [(0, 0), (1, 1), (3, 5), (4, 9)])
+def test_staged_read_copies_the_head_and_the_rows_only(rows, cols):
+    """The head, then `cols` values of each of `rows` table rows: nothing else changes."""
+    read, src, out, want, args = _staged_case(rows, cols)
+    read(src, out, *args)
+    assert torch.equal(out, want)
+
+
+def test_staged_read_refuses_what_does_not_fit():
+    from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
+    buf = torch.zeros(64, dtype=torch.int64)
+    with pytest.raises(ValueError, match="do not fit"):
+        mapped_read_staged(buf, buf.clone(), 8, 16, 12, 4, 9)  # 12 rows of 9 int32 end past word 64
+    with pytest.raises(ValueError, match="do not fit"):
+        mapped_read_staged(buf, buf.clone(), 8, 16, 1, 10, 9)  # cols wider than a row
+    with pytest.raises(ValueError, match="int64"):
+        mapped_read_staged(buf.view(torch.int32), buf.view(torch.int32), 8, 16, 1, 1, 9)
+
+
+@pytest.mark.gpu
+@cuda
+def test_staged_read_from_mapped_memory_on_cuda():
+    from infer_cluster.worker.device.host_memory import HostBuffer
+    read, src, out, want, args = _staged_case(4, 7, "cuda")
+    buf = HostBuffer([((src.shape[0],), torch.int64)], pin=True)
+    buf.tensors[0].copy_(src)
+    read(buf.tensors[0], out, *args)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), want)

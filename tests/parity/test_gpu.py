@@ -194,6 +194,7 @@ def test_greedy_graphs_give_the_logits_graphs_tokens(checkpoints, monkeypatch, g
         got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert got == want
         assert graphs.replays > 0
+        assert graphs.inputs.staged == graphs.replays  # every decode step written straight in
         assert (graphs.greedy_replays > 0) == (greedy_max == "4")
         assert graphs.greedy_replays < graphs.replays  # the 6- and 8-row steps took the logits graph
         llm.close()

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from infer_cluster.worker.device.graphs import release_graphs
+from infer_cluster.worker.kv.block_table import BlockTableMirror
+from infer_cluster.worker.runner.graph_inputs import GraphInputs
 from infer_cluster.worker.models.decoder import AttentionMetadata
+from infer_cluster.worker.sched.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +69,11 @@ class DecodeGraphs:
         into the same pool: `run(..., greedy=True)`."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
-        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(max_batch, **i64)
-        self.positions = torch.zeros(max_batch, **i64)
-        self.slot_mapping = torch.full((max_batch,), -1, **i64)
-        self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, **i32)
-        self.seq_lens = torch.ones(max_batch, **i32)
-        self.query_start_loc = torch.arange(max_batch + 1, **i32)
+        # the static inputs: sections of one device buffer, which `run_step` fills in one transfer
+        self.inputs = GraphInputs(max_batch, max_blocks_per_seq, device)
+        self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
+        self.slot_mapping, self.block_tables = self.inputs.slot_mapping, self.inputs.block_tables
+        self.seq_lens, self.query_start_loc = self.inputs.seq_lens, self.inputs.query_start_loc
         self.stage_in = (torch.zeros(max_batch, 2, stage_hidden, dtype=stage_dtype, device=device)
                          if stage_hidden else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -107,10 +108,6 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
-    def can_run(self, num_seqs: int, max_query_len: int, num_tokens: int, num_sampled: int) -> bool:
-        return (max_query_len == 1 and num_tokens == num_seqs == num_sampled
-                and num_seqs <= self.max_batch)
-
     def has_greedy(self, batch: int) -> bool:
         """Whether the captured size `batch` has a greedy variant."""
         return batch in self.greedy_graphs
@@ -144,6 +141,30 @@ class DecodeGraphs:
             self.seq_lens[n:bs].fill_(1)
         if greedy and not self.has_greedy(bs):
             raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
+        graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
+        graphs[bs].replay()
+        self.replays += 1
+        self.greedy_replays += greedy
+        return outputs[bs][:n]
+
+    def decode_only(self, out: SchedulerOutput) -> bool:
+        """Whether `out` is a step `run_step` serves: one token a row, every row sampled, at
+        most `max_batch` rows."""
+        reqs = out.requests
+        return 0 < len(reqs) <= self.max_batch and all(len(r.token_ids) == 1 and r.needs_sample for r in reqs)
+
+    def run_step(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int,
+                 prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
+                 greedy: bool = False) -> torch.Tensor:
+        """Replay for the decode step `out` (`decode_only`), its inputs written straight into
+        the static buffers (worker/runner/graph_inputs.py) rather than prepared and copied.
+        Returns the logits of its rows (`greedy`: their argmax ids, where that size has a
+        greedy graph)."""
+        n = len(out.requests)
+        bs = self.batch_for(n)
+        if greedy and not self.has_greedy(bs):
+            raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
+        self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows)
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
         graphs[bs].replay()
         self.replays += 1

@@ -126,6 +126,7 @@ class ModelRunner:
                                        greedy_forward=self._greedy_forward if greedy_max else None,
                                        greedy_max_batch=greedy_max)
             self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
+            self.graphs.inputs.open_host()  # decode steps are written straight into the graphs' inputs
             self.mixed_graphs = build_mixed_graphs(
                 self._forward_sampled, self.context.kv_caches,
                 min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
@@ -398,17 +399,19 @@ class ModelRunner:
         `DynamicContext.prepare`. `greedy_ids` (only where `takes_greedy_ids`; the caller found
         every sampled row plain greedy): the rows' argmax ids (int64) instead of the logits, from
         the greedy graph where the step replays one."""
+        graphs = self.graphs
+        if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
+            greedy = greedy_ids and graphs.has_greedy(graphs.batch_for(len(out.requests)))
+            result = graphs.run_step(out, self.context.block_mirror, self.config.block_size, prev_ids,
+                                     prev_rows, greedy=greedy)
+            if greedy_ids and not greedy:
+                result = row_argmax(result)
+            return result, [r.request_id for r in out.requests]
         inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         ids = inputs.sample_request_ids
-        if self.graphs is not None and self.graphs.can_run(len(out.requests), meta.max_query_len, n, len(ids)):
-            bs = self.graphs.batch_for(n)
-            greedy = greedy_ids and self.graphs.has_greedy(bs)
-            logits = self.graphs.run(inputs.input_ids, inputs.positions, meta, batch=bs, greedy=greedy)
-            if greedy:
-                return logits, ids
-        elif self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n, len(ids)):
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n, len(ids)):
             logits = self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.sample_indices)
         else:
             logits = self._forward_sampled(inputs.input_ids, inputs.positions, meta, self.context.kv_caches,
