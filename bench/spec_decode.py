@@ -155,8 +155,8 @@ def _engine(args, mode: dict, share: float, convs: list):
 
 
 def _row(outs: list, seconds: float, b: int, before: dict, after: dict) -> dict:
-    """tokens, seconds, tokens/s, prompt tokens, batch-1 TPOT (from the request metrics) and
-    the acceptance of a set of outputs."""
+    """tokens, seconds, tokens/s, prompt tokens, batch-1 TPOT and TTFT (from the request
+    metrics) and the acceptance of a set of outputs."""
     tokens = sum(len(o.token_ids) for o in outs)
     row = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs)}
@@ -166,6 +166,11 @@ def _row(outs: list, seconds: float, b: int, before: dict, after: dict) -> dict:
                  and o.metrics.first_token_time and len(o.token_ids) > 1]
         if tpots:
             row["tpot_ms"] = sum(tpots) / len(tpots) * 1e3
+        # the rest of a request's time: its prefill and first token (a ~1k-token prompt)
+        ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs
+                 if o.metrics is not None and o.metrics.first_token_time]
+        if ttfts:
+            row["ttft_ms"] = sum(ttfts) / len(ttfts) * 1e3
     drafts = after["num_spec_draft_tokens"] - before["num_spec_draft_tokens"]
     if drafts:
         row["acceptance"] = (after["num_spec_accepted_tokens"] - before["num_spec_accepted_tokens"]) / drafts
@@ -175,6 +180,7 @@ def _row(outs: list, seconds: float, b: int, before: dict, after: dict) -> dict:
 def _print_row(name: str, b: int, row: dict) -> None:
     print(f"{name:>9} batch {b:>2}: {row['tokens']} tokens in {row['seconds']:.2f} s = "
           f"{row['tokens_per_s']:.1f} tok/s" + (f", TPOT {row['tpot_ms']:.2f} ms" if "tpot_ms" in row else "")
+          + (f", TTFT {row['ttft_ms']:.1f} ms" if "ttft_ms" in row else "")
           + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
 
 
