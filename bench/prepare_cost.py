@@ -1,8 +1,10 @@
 """Host side of a steady decode step's inputs: what `DynamicContext.prepare` launches on the
 device and how long it takes on the host, for async scheduling's steady steps (every row's
-input id is the previous step's pending draw, rows in the same order), and how long
-`Sampler.classify` (which rows need which sampler feature) takes for greedy and for sampled
-rows.
+input id is the previous step's pending draw, rows in the same order), the same for
+`GraphInputs.stage` (worker/runner/graph_inputs.py: what a single-rank CUDA decode step runs
+instead of `prepare` and the graph's copies; on CUDA it also launches one Triton read and
+records one event, which the op count leaves out), and how long `Sampler.classify` (which rows
+need which sampler feature) takes for greedy and for sampled rows.
 
 Counts the tensor operations `prepare` dispatches (views and slices left out: they launch
 nothing) with a `TorchDispatchMode`, and times `prepare` (median of `--repeats` rounds of
@@ -97,13 +99,17 @@ def main(argv=None) -> int:
 
     import torch
 
+    from infer_cluster.worker.kv.block_table import BlockTableMirror
     from infer_cluster.worker.runner.context import DynamicContext
+    from infer_cluster.worker.runner.graph_inputs import GraphInputs
 
     device = torch.device(args.device)
     blocks = -(-(args.context + 1) // args.block_size)
     ctx = DynamicContext(num_layers=1, num_blocks=max(args.batch) * blocks + 1, block_size=args.block_size,
                          num_kv_heads=1, head_dim=8, dtype=torch.float16, device=device)
     rows = []
+    staged = GraphInputs(max(args.batch), blocks, device)
+    staged.open_host()
     for batch in args.batch:
         out = steady_step(batch, args.context, args.block_size)
         draw = torch.arange(batch, dtype=torch.int64, device=device)
@@ -112,12 +118,20 @@ def main(argv=None) -> int:
         call()  # warm-up (the block-table mirror fills)
         ops = launched_ops(call)
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+        mirror = BlockTableMirror()
+        stage = lambda: staged.stage(out, mirror, args.block_size, batch, draw, prev_rows)  # noqa: E731
+        stage()
+        stage_ops = launched_ops(stage)
         row = dict(batch=batch, ops=len(ops), op_names=sorted(set(ops)),
                    prepare_us=timed_us(call, args.calls, args.repeats, sync),
+                   graph_inputs_ops=len(stage_ops), graph_inputs_op_names=sorted(set(stage_ops)),
+                   graph_inputs_us=timed_us(stage, args.calls, args.repeats, sync),
                    classify_greedy_us=classify_us(batch, "greedy", args.calls, args.repeats),
                    classify_sampled_us=classify_us(batch, "sampled", args.calls, args.repeats))
         rows.append(row)
         print(f"batch {batch:4d}: {row['ops']} ops {row['op_names']}; prepare {row['prepare_us']:.1f} us; "
+              f"graph inputs {row['graph_inputs_ops']} ops {row['graph_inputs_op_names']}, "
+              f"{row['graph_inputs_us']:.1f} us; "
               f"classify greedy {row['classify_greedy_us']:.1f} us, sampled {row['classify_sampled_us']:.1f} us")
     write_json(args.out, dict(device=str(device), context=args.context, rows=rows))
     return 0
