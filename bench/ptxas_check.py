@@ -150,12 +150,12 @@ def variants():
             for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True,
-                              PACK=H // HK)  # GQA packing, the default
+                              PACK=H // HK, SEQ_CHUNK=32)  # GQA packing, the default
                 if int8:
                     consts.update(_cvt_consts(dict(cvt=cvt)))
                 name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps} s{stages}" + (f" {cvt}" if int8 else "")
                 # One split (the grid of prompts); the partial strides are then never read.
-                ints = dict(_strides(d, int8), page_size=PAGE, spo_s=0, spo_t=0, spo_h=0,
+                ints = dict(_strides(d, int8), page_size=PAGE, num_seqs=7, dense_blocks=3, spo_s=0, spo_t=0, spo_h=0,
                             spl_s=0, spl_t=0)
                 rows.append((name, _prefill_kernel, ptrs, ints, dict(consts, NUM_SPLITS=1),
                              dict(num_warps=warps, num_stages=stages), ()))

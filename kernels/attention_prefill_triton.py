@@ -4,12 +4,15 @@ Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed 
 batches) and its tiles (`_tiles`). `kernels.attention_triton` calls it when max_query_len > 1 and
 re-exports it.
 
-`_prefill_kernel`: grid (num_seqs, num_kv_heads, cdiv(max_query_len * GROUP, BLOCK_M) *
-NUM_SPLITS) with GQA packing (`PREFILL_PACK_GQA`, the default): a tile's rows are the GROUP
-query heads that share one KV head, position-major (row r = position r // GROUP, head
-r % GROUP of the group), so every K/V tile is read once for the whole group instead of once per
-query head; a 10-token suffix fills 20 rows of a tile at GROUP 2, a decode row of a mixed step 2.
-Without packing the grid is (num_seqs, num_heads, cdiv(max_query_len, BLOCK_M) * NUM_SPLITS).
+`_prefill_kernel`: grid (query tiles, num_kv_heads, NUM_SPLITS) with GQA packing
+(`PREFILL_PACK_GQA`, the default): a tile's rows are the GROUP query heads that share one KV
+head, position-major (row r = position r // GROUP, head r % GROUP of the group), so every K/V
+tile is read once for the whole group instead of once per query head; a 10-token suffix fills
+20 rows of a tile at GROUP 2, a decode row of a mixed step 2. Without packing the second axis is
+num_heads. The query tiles are numbered sequence by sequence (`prefill_tiles` sizes the axis from
+shapes; `_tile_owner` finds a program's sequence and query block from the query starts), so a
+sequence with no queries (a CUDA-graph bucket's padding, a decode row's extra blocks) costs no
+program; where that saves nothing (one prompt), the axis is (sequence, query block) as before.
 Flash-attention online softmax over K/V tiles gathered through the block table (`_attend_tile`);
 tiles entirely before the block's first query position skip the causal mask, the remaining
 diagonal tiles apply it. Must never read KV positions >= seq_lens[i] (block tables may be padded
@@ -131,9 +134,33 @@ def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, 
     return acc, m_new, l_i
 
 
-@triton.jit(do_not_specialize=["s_bt"])  # block-table width varies per step (as in decode)
+@triton.jit
+def _tile_owner(qsl_ptr, num_seqs, tile, PACK: tl.constexpr, BLOCK_M: tl.constexpr,
+                SEQ_CHUNK: tl.constexpr):
+    """(sequence, query block) of the step's `tile`-th query tile, tiles numbered sequence by
+    sequence (sequence i has cdiv(q_len_i * PACK, BLOCK_M) of them). A tile past the last
+    gives a sequence of num_seqs. Scans the query starts SEQ_CHUNK sequences at a time: a
+    prefix sum of the tile counts, and the sequences whose tiles all come before `tile`."""
+    before = 0   # sequences whose tiles end at or before `tile`
+    start = 0    # the first tile of the sequence that holds `tile`
+    carry = 0    # tiles of the chunks scanned so far
+    for base in range(0, num_seqs, SEQ_CHUNK):
+        offs = base + tl.arange(0, SEQ_CHUNK)
+        valid = offs < num_seqs
+        lo = tl.load(qsl_ptr + offs, mask=valid, other=0)
+        hi = tl.load(qsl_ptr + offs + 1, mask=valid, other=0)
+        count = tl.where(valid, (hi - lo) * PACK + BLOCK_M - 1, 0) // BLOCK_M
+        ends = tl.cumsum(count, 0) + carry  # one past each sequence's last tile
+        done = valid & (ends <= tile)
+        before += tl.sum(done.to(tl.int32), 0)
+        start = tl.maximum(start, tl.max(tl.where(done, ends, 0), 0))
+        carry += tl.sum(count, 0)
+    return before, tile - start
+
+
+@triton.jit(do_not_specialize=["s_bt", "num_seqs", "dense_blocks"])  # they vary per step
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr,
-                    po_ptr, plse_ptr, scale_log2, page_size,
+                    po_ptr, plse_ptr, scale_log2, page_size, num_seqs, dense_blocks,
                     sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                     sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt, so_t, so_h, so_d,
                     spo_s, spo_t, spo_h, spl_s, spl_t,
@@ -141,15 +168,20 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
                     OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
-                    PACK: tl.constexpr = 1):
+                    PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 32):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    seq = tl.program_id(0)
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
-    mblk = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
+    split = tl.program_id(2)
     kvh = (hid * PACK) // GROUP
+    if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
+        seq = tl.program_id(0) // dense_blocks
+        mblk = tl.program_id(0) % dense_blocks
+    else:
+        seq, mblk = _tile_owner(qsl_ptr, num_seqs, tl.program_id(0), PACK, BLOCK_M, SEQ_CHUNK)
+    owned = seq < num_seqs  # tiles past the step's last are empty programs
+    seq = tl.minimum(seq, num_seqs - 1)
     row0 = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - row0
+    q_len = tl.where(owned, tl.load(qsl_ptr + seq + 1) - row0, 0)
     ctx = tl.load(lens_ptr + seq)
     # Packed rows: row r of the tile is query position r // PACK of head hid * PACK + r % PACK,
     # so the PACK heads that share a KV head read each K/V tile once.
@@ -238,6 +270,25 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
              mask=d_mask)
 
 
+def prefill_tiles(num_seqs: int, num_tokens: int, max_query_len: int, pack: int,
+                  block_m: int) -> tuple[int, int]:
+    """(programs along the grid's first axis, `dense_blocks`). The step's query tiles, numbered
+    sequence by sequence (`_tile_owner`): sequence i has cdiv(q_len_i * pack, block_m) of them,
+    so there are at most cdiv(num_tokens * pack, block_m) + num_seqs (one partial tile a
+    sequence). Where a grid over (sequence, query block) is no larger (one prompt, a few
+    chunks), that grid is used instead (`dense_blocks` = blocks a sequence; 0 otherwise), and a
+    program finds its tile without the scan. From shapes and the host's max_query_len only, as
+    CUDA graphs need. Why: the grid was always (sequence, query block), and a mixed-step graph
+    bucket of 512 tokens over 256 mostly padded sequences launched 32,768 programs per head
+    group for one 300-token prompt: 0.50 ms a layer on the H200, where the prompt's own work
+    takes microseconds."""
+    per_seq = triton.cdiv(max_query_len * pack, block_m)
+    tiles = triton.cdiv(num_tokens * pack, block_m) + num_seqs
+    if num_seqs * per_seq <= tiles:
+        return num_seqs * per_seq, per_seq
+    return tiles, 0
+
+
 def _tiles(q, block_d, kv_int8=False):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
@@ -289,10 +340,11 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         p_strides = (0,) * 5
     group = num_heads // num_kv_heads
     pack = group if (PREFILL_PACK_GQA if pack_gqa is None else pack_gqa) else 1
-    grid = (num_seqs, num_heads // pack, triton.cdiv(max_query_len * pack, block_m) * splits)
+    tiles, dense_blocks = prefill_tiles(num_seqs, q.shape[0], max_query_len, pack, block_m)
+    grid = (tiles, num_heads // pack, splits)
     _prefill_kernel[grid](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
-        scale * _LOG2E, page_size, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+        scale * _LOG2E, page_size, num_seqs, dense_blocks, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,

@@ -208,6 +208,32 @@ def test_prefill_gqa_packing_matches_ref(device, pack_gqa, num_splits, case):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_prefill_over_a_padded_graph_bucket(device, num_splits):
+    """A CUDA-graph bucket's shapes: more sequences than one scan chunk of `_tile_owner` (32),
+    most of them empty (query length 0), the real ones at both ends, a max_query_len far above
+    any query, and padding tokens after the last query that belong to no sequence. The real rows
+    equal the reference; the grid has one program per query tile, not per (sequence, block)."""
+    from infer_cluster.kernels.attention_prefill_triton import prefill_attention, prefill_tiles
+
+    q_lens = [5, 0, 1] + [0] * 140 + [12, 1, 0]
+    ctx_lens = [9, 0, 20] + [0] * 140 + [12, 33, 0]
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        device, torch.float32, q_lens, ctx_lens, 4, 2, 32, 16)
+    real = q.shape[0]
+    padded = torch.cat([q, torch.randn(21, 4, 32, device=q.device)])  # the bucket's tail
+    out = torch.full_like(padded, float("nan"))
+    prefill_attention(padded, k_cache, v_cache, block_tables, qsl, seq_lens, 32 ** -0.5, 64, out,
+                      num_splits=num_splits)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 32 ** -0.5)
+    torch.testing.assert_close(out[:real], ref, atol=2e-5, rtol=2e-5)
+    if num_splits == 1:  # no sequence owns the padding tokens (split KV's merge writes every row)
+        assert torch.isnan(out[real:]).all()
+    # 146 sequences, 40 tokens, GQA packing 2, 16-row tiles: 5 + 146 programs, not 146 x 8;
+    # one 40-token prompt keeps the (sequence, query block) grid: 5 programs, no scan
+    assert prefill_tiles(146, 40, 64, 2, 16) == (151, 0) and prefill_tiles(1, 40, 40, 2, 16) == (5, 5)
+
+
 def test_max_query_len_fallback_and_strided_q(device):
     # No max_query_len (host fallback), and q as a slice of a fused qkv tensor.
     q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
