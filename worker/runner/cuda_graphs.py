@@ -1,9 +1,11 @@
 """CUDA graphs for decode steps (one new token per sequence).
 
 Owns: static input buffers sized for `max_num_seqs` decodes with block tables as wide as
-`max_model_len` needs, one captured graph per batch size in a ladder (1, 2, 4, 8, then steps of
-16), and `run()`, which copies a step's inputs into the buffers, pads the batch up to the next
-captured size (padding rows write no KV: slot -1) and replays. All graphs share one memory
+`max_model_len` needs (`GraphInputs`, worker/runner/graph_inputs.py), one captured graph per
+batch size in a ladder (1, 2, 4, 8, then steps of 16), `run_step()`, which writes a decode
+step straight into those buffers (a single rank's path), and `run()`, which copies a prepared
+step's tensors in (the tensor-parallel shards' path); both pad the batch up to the next captured
+size (padding rows write no KV: slot -1) and replay. All graphs share one memory
 pool, captured largest first. Kernels must pick their launch shapes from tensor shapes only
 (never from values), which `kernels/` guarantees for decode.
 
