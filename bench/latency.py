@@ -2,7 +2,8 @@
 
 Runs one request at a time (prompt `--prompt-len`, `--output-len` new tokens, ignore_eos) through
 the offline engine's step API, timing every decode step; reports the median TPOT, TTFT, and the
-bound from bench/roofline.py. Writes JSON. `--sampling` picks the request kind, with the same
+bound from bench/roofline.py. Writes JSON. TTFT of longer prompts against the mixed-step graphs:
+`--prompt-len 1100 --max-num-seqs 256 --graph-max-tokens 512` (eager past 512) or `2048`. `--sampling` picks the request kind, with the same
 parameters as bench/throughput.py's kinds (greedy by default; `all` times each kind in turn on
 one engine, and writes one JSON row per kind).
 """
@@ -36,6 +37,12 @@ def main(argv=None):
     ap.add_argument("--show-first-steps", action="store_true",
                     help="print each step's time and phases (ms) up to a request's first token")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--graph-max-tokens", type=int, default=None,
+                    help="EngineConfig.graph_max_tokens (default: the engine's): prompts of up to this "
+                         "many tokens replay the mixed-step graphs, longer ones run eagerly (TTFT)")
+    ap.add_argument("--max-num-seqs", type=int, default=8,
+                    help="the engine's max_num_seqs: the mixed-step graphs are captured for this many "
+                         "sequences, so a serving value (256) shows what padded buckets cost a prompt")
     ap.add_argument("--async-scheduling", default="auto", choices=sorted(ASYNC_MODES),
                     help="schedule step n+1 while step n runs (auto: on for one rank on CUDA)")
     ap.add_argument("--sampling", default="greedy", choices=[*SAMPLING_KINDS, "all"],
@@ -49,8 +56,9 @@ def main(argv=None):
 
     from infer_cluster.worker import LLM
 
-    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=8,
-              num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+    extra = {} if args.graph_max_tokens is None else {"graph_max_tokens": args.graph_max_tokens}
+    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              num_kv_blocks=256, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len, **extra,
               async_scheduling=ASYNC_MODES[args.async_scheduling],
               tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size)
@@ -111,6 +119,8 @@ def time_kind(llm, kind: str, args) -> dict:
         ttfts.append(stamps[0] - t0)
         tpots.extend(b - a for a, b in zip(stamps, stamps[1:]))
     return {"model": args.model, "sampling": kind, "async_scheduling": llm.engine.async_scheduling,
+            "prompt_len": args.prompt_len, "max_num_seqs": args.max_num_seqs,
+            "graph_max_tokens": llm.engine.config.graph_max_tokens,
             "ttft_ms": statistics.median(ttfts) * 1e3, "tpot_ms_p50": statistics.median(tpots) * 1e3,
             "tpot_ms_p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3}
 
