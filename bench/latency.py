@@ -2,10 +2,11 @@
 
 Runs one request at a time (prompt `--prompt-len`, `--output-len` new tokens, ignore_eos) through
 the offline engine's step API, timing every decode step; reports the median TPOT, TTFT, and the
-bound from bench/roofline.py. Writes JSON. TTFT of longer prompts against the mixed-step graphs:
-`--prompt-len 1100 --max-num-seqs 256 --graph-max-tokens 512` (eager past 512) or `2048`. `--sampling` picks the request kind, with the same
+bound from bench/roofline.py. Writes JSON. `--sampling` picks the request kind, with the same
 parameters as bench/throughput.py's kinds (greedy by default; `all` times each kind in turn on
-one engine, and writes one JSON row per kind).
+one engine, and writes one JSON row per kind). TTFT of longer prompts through the mixed-step
+graphs as a serving engine captures them: `--prompt-len 1100 --max-num-seqs 256
+--graph-max-tokens 512` (eager past 512 tokens) against `--graph-max-tokens 2048`.
 """
 
 from __future__ import annotations
