@@ -150,7 +150,7 @@ def variants():
             for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True,
-                              PACK=H // HK, SEQ_CHUNK=32)  # GQA packing, the default
+                              PACK=H // HK, SEQ_CHUNK=128)  # GQA packing, the default
                 if int8:
                     consts.update(_cvt_consts(dict(cvt=cvt)))
                 name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps} s{stages}" + (f" {cvt}" if int8 else "")

@@ -168,7 +168,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
                     OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
-                    PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 32):
+                    PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 128):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
     split = tl.program_id(2)

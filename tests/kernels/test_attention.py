@@ -210,7 +210,7 @@ def test_prefill_gqa_packing_matches_ref(device, pack_gqa, num_splits, case):
 
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_prefill_over_a_padded_graph_bucket(device, num_splits):
-    """A CUDA-graph bucket's shapes: more sequences than one scan chunk of `_tile_owner` (32),
+    """A CUDA-graph bucket's shapes: more sequences than one scan chunk of `_tile_owner` (128),
     most of them empty (query length 0), the real ones at both ends, a max_query_len far above
     any query, and padding tokens after the last query that belong to no sequence. The real rows
     equal the reference; the grid has one program per query tile, not per (sequence, block)."""
