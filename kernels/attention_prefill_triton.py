@@ -344,7 +344,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     grid = (tiles, num_heads // pack, splits)
     _prefill_kernel[grid](
         q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out, part_lse,
-        scale * _LOG2E, page_size, num_seqs, dense_blocks, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+        scale * _LOG2E, page_size, num_seqs, dense_blocks, *q.stride(), *k_cache.stride(),
+        *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,

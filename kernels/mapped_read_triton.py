@@ -4,8 +4,9 @@ Owns: `mapped_read_triton(src, out)`: `out[:] = src[:]` for 1-D tensors of one d
 `mapped_read_staged`: a head of int64 words plus a few rows of an int32 table inside the same
 buffer (a decode step's graph inputs), in one launch. `src` is host memory that the device can
 address (registered with cudaHostRegisterMapped, see worker/device/host_memory.py; Triton's
-launcher turns its host pointer into the device address and fails loudly if there is none). The SMs pull the bytes over PCIe, so the copy never waits for a copy
-engine that other streams keep busy (worker/device/upload.py says why that matters). Under
+launcher turns its host pointer into the device address and fails loudly if there is none). The
+SMs pull the bytes over PCIe, so the copy never waits for a copy engine that other streams keep
+busy (worker/device/upload.py says why that matters). Under
 `TRITON_INTERPRET=1` both tensors live on the CPU and the same program runs.
 Must never be given pageable host memory on CUDA, and never synchronize.
 To extend: other layouts would take strides as `mapped_read_staged` does.

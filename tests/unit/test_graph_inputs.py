@@ -29,8 +29,9 @@ def _expected(out: SchedulerOutput, bs: int, prev_ids, prev_rows, ctx: DynamicCo
     step = ctx.prepare(out, prev_ids, prev_rows)
     n = len(out.requests)
     meta = step.meta
-    exp = {"ids": step.input_ids.tolist() + [None] * (bs - n), "pos": step.positions.tolist() + [None] * (bs - n),
-           "slots": meta.slot_mapping.tolist() + [-1] * (bs - n), "lens": meta.seq_lens.tolist() + [1] * (bs - n),
+    pad = bs - n
+    exp = {"ids": step.input_ids.tolist() + [None] * pad, "pos": step.positions.tolist() + [None] * pad,
+           "slots": meta.slot_mapping.tolist() + [-1] * pad, "lens": meta.seq_lens.tolist() + [1] * pad,
            "qsl": list(range(bs + 1))}
     tables = [row[:len(r.block_ids)] for row, r in zip(meta.block_tables.tolist(), out.requests)]
     return exp, tables

@@ -20,11 +20,13 @@ Owns:
   captured over; `DecodeGraphs.run` still copies a prepared step into them (tensor-parallel
   shards do);
 - a ring of host twins (`RING` rows of the whole layout, page-locked and device-mapped where the
-  host allows, created by `open_host` or the first `stage`), with the CUDA event of the transfer that last
-  read each row (on the CPU, where the tests run it, the same layout and a plain copy);
+  host allows, created by `open_host` or the first `stage`), with the CUDA event of the
+  transfer that last read each row (on the CPU, where the tests run it, the same layout and a
+  plain copy);
 - `stage(out, mirror, bs, prev_ids, prev_rows)`: the decode step `out` (one token a row) padded
-  to the captured size `bs` (padding rows: slot -1, length 1). Block-table entries past a row's own blocks are stale and never
-  read: the kernels read a row's first ceil(seq_len / block_size) entries only.
+  to the captured size `bs` (padding rows: slot -1, length 1). Block-table entries past a row's
+  own blocks are stale and never read: the kernels read a row's first
+  ceil(seq_len / block_size) entries only.
 
 Must never: write a host twin row that a transfer may still read (each row waits for its
 event), or be used for a step with a prompt chunk or proposals laid out as a mixed step (the
@@ -65,7 +67,8 @@ class GraphInputs:
         self._words = offset
         self._tables_at = self._at["tables"][0]
         self._buffer = torch.zeros(offset, dtype=torch.int64, device=device)
-        self.input_ids, self.positions, self.slot_mapping = (self._view(self._buffer, k) for k in ("ids", "pos", "slots"))
+        self.input_ids, self.positions, self.slot_mapping = (self._view(self._buffer, k)
+                                                             for k in ("ids", "pos", "slots"))
         self.seq_lens = self._view(self._buffer, "lens")
         self.block_tables = self._view(self._buffer, "tables").view(m, max_blocks)
         self.query_start_loc = self._view(self._buffer, "qsl")
