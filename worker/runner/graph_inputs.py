@@ -6,10 +6,11 @@ them, cut the device buffer into ten views, fix up the pending ids) and then `De
 torch call on a CUDA tensor costs 4-16 us of Python and dispatch, and those two took 0.27 and
 0.10 ms of a batch-1 step's host time (2026-11-29, Qwen3-0.6B shape, bf16; the whole step is
 ~0.75 ms). Here the host writes the step into a page-locked twin of the static buffers with
-numpy, and one transfer carries it over: a step costs one read kernel (or one DMA copy), one
-copy of the previous draw's ids, and the replay. The read kernel (`mapped_read_staged`) pulls
-the head sections and only the first `width` entries of the step's table rows, so a long
-`max_model_len` (wide rows) costs no more bytes than the step's own blocks.
+numpy, and one transfer carries it over: a step costs one DMA copy (or one read kernel), one
+copy of the previous draw's ids, and the replay. The read kernel (`mapped_read_staged`) serves
+where a host KV tier keeps the copy engines busy, or where whole table rows would be many bytes
+(a long `max_model_len`): it pulls the head sections and only the first `width` entries of the
+step's table rows.
 
 Owns:
 - the static inputs as sections of ONE int64 device buffer, in this order: input ids,
@@ -47,6 +48,7 @@ from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 RING = 4  # host twins: at most two steps are in flight, so a row's last read is long done
+DMA_MAX_BYTES = 1 << 20  # a longer span goes by the read kernel (see `_sends_by_kernel`)
 
 
 def _words(n: int, itemsize: int) -> int:
@@ -77,6 +79,7 @@ class GraphInputs:
         self.seq_lens.fill_(1)
         self.query_start_loc.copy_(torch.arange(m + 1, dtype=torch.int32))
         self._host: Optional[HostBuffer] = None
+        self._copy_engine_busy = False
         self._events: list[torch.cuda.Event] = []
         self._next = 0
         self.staged = 0  # steps written through `stage` (tests check that the path ran)
@@ -87,15 +90,29 @@ class GraphInputs:
             return flat[offset:offset + n]
         return flat.view(torch.int32)[2 * offset:2 * offset + n]
 
-    def open_host(self) -> None:
+    def open_host(self, copy_engine_busy: bool = False) -> None:
         """Create the host ring now (and compile the read kernel), not in the first step. Only
-        a runner that calls `stage` needs it (a tensor-parallel shard copies into the views)."""
+        a runner that calls `stage` needs it (a tensor-parallel shard copies into the views).
+        `copy_engine_busy` (a host KV tier's loads keep the copy engines busy): send steps by
+        the read kernel, not by DMA (`_sends_by_kernel`)."""
         if self._host is None:
+            self._copy_engine_busy = copy_engine_busy
             self._twins()
             if self._mapped:  # a read of the head alone: the kernel compiles here
                 mapped_read_staged(self._rows[0], self._buffer, self._tables_at, self._tables_at, 0, 0,
                                    self.max_blocks)
                 torch.cuda.synchronize(self.device)
+
+    def _sends_by_kernel(self, span_words: int) -> bool:
+        """Whether a step goes over by the read kernel rather than one DMA copy of its span.
+        DMA costs the host less (H200 host, 2026-11-29, timers around each part of a batch-1
+        step: copy 24 us against the read kernel's launch 52 us; 33 against 82 us at 256 rows),
+        so it is the default; the kernel where the copy engines are busy with a host tier's
+        loads (worker/device/upload.py says why), or where the span (whole table rows) would
+        move more than `DMA_MAX_BYTES`: a long `max_model_len` makes rows wide."""
+        if not self._mapped:
+            return False
+        return self._copy_engine_busy or span_words * 8 > DMA_MAX_BYTES
 
     def _twins(self) -> None:
         """The host ring, page-locked (mapped where the host allows), each row holding the
@@ -150,11 +167,11 @@ class GraphInputs:
         if fill and not steady:
             h["fill"][:len(fill)] = fill
             h["prev"][:len(fill)] = prev_rows
-        if self._mapped:  # the head and each row's own blocks, however wide the table is
+        span = self._tables_at + _words(n * self.max_blocks, 4)
+        if self._sends_by_kernel(span):  # the head and each row's own blocks
             mapped_read_staged(self._rows[k], self._buffer, self._tables_at, self._tables_at, n, width,
                                self.max_blocks)
-        else:  # one copy of the span up to the step's last table row
-            span = self._tables_at + _words(n * self.max_blocks, 4)
+        else:  # one DMA copy of the span up to the step's last table row
             self._buffer[:span].copy_(self._rows[k, :span], non_blocking=True)
         if event is not None:
             event.record()

@@ -126,7 +126,8 @@ class ModelRunner:
                                        greedy_forward=self._greedy_forward if greedy_max else None,
                                        greedy_max_batch=greedy_max)
             self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
-            self.graphs.inputs.open_host()  # decode steps are written straight into the graphs' inputs
+            # decode steps are written straight into the graphs' inputs
+            self.graphs.inputs.open_host(copy_engine_busy=self.host_pool is not None)
             self.mixed_graphs = build_mixed_graphs(
                 self._forward_sampled, self.context.kv_caches,
                 min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
