@@ -112,7 +112,7 @@ class GraphInputs:
         move more than `DMA_MAX_BYTES`: a long `max_model_len` makes rows wide."""
         if not self._mapped:
             return False
-        return self._copy_engine_busy or span_words * 8 > DMA_MAX_BYTES
+        return not self._dma_async or self._copy_engine_busy or span_words * 8 > DMA_MAX_BYTES
 
     def _twins(self) -> None:
         """The host ring, page-locked (mapped where the host allows), each row holding the
@@ -122,6 +122,8 @@ class GraphInputs:
         rows = self._host.tensors[0]
         rows.copy_(self._buffer.cpu().expand(RING, -1))
         self._mapped = self._host.is_mapped and MAPPED_UPLOAD
+        # torch copies registered memory asynchronously only where it sees it as pinned
+        self._dma_async = not cuda or rows.is_pinned()
         self._rows = rows
         self._np = [self._numpy_views(rows[k]) for k in range(RING)]
         self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]
