@@ -38,6 +38,13 @@ from infer_cluster.worker.device.host_memory import HostBuffer
 MAPPED_UPLOAD = env_switch("INFER_CLUSTER_MAPPED_UPLOAD")
 
 
+def padded_words(nbytes: int) -> int:
+    """int64 words that `nbytes` take in a packed upload, padded to a multiple of 16 bytes: every
+    part of a step's inputs starts 16 bytes aligned (Triton specializes kernels on pointer
+    alignment; a view at an odd offset would compile a second variant mid-serving)."""
+    return -(-nbytes // 16) * 2
+
+
 def dma_upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
     """The default path: pinned copy, non-blocking transfer on the current stream (dtype kept;
     off CUDA, the array itself as a tensor)."""

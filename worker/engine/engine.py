@@ -23,32 +23,28 @@ step verifies proposals (`_propose`); a draft model's runner is built here
 (worker/engine/draft.py). Per-request sampling state lives in the `Sampler`, released when a
 request ends. Text is made by a `TextStage` (worker/text/text_stage.py): inline for the offline
 `LLM`, or on the replica's text thread. Scheduling and blocks live in `Scheduler` /
-`BlockAllocator` (plain Python), tensors in `ModelRunner`. Single-threaded.
+`BlockAllocator` (plain Python), tensors in `ModelRunner`; the per-run state (scheduler,
+sampler, counters, steps in flight) is made by worker/engine/bookkeeping.py. Single-threaded.
 To extend: per-request behaviour goes into worker/engine/deltas.py (text: `TextStage`), per-step
 device work into `ModelRunner`; keep `step()` legible.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import uuid
 from typing import Optional, Sequence
 
-import torch
-
 from infer_cluster.protocol import FinishReason, InvalidRequestError, RequestDelta, RequestStatus, SamplingParams
 
 from infer_cluster.worker.sched.admission import Prompt, check_lengths, tokenize_prompt
-from infer_cluster.worker.sched.block_allocator import BlockAllocator
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.engine.stats import engine_capacity, engine_stats, request_phase
-from infer_cluster.worker.sched.host_tier import HostTier
+from infer_cluster.worker.engine.bookkeeping import reset_bookkeeping
 from infer_cluster.worker.engine.deltas import final_delta, step_logprobs, token_delta
 from infer_cluster.worker.engine.failures import recover_step
-from infer_cluster.worker.engine.inflight import InFlightSteps
 from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_runner
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
 from infer_cluster.worker.engine.structured import StructuredRequests
@@ -57,10 +53,7 @@ from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 from infer_cluster.worker.sched.microbatch import group_size
 from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.sched.request import Request
-from infer_cluster.worker.sampling.sampler import Sampler
-from infer_cluster.worker.sched.scheduler import Scheduler
 from infer_cluster.worker.sched.output import SchedulerOutput
-from infer_cluster.worker.spec_decode.decoder import build_spec_decoder
 from infer_cluster.worker.spec_decode.verify import VerifyStep
 from infer_cluster.worker.text.text_stage import TextStage
 
@@ -96,7 +89,7 @@ class DynamicEngine:
         self.draw_graphs = DrawGraphs.for_device(self.runner.device)
         # Structured outputs: the grammar compiler, requests parked while theirs compiles
         self.structured = StructuredRequests(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        self._reset_bookkeeping()
+        reset_bookkeeping(self)  # worker/engine/bookkeeping.py
         log.info("async scheduling: %s", "on" if self.async_scheduling else "off")
         if config.pipeline_parallel_size > 1:
             log.info("pipeline micro-batches: %s", f"on, {self.pipeline_depth} groups in flight"
@@ -106,45 +99,7 @@ class DynamicEngine:
         if warmup:
             from infer_cluster.worker.engine.warmup import warm_up_engine
             self.warmup_stats = warm_up_engine(self)
-            self._reset_bookkeeping()  # the first real request sees a fresh engine
-
-    def _reset_bookkeeping(self) -> None:
-        """Fresh scheduler, block table, sampler and counters over the same runner and KV pool."""
-        config = self.config
-        self.allocator = BlockAllocator(self.runner.num_kv_blocks, config.block_size,
-                                        config.enable_prefix_caching)
-        num_host_blocks = getattr(self.runner, "num_host_blocks", 0)
-        self.host_tier = HostTier(num_host_blocks) if num_host_blocks else None
-        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, self.host_tier,
-                                   getattr(self.runner, "loads_landed", None), getattr(self.runner, "wait_load", None))
-        # The sampler's random numbers are Philox keyed by (seed, step) and made on the host
-        # (a few per row); this CPU generator only draws the keys of unseeded rows.
-        self.sampler = Sampler(torch.Generator().manual_seed(config.seed), self.draw_graphs)
-        if self.text is not None:
-            self.text = TextStage(self.tokenizer, self.byte_table)
-        self._requests: dict[str, Request] = {}  # every request whose final delta is not out yet
-        self._pending: list[RequestDelta] = []  # final deltas of aborted / failed requests
-        self._arrivals = itertools.count()
-        self._num_generated = 0
-        self._phase_seconds: dict[str, float] = {}
-        self._started = time.monotonic()
-        self._inflight = InFlightSteps()
-        # Live requests whose next draw needs their last id on the host (no_repeat_ngram_size,
-        # structured outputs): with async scheduling their step's draw waits for the step before
-        # (the forward does not); without, every step is synchronous anyway.
-        self._sync_ids: set[str] = set()
-        # Speculative decoding (worker/spec_decode/): None when off; its verify steps are synchronous.
-        self.spec_decoder = build_spec_decoder(config.speculative_config, self.max_model_len,
-                                               self.draft_runner)
-        self.scheduler.speculating = self.spec_decoder is not None
-        if self.spec_decoder is not None:
-            sc = config.speculative_config
-            log.info("speculative decoding: %s, %d proposals a row%s", sc.method,
-                     sc.num_speculative_tokens, f", draft {sc.model}" if sc.method == "draft_model" else "")
-        mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
-        self.async_scheduling = bool(self.runner.device.type == "cuda" if mode == "auto" else mode)
-        self.pipeline_depth = getattr(self.runner, "pipeline_depth", 1)  # micro-batches in flight
+            reset_bookkeeping(self)  # the first real request sees a fresh engine
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ caching allocator keeps the largest blocks it has handed out. One pass through t
     (bench/RESULTS.md, "Cold start with an empty Triton cache").
 
 It must never leave anything behind: the engine drops its scheduler, allocator and counters
-afterwards (`DynamicEngine._reset_bookkeeping`), so the first real request sees a fresh engine.
+afterwards (`bookkeeping.reset_bookkeeping`), so the first real request sees a fresh engine.
 To extend: when a new kernel variant or sampling path appears, add a request here that uses it.
 """
 

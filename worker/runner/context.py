@@ -26,7 +26,7 @@ from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.models.decoder import AttentionMetadata, LayerKV
 from infer_cluster.worker.sched.output import SchedulerOutput
 from infer_cluster.worker.runner.step_rows import step_rows
-from infer_cluster.worker.device.upload import dma_upload
+from infer_cluster.worker.device.upload import dma_upload, padded_words
 
 
 @dataclass
@@ -88,7 +88,7 @@ class DynamicContext:
         # specializes kernels on pointer alignment, and a view at an odd offset would compile a
         # second variant in the middle of serving (bench/cold_start.py --log-compiles found one).
         sizes = [len(p) for p in parts]
-        words = [_words(p) for p in parts]
+        words = [padded_words(p.nbytes) for p in parts]  # int32 parts are viewed back as int32
         packed = np.zeros(sum(words), dtype=i64)  # one allocation; each part copied in once
         as_bytes, offset = packed.view(np.uint8), 0
         for p, w in zip(parts, words):
@@ -119,12 +119,6 @@ class DynamicContext:
                                  max_query_len=rows.max_query_len)
         return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
                           sample_request_ids=rows.sample_ids)
-
-
-def _words(part: np.ndarray) -> int:
-    """int64 words `part` (int64 or int32) takes in the upload, padded to a multiple of 16
-    bytes; the device views int32 parts back as int32."""
-    return -(-part.nbytes // 16) * 2
 
 
 def _is_identity(rows: np.ndarray) -> bool:

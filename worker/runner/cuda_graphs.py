@@ -157,21 +157,20 @@ class DecodeGraphs:
 
     def run_step(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int,
                  prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
-                 greedy: bool = False) -> torch.Tensor:
+                 greedy: bool = False) -> tuple[torch.Tensor, bool]:
         """Replay for the decode step `out` (`decode_only`), its inputs written straight into
         the static buffers (worker/runner/graph_inputs.py) rather than prepared and copied.
-        Returns the logits of its rows (`greedy`: their argmax ids, where that size has a
-        greedy graph)."""
+        Returns (the logits of its rows, False), or with `greedy` where its size has a greedy
+        graph (their argmax ids, True)."""
         n = len(out.requests)
         bs = self.batch_for(n)
-        if greedy and not self.has_greedy(bs):
-            raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
+        greedy = greedy and self.has_greedy(bs)
         self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows)
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
         graphs[bs].replay()
         self.replays += 1
         self.greedy_replays += greedy
-        return outputs[bs][:n]
+        return outputs[bs][:n], greedy
 
     def release(self) -> None:
         """Destroy the graphs and their outputs (before the process group goes)."""

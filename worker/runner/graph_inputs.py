@@ -43,17 +43,12 @@ import torch
 
 from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
 from infer_cluster.worker.device.host_memory import HostBuffer
-from infer_cluster.worker.device.upload import MAPPED_UPLOAD
+from infer_cluster.worker.device.upload import MAPPED_UPLOAD, padded_words
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 RING = 4  # host twins: at most two steps are in flight, so a row's last read is long done
 DMA_MAX_BYTES = 1 << 20  # a longer span goes by the read kernel (see `_sends_by_kernel`)
-
-
-def _words(n: int, itemsize: int) -> int:
-    """int64 words that `n` items of `itemsize` bytes take, padded to 16 bytes."""
-    return -(-(n * itemsize) // 16) * 2
 
 
 class GraphInputs:
@@ -65,7 +60,7 @@ class GraphInputs:
         self._at, offset = {}, 0
         for name, n, itemsize in sizes:
             self._at[name] = (offset, n, itemsize)
-            offset += _words(n, itemsize)
+            offset += padded_words(n * itemsize)
         self._words = offset
         self._tables_at = self._at["tables"][0]
         self._buffer = torch.zeros(offset, dtype=torch.int64, device=device)
@@ -169,7 +164,7 @@ class GraphInputs:
         if fill and not steady:
             h["fill"][:len(fill)] = fill
             h["prev"][:len(fill)] = prev_rows
-        span = self._tables_at + _words(n * self.max_blocks, 4)
+        span = self._tables_at + padded_words(n * self.max_blocks * 4)
         if self._sends_by_kernel(span):  # the head and each row's own blocks
             mapped_read_staged(self._rows[k], self._buffer, self._tables_at, self._tables_at, n, width,
                                self.max_blocks)

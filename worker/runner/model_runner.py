@@ -402,10 +402,9 @@ class ModelRunner:
         the greedy graph where the step replays one."""
         graphs = self.graphs
         if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
-            greedy = greedy_ids and graphs.has_greedy(graphs.batch_for(len(out.requests)))
-            result = graphs.run_step(out, self.context.block_mirror, self.config.block_size, prev_ids,
-                                     prev_rows, greedy=greedy)
-            if greedy_ids and not greedy:
+            result, are_ids = graphs.run_step(out, self.context.block_mirror, self.config.block_size,
+                                              prev_ids, prev_rows, greedy=greedy_ids)
+            if greedy_ids and not are_ids:
                 result = row_argmax(result)
             return result, [r.request_id for r in out.requests]
         inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)

@@ -3,9 +3,9 @@
 Owns: the packed token bitmask of a step's constrained rows, filled on the host, and applying it
 to those rows of the logits only (kernels/bitmask.py: one Triton launch with little host work
 on CUDA, its plain-torch reference elsewhere); `apply_argmax` for greedy rows, whose uploads,
-mask and argmax replay from one CUDA graph at small batches (worker/structured/mask_graphs.py). The bitmask covers the
-tokenizer's ids (worker/structured/compiler.py); logits wider than that (a padded LM head) get
-their extra columns set to -inf, narrower ones use the mask's prefix.
+mask and argmax replay from one CUDA graph at small batches (worker/structured/mask_graphs.py).
+The bitmask covers the tokenizer's ids (worker/structured/compiler.py); logits wider than that
+(a padded LM head) get their extra columns set to -inf, narrower ones use the mask's prefix.
 
 Speed (issue 42: all rows constrained >= 0.90 of none): filling one row of a JSON grammar over a
 large vocabulary costs 0.1-0.2 ms of host time (xgrammar checks every token whose acceptance
@@ -163,9 +163,7 @@ class GrammarMasks:
         `prefill` filled from the same states are not filled again."""
         use, broken, vocab = self._fill(x, rows, which)
         if use:
-            host, dev = self._stage(x, vocab, use, bans)
-            self._upload(host, dev, len(use))
-            apply_token_bitmask(x, dev, self._idx(dev, len(use)), vocab)  # the padded head's columns banned too
+            self._mask(x, *self._stage(x, vocab, use, bans), len(use), vocab)
         return broken
 
     def apply_argmax(self, x: torch.Tensor, rows: Sequence, which: list[int],
@@ -184,8 +182,7 @@ class GrammarMasks:
                 self._copied.record(self._stream)
                 self._pending_copy = True
                 return ids, broken
-        self._upload(host, dev, k)
-        apply_token_bitmask(x, dev, self._idx(dev, k), vocab)
+        self._mask(x, host, dev, k, vocab)
         return x.argmax(dim=-1), broken
 
     def _fill(self, x: torch.Tensor, rows: Sequence, which: list[int]) -> tuple[list, list, Optional[int]]:
@@ -234,17 +231,17 @@ class GrammarMasks:
         self._idx_host[:len(use)].numpy()[:] = use
         return host, dev
 
-    def _upload(self, host: torch.Tensor, dev: torch.Tensor, k: int) -> None:
-        """Send the mask and `k` row indices up (non-blocking, from pinned memory)."""
+    def _mask(self, x: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, k: int, vocab: int) -> None:
+        """The eager way: send the mask and its `k` row indices up (non-blocking, from pinned
+        memory; nothing to send on the CPU) and mask those rows of x, the padded head's
+        columns banned too."""
+        idx = self._idx_host[:k]
         if dev is not host:
             dev.copy_(host, non_blocking=True)
-            self._idx_device[:k].copy_(self._idx_host[:k], non_blocking=True)
+            idx = self._idx_device[:k].copy_(idx, non_blocking=True)
             self._copied.record(self._stream)
             self._pending_copy = True
-
-    def _idx(self, dev: torch.Tensor, k: int) -> torch.Tensor:
-        """The `k` row indices where the mask is applied: the device copy, or the host's."""
-        return self._idx_host[:k] if dev.device.type == "cpu" else self._idx_device[:k]
+        apply_token_bitmask(x, dev, idx, vocab)
 
 
 def _clear_bans(row: torch.Tensor, banned, vocab: int) -> None:
