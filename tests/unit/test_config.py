@@ -206,6 +206,8 @@ def test_graph_max_tokens_buckets_and_validation():
     from infer_cluster.worker.runner.mixed_graphs import token_buckets
 
     assert token_buckets(512) == [16, 32, 64, 128, 256, 512]
+    assert token_buckets(2048) == [16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048]
+    assert token_buckets(1100) == [16, 32, 64, 128, 256, 512, 768, 1024, 1100]
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(16) == [16] and token_buckets(15) == [] and token_buckets(0) == []
     assert EngineConfig(graph_max_tokens=0).graph_max_tokens == 0
