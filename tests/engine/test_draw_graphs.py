@@ -143,3 +143,79 @@ def test_engine_generations_with_and_without_draw_graphs(monkeypatch):
         finally:
             llm.close()
     assert outs["32"] == outs["0"]
+
+
+def _grammar_rows(n: int, vocab: int, steps: int):
+    """`n` seeded candidate-path rows under a JSON schema (tiny-random's tokenizer), each with
+    its grammar advanced by nothing yet; and the pool to close."""
+    from transformers import AutoTokenizer
+
+    from infer_cluster.protocol import StructuredOutputsParams
+    from infer_cluster.worker.loading.loader import resolve_model_path
+    from infer_cluster.worker.structured.compiler import GrammarCompilerPool
+    from infer_cluster.worker.structured.state import GrammarState
+
+    schema = {"type": "array", "items": {"type": "string"}}
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path("tiny-random")))
+    pool = GrammarCompilerPool(tokenizer, vocab, [tokenizer.eos_token_id])
+    compiled = pool.submit(StructuredOutputsParams(json=schema)).result()
+    rows = [SamplingRequestState(SamplingParams(max_tokens=64, seed=50 + i, structured_outputs={"json": schema},
+                                                **KINDS[i % len(KINDS)]),
+                                 [5, 6, 7], [], None, (tokenizer.eos_token_id,), f"g{i}", 0, GrammarState(compiled))
+             for i in range(n)]
+    return rows, pool
+
+
+@GPU
+@pytest.mark.parametrize("batch", [1, 5])
+def test_constrained_graph_draw_matches_eager(batch):
+    """Sampled rows under a grammar take the draw graph, their mask applied to the graph's copy of
+    the logits: step after step the same ids as the eager draw (float32 logits, so both draw from
+    the same values), every id allowed by its grammar, and a graph replayed each step."""
+    vocab, steps = 1024, 6
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    logits = [3 * torch.randn(batch, vocab, device="cuda", generator=gen) for _ in range(steps)]
+    graphs = DrawGraphs(torch.device("cuda"), 8)
+    pools = []
+    try:
+        got = {}
+        for name, sampler in (("graph", Sampler(draw_graphs=graphs)), ("eager", Sampler())):
+            rows, pool = _grammar_rows(batch, vocab, steps)
+            pools.append(pool)
+            ids = []
+            for lg in logits:
+                out = sampler(lg.clone(), rows).token_ids
+                ids.append(out)
+                for r, t in zip(rows, out):
+                    r.output_token_ids.append(t)
+                    assert r.grammar.sync(r.output_token_ids), f"{name}: token {t} left the grammar"
+            got[name] = ids
+        assert graphs.replays == steps
+        assert got["graph"] == got["eager"]
+    finally:
+        graphs.release()
+        for pool in pools:
+            pool.close()
+
+
+@GPU
+def test_engine_constrained_sampled_generations_with_and_without_draw_graphs(monkeypatch):
+    """Seeded top-p / top-k requests under a JSON schema through the engine (async scheduling,
+    decode graphs): the same tokens with the draw graphs as without, the graphs serving them."""
+    from infer_cluster.worker import LLM
+
+    schema = {"type": "array", "items": {"type": "string"}}
+    prompts = [[5 + i, 17, 33 + 2 * i, 9] for i in range(3)]
+    params = [SamplingParams(max_tokens=30, seed=11 + i, structured_outputs={"json": schema},
+                             **KINDS[i % len(KINDS)]) for i in range(3)]
+    outs = {}
+    for limit in ("0", "32"):
+        monkeypatch.setenv("INFER_CLUSTER_DRAW_GRAPH_MAX", limit)
+        llm = LLM("tiny-random", device="cuda", dtype="float32", num_kv_blocks=128, max_num_seqs=8)
+        try:
+            outs[limit] = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)]
+            if limit != "0":
+                assert llm.engine.draw_graphs.replays > 0
+        finally:
+            llm.close()
+    assert outs["32"] == outs["0"]

@@ -18,7 +18,9 @@ of the draw's small per-row tensors for the rare host redo (`DeferredUnresolved`
 caller keeps points into a static buffer, so any number of steps may be in flight.
 
 What takes the graph (`Sampler.draw` decides): every row random, none with penalties, n-gram
-bans, min_tokens or logprobs; every row on the candidate path (`num_candidates` > 0, at most
+bans, min_tokens (outside a grammar), logit_bias or logprobs; rows under a grammar too, their
+mask applied eagerly to the static logits first (`draw`'s `edit`: the mask's uploads and one
+launch, against the eager draw's ~25 operations after a float32 copy); every row on the candidate path (`num_candidates` > 0, at most
 `MAX_CANDIDATES`, so top_k or top_p < 1); at most `max_batch` rows; CUDA logits with the
 sampler's kernels on. Rows are padded up to the bucket; padding rows draw from stale inputs and
 are dropped. The result is the eager draw's: the same kernels on the same values, in the same
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -155,9 +157,13 @@ class DrawGraphs:
         rows, vocab = logits.shape
         return (logits.dtype, bucket_for(rows), vocab, width, top_p_alone)
 
-    def draw(self, logits: torch.Tensor, plan: DrawPlan):
+    def draw(self, logits: torch.Tensor, plan: DrawPlan,
+             edit: Optional[Callable[[torch.Tensor], object]] = None):
         """(transfer [2n] int64: ids then redo flags, `DeferredUnresolved`) of a step whose rows
-        all take the candidate path (`accepts` said yes). Captures the key's graph first if new."""
+        all take the candidate path (`accepts` said yes). Captures the key's graph first if new.
+        `edit`: applied eagerly, in place, to the step's rows of the static logits before the
+        replay (a grammar's mask: worker/structured/bitmask.py); the draw and a redo see the
+        edited values."""
         n, vocab = logits.shape
         key = self._key(logits, max(plan.need), plan.top_p_alone)
         bs = key[1]
@@ -166,6 +172,9 @@ class DrawGraphs:
             g = self._capture(key)
         x = self._static_logits(logits.dtype, vocab)
         x[:n].copy_(logits, non_blocking=True)
+        if edit is not None:
+            edit(x[:n])
+        kept = x[:n].clone()  # what a redo reads: queued before the next step can write x
         slot, self._slot = self._slot, (self._slot + 1) % _SLOTS
         self._staged[slot].synchronize()
         staged = self._staging[slot, :n]  # [n, 6]: contiguous on both sides of the copy
@@ -178,7 +187,7 @@ class DrawGraphs:
             transfer = g.transfer.clone()
         else:
             transfer = torch.cat((g.transfer[:n], g.transfer[bs:bs + n]))
-        return transfer, DeferredUnresolved(logits.clone(), g.aux[:, :n].clone(), plan)
+        return transfer, DeferredUnresolved(kept, g.aux[:, :n].clone(), plan)
 
     def _static_logits(self, dtype: torch.dtype, vocab: int) -> torch.Tensor:
         """The static logits input of (dtype, vocab): kept while any graph may read it."""

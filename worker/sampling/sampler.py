@@ -184,7 +184,7 @@ class Sampler:
             token_ids = logits.argmax(dim=-1)
             return DeviceDraw(token_ids, token_ids, None, len(rows))
         if (self.draw_graphs is not None and len(random_rows) == len(rows)
-                and not (penalty_rows or logprob_rows or min_tokens_rows or grammar_rows or bias_rows)):
+                and not (penalty_rows or logprob_rows or min_tokens_rows or bias_rows)):
             draw = self._graph_draw(logits, rows, classes)
             if draw is not None:
                 return draw
@@ -397,7 +397,7 @@ class Sampler:
     def _graph_draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
                     classes: "RowClasses") -> Optional["DeviceDraw"]:
         """The draw of a step whose rows are all random, on the candidate path and free of
-        edits and logprobs, replayed from a CUDA graph (worker/sampling/draw_graphs.py); None where the
+        edits other than a grammar's mask and of logprobs, replayed from a CUDA graph (worker/sampling/draw_graphs.py); None where the
         step does not qualify (nothing was drawn: the caller takes the eager path)."""
         graphs, n, vocab = self.draw_graphs, len(rows), logits.shape[1]  # `accepts` checks n
         table = classes.table
@@ -408,7 +408,11 @@ class Sampler:
         if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab)):
             return None
         plan = self._random_plan(rows, logits, (table, classes.seeds, classes.seeded))
-        transfer, unresolved = graphs.draw(logits, plan)
+        edit = None
+        if classes.grammar_rows:  # the mask goes onto the graph's copy of the logits, then the draw
+            which, bans = classes.grammar_rows, _grammar_bans(rows, classes.grammar_rows)
+            edit = lambda x: self._masks().apply(x, rows, which, bans)  # noqa: E731
+        transfer, unresolved = graphs.draw(logits, plan, edit)
         return DeviceDraw(transfer[:n], transfer, None, n, unresolved=unresolved, random_rows=list(range(n)))
 
 
