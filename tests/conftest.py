@@ -103,9 +103,19 @@ def _groups(items) -> dict:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    unmarked = [item.nodeid for item in items if _needs_cuda(item) and item.get_closest_marker("gpu") is None]
+    if unmarked:  # `make test-gpu` selects `-m gpu`: these would never run anywhere
+        files = sorted({nodeid.split("::")[0] for nodeid in unmarked})
+        raise pytest.UsageError(f"{len(unmarked)} tests skip without CUDA but lack the gpu marker "
+                                f"(in {', '.join(files)}), e.g. {unmarked[0]}")
     if _is_worker(config) and _grouping(config):
         first = {name: i for i, name in enumerate(LONG_FIRST)}
         items.sort(key=lambda item: first.get(item.nodeid.split("/")[1], len(LONG_FIRST)))
+
+
+def _needs_cuda(item) -> bool:
+    """Whether the test skips where CUDA is missing (a skipif whose reason names CUDA)."""
+    return any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
 
 
 @pytest.hookimpl(tryfirst=True)
