@@ -78,3 +78,31 @@ def test_a_rank_killed_while_speculating_fails_every_request_within_10s(started,
         assert d.finish_reason == "error" and "rank 1" in d.error["message"], d.error
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_draft_model_at_t2_runs_on_rank_0_and_equals_one_rank_without(started, dist_checkpoints,
+                                                                        async_scheduling):
+    """A draft model beside a T = 2 target: the draft whole on rank 0 (one runner in the engine's
+    process, no rank of its own), its pool the target's agreed block count; greedy and seeded
+    outputs equal one rank without speculation, and a draft with the target's weights has every
+    greedy proposal accepted."""
+    path = dist_checkpoints["llama"]
+    greedy = [SamplingParams(temperature=0, max_tokens=20 + 4 * i, ignore_eos=True) for i in range(4)]
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=18, ignore_eos=True)
+    with LLM(path, **KV) as single:
+        want = [o.token_ids for o in single.generate(PROMPTS[:5], greedy + [seeded], use_tqdm=False)]
+    draft = {"method": "draft_model", "model": path, "num_speculative_tokens": 3, "adaptive": False}
+    with LLM(path, tensor_parallel_size=2, speculative_config=draft, async_scheduling=async_scheduling,
+             **KV) as llm:
+        started.track(llm)
+        engine = llm.engine
+        assert len(engine.runner.rank_pids) == 1  # rank 1 only: the draft has no process
+        assert engine.draft_runner.num_kv_blocks == engine.runner.num_kv_blocks
+        got = [o.token_ids for o in llm.generate(PROMPTS[:4], greedy, use_tqdm=False)]
+        stats = llm.stats()
+        got += [o.token_ids for o in llm.generate(PROMPTS[4:5], [seeded], use_tqdm=False)]
+    assert got == want
+    assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"] > 20
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

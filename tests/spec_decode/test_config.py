@@ -52,7 +52,7 @@ DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_token
 
 @pytest.mark.parametrize("spec,settings,names", [
     (NGRAM, dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
-    (DRAFT, dict(tensor_parallel_size=2), "tensor_parallel_size"),
+    (DRAFT, dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
 ])
 def test_combinations_not_built_are_refused_naming_both(spec, settings, names):
     with pytest.raises(ConfigError) as info:
@@ -64,6 +64,7 @@ def test_combinations_not_built_are_refused_naming_both(spec, settings, names):
 
 def test_allowed_combinations():
     EngineConfig(speculative_config=NGRAM, tensor_parallel_size=2)  # tests/distributed/test_spec_decode.py
+    EngineConfig(speculative_config=DRAFT, tensor_parallel_size=2)  # the draft on rank 0's device
     EngineConfig(speculative_config=NGRAM, async_scheduling="auto")
     EngineConfig(speculative_config=NGRAM, async_scheduling=False)
     EngineConfig(speculative_config=NGRAM, async_scheduling=True)  # steps that do not speculate

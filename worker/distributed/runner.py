@@ -75,7 +75,10 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 class DistributedRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_path: Path, hf_config,
                  max_model_len: int, options: Optional[DistributedOptions] = None,
-                 on_fatal: Optional[Callable[[str], None]] = None):
+                 on_fatal: Optional[Callable[[str], None]] = None, kv_companion=None):
+        """`kv_companion`: a draft model's runner on rank 0's device (worker/engine/draft.py),
+        whose KV per block rank 0 counts when it sizes its pool (the ranks then agree on the
+        smallest count, which both pools get)."""
         self.options = options or DistributedOptions.from_env()
         self.layout = RankLayout(0, config.tensor_parallel_size, config.pipeline_parallel_size,
                                  spec.num_layers)
@@ -117,7 +120,7 @@ class DistributedRunner:
             self._monitor.start()
             self._shard = self._while_watching(
                 lambda: RankShard(self.layout, config, spec, model_path, hf_config, max_model_len,
-                                  self.options, self._store), "start-up")
+                                  self.options, self._store, kv_companion), "start-up")
         except BaseException:
             self.close()
             raise

@@ -165,7 +165,8 @@ class RankShard:
     """This rank's model shard, decode graphs and step execution."""
 
     def __init__(self, layout: RankLayout, config: EngineConfig, spec: ModelSpec, model_path: Path,
-                 hf_config, max_model_len: int, options: DistributedOptions, store: dist.Store):
+                 hf_config, max_model_len: int, options: DistributedOptions, store: dist.Store,
+                 kv_companion=None):
         self.layout = layout
         self.spec = spec
         device = resolve_device(config, layout.rank)
@@ -180,7 +181,7 @@ class RankShard:
         ps.fast_all_reduce = SymmAllReduce.create(self.groups.tp_group, device, self.groups.control)
         self.runner = ModelRunner(config, spec, model_path, hf_config, max_model_len, ps=ps,
                                   layer_range=layout.layer_range, local_rank=layout.rank,
-                                  agree_num_kv_blocks=self._agree_num_kv_blocks)
+                                  agree_num_kv_blocks=self._agree_num_kv_blocks, kv_companion=kv_companion)
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.block_size = config.block_size

@@ -10,6 +10,11 @@ before the target so that, on a GPU, its weights are counted when the target siz
 (the target's per-block cost then includes the draft's: `ModelRunner(kv_companion=)`, which
 also counts the draft's new pool when the target's pool is resized).
 The proposer that drives it is worker/spec_decode/draft.py; the engine hands it this runner.
+At tensor_parallel_size T > 1 the draft is not split: it runs whole on rank 0's device, in the
+engine's process. Rank 0 alone proposes, draws and accepts already (the other ranks run a
+verify step as an ordinary step), so the draft needs no rank group and no traffic between the
+ranks; its weights and KV take room on rank 0's GPU only, which its pool sizing counts
+(`DistributedRunner(kv_companion=)`), and the ranks agree on the smallest block count.
 """
 
 from __future__ import annotations
@@ -49,9 +54,12 @@ def build_draft_runner(config: EngineConfig, target_hf_config, target: ModelSpec
         raise ConfigError(f"speculative_config.model {name!r} reaches {spec.max_position_embeddings} "
                           f"positions, fewer than max_model_len ({max_model_len})")
     dtype = resolve_dtype(config, target_hf_config, resolve_device(config))
+    # One rank whatever the target's layout: at T > 1 the draft runs whole on rank 0's device,
+    # in the engine's process, which alone proposes (the ranks only see verify steps).
     draft_config = config.replace(model=str(path), tokenizer=None, dtype=_DTYPE_NAMES[str(dtype)],
                                   num_kv_blocks=1, kv_offload_gib=0.0, speculative_config=None,
-                                  warmup=False)
+                                  warmup=False, tensor_parallel_size=1, pipeline_parallel_size=1,
+                                  device_ids=config.device_ids[:1] if config.device_ids else None)
     # CUDA graphs as the target (enforce_eager): decode graphs for its one-token proposal steps,
     # mixed-step graphs for its catch-up chunks; captured once its real pool is attached.
     return ModelRunner(draft_config, spec, path, hf_config, max_model_len, defer_graphs=True)

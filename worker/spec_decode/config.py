@@ -103,6 +103,3 @@ def refuse_unsupported(config) -> None:
         raise ConfigError("speculative_config does not run with pipeline_parallel_size > 1 yet "
                           "(its micro-batches continue rows from drawn ids the verify step would "
                           "change); use tensor_parallel_size or a single-rank replica")
-    if config.tensor_parallel_size > 1 and config.speculative_config.method == "draft_model":
-        raise ConfigError("speculative_config.method 'draft_model' does not run with "
-                          "tensor_parallel_size > 1 yet; use method 'ngram' there")
