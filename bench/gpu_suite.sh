@@ -21,6 +21,7 @@ suites (each ends inside 570 s, except full):
   kernels     1 GPU   kernel microbenchmarks against their references in the same run
   throughput  1 GPU   workload A: vs HF, by request kind, 8B shape, int8 KV, async; host tier
   latency     1 GPU   batch-1 TPOT by request kind and where it goes; cold start
+  apps        1 GPU   prompt TTFT through the graphs, speculative decoding (SmolLM2), structured outputs
   parallel    2 GPUs  workload A at T=1 / T=2 / P=2 by request kind, serve -dp 2, all-reduce
   full        all     every suite above in turn (no time limit: one call per suite)
 
@@ -64,12 +65,14 @@ declare -A SUITES=(
   [throughput]="workload_a_hf workload_a_kinds workload_a_llama8b kv_int8 async_sched host_tier"
   [latency]="tpot_kinds tpot_breakdown cold_start cold_start_empty"
   [parallel]="layouts_qwen3 layouts_llama8b dp_scaling allreduce"
+  [apps]="ttft_ladder spec_decode structured structured_sampled"
 )
-SUITE_ORDER="smoke tests kernels throughput latency parallel"
+SUITE_ORDER="smoke tests kernels throughput latency apps parallel"
 # Seconds a stage needs at least; one that would start with less left is skipped.
 declare -A MIN_S=(
   [env]=5 [workload_a_hf]=240 [layouts_llama8b]=200 [layouts_qwen3]=120 [dp_scaling]=150
   [cold_start_empty]=120 [tpot_breakdown]=150 [kernel_tests]=120 [distributed_tests]=120
+  [spec_decode]=150 [structured]=150 [structured_sampled]=150
 )
 DEFAULT_MIN_S=60
 
@@ -441,6 +444,37 @@ for _ in range(600):
   done
   return $st
 }
+
+# ---- apps: what applications turn on (prompt TTFT, speculative decoding, structured outputs) ----
+stage_ttft_ladder() {  # prompt TTFT through the mixed-step graphs of a 256-sequence engine (TTFT_CASES)
+  local st=0 case prompt gmax cases
+  IFS=, read -ra cases <<< "${TTFT_CASES:-300 512,1100 512,1100 2048,700 2048}"
+  for case in "${cases[@]}"; do
+    read -r prompt gmax <<< "$case"
+    echo "--- prompt $prompt, graph_max_tokens $gmax"
+    timeout "$(lim 100)" "$PY" bench/latency.py --prompt-len "$prompt" --graph-max-tokens "$gmax" --max-num-seqs 256 \
+      --output-len 16 --repeats 3 --show-first-steps --out "$OUT/ttft_${prompt}_$gmax.json" > "$OUT/ttft_${prompt}_$gmax.log" 2>&1 || st=1
+    grep -E "repeat 3:|\"ttft_ms\"|\"tpot_ms_p50\"" "$OUT/ttft_${prompt}_$gmax.log" | cut -c1-240
+  done
+  return $st
+}
+stage_spec_decode() {  # n-gram speculation on the real SmolLM2, batch 1 and 8, interleaved with off (SPEC_K)
+  timeout "$(lim 240)" "$PY" bench/spec_decode.py --k "${SPEC_K:-15}" --batch 1 8 --rounds 6 \
+    --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1; local rc=$?
+  grep -E "batch +[0-9]+:|on/off|identical" "$OUT/spec_decode.log" | cut -c1-200
+  return $rc
+}
+# workload A with none / half / all requests under a JSON schema, SmolLM2's tokenizer (structured.py)
+structured_run() {
+  local name=$1; shift
+  timeout "$(lim 150)" "$PY" bench/structured.py --model qwen3-0.6b-shape --load-format dummy --dtype bfloat16 \
+    --num-seqs 256 --prompt-len 100 1024 --output-len 100 1024 --max-model-len 4096 \
+    --tokenizer smollm2-135m-instruct "$@" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1; local rc=$?
+  grep -E "^ *(none|half|all):|/ none|TPOT|compile of" "$OUT/$name.log" | cut -c1-200
+  return $rc
+}
+stage_structured() { structured_run structured; }
+stage_structured_sampled() { structured_run structured_sampled --temperature 0.8 --top-p 0.95; }
 
 # ---- the run -----------------------------------------------------------------------------------
 (($#)) || { usage; exit 2; }
