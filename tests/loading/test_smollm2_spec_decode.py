@@ -75,3 +75,28 @@ def test_smollm2_as_its_own_draft_model(smollm2_dir):
     stats = llm.stats()
     assert stats["num_spec_accepted_tokens"] >= 0.9 * stats["num_spec_draft_tokens"] > 0
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_json_output_speculates_within_its_schema(smollm2_dir):
+    """Structured output on real weights: asked for a JSON object quoting its input, SmolLM2
+    copies the passage inside the schema's string, prompt lookup proposes the copy, the grammar
+    masks every proposed position, and the greedy output is speculation off's, with nearly
+    every proposal kept."""
+    import json
+
+    schema = {"type": "object", "properties": {"quote": {"type": "string"}}, "required": ["quote"]}
+    conversation = [SYSTEM, {"role": "user", "content": 'Return a JSON object whose "quote" field is the '
+                                                       "first sentence of this passage, copied exactly:\n\n"
+                                                       f"{passages()[0][:300]}"}]
+    params = SamplingParams(temperature=0, max_tokens=72, structured_outputs={"json": schema})
+    kw = dict(block_size=16, num_kv_blocks=32)
+    want = LLM(smollm2_dir, **kw).chat([conversation], params, use_tqdm=False)[0]
+    llm = LLM(smollm2_dir, speculative_config=SPEC, **kw)
+    got = llm.chat([conversation], params, use_tqdm=False)[0]
+    assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+    assert got.text.startswith('{"quote": "However little known the feelings')
+    if got.finish_reason == "stop":
+        assert json.loads(got.text)["quote"]
+    stats = llm.stats()
+    assert stats["num_spec_accepted_tokens"] >= 0.8 * stats["num_spec_draft_tokens"] > 10
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

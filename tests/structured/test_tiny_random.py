@@ -394,3 +394,85 @@ def test_a_fill_ahead_from_stale_states_is_not_used():
     assert not torch.equal(got[0].isinf(), got[1].isinf())  # row 0's mask is past "g..."
     masks.close()
     llm.close()
+
+
+def _state_and_mask(llm, spec: dict):
+    """(a fresh `GrammarState` for `spec`, a function giving a state's mask as a bool row)."""
+    import torch
+    from infer_cluster.worker.structured.state import GrammarState
+    compiled = llm.engine.structured.compile(SamplingParams(structured_outputs=spec)).result()
+
+    def mask(state) -> torch.Tensor:
+        bits = torch.zeros(1, (state.vocab_size + 31) // 32, dtype=torch.int32)
+        state.fill(bits, 0)
+        return torch.tensor([(int(bits[0, t // 32]) >> (t % 32)) & 1 for t in range(state.vocab_size)], dtype=torch.bool)
+
+    return (lambda: GrammarState(compiled)), mask
+
+
+def _allowed_path(llm, spec: dict, length: int) -> list[int]:
+    """`length` tokens the grammar accepts, each the lowest allowed id after the ones before."""
+    new_state, mask = _state_and_mask(llm, spec)
+    state, tokens = new_state(), []
+    for _ in range(length):
+        allowed = [t for t in mask(state).nonzero().flatten().tolist() if t not in state.stop_ids]
+        tokens.append(allowed[0])
+        assert state.sync(tokens)
+    return tokens
+
+
+def test_a_state_rolls_back_to_where_the_tokens_part(llm):
+    """A speculative verify step leaves a request's state after all of its proposals; the next
+    sync with the tokens kept rolls the matcher back to where they part (no rebuild) and gives
+    the mask a fresh state gives for those tokens. Where they part before the remembered window,
+    the state is rebuilt, with the same result."""
+    from infer_cluster.worker.structured import state as state_module
+    spec = {"regex": r"([ab][cd][ef][gh] ){1,40}"}  # each position its own mask
+    new_state, mask = _state_and_mask(llm, spec)
+    path = _allowed_path(llm, spec, 90)
+    state = new_state()
+    assert state.sync(path[:40])
+    resets = []
+    state.matcher.reset = lambda: resets.append(1)  # a rebuild would call it
+    for kept in ([*path[:37], path[2]], path[:30], path[:40]):  # rejected tail, then shorter, longer
+        assert state.sync(kept) and state.num_accepted == len(kept)
+        fresh = new_state()
+        assert fresh.sync(kept)
+        assert torch_equal(mask(state), mask(fresh))
+    assert not resets
+    far = new_state()
+    assert far.sync(path[:90])
+    assert 90 - state_module.HISTORY > 5
+    assert far.sync(path[:5] + [path[40]]) and far.num_accepted == 6  # parts before the window: rebuilt
+    fresh = new_state()
+    assert fresh.sync(path[:5] + [path[40]])
+    assert torch_equal(mask(far), mask(fresh))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+    return torch.equal(a, b)
+
+
+def test_grammar_prefix_keeps_what_the_grammar_allows(llm):
+    """Proposals are cut at the first token the grammar refuses and before a stop token, and
+    the state is left where the request's tokens put it."""
+    from infer_cluster.worker.structured.state import grammar_prefix
+    spec = {"choice": ["alpha beta gamma", "delta"]}
+    new_state, mask = _state_and_mask(llm, spec)
+    ids = llm.tokenizer.encode("alpha beta gamma", add_special_tokens=False)
+    assert len(ids) >= 3
+    state = new_state()
+    before = mask(new_state())
+    stop = next(iter(state.stop_ids))
+    assert grammar_prefix(state, [], ids) == ids  # the whole choice
+    assert grammar_prefix(state, [], ids + [stop, ids[0]]) == ids  # never past a stop token
+    assert grammar_prefix(state, ids[:1], ids[1:2] + ids[:1]) == ids[1:2]  # cut at a refused token
+    assert grammar_prefix(state, ids[:1], ids[:1]) == []
+    assert state.num_accepted == 1 and torch_equal(mask(state), mask(_synced(new_state(), ids[:1])))
+    assert grammar_prefix(new_state(), [], []) == [] and torch_equal(mask(new_state()), before)
+
+
+def _synced(state, tokens):
+    assert state.sync(tokens)
+    return state

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
+from infer_cluster.worker.structured.state import grammar_prefix
 
 _NONE: list[int] = []  # the shared "no proposals" value (never mutated)
 
@@ -109,8 +110,8 @@ class NgramIndex:
 
 class NgramProposer:
     """Sets `spec_token_ids` on each running request before the step is scheduled: proposals
-    on rows that decode (every token but the last computed, nothing pending, no grammar), none
-    elsewhere."""
+    on rows that decode (every token but the last computed, nothing pending), none elsewhere;
+    under a grammar, only the leading proposals it allows, none past a stop token."""
 
     def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int, max_model_len: int):
         self.k = num_speculative_tokens
@@ -120,18 +121,22 @@ class NgramProposer:
     def propose(self, running: Sequence) -> None:
         k = row_limit(self.k, len(running))
         for req in running:
-            room = proposal_room(req, k, self.max_model_len)
+            room = proposal_room(req, k, self.max_model_len, grammar_ok=True)
             if room <= 0:
                 if req.spec_token_ids:
                     req.spec_token_ids = _NONE
                 continue
-            req.spec_token_ids = self._index(req).propose(req.all_token_ids, room)
+            proposals = self._index(req).propose(req.all_token_ids, room)
+            if req.grammar is not None and proposals:  # only what the grammar allows is verified
+                proposals = grammar_prefix(req.grammar, req.output_token_ids, proposals) or _NONE
+            req.spec_token_ids = proposals
 
     def shadow(self, req, batch: int) -> list[int]:
         """The proposals a verify step of `batch` rows would check after the request's tokens
         on the host (its last may still be pending: shadow.py measures, and proposes nothing
-        to run)."""
-        room = proposal_cap(req, row_limit(self.k, batch), self.max_model_len)
+        to run). A grammar's rows count without their cut to the grammar (that needs the
+        request's last token on the host)."""
+        room = proposal_cap(req, row_limit(self.k, batch), self.max_model_len, grammar_ok=True)
         return self._index(req).propose(req.all_token_ids, room) if room > 0 else _NONE
 
     def _index(self, req) -> NgramIndex:
@@ -151,19 +156,21 @@ def row_limit(k: int, batch: int) -> int:
     return min(k, max(1, DECODE_SHAPED_MAX_ROWS // max(1, batch) - 1))
 
 
-def proposal_room(req, k: int, max_model_len: int) -> int:
+def proposal_room(req, k: int, max_model_len: int, grammar_ok: bool = False) -> int:
     """How many proposals the request can use: 0 unless it decodes (every token but the last
     computed, nothing pending), then `proposal_cap`. Every proposer uses this rule."""
     if req.num_computed_tokens != req.num_tokens - 1 or req.num_pending:
         return 0
-    return proposal_cap(req, k, max_model_len)
+    return proposal_cap(req, k, max_model_len, grammar_ok)
 
 
-def proposal_cap(req, k: int, max_model_len: int) -> int:
-    """0 for a request with a grammar; else at most k, and never so many that the verified
-    tokens could pass max_tokens or max_model_len (shadow proposals use this alone: their
-    request's last token may still be pending)."""
-    if req.grammar is not None:
+def proposal_cap(req, k: int, max_model_len: int, grammar_ok: bool = False) -> int:
+    """At most k, and never so many that the verified tokens could pass max_tokens or
+    max_model_len (shadow proposals use this alone: their request's last token may still be
+    pending). 0 for a request with a grammar unless `grammar_ok`: a proposer that cuts its
+    proposals to the grammar (`grammar_prefix`) before the step is scheduled (prompt lookup;
+    a draft model's proposals are made after, so it proposes nothing there)."""
+    if req.grammar is not None and not grammar_ok:
         return 0
     return min(k, req.params.max_tokens - len(req.output_token_ids) - 1,
                max_model_len - req.num_tokens - 1)

@@ -218,9 +218,10 @@ def expand_rows(row_ids: list[str], proposals: dict, requests: dict, eos_token_i
             # num_pending counts this step's own token (nothing else is pending: synchronous)
             rows.append(SamplingRequestState(params, prompt, output, None, eos_token_ids, rid,
                                              req.num_pending - 1, req.grammar))
-            for j in range(1, len(drafts) + 1):  # as if d1..dj were its tokens; no state key
+            for j in range(1, len(drafts) + 1):  # as if d1..dj were its tokens; no state key;
+                # a grammar's state shared, walked through the proposals as the rows are filled
                 rows.append(SamplingRequestState(params, prompt, output + list(drafts[:j]), None,
-                                                 eos_token_ids))
+                                                 eos_token_ids, grammar=req.grammar))
         i += len(drafts) + 1
     return rows, groups
 

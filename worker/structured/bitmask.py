@@ -114,8 +114,8 @@ class GrammarMasks:
         grows later is read up to its present length). The caller must not touch those states
         until `apply` (or `join`) has waited for it."""
         self.join()
-        if len(states) < BATCH_FILL_MIN_ROWS:
-            return  # a few rows fill faster than a thread starts
+        if len(states) < BATCH_FILL_MIN_ROWS or len({id(g) for _, g, _ in states}) < len(states):
+            return  # a few rows fill faster than a thread starts; shared states fill in turn
         host, _ = self._buffers(n, states[0][1].vocab_size, device)
         if self._filler is None:
             self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
@@ -196,14 +196,13 @@ class GrammarMasks:
             use = pre[0].result()
             broken = [i for i in which if rows[i].grammar.broken]
             return use, broken, rows[use[0]].grammar.vocab_size if use else None
+        if len({id(rows[i].grammar) for i in which}) < len(which):
+            return self._fill_in_turn(x, rows, which)
         matchers, use, broken = [], [], []
         vocab = None
         for i in which:
             r = rows[i]
-            if r.num_pending:
-                raise RuntimeError("a constrained row was drawn with tokens pending on the device; "
-                                   "its grammar needs them on the host first")
-            if not r.grammar.sync(r.output_token_ids):
+            if not _synced(r):
                 broken.append(i)
                 continue
             matchers.append(r.grammar.matcher)
@@ -217,6 +216,26 @@ class GrammarMasks:
         else:
             for matcher, i in zip(matchers, use):
                 matcher.fill_next_token_bitmask(host, i)
+        return use, broken, vocab
+
+    def _fill_in_turn(self, x: torch.Tensor, rows: Sequence, which: list[int]) -> tuple[list, list, Optional[int]]:
+        """`_fill` where rows share a state: a verify step's positions of one request, each row's
+        tokens one proposal longer than the row before (worker/spec_decode/verify.py
+        `expand_rows`). Each row is synced, then filled, before the next: the state walks
+        through the proposals and stays after the last (the next sync rolls it back to the
+        tokens kept)."""
+        use, broken, vocab = [], [], None
+        host = None
+        for i in which:
+            r = rows[i]
+            if not _synced(r):
+                broken.append(i)
+                continue
+            if host is None:
+                vocab = r.grammar.vocab_size
+                host, _ = self._buffers(x.shape[0], vocab, x.device)
+            r.grammar.fill(host, i)
+            use.append(i)
         return use, broken, vocab
 
     def _stage(self, x: torch.Tensor, vocab: int, use: list[int],
@@ -242,6 +261,15 @@ class GrammarMasks:
             self._copied.record(self._stream)
             self._pending_copy = True
         apply_token_bitmask(x, dev, idx, vocab)
+
+
+def _synced(row) -> bool:
+    """Sync a constrained row's state with its tokens, all on the host; False where the grammar
+    refuses one (the row is broken)."""
+    if row.num_pending:
+        raise RuntimeError("a constrained row was drawn with tokens pending on the device; "
+                           "its grammar needs them on the host first")
+    return row.grammar.sync(row.output_token_ids)
 
 
 def _clear_bans(row: torch.Tensor, banned, vocab: int) -> None:
