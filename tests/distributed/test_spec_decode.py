@@ -106,3 +106,23 @@ def test_a_draft_model_at_t2_runs_on_rank_0_and_equals_one_rank_without(started,
     assert got == want
     assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"] > 20
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+@pytest.mark.timeout(180)
+def test_structured_requests_speculate_at_t2_as_one_rank_without(started, dist_checkpoints):
+    """Constrained requests with prompt lookup at T = 2: rank 0 cuts the proposals to the
+    grammar and masks every position (the ranks only run the verify step); the outputs equal one
+    rank without speculation, greedy and seeded."""
+    path = dist_checkpoints["llama"]
+    arr = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 8, "maxItems": 20}
+    params = [SamplingParams(temperature=0, max_tokens=50, structured_outputs={"json": arr}),
+              SamplingParams(temperature=0, max_tokens=40, structured_outputs={"regex": r"(ab, ){3,12}ab"}),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=50, structured_outputs={"json": arr})]
+    with LLM(path, **KV) as single:
+        want = [(o.token_ids, o.finish_reason) for o in single.generate(PROMPTS[:3], params, use_tqdm=False)]
+    with LLM(path, tensor_parallel_size=2, speculative_config=SPEC, **KV) as llm:
+        started.track(llm)
+        got = [(o.token_ids, o.finish_reason) for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+        stats = llm.stats()
+    assert got == want
+    assert stats["num_spec_accepted_tokens"] > 0 and stats["num_free_blocks"] == stats["num_total_blocks"]
