@@ -476,3 +476,39 @@ def test_grammar_prefix_keeps_what_the_grammar_allows(llm):
 def _synced(state, tokens):
     assert state.sync(tokens)
     return state
+
+
+def test_rows_sharing_a_state_fill_in_rounds(llm):
+    """A verify step's positions of one request share its state (worker/spec_decode/verify.py
+    `expand_rows`). With 9 such requests of 4 positions each, `GrammarMasks` fills round by round
+    (round j: every request's j-th row, batched from 8 rows), and every row's mask is what a
+    state of its own gives for that row's tokens; afterwards each state rolls back to the tokens
+    a request keeps."""
+    import torch
+    from infer_cluster.worker.sampling.draw_io import SamplingRequestState
+    from infer_cluster.worker.structured.bitmask import BATCH_FILL_MIN_ROWS, GrammarMasks
+    spec = {"regex": r"([ab][cd][ef][gh] ){1,40}"}
+    new_state, _ = _state_and_mask(llm, spec)
+    path = _allowed_path(llm, spec, 40)
+    params = SamplingParams(temperature=0, structured_outputs=spec)
+    requests = 9
+    assert requests >= BATCH_FILL_MIN_ROWS
+    rows, states = [], []
+    for r in range(requests):
+        state = new_state()
+        states.append(state)
+        output, proposals = path[:r + 3], path[r + 3:r + 6]
+        for j in range(len(proposals) + 1):
+            rows.append(SamplingRequestState(params, [1], output + proposals[:j], None, (0,), grammar=state))
+    vocab = llm.engine.spec.vocab_size
+    got = torch.zeros(len(rows), vocab)
+    GrammarMasks().apply(got, rows, list(range(len(rows))))
+    for i, row in enumerate(rows):
+        alone = SamplingRequestState(params, [1], row.output_token_ids, None, (0,), grammar=new_state())
+        want = torch.zeros(1, vocab)
+        GrammarMasks().apply(want, [alone], [0])
+        assert torch.equal(got[i].isinf(), want[0].isinf()), f"row {i}"
+    for r, state in enumerate(states):  # left after the last proposal; one kept, then a draw
+        assert state.num_accepted == r + 6
+        kept = path[:r + 4] + [path[r + 4]]
+        assert state.sync(kept) and state.num_accepted == r + 5

@@ -115,7 +115,7 @@ class GrammarMasks:
         until `apply` (or `join`) has waited for it."""
         self.join()
         if len(states) < BATCH_FILL_MIN_ROWS or len({id(g) for _, g, _ in states}) < len(states):
-            return  # a few rows fill faster than a thread starts; shared states fill in turn
+            return  # a few rows fill faster than a thread starts; shared states fill in rounds (`_fill`)
         host, _ = self._buffers(n, states[0][1].vocab_size, device)
         if self._filler is None:
             self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-fill")
@@ -196,47 +196,33 @@ class GrammarMasks:
             use = pre[0].result()
             broken = [i for i in which if rows[i].grammar.broken]
             return use, broken, rows[use[0]].grammar.vocab_size if use else None
-        if len({id(rows[i].grammar) for i in which}) < len(which):
-            return self._fill_in_turn(x, rows, which)
-        matchers, use, broken = [], [], []
-        vocab = None
-        for i in which:
-            r = rows[i]
-            if not _synced(r):
-                broken.append(i)
-                continue
-            matchers.append(r.grammar.matcher)
-            use.append(i)
-            vocab = r.grammar.vocab_size
-        if not use:
-            return use, broken, vocab
-        host, _ = self._buffers(n, vocab, x.device)
-        if len(matchers) >= BATCH_FILL_MIN_ROWS:
-            self._batch.batch_fill_next_token_bitmask(matchers, host, use)
-        else:
-            for matcher, i in zip(matchers, use):
-                matcher.fill_next_token_bitmask(host, i)
-        return use, broken, vocab
-
-    def _fill_in_turn(self, x: torch.Tensor, rows: Sequence, which: list[int]) -> tuple[list, list, Optional[int]]:
-        """`_fill` where rows share a state: a verify step's positions of one request, each row's
-        tokens one proposal longer than the row before (worker/spec_decode/verify.py
-        `expand_rows`). Each row is synced, then filled, before the next: the state walks
-        through the proposals and stays after the last (the next sync rolls it back to the
-        tokens kept)."""
-        use, broken, vocab = [], [], None
-        host = None
-        for i in which:
-            r = rows[i]
-            if not _synced(r):
-                broken.append(i)
+        use, broken, vocab, host = [], [], None, None
+        # Rows that share a state (a verify step's positions of one request, each row's tokens
+        # one proposal longer than the row before: worker/spec_decode/verify.py `expand_rows`)
+        # are filled in rounds: round j syncs and fills each state's j-th row, so a state walks
+        # through its proposals and stays after the last (the next sync rolls it back to the
+        # tokens kept). Rows of states of their own all fall in round 0.
+        for members in _rounds(rows, which):
+            matchers, filled = [], []
+            for i in members:
+                r = rows[i]
+                if not _synced(r):
+                    broken.append(i)
+                    continue
+                matchers.append(r.grammar.matcher)
+                filled.append(i)
+                vocab = r.grammar.vocab_size
+            if not filled:
                 continue
             if host is None:
-                vocab = r.grammar.vocab_size
-                host, _ = self._buffers(x.shape[0], vocab, x.device)
-            r.grammar.fill(host, i)
-            use.append(i)
-        return use, broken, vocab
+                host, _ = self._buffers(n, vocab, x.device)
+            if len(matchers) >= BATCH_FILL_MIN_ROWS:
+                self._batch.batch_fill_next_token_bitmask(matchers, host, filled)
+            else:
+                for matcher, i in zip(matchers, filled):
+                    matcher.fill_next_token_bitmask(host, i)
+            use.extend(filled)
+        return sorted(use), sorted(broken), vocab
 
     def _stage(self, x: torch.Tensor, vocab: int, use: list[int],
                bans: Optional[dict]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,6 +247,20 @@ class GrammarMasks:
             self._copied.record(self._stream)
             self._pending_copy = True
         apply_token_bitmask(x, dev, idx, vocab)
+
+
+def _rounds(rows: Sequence, which: list[int]) -> list[list[int]]:
+    """`which` in rounds: round j holds each state's j-th row (in `which`'s order)."""
+    seen: dict[int, int] = {}
+    rounds: list[list[int]] = []
+    for i in which:
+        key = id(rows[i].grammar)
+        j = seen.get(key, 0)
+        seen[key] = j + 1
+        if j == len(rounds):
+            rounds.append([])
+        rounds[j].append(i)
+    return rounds
 
 
 def _synced(row) -> bool:
