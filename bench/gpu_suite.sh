@@ -65,14 +65,14 @@ declare -A SUITES=(
   [throughput]="workload_a_hf workload_a_kinds workload_a_llama8b kv_int8 async_sched host_tier"
   [latency]="tpot_kinds tpot_breakdown cold_start cold_start_empty"
   [parallel]="layouts_qwen3 layouts_llama8b dp_scaling allreduce"
-  [apps]="ttft_ladder spec_decode structured structured_sampled"
+  [apps]="ttft_ladder spec_decode spec_decode_schema structured structured_sampled"
 )
 SUITE_ORDER="smoke tests kernels throughput latency apps parallel"
 # Seconds a stage needs at least; one that would start with less left is skipped.
 declare -A MIN_S=(
   [env]=5 [workload_a_hf]=240 [layouts_llama8b]=200 [layouts_qwen3]=120 [dp_scaling]=150
   [cold_start_empty]=120 [tpot_breakdown]=150 [kernel_tests]=120 [distributed_tests]=120
-  [spec_decode]=150 [structured]=150 [structured_sampled]=150
+  [spec_decode]=150 [spec_decode_schema]=150 [structured]=150 [structured_sampled]=150
 )
 DEFAULT_MIN_S=60
 
@@ -458,12 +458,15 @@ stage_ttft_ladder() {  # prompt TTFT through the mixed-step graphs of a 256-sequ
   done
   return $st
 }
-stage_spec_decode() {  # n-gram speculation on the real SmolLM2, batch 1 and 8, interleaved with off (SPEC_K)
-  timeout "$(lim 240)" "$PY" bench/spec_decode.py --k "${SPEC_K:-15}" --batch 1 8 --rounds 6 \
-    --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1; local rc=$?
-  grep -E "batch +[0-9]+:|on/off|identical" "$OUT/spec_decode.log" | cut -c1-200
+spec_run() {  # spec_run NAME [flags]: bench/spec_decode.py at k = SPEC_K, batch 1 and 8, interleaved with off
+  local name=$1; shift
+  timeout "$(lim 240)" "$PY" bench/spec_decode.py --k "${SPEC_K:-15}" --batch 1 8 --rounds 6 "$@" \
+    --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1; local rc=$?
+  grep -E "batch +[0-9]+:|on/off|identical" "$OUT/$name.log" | cut -c1-200
   return $rc
 }
+stage_spec_decode() { spec_run spec_decode; }  # n-gram speculation on the real SmolLM2
+stage_spec_decode_schema() { spec_run spec_decode_schema --schema; }  # the same, every answer under a JSON schema
 # workload A with none / half / all requests under a JSON schema, SmolLM2's tokenizer (structured.py)
 structured_run() {
   local name=$1; shift

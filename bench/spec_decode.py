@@ -17,6 +17,7 @@ part there (`agreement`: the share of each output before its first difference, a
 
     python bench/spec_decode.py --batch 1 --output-len 16 --input-chars 600   # CPU smoke
     python bench/spec_decode.py                                              # GPU: SmolLM2, 1 and 8
+    python bench/spec_decode.py --schema      # the same, every answer a JSON object (structured outputs)
     python bench/spec_decode.py --method draft_model --draft-model NAME --load-format dummy
         # the draft's mechanics (its forwards, two KV pools) with random weights; the draft
         # loads like the target (same load_format, device, dtype)
@@ -42,6 +43,12 @@ TASKS = ["Rewrite this passage in plain modern English, keeping every sentence:"
          "Repeat this passage exactly, word for word:"]
 CODE_TASK = "Rename the variable `req` to `request` everywhere in this code and return the whole file:"
 CODE_FILES = ["worker/sched/block_allocator.py", "worker/sched/request.py", "worker/kv/block_table.py"]
+
+
+# `--schema`: every request answers in this JSON object (a structured-outputs request), its
+# string field holding the passage the task asks for, so prompt lookup still finds the copy.
+SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole result.'
 
 
 def conversations(n: int, chars: int) -> list[list[dict]]:
@@ -94,6 +101,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="at most the draft's positions (a small draft may reach fewer than the target)")
+    ap.add_argument("--schema", action="store_true",
+                    help="every request under a JSON schema (structured outputs): prompt lookup proposes "
+                         "within the grammar, each proposed position masked")
     ap.add_argument("--out", default="bench/results/spec_decode.json")
     args = ap.parse_args(argv)
 
@@ -118,7 +128,12 @@ def main(argv=None) -> dict:
     modes = {"off": {}, "off_eager": eager, "on": {"speculative_config": spec},
              "on_eager": {**eager, "speculative_config": spec}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
-    params = SamplingParams(temperature=0, max_tokens=args.output_len)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len,
+                            structured_outputs={"json": SCHEMA} if args.schema else None)
+    if args.schema:  # the tasks ask for the JSON object too
+        for conv in convs:
+            task, _, body = conv[-1]["content"].partition("\n\n")
+            conv[-1]["content"] = f"{task}{SCHEMA_ASK}\n\n{body}"
     if args.interleave == "on" and len(args.runs) > 1:
         results, outputs, paired = _interleaved(args, modes, convs, params, sync)
     else:
@@ -138,7 +153,7 @@ def main(argv=None) -> dict:
         print(f"{key} per round (min / median / max): " + ", ".join(
             f"batch {b} {min(r):.2f} / {sorted(r)[len(r) // 2]:.2f} / {max(r):.2f}" for b, r in by_batch.items()))
     result = {**run_info(), "model": args.model, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
-              "input_chars": args.input_chars, "output_len": args.output_len, "rounds": args.rounds,
+              "input_chars": args.input_chars, "schema": SCHEMA if args.schema else None, "output_len": args.output_len, "rounds": args.rounds,
               "interleave": args.interleave == "on" and len(args.runs) > 1, "runs": results,
               "ratios": ratios, "ratios_per_round": paired, "identical": identical, "agreement": agreement}
     write_json(args.out, json.loads(json.dumps(result)))  # int batch keys become strings
