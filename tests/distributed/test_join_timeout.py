@@ -14,7 +14,6 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
 from .conftest import ENGINE
-from tests.conftest import free_port
 
 RANK = """
 import datetime, sys, time
@@ -24,10 +23,13 @@ from infer_cluster.worker.distributed.topology import DistributedOptions, RankLa
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 opts = DistributedOptions(collective_timeout_s=2.0, startup_timeout_s=30.0)
-if rank == 1:
+join = datetime.timedelta(seconds=opts.join_timeout_s)
+if rank == 0:  # the store picks its own free port (as DistributedRunner's does) and says which
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=join)
+    print("port", store.port, flush=True)
+else:
     time.sleep(4.0)  # a rank still importing on a busy host
-store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
-                      timeout=datetime.timedelta(seconds=opts.join_timeout_s))
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=join)
 groups = RankGroups(RankLayout(rank, 2, 1, 2), torch.device("cpu"), opts, store)
 groups.settle_timeouts()  # what RankShard does once its start-up is over
 x = torch.ones(1)
@@ -47,10 +49,18 @@ except Exception as exc:
 
 @pytest.mark.timeout(90)
 def test_a_late_rank_joins_and_collectives_keep_their_timeout():
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    def start(rank: int, port: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(port)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    # Rank 0's store binds a port of its choosing and prints it: a port picked here and bound
+    # later could be taken meanwhile by another test's connection (seen once under a loaded
+    # 2-core CI run: a rank that printed nothing for 60 s).
+    procs = [start(0, 0)]
     try:
+        first = procs[0].stdout.readline().split()
+        assert first[:1] == ["port"], (first, procs[0].stderr.read()[-2000:] if procs[0].poll() is not None else "")
+        procs.append(start(1, int(first[1])))
         outs = [p.communicate(timeout=60) for p in procs]
     finally:
         for p in procs:
