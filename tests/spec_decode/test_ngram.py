@@ -102,7 +102,7 @@ def test_proposer_skips_rows_that_do_not_decode():
     req.num_pending = 1  # a token on its way (async scheduling): never speculated on
     proposer.propose([req])
     assert req.spec_token_ids == []
-    req.num_pending = 0  # (a grammar's rows: tests/structured/test_tiny_random.py grammar_prefix)
+    req.num_pending = 0  # (a grammar's rows: tests/structured/test_masks.py, grammar_prefix)
     proposer.propose([req])
     assert req.spec_token_ids == [3, 1, 2]
 

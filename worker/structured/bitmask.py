@@ -202,7 +202,8 @@ class GrammarMasks:
         # are filled in rounds: round j syncs and fills each state's j-th row, so a state walks
         # through its proposals and stays after the last (the next sync rolls it back to the
         # tokens kept). Rows of states of their own all fall in round 0.
-        for members in _rounds(rows, which):
+        rounds = _rounds(rows, which)
+        for members in rounds:
             matchers, filled = [], []
             for i in members:
                 r = rows[i]
@@ -222,7 +223,10 @@ class GrammarMasks:
                 for matcher, i in zip(matchers, filled):
                     matcher.fill_next_token_bitmask(host, i)
             use.extend(filled)
-        return sorted(use), sorted(broken), vocab
+        if len(rounds) > 1:  # rows in `which`'s order again
+            use.sort()
+            broken.sort()
+        return use, broken, vocab
 
     def _stage(self, x: torch.Tensor, vocab: int, use: list[int],
                bans: Optional[dict]) -> tuple[torch.Tensor, torch.Tensor]:

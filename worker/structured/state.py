@@ -6,8 +6,9 @@ the list no longer extends what it accepted, it rolls the matcher back to where 
 that is within the last `HISTORY` tokens (a verify step leaves the state after all of a row's
 proposals, of which only some are kept: worker/spec_decode/), else rebuilds it from the whole
 list (reset, then accept each). `accept_all` syncs many states, the common one-token case in
-one xgrammar call. `grammar_prefix` cuts proposals to what the grammar allows. A token the grammar refuses leaves the state `broken` (the engine ends the
-request): the mask makes that impossible unless the tokens came from elsewhere.
+one xgrammar call. `grammar_prefix` cuts proposals to what the grammar allows. A token the
+grammar refuses leaves the state `broken` (the engine ends the request): the mask makes that
+impossible unless the tokens came from elsewhere.
 Host only: never touches tensors but the bitmask row it fills.
 """
 
@@ -21,18 +22,23 @@ HISTORY = 64
 
 
 class GrammarState:
-    __slots__ = ("matcher", "vocab_size", "num_accepted", "last_token", "broken", "stop_ids", "recent")
+    __slots__ = ("matcher", "vocab_size", "num_accepted", "broken", "stop_ids", "recent")
 
     def __init__(self, compiled):
         import xgrammar as xgr
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the bitmask's width in tokens
         self.num_accepted = 0
-        self.last_token: Optional[int] = None
         self.broken = False
         # a matcher terminates only by accepting one of these (xgrammar's stop tokens)
         self.stop_ids = frozenset(self.matcher.stop_token_ids)
         self.recent: deque = deque(maxlen=HISTORY)  # the last accepted tokens, for `_roll_back`
+
+    @property
+    def last_token(self) -> Optional[int]:
+        """The last token accepted (None before the first): `recent` holds it whenever any
+        was accepted, since a rollback keeps at least one remembered token or goes to 0."""
+        return self.recent[-1] if self.recent else None
 
     @property
     def is_terminated(self) -> bool:
@@ -50,7 +56,6 @@ class GrammarState:
                 self.matcher.reset()
                 self.recent.clear()
                 self.num_accepted = 0
-                self.last_token = None
             n = self.num_accepted
             self.broken = False
         if self.broken:
@@ -67,7 +72,6 @@ class GrammarState:
 
     def _accepted(self, token: int) -> None:
         self.num_accepted += 1
-        self.last_token = token
         self.recent.append(token)
 
     def _roll_back(self, tokens: list[int]) -> bool:
@@ -87,7 +91,6 @@ class GrammarState:
         for _ in range(drop):
             recent.pop()
         self.num_accepted = keep
-        self.last_token = recent[-1] if recent else None
         return True
 
     def next_token(self, tokens: list[int], size: int) -> Optional[int]:
