@@ -92,7 +92,10 @@ def main(argv=None) -> dict:
                     help="speculative_config.adaptive: on (the default) speculates only where it measured "
                          "it to pay; off speculates in every step (what verification alone gives)")
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
-                    choices=["off", "on", "off_eager", "on_eager"])
+                    choices=["off", "on", "off_eager", "on_eager", "on_rowwise"],
+                    help="on_rowwise: speculation on, but a verify step's decode rows each read "
+                         "their own KV (INFER_CLUSTER_VERIFY_RUNS=0), the A/B of reading a "
+                         "request's KV once per chunk of its rows")
     ap.add_argument("--interleave", default="on", choices=["on", "off"],
                     help="on: build every run's engine first, then alternate them round by round "
                          "(a drift of the host's speed, which moved batch-1 TPOT by up to 45%% "
@@ -126,7 +129,9 @@ def main(argv=None) -> dict:
     spec["adaptive"] = args.adaptive == "on"
     eager = {"enforce_eager": True, "async_scheduling": False}
     modes = {"off": {}, "off_eager": eager, "on": {"speculative_config": spec},
-             "on_eager": {**eager, "speculative_config": spec}}
+             "on_eager": {**eager, "speculative_config": spec},
+             # verify rows each read their own KV (the A/B of `row_span` runs)
+             "on_rowwise": {"speculative_config": spec, "_env": {"INFER_CLUSTER_VERIFY_RUNS": "0"}}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
     params = SamplingParams(temperature=0, max_tokens=args.output_len,
                             structured_outputs={"json": SCHEMA} if args.schema else None)
@@ -142,7 +147,8 @@ def main(argv=None) -> dict:
     agreement = {name: {b: _agreement(outputs[(name, b)], outputs[(args.runs[0], b)]) for b in args.batch}
                  for name in args.runs[1:]}
     ratios = {}
-    for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager")):
+    for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"),
+                     ("on_rowwise", "off"), ("on", "on_rowwise")):
         if on in results and base in results:
             ratios[f"{on}/{base}"] = {b: results[on][b]["tokens_per_s"] / results[base][b]["tokens_per_s"]
                                       for b in args.batch}
@@ -163,8 +169,19 @@ def main(argv=None) -> dict:
 def _engine(args, mode: dict, share: float, convs: list):
     from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-              gpu_memory_utilization=share, max_model_len=args.max_model_len, **mode)
+    mode = dict(mode)
+    env = mode.pop("_env", {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # read while the engine is built
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
+                  gpu_memory_utilization=share, max_model_len=args.max_model_len, **mode)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
     return llm
 
@@ -237,7 +254,7 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
             results[name][b] = row
             outputs[(name, b)] = [o.token_ids for o in outs[name]]
             _print_row(name, b, row)
-        for on, base in (("on", "off"), ("on_eager", "off_eager")):
+        for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on_rowwise", "off"), ("on", "on_rowwise")):
             if on in per_round and base in per_round:
                 paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
     for name, llm in engines.items():

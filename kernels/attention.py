@@ -10,6 +10,10 @@ reads KV head `h // (num_heads // num_kv_heads)`.
 Shapes: q `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, num_kv_heads,
 head_dim]`; block_tables `[num_seqs, max_blocks]` int32; query_start_loc `[num_seqs + 1]` int32;
 seq_lens `[num_seqs]` int32. Returns `[num_tokens, num_heads, head_dim]` in q's dtype.
+`row_span` (optional int32 `[num_seqs]`) marks runs of consecutive single-query sequences that
+share a block table (one request's positions in a verify step): a hint that changes no result,
+so the decode kernel may read each K/V tile once per run chunk (kernels/attention_decode_triton.py
+`decode_attention` gives the encoding). The reference ignores it.
 The reference computes in float32; the Triton kernels live beside it.
 
 int8 caches come with `k_scale`/`v_scale` float32 `[num_blocks, num_kv_heads, block_size]`
@@ -98,13 +102,13 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None, k_scale=None, v_scale=None):
+                    max_query_len=None, k_scale=None, v_scale=None, row_span=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
     Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
     `v_scale` only with int8 caches."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len, k_scale, v_scale)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale, row_span)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                k_scale=k_scale, v_scale=v_scale)

@@ -65,6 +65,30 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
+def _softmax_step_rows(s, m_i, l_i):
+    """`_softmax_step` where a row may see no position of the tile (run rows: each row's own
+    context ends at its own position): such a row keeps its state and adds nothing."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _run_chunk(span_ptr, seq, ROWS: tl.constexpr):
+    """Row `seq`'s place in its run (`row_span`, see `decode_attention`): (its offset in its
+    chunk, the chunk's first row, the chunk's row count). A run of n rows is cut into
+    ceil(n / ROWS) chunks of even size, each one program's query rows."""
+    span = tl.load(span_ptr + seq)
+    c = tl.maximum(-span, 0)  # rows before `seq` in its run
+    run_len = tl.maximum(tl.where(span > 0, span, tl.load(span_ptr + seq - c)), 1)
+    size = tl.cdiv(run_len, tl.cdiv(run_len, ROWS))
+    at = c % size
+    return at, seq - at, tl.minimum(size, run_len - c + at)
+
+
+@triton.jit
 def _tile_rows(bt_row, start, n_mask, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Each token of tile [start, start+BLOCK_N): its cache block and row within the block; masked
     tokens never read the table and get block 0."""
@@ -102,10 +126,11 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
                  MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                  KV_INT8: tl.constexpr, OP_K: tl.constexpr, OP_V: tl.constexpr,
-                 ASM: tl.constexpr):
+                 ASM: tl.constexpr, row_hi=0, ROW_MASK: tl.constexpr = False):
     """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
     state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]; int8 codes become fp16
-    operands as OP_K / OP_V say (`_kv_operand`)."""
+    operands as OP_K / OP_V say (`_kv_operand`). ROW_MASK (with MASKED): query row r sees the
+    positions below `row_hi[r]` only (the rows of a run)."""
     offs_t = tl.arange(0, BLOCK_N)
     if PAGE % BLOCK_N == 0:
         # The tile lies inside one page: one block-table entry, contiguous token rows.
@@ -137,9 +162,13 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
             s = s * (k_scale * scale_log2)[None, :]
         else:
             s = s * scale_log2
-    if MASKED:
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-    p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
+    if MASKED and ROW_MASK:
+        s = tl.where((start + offs_t)[None, :] < row_hi[:, None], s, float("-inf"))
+        p, alpha, m_new, l_i = _softmax_step_rows(s, m_i, l_i)
+    else:
+        if MASKED:
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+        p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
     v = _kv_operand(v_head + blk * sv_b + pos * sv_s, offs_d, n_mask, kv_mask, sv_d, MASKED,
                     EVEN_D, LOWP, KV_INT8, OP_V, ASM)
     if KV_INT8:
@@ -149,7 +178,7 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
 
 
 @triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
-def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, po_ptr,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, po_ptr,
                    plse_ptr, scale_log2,
                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt,
@@ -159,11 +188,15 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    SPLIT: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False,
-                   PRELOAD: tl.constexpr = False):
+                   PRELOAD: tl.constexpr = False, GROUPED: tl.constexpr = False,
+                   ROWS: tl.constexpr = 1):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
     append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
-    loaded before that wait, and its one row this step appends is loaded again after it."""
+    loaded before that wait, and its one row this step appends is loaded again after it.
+    GROUPED (`row_span`): the program of a chunk's first row owns the chunk, up to ROWS rows of
+    one sequence's run, as ROWS x GROUP query rows over the run's one block table: each K/V tile
+    is loaded once for them all; the others own nothing. Row r sees its own context only."""
     pdl_release(PDL)
     if not PRELOAD:
         pdl_wait(PDL)
@@ -171,9 +204,24 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    row = tl.load(qsl_ptr + seq)
-    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
-    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    offs_g = tl.arange(0, BLOCK_G)
+    if GROUPED:
+        at, _, count = _run_chunk(span_ptr, seq, ROWS)
+        count = tl.where(at == 0, count, 0)  # the chunk's first row's program owns it
+        seqs = seq + offs_g // GROUP         # each query row's sequence (row of the run)
+        g_mask = offs_g // GROUP < count
+        heads = kvh * GROUP + offs_g % GROUP
+        row = tl.load(qsl_ptr + seqs, mask=g_mask, other=0)
+        has_query = g_mask & ((tl.load(qsl_ptr + seqs + 1, mask=g_mask, other=0) - row) > 0)
+        ctx_rows = tl.load(lens_ptr + seqs, mask=g_mask, other=0)
+        ctx = tl.max(ctx_rows, axis=0)  # the chunk's partitions follow its longest context
+        ctx_low = tl.min(tl.where(g_mask, ctx_rows, ctx), axis=0)
+    else:
+        row = tl.load(qsl_ptr + seq)
+        has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+        ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+        g_mask = offs_g < GROUP
+        heads = kvh * GROUP + offs_g
     if SPLIT:
         part = _split_part(ctx, tl.num_programs(2), BLOCK_N)
         lo = split * part
@@ -181,11 +229,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     else:
         lo = 0
         hi = ctx
-    offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_g
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
     k_head = k_ptr + kvh * sk_h
     v_head = v_ptr + kvh * sv_h
@@ -197,8 +242,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                                                                      d_mask, sk_b, sk_s, sk_d, sv_b,
                                                                      sv_s, sv_d, PAGE, BLOCK_N)
         pdl_wait(PDL)
-    q = tl.load(q_ptr + row.to(tl.int64) * sq_t + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
-                mask=g_mask[:, None] & d_mask[None, :] & has_query, other=0.0)
+    if GROUPED:
+        q_at = row.to(tl.int64)[:, None] * sq_t
+        q_ok = has_query[:, None]
+    else:
+        q_at = row.to(tl.int64) * sq_t
+        q_ok = has_query
+    q = tl.load(q_ptr + q_at + heads[:, None] * sq_h + offs_d[None, :] * sq_d,
+                mask=g_mask[:, None] & d_mask[None, :] & q_ok, other=0.0)
     q_scl = scale_log2  # OP_MMA: per-row q scales times the softmax scale
     if KV_INT8:
         if OP_K == 5:
@@ -211,8 +262,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
-    # Whole tiles without masks, then at most one clipped tile (the context's end).
-    full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    # Whole tiles without masks, then at most one clipped tile (the context's end). A run's
+    # rows: whole tiles below its shortest context, then tiles each row clips to its own.
+    if GROUPED:
+        full_hi = lo + tl.maximum(tl.minimum(hi, ctx_low) - lo, 0) // BLOCK_N * BLOCK_N
+        row_hi = tl.minimum(ctx_rows, hi)
+    else:
+        full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
+        row_hi = hi
     first = lo
     if PRELOAD:
         if lo < hi:  # an empty partition folds nothing (its tile is all masked)
@@ -238,10 +295,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
-                                     OP_V, ASM)
+                                     OP_V, ASM, row_hi, GROUPED)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
-    if SPLIT:
+    if SPLIT and GROUPED:
+        # Each run row's partial (a row that sees nothing of the partition: 0 and -inf).
+        po = po_ptr + seqs.to(tl.int64)[:, None] * spo_s + split * spo_p
+        tl.store(po + heads[:, None] * spo_h + offs_d[None, :], o,
+                 mask=has_query[:, None] & d_mask[None, :] & (lo < hi))
+        tl.store(plse_ptr + seqs.to(tl.int64) * spl_s + heads * spl_h + split,
+                 m_i + tl.log2(l_safe), mask=has_query & (lo < hi))
+    elif SPLIT:
         # Normalised partial output + its log2-sum-exp. Empty partitions (lo >= ctx) write
         # nothing: the reduce reads only the partitions that hold tokens.
         po = po_ptr + seq.to(tl.int64) * spo_s + split * spo_p
@@ -249,6 +313,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                  mask=g_mask[:, None] & d_mask[None, :] & (lo < hi))
         tl.store(plse_ptr + seq.to(tl.int64) * spl_s + heads * spl_h + split,
                  m_i + tl.log2(l_safe), mask=g_mask & (lo < hi))
+    elif GROUPED:
+        dst = out_ptr + row.to(tl.int64)[:, None] * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=has_query[:, None] & d_mask[None, :])
     else:
         dst = out_ptr + row.to(tl.int64) * so_t + heads[:, None] * so_h + offs_d[None, :] * so_d
         tl.store(dst, o.to(out_ptr.dtype.element_ty),
@@ -256,10 +323,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
 
 
 @triton.jit(do_not_specialize=["num_splits", "spo_s", "spo_h", "spl_s", "spl_h"])
-def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
+def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_splits,
                    spo_s, spo_h, spo_p, spl_s, spl_h, so_t, so_h, so_d,
                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
+                   GROUPED: tl.constexpr = False, ROWS: tl.constexpr = 1, BLOCK_R: tl.constexpr = 1):
     """Merge a head's partial outputs with log-sum-exp weights: grid (num_seqs, num_heads). Only
     the partitions that hold tokens (recomputed from seq_lens as the decode kernel did) are read.
     With PDL the o projection after it may start loading its weights at once, and it waits for
@@ -270,7 +338,13 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, out_ptr, num_splits,
     head = tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
     has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
-    ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
+    if GROUPED:  # the partitions of the row's chunk: by the chunk's longest context
+        _, first, count = _run_chunk(span_ptr, seq, ROWS)
+        offs_r = tl.arange(0, BLOCK_R)
+        ctx = tl.max(tl.load(lens_ptr + first + offs_r, mask=offs_r < count, other=0), axis=0)
+        ctx = tl.where(has_query, ctx, 0)
+    else:
+        ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
     used = tl.cdiv(ctx, _split_part(ctx, num_splits, BLOCK_N))
     plse = plse_ptr + seq.to(tl.int64) * spl_s + head * spl_h
     po = po_ptr + seq.to(tl.int64) * spo_s + head * spo_h
@@ -374,10 +448,18 @@ def _reg_cap(cfg) -> dict:
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None, row_span=None):
     """Decode kernel (every sequence has at most one query row) writing into `out`.
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
-    `k_scale`/`v_scale` go with an int8 cache."""
+    `k_scale`/`v_scale` go with an int8 cache.
+
+    `row_span` (int32 `[num_seqs]`, optional): runs of consecutive sequences that are one
+    request's positions (a verify step laid out as decode rows, worker/spec_decode/verify.py):
+    `row_span[i]` = n > 0 starts a run of n sequences, and -j marks the j-th sequence after its
+    run's start; single sequences are runs of 1. A run's sequences must share one block table
+    (the first one's is read) and have one query row each. Their outputs are the same; each
+    program then serves several of a run's sequences (config "run_block_g" query rows, 16 by
+    default: 16 // GROUP sequences), so each K/V tile is read once for them, not once each."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -388,7 +470,14 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     block_n = cfg["block_n"]
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
-    splits = plan_decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * page_size,
+    grouped = row_span is not None
+    if grouped:
+        block_g = max(block_g, triton.next_power_of_2(cfg.get("run_block_g", 16)))
+    rows = block_g // group  # a run's sequences per program
+    # With runs, the programs that own work are about one per `rows` sequences (a verify
+    # step's chunks), and the split count is planned for them.
+    splits = plan_decode_splits(triton.cdiv(num_seqs, rows) if grouped else num_seqs, num_kv_heads,
+                                block_tables.shape[1] * page_size,
                                 q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"],
                                 cfg.get("small_per_sm"), cfg.get("small_programs", 0))
     if splits > 1:
@@ -412,19 +501,22 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     preload = cfg.get("preload")
     if preload is None:
         preload = pdl and preload_enabled() and num_seqs * num_kv_heads * splits <= _one_wave(cfg, q.device)
-    preload = bool(preload) and not kv_int8
+    preload = bool(preload) and not kv_int8 and not grouped
+    span = row_span if grouped else seq_lens  # never read when not grouped
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
-        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, out, part_out,
+        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, num_warps=cfg["num_warps"],
+        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, GROUPED=grouped, ROWS=rows,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, query_start_loc, seq_lens, out, splits, *po_strides, *pl_strides,
+            part_out, part_lse, query_start_loc, seq_lens, span, out, splits, *po_strides, *pl_strides,
             *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
-            BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
+            BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, GROUPED=grouped, ROWS=rows,
+            BLOCK_R=triton.next_power_of_2(rows), num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
     return out

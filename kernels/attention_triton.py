@@ -76,8 +76,11 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                           max_query_len=None, k_scale=None, v_scale=None):
+                           max_query_len=None, k_scale=None, v_scale=None, row_span=None):
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
+    if row_span is not None and (row_span.shape != seq_lens.shape or row_span.dtype != torch.int32):
+        raise ValueError(f"row_span must be int32 [{seq_lens.shape[0]}], got {row_span.dtype} "
+                         f"{tuple(row_span.shape)}")
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if seq_lens.shape[0] == 0 or q.shape[0] == 0:
         return out
@@ -88,7 +91,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
         return out
     if max_query_len == 1:
         decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                         k_scale=k_scale, v_scale=v_scale)
+                         k_scale=k_scale, v_scale=v_scale, row_span=row_span)
     else:
         prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                           max_query_len, out, k_scale=k_scale, v_scale=v_scale)

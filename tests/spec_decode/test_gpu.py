@@ -37,7 +37,9 @@ def test_greedy_output_equals_speculation_off(want, spec, enforce_eager):
     if spec is DRAFT:  # the draft has the target's weights
         assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
     if not enforce_eager:  # verify steps run decode-shaped (verify.decode_shaped): decode graphs
-        assert llm.engine.runner.graphs.replays > 0
+        # verify graphs of their own, whose attention reads each request's KV once per chunk
+        # of its rows (`row_span`)
+        assert llm.engine.runner.verify_graphs.replays > 0
         draft = llm.engine.draft_runner
         if draft is not None:  # the draft's one-token proposal steps
             assert draft.graphs.replays > 0

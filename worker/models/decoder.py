@@ -38,6 +38,9 @@ class AttentionMetadata:
     seq_lens: torch.Tensor          # [num_seqs] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32
     max_query_len: int              # host int: lets attention pick the decode kernel without a sync
+    # [num_seqs] int32 or None: runs of rows that are one request's positions (a verify step as
+    # decode rows, `step_rows.row_spans`), so decode attention reads their KV once per chunk
+    row_span: Optional[torch.Tensor] = None
 
 
 class LayerKV(NamedTuple):
@@ -158,7 +161,8 @@ class Attention(nn.Module):
                      k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                      head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale)
+                              meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
+                              meta.row_span)
         return self.o_proj(out.reshape(n, self.q_size))
 
 

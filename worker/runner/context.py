@@ -81,6 +81,8 @@ class DynamicContext:
                  np.asarray(rows.slots, dtype=i64), np.asarray(rows.sample_rows, dtype=i64),
                  rows.seq_lens.astype(i32), rows.query_start.astype(i32), tables.reshape(-1).astype(i32),
                  np.asarray(fill, dtype=i64), np.asarray(prev_rows, dtype=i64)]
+        if rows.row_span is not None:  # a verify step as decode rows: its runs (views[9])
+            parts.append(rows.row_span)
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                              f"previous rows were given")
@@ -116,7 +118,8 @@ class DynamicContext:
                 views[0][views[7]] = prev_ids[views[8]]
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape),
                                  seq_lens=views[4], query_start_loc=views[5],
-                                 max_query_len=rows.max_query_len)
+                                 max_query_len=rows.max_query_len,
+                                 row_span=views[9] if rows.row_span is not None else None)
         return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
                           sample_request_ids=rows.sample_ids)
 

@@ -60,7 +60,7 @@ class DecodeGraphs:
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
                  capture_error_mode: str = "global", stage_hidden: int = 0,
                  stage_dtype: Optional[torch.dtype] = None, greedy_forward: Optional[Callable] = None,
-                 greedy_max_batch: Optional[int] = None):
+                 greedy_max_batch: Optional[int] = None, runs: bool = False, pool=None):
         """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured (with
         `stage_hidden` > 0: `forward_logits(..., kv_caches, stage_in)`, `stage_in` a
         `[rows, 2, stage_hidden]` view of the static stage input, see the module docstring).
@@ -68,11 +68,14 @@ class DecodeGraphs:
         `capture_error_mode="thread_local"` keeps other threads' CUDA calls (NCCL's watchdog)
         from invalidating the capture. `greedy_forward` (same arguments; returns the argmax ids
         of the rows) is captured too, per size up to `greedy_max_batch` (None: every size),
-        into the same pool: `run(..., greedy=True)`."""
+        into the same pool: `run(..., greedy=True)`. `runs`: attention reads the inputs'
+        `row_span` (the verify graphs of a speculating engine, whose verify steps are decode
+        rows, one run of rows a request: worker/runner/graph_inputs.py). `pool`: capture into
+        this graph memory pool (another ladder's), not a new one."""
         self.max_batch = max_batch
         self.sizes = capture_sizes(max_batch)
         # the static inputs: sections of one device buffer, which `run_step` fills in one transfer
-        self.inputs = GraphInputs(max_batch, max_blocks_per_seq, device)
+        self.inputs = GraphInputs(max_batch, max_blocks_per_seq, device, runs=runs)
         self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
         self.slot_mapping, self.block_tables = self.inputs.slot_mapping, self.inputs.block_tables
         self.seq_lens, self.query_start_loc = self.inputs.seq_lens, self.inputs.query_start_loc
@@ -87,11 +90,12 @@ class DecodeGraphs:
         variants = [(forward_logits, self.graphs, self.outputs)]
         if greedy_forward is not None:
             variants.append((greedy_forward, self.greedy_graphs, self.greedy_outputs))
-        pool = None
         torch.cuda.synchronize(device)
         for bs in reversed(self.sizes):
+            span = self.inputs.row_span
             meta = AttentionMetadata(self.slot_mapping[:bs], self.block_tables[:bs], self.seq_lens[:bs],
-                                     self.query_start_loc[:bs + 1], 1)
+                                     self.query_start_loc[:bs + 1], 1,
+                                     span[:bs] if span is not None else None)
             args = (self.input_ids[:bs], self.positions[:bs], meta, kv_caches)
             if self.stage_in is not None:
                 args += (self.stage_in[:bs],)
@@ -141,6 +145,13 @@ class DecodeGraphs:
         if bs > n:  # padding rows: attend to one (stale) slot, write nothing
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
+        span = self.inputs.row_span
+        if span is not None:  # runs as the step has them, else every row its own
+            if meta.row_span is not None:
+                span[:n].copy_(meta.row_span, non_blocking=True)
+                span[n:bs].fill_(1)
+            else:
+                span[:bs].fill_(1)
         if greedy and not self.has_greedy(bs):
             raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)

@@ -15,8 +15,10 @@ step's table rows.
 Owns:
 - the static inputs as sections of ONE int64 device buffer, in this order: input ids,
   positions, KV slots (int64, `max_batch` each), the pending rows' indices and their rows in the
-  previous draw (int64, `max_batch` each), sequence lengths (int32), the block tables (int32
-  `[max_batch, max_blocks]`) and the query starts (int32 `0..max_batch`, never sent again).
+  previous draw (int64, `max_batch` each), sequence lengths (int32), with `runs` the rows' runs
+  (int32 `row_span`: a verify step's positions of one request, worker/runner/step_rows.py
+  `row_spans`; 1 for every other row), the block tables (int32 `[max_batch, max_blocks]`) and
+  the query starts (int32 `0..max_batch`, never sent again).
   Every section starts 16 bytes aligned. The views (`input_ids`, ...) are what the graphs were
   captured over; `DecodeGraphs.run` still copies a prepared step into them (tensor-parallel
   shards do);
@@ -45,6 +47,7 @@ from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
 from infer_cluster.worker.device.host_memory import HostBuffer
 from infer_cluster.worker.device.upload import MAPPED_UPLOAD, padded_words
 from infer_cluster.worker.kv.block_table import BlockTableMirror
+from infer_cluster.worker.runner.step_rows import row_spans
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 RING = 4  # host twins: at most two steps are in flight, so a row's last read is long done
@@ -52,11 +55,13 @@ DMA_MAX_BYTES = 1 << 20  # a longer span goes by the read kernel (see `_sends_by
 
 
 class GraphInputs:
-    def __init__(self, max_batch: int, max_blocks: int, device: torch.device):
+    def __init__(self, max_batch: int, max_blocks: int, device: torch.device, runs: bool = False):
+        """`runs`: keep a `row_span` section (an engine that verifies proposals as decode rows)."""
         self.max_batch, self.max_blocks, self.device = max_batch, max_blocks, device
         m = max_batch
         sizes = [("ids", m, 8), ("pos", m, 8), ("slots", m, 8), ("fill", m, 8), ("prev", m, 8),
-                 ("lens", m, 4), ("tables", m * max_blocks, 4), ("qsl", m + 1, 4)]
+                 ("lens", m, 4)] + ([("span", m, 4)] if runs else []) + [
+                 ("tables", m * max_blocks, 4), ("qsl", m + 1, 4)]
         self._at, offset = {}, 0
         for name, n, itemsize in sizes:
             self._at[name] = (offset, n, itemsize)
@@ -69,6 +74,9 @@ class GraphInputs:
         self.seq_lens = self._view(self._buffer, "lens")
         self.block_tables = self._view(self._buffer, "tables").view(m, max_blocks)
         self.query_start_loc = self._view(self._buffer, "qsl")
+        self.row_span = self._view(self._buffer, "span") if runs else None
+        if runs:
+            self.row_span.fill_(1)
         self._fill_rows, self._prev_rows = self._view(self._buffer, "fill"), self._view(self._buffer, "prev")
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
@@ -124,7 +132,8 @@ class GraphInputs:
         self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]
 
     def _numpy_views(self, row: torch.Tensor) -> dict:
-        views = {k: self._view(row, k).numpy() for k in ("ids", "pos", "slots", "fill", "prev", "lens")}
+        views = {k: self._view(row, k).numpy() for k in ("ids", "pos", "slots", "fill", "prev", "lens",
+                                                          "span") if k in self._at}
         views["tables"] = self._view(row, "tables").numpy().reshape(self.max_batch, self.max_blocks)
         return views
 
@@ -160,6 +169,11 @@ class GraphInputs:
         h["slots"][n:bs] = -1  # padding rows attend to one (stale) slot and write nothing
         h["lens"][n:bs] = 1
         h["tables"][:n, :width] = tables
+        if self.row_span is not None:  # a verify step's runs, 1 for every other row
+            spans = row_spans([r.request_id for r in reqs])
+            h["span"][:bs] = 1
+            if spans is not None:
+                h["span"][:n] = spans
         steady = len(fill) == n and prev_ids.shape[0] >= n and list(prev_rows) == list(range(n))
         if fill and not steady:
             h["fill"][:len(fill)] = fill

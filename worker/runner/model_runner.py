@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from infer_cluster.kernels.argmax import row_argmax
+from infer_cluster.kernels.dispatch import env_switch
 from infer_cluster.protocol import OutOfMemoryError
 
 from infer_cluster.worker.config import EngineConfig, env_count
@@ -46,6 +47,18 @@ GREEDY_GRAPH_MAX_DEFAULT = 32
 def greedy_graph_max() -> int:
     """`INFER_CLUSTER_GREEDY_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
     return env_count(GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, "sequences")
+
+
+def verify_runs_enabled() -> bool:
+    """False when `INFER_CLUSTER_VERIFY_RUNS=0`: a speculating engine captures no verify graphs,
+    and its verify steps replay the plain decode graphs, each row reading its own KV (the A/B of
+    `row_span`: bench/spec_decode.py --runs on on_rowwise)."""
+    return env_switch("INFER_CLUSTER_VERIFY_RUNS")
+
+
+def _has_runs(out: SchedulerOutput) -> bool:
+    """Whether a request has several rows in the step (a verify step as decode rows)."""
+    return len({r.request_id for r in out.requests}) < len(out.requests)
 
 
 @contextlib.contextmanager
@@ -107,11 +120,18 @@ class ModelRunner:
             self._upload = MappedUpload(self.device, step_capacity(
                 config.max_num_batched_tokens, config.max_num_seqs, -(-max_model_len // config.block_size)))
         self.graphs: Optional[DecodeGraphs] = None
+        # a speculating engine's verify steps (decode rows, runs of one request's positions)
+        self.verify_graphs: Optional[DecodeGraphs] = None
         self.mixed_graphs: Optional[MixedGraphs] = None  # small steps that are not decode-only
         # Graphs here only for a single rank; a tensor-parallel shard's graphs are captured by
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
         self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
                              and self.ps.tp_size == 1 and self.model.is_last and self.model.is_first)
+        # A speculating engine's verify steps are decode steps of one row a position. They
+        # replay graphs of their own (up to `DECODE_SHAPED_MAX_ROWS` rows), whose attention reads
+        # a request's KV once per chunk of its rows (`row_span`), with the split count planned
+        # for those chunks; plain decode steps keep the plain graphs as they were.
+        self._verifies_runs = config.speculative_config is not None and verify_runs_enabled()
         if not defer_graphs:  # a draft's placeholder pool: its graphs come with its real pool
             self._capture_graphs()
 
@@ -126,6 +146,14 @@ class ModelRunner:
                                        greedy_forward=self._greedy_forward if greedy_max else None,
                                        greedy_max_batch=greedy_max)
             self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
+            if self._verifies_runs:
+                from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
+                self.verify_graphs = DecodeGraphs(
+                    self._forward_logits, self.context.kv_caches,
+                    DECODE_SHAPED_MAX_ROWS, max_blocks, self.device,
+                    greedy_forward=self._greedy_forward if greedy_max else None,
+                    greedy_max_batch=greedy_max, runs=True, pool=self.graphs.pool)
+                self.verify_graphs.inputs.open_host(copy_engine_busy=self.host_pool is not None)
             # decode steps are written straight into the graphs' inputs
             self.graphs.inputs.open_host(copy_engine_busy=self.host_pool is not None)
             self.mixed_graphs = build_mixed_graphs(
@@ -135,10 +163,10 @@ class ModelRunner:
 
     def release_graphs(self) -> None:
         """Destroy the CUDA graphs (before their KV pool is replaced without `prepare_kv_resize`)."""
-        for graphs in (self.mixed_graphs, self.graphs):
+        for graphs in (self.mixed_graphs, self.verify_graphs, self.graphs):
             if graphs is not None:
                 graphs.release()
-        self.graphs = self.mixed_graphs = None
+        self.graphs = self.mixed_graphs = self.verify_graphs = None
         self.takes_greedy_ids = False
 
     # -- resize (worker/kv/resize.py plans it; DynamicEngine.reset_cache drives it) -------------
@@ -401,6 +429,8 @@ class ModelRunner:
         every sampled row plain greedy): the rows' argmax ids (int64) instead of the logits, from
         the greedy graph where the step replays one."""
         graphs = self.graphs
+        if self.verify_graphs is not None and self.verify_graphs.decode_only(out) and _has_runs(out):
+            graphs = self.verify_graphs  # a verify step as decode rows
         if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
             result, are_ids = graphs.run_step(out, self.context.block_mirror, self.config.block_size,
                                               prev_ids, prev_rows, greedy=greedy_ids)
