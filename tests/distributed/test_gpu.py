@@ -121,3 +121,28 @@ def test_gpu_tp2_pp2_starts_and_stops_ten_times(started, dist_checkpoints, gpu_s
         llm.close()
         assert wait_gone(pids, 10.0) == [], f"attempt {attempt}: ranks left after close()"
         assert time.monotonic() - t < 60, f"attempt {attempt} took {time.monotonic() - t:.0f} s"
+
+
+@pytest.mark.timeout(240, method="thread")
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_t2_speculation_equals_one_rank_without(started, dist_checkpoints, gpu_single, method, eager):
+    """T = 2 on GPUs with speculative decoding: prompt lookup, and a draft model (the target's
+    own weights) that runs whole on rank 0's device beside the rank group. Greedy output equals
+    T = 1 without speculation; the same-weights draft has every proposal accepted."""
+    from tests.distributed.test_spec_decode import PROMPTS, SPEC
+    from infer_cluster.protocol import SamplingParams
+
+    path = dist_checkpoints["qwen3"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(path, enforce_eager=True, **GPU) as single:
+        want = [o.token_ids for o in single.generate(PROMPTS, params, use_tqdm=False)]
+    spec = SPEC if method == "ngram" else {"method": "draft_model", "model": path,
+                                           "num_speculative_tokens": 3, "adaptive": False}
+    llm = started.track(LLM(path, tensor_parallel_size=2, speculative_config=spec, enforce_eager=eager, **GPU))
+    got = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    stats = llm.stats()
+    assert got == want
+    assert stats["num_spec_accepted_tokens"] > 0
+    if method == "draft_model":
+        assert stats["num_spec_accepted_tokens"] == stats["num_spec_draft_tokens"]
