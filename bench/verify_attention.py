@@ -30,9 +30,11 @@ CASES = [("batch 1, k=15", [16]), ("batch 1, k=4", [5]), ("batch 8, k=5", [6] * 
          ("batch 16, k=2", [3] * 16)]
 
 
-def _batch(runs, ctx, heads, kv_heads, dim, block, dtype, device):
+def _batch(runs, ctx, heads, kv_heads, dim, block, dtype, device, max_model_len):
+    """A verify step's rows: request i's `runs[i]` rows end at ctx + 37 i; block tables as
+    wide as `max_model_len` needs (the graphs' tables are; the split count follows the width)."""
     import torch
-    width = -(-(ctx + 37 * len(runs) + 64) // block)  # every row's context fits
+    width = -(-max(max_model_len, ctx + 37 * len(runs) + 64) // block)
     blocks = torch.randperm(len(runs) * width, device=device).view(len(runs), width).int()
     k = torch.randn(len(runs) * width, block, kv_heads, dim, device=device).to(dtype)
     v = torch.randn_like(k)
@@ -46,32 +48,18 @@ def _batch(runs, ctx, heads, kv_heads, dim, block, dtype, device):
             lens, torch.tensor(spans, dtype=torch.int32, device=device))
 
 
-def _time(fn, reps: int = 100) -> float:
-    """ms a call, from one CUDA graph of `reps` calls (the engine replays graphs)."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
+def _time(fn) -> float:
+    """ms a call, the best replay of one CUDA graph of 100 calls (the engine replays graphs)."""
+    from bench.graph_timing import best_replay_s
+    return best_replay_s(lambda i: fn(), calls=100, replays=5) * 1e3
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv", choices=["bf16", "int8"], default="bf16")
     ap.add_argument("--ctx", type=int, default=1300)
+    ap.add_argument("--max-model-len", type=int, default=8192,
+                    help="block-table width in tokens, as the engine's graphs have it (SmolLM2: 8,192)")
     ap.add_argument("--run-block-g", type=int, nargs="+", default=[16],
                     help="query rows a program with runs (config run_block_g): 16 // GROUP rows of a run each")
     ap.add_argument("--out", default="bench/results/verify_attention.json")
@@ -87,7 +75,7 @@ def main(argv=None) -> dict:
     for shape, (heads, kv_heads, dim) in SHAPES.items():
         for name, runs in CASES:
             q, k, v, tables, qsl, lens, span = _batch(runs, args.ctx, heads, kv_heads, dim, 16,
-                                                      torch.bfloat16, device)
+                                                      torch.bfloat16, device, args.max_model_len)
             scales = {}
             if args.kv == "int8":
                 (k, ks), (v, vs) = (quantize_int8_ref(c) for c in (k, v))
@@ -115,7 +103,8 @@ def main(argv=None) -> dict:
             print(f"{shape:>13} {name:>15} ({row['rows']:>2} rows): {each} us, "
                   f"rowwise {ms['rowwise'] * 1e3:6.1f} us ({row['rowwise_over_runs']:.2f}x), one row a "
                   f"request {ms['plain'] * 1e3:6.1f} us; max diff {diff:.2e}")
-    result = {**run_info(), "kv": args.kv, "ctx": args.ctx, "cases": rows_out}
+    result = {**run_info(), "kv": args.kv, "ctx": args.ctx, "max_model_len": args.max_model_len,
+              "cases": rows_out}
     write_json(args.out, result)
     return result
 
