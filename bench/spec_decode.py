@@ -182,7 +182,9 @@ def _engine(args, mode: dict, share: float, convs: list):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+    # warm-up; with --schema under the schema too, so no run's first request compiles it
+    llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8, structured_outputs=(
+        {"json": SCHEMA} if args.schema else None)), use_tqdm=False)
     return llm
 
 
