@@ -54,14 +54,32 @@ def _time(fn) -> float:
     return best_replay_s(lambda i: fn(), calls=100, replays=5) * 1e3
 
 
+def _variant(name: str) -> dict:
+    """The decode config of a `--variants` entry."""
+    parts = name.split(":")
+    cfg = dict(run_block_g=int(parts[0][1:]))
+    for p in parts[1:]:
+        if p == "rows":
+            cfg["runs_split"] = "rows"
+        elif p.startswith("pps"):
+            cfg["programs_per_sm"] = int(p[3:])
+        elif p.startswith("mp"):
+            cfg["min_partition"] = int(p[2:])
+        else:
+            raise SystemExit(f"unknown variant part {p!r} in {name!r}")
+    return cfg
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv", choices=["bf16", "int8"], default="bf16")
     ap.add_argument("--ctx", type=int, default=1300)
     ap.add_argument("--max-model-len", type=int, default=8192,
                     help="block-table width in tokens, as the engine's graphs have it (SmolLM2: 8,192)")
-    ap.add_argument("--run-block-g", type=int, nargs="+", default=[16],
-                    help="query rows a program with runs (config run_block_g): 16 // GROUP rows of a run each")
+    ap.add_argument("--variants", nargs="+", default=["g16"],
+                    help="launches with runs to time, each 'g<query rows a program>' (config "
+                         "run_block_g) and optionally ':rows' (splits planned for every row, not the "
+                         "chunks), ':pps<N>' (programs_per_sm), ':mp<N>' (min_partition), e.g. g16 g32 g16:rows")
     ap.add_argument("--out", default="bench/results/verify_attention.json")
     args = ap.parse_args(argv)
     import torch
@@ -80,11 +98,11 @@ def main(argv=None) -> dict:
             if args.kv == "int8":
                 (k, ks), (v, vs) = (quantize_int8_ref(c) for c in (k, v))
                 scales = dict(k_scale=ks.transpose(1, 2).contiguous(), v_scale=vs.transpose(1, 2).contiguous())
-            modes = [f"runs{g}" for g in args.run_block_g] + ["rowwise"]
+            modes = list(args.variants) + ["rowwise"]
             outs = {m: torch.empty_like(q) for m in modes}
             ms = {}
             for mode in modes:
-                cfg = dict(run_block_g=int(mode[4:])) if mode != "rowwise" else None
+                cfg = _variant(mode) if mode != "rowwise" else None
                 ms[mode] = _time(lambda: decode_attention(q, k, v, tables, qsl, lens, dim ** -0.5, outs[mode],
                                                           row_span=span if cfg else None, config=cfg, **scales))
             best = min(modes[:-1], key=ms.get)

@@ -475,8 +475,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         block_g = max(block_g, triton.next_power_of_2(cfg.get("run_block_g", 16)))
     rows = block_g // group  # a run's sequences per program
     # With runs, the programs that own work are about one per `rows` sequences (a verify
-    # step's chunks), and the split count is planned for them.
-    splits = plan_decode_splits(triton.cdiv(num_seqs, rows) if grouped else num_seqs, num_kv_heads,
+    # step's chunks), and the split count is planned for them (config "runs_split": "chunks";
+    # "rows" plans for every sequence, as without runs).
+    chunks = grouped and cfg.get("runs_split", "chunks") == "chunks"
+    splits = plan_decode_splits(triton.cdiv(num_seqs, rows) if chunks else num_seqs, num_kv_heads,
                                 block_tables.shape[1] * page_size,
                                 q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"],
                                 cfg.get("small_per_sm"), cfg.get("small_programs", 0))

@@ -74,6 +74,7 @@ def test_runs_of_one_and_wider_program(device):
     _against_ref(batch, torch.float32, 2)
     batch = run_batch(device, torch.float32, [12, 1], [50, 30], 6, 2, 32, 16)
     _against_ref(batch, torch.float32, 2, config=dict(run_block_g=32))
+    _against_ref(batch, torch.float32, None, config=dict(runs_split="rows"))  # planned per row
 
 
 def test_public_entry_checks_row_span(device):
