@@ -62,7 +62,7 @@ def _variant(name: str) -> dict:
         if p == "rows":
             cfg["runs_split"] = "rows"
         elif p.startswith("pps"):
-            cfg["programs_per_sm"] = int(p[3:])
+            cfg["runs_programs_per_sm"] = int(p[3:])
         elif p.startswith("mp"):
             cfg["min_partition"] = int(p[2:])
         else:
@@ -79,7 +79,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--variants", nargs="+", default=["g16"],
                     help="launches with runs to time, each 'g<query rows a program>' (config "
                          "run_block_g) and optionally ':rows' (splits planned for every row, not the "
-                         "chunks), ':pps<N>' (programs_per_sm), ':mp<N>' (min_partition), e.g. g16 g32 g16:rows")
+                         "chunks), ':pps<N>' (runs_programs_per_sm), ':mp<N>' (min_partition), e.g. g16 "
+                         "g16:pps2 g16:rows")
     ap.add_argument("--out", default="bench/results/verify_attention.json")
     args = ap.parse_args(argv)
     import torch

@@ -392,6 +392,14 @@ DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
 DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
 
+# Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
+# 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
+# layer, 1 against the plain rule's 2): SmolLM2 16 rows of one request 8.9 against 12.3, 48 rows
+# of 8 requests 15.4 against 17.4; Qwen3-0.6B shape 17.6 against 23.2 and 31.7 against 36.9;
+# 5 rows (k = 4) 8.1 and 11.1 against 8.1 and 16.8 (row by row: 10.5 and 12.5).
+RUNS_PROGRAMS_PER_SM = 1
+
+
 def decode_config(q, kv_dtype=None):
     """Default decode launch config, from dtypes, device and head_dim only: block_n (tokens per
     K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
@@ -476,11 +484,14 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     rows = block_g // group  # a run's sequences per program
     # With runs, the programs that own work are about one per `rows` sequences (a verify
     # step's chunks), and the split count is planned for them (config "runs_split": "chunks";
-    # "rows" plans for every sequence, as without runs).
+    # "rows" plans for every sequence, as without runs), at "runs_programs_per_sm" a SM.
     chunks = grouped and cfg.get("runs_split", "chunks") == "chunks"
+    per_sm = cfg["programs_per_sm"]
+    if grouped and per_sm is not None:
+        per_sm = cfg.get("runs_programs_per_sm", RUNS_PROGRAMS_PER_SM)
     splits = plan_decode_splits(triton.cdiv(num_seqs, rows) if chunks else num_seqs, num_kv_heads,
                                 block_tables.shape[1] * page_size,
-                                q.device, num_splits, cfg["programs_per_sm"], cfg["min_partition"],
+                                q.device, num_splits, per_sm, cfg["min_partition"],
                                 cfg.get("small_per_sm"), cfg.get("small_programs", 0))
     if splits > 1:
         n_out = num_seqs * num_heads * splits * head_dim
