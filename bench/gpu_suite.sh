@@ -61,7 +61,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 declare -A SUITES=(
   [smoke]="env roofline parity_quick tpot workload_a"
   [tests]="kernel_tests parity_tests engine_tests distributed_tests"
-  [kernels]="kernel_micro gemv qkv_prep fused_mlp int8_attention row_stats kv_swap"
+  [kernels]="kernel_micro gemv qkv_prep fused_mlp int8_attention verify_attention row_stats kv_swap"
   [throughput]="workload_a_hf workload_a_kinds workload_a_llama8b kv_int8 async_sched host_tier"
   [latency]="tpot_kinds tpot_breakdown cold_start cold_start_empty"
   [parallel]="layouts_qwen3 layouts_llama8b dp_scaling allreduce"
@@ -180,6 +180,9 @@ stage_int8_attention() {  # decode and prefill attention over an int8 KV cache v
   timeout "$(lim 150)" "$PY" bench/int8_decode.py --out "$OUT/int8_decode.json" 2>&1 | tail -12 || st=1
   timeout "$(lim 150)" "$PY" bench/int8_prefill.py --out "$OUT/int8_prefill.json" 2>&1 | tail -12 || st=1
   return $st
+}
+stage_verify_attention() {  # a verify step's decode rows: runs (one KV read a chunk of rows) vs row by row
+  timeout "$(lim 90)" "$PY" bench/verify_attention.py --variants g16 g16:pps2 g16:rows --out "$OUT/verify_attention.json" 2>&1 | tail -9
 }
 stage_row_stats() { timeout "$(lim 90)" "$PY" bench/row_stats.py --out "$OUT/row_stats.json" 2>&1 | tail -16; }
 stage_kv_swap() {  # host KV tier copies, GB/s per copy path
