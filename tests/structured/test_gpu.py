@@ -133,3 +133,23 @@ def test_mask_argmax_graph_matches_apply_then_argmax():
         assert graphs.argmax(wide, wide_host, wide_dev, idx_host, idx_dev, vocab) is None
     assert graphs.captures == 2
     graphs.release()
+
+
+def test_constrained_speculation_through_the_verify_graphs():
+    """Structured requests speculating on the GPU (prompt lookup, CUDA graphs, async
+    scheduling): verify steps replay the verify graphs (runs of one request's rows, their masks
+    filled in rounds), and the output is speculation off's, token for token (float32)."""
+    from infer_cluster.worker import LLM
+    from tests.spec_decode.test_engine import SPEC
+    from tests.spec_decode.test_structured import STRUCTURED
+
+    kw = dict(device="cuda", dtype="float32", num_kv_blocks=256, max_num_seqs=16)
+    params = [SamplingParams(temperature=t, seed=seed, top_p=0.9 if t else 1.0, max_tokens=n,
+                             structured_outputs=so) for so, t, seed, n in STRUCTURED]
+    prompts = [[5, 6, 7, 8] * 4, [13, 14, 15] * 6, [20, 21, 22, 23], [30, 31] * 5, [40] * 7]
+    want = [(o.token_ids, o.finish_reason) for o in LLM("tiny-random", **kw).generate(prompts, params, use_tqdm=False)]
+    llm = LLM("tiny-random", speculative_config=SPEC, **kw)
+    got = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert llm.stats()["num_spec_accepted_tokens"] > 20
+    assert llm.engine.runner.verify_graphs.replays > 0
