@@ -16,6 +16,13 @@ num_heads)) merges the non-empty ones. The split count is chosen from tensor sha
 captured in a CUDA graph; this module must never sync with the host or read KV positions
 >= seq_lens[i].
 
+Runs (`row_span`, GROUPED constexpr; plain decode compiles without that code): consecutive
+sequences that are one request's positions in a verify step share a block table, each one
+token longer than the one before. The program of a run chunk's first sequence owns up to
+BLOCK_G // GROUP of them (`_run_chunk`) as its query rows, so each K/V tile is loaded once for
+the chunk; each row is masked to its own context (`_softmax_step_rows`), partitions follow the
+chunk's longest context, and splits are planned for the chunks (`RUNS_PROGRAMS_PER_SM`).
+
 int8 caches (KV_INT8 constexpr; float caches compile without that code): `_decode_tile` loads
 the codes and the tile's per-token scales, folds the K scales into the score columns and the V
 scales into the probability columns before P@V (see `attention_common_triton`). How codes
