@@ -32,6 +32,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -170,18 +171,9 @@ def _engine(args, mode: dict, share: float, convs: list):
     from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
     mode = dict(mode)
-    env = mode.pop("_env", {})
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # read while the engine is built
-    try:
+    with mock.patch.dict(os.environ, mode.pop("_env", {})):  # read while the engine is built
         llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
                   gpu_memory_utilization=share, max_model_len=args.max_model_len, **mode)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     # warm-up; with --schema under the schema too, so no run's first request compiles it
     llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8, structured_outputs=(
         {"json": SCHEMA} if args.schema else None)), use_tqdm=False)

@@ -57,9 +57,9 @@ def pending_rows_spy(monkeypatch) -> list[int]:
     counts = []
     real = DynamicContext.prepare
 
-    def spy(self, out, prev_ids=None, prev_rows=(), upload=None):
+    def spy(self, out, prev_ids=None, prev_rows=(), upload=None, row_span=None):
         counts.append(len(prev_rows))
-        return real(self, out, prev_ids, prev_rows, upload)
+        return real(self, out, prev_ids, prev_rows, upload, row_span)
 
     monkeypatch.setattr(DynamicContext, "prepare", spy)
     return counts

@@ -12,6 +12,7 @@ import torch
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.runner.context import DynamicContext
 from infer_cluster.worker.runner.graph_inputs import RING, GraphInputs
+from infer_cluster.worker.runner.step_rows import row_spans
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 BLOCK = 4
@@ -101,19 +102,23 @@ def test_bad_steps_are_refused():
 def test_runs_are_staged_and_prepared():
     # A verify step laid out as decode rows (worker/spec_decode/verify.py `decode_shaped`): the
     # graphs' `row_span` section and the eager step's metadata carry its runs; the next plain
-    # step sets every row, padding included, back to a run of one.
+    # step sets every row, padding included, back to a run of one. Inputs without a span
+    # section refuse runs.
     inputs = GraphInputs(8, 4, torch.device("cpu"), runs=True)
     mirror = BlockTableMirror()
     ctx = DynamicContext(1, 16, BLOCK, 1, 2, torch.float32, torch.device("cpu"))
     verify = [ScheduledRequest("a", [7 + j], 5 + j, [3, 9], True) for j in range(3)] + [
         ScheduledRequest("b", [8], 2, [4], True)]
     out = SchedulerOutput(verify, 4)
-    inputs.stage(out, mirror, BLOCK, 8)
+    spans = row_spans([r.request_id for r in verify])
+    inputs.stage(out, mirror, BLOCK, 8, row_span=spans)
     assert inputs.row_span.tolist() == [3, -1, -2, 1, 1, 1, 1, 1]
-    assert ctx.prepare(out).meta.row_span.tolist() == [3, -1, -2, 1]
+    assert ctx.prepare(out, row_span=spans).meta.row_span.tolist() == [3, -1, -2, 1]
     _check(inputs, out, 8, None, [], ctx)
     plain = SchedulerOutput([ScheduledRequest("a", [1], 8, [3, 9, 2], True)], 1)
     inputs.stage(plain, mirror, BLOCK, 2)
     assert inputs.row_span[:8].tolist() == [1] * 8
     assert ctx.prepare(plain).meta.row_span is None
     assert GraphInputs(8, 4, torch.device("cpu")).row_span is None  # only where asked for
+    with pytest.raises(ValueError, match="span section"):
+        GraphInputs(8, 4, torch.device("cpu")).stage(out, mirror, BLOCK, 8, row_span=spans)

@@ -5,7 +5,7 @@ is not a whole number of sequences is a one-line configuration error, not a trac
 import pytest
 
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.runner.model_runner import GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, greedy_graph_max
+from infer_cluster.worker.runner.graph_set import GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, greedy_graph_max
 
 
 @pytest.mark.parametrize("value,want", [(None, GREEDY_GRAPH_MAX_DEFAULT), ("", GREEDY_GRAPH_MAX_DEFAULT),

@@ -10,7 +10,7 @@ import torch
 
 from infer_cluster.worker.distributed.step_codec import pack_step, unpack_step
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
-from infer_cluster.worker.runner.step_rows import step_rows
+from infer_cluster.worker.runner.step_rows import row_spans, step_rows
 
 BS = 4
 
@@ -70,13 +70,12 @@ def test_rows_match_the_per_token_reference(decode_only):
 
 
 def test_row_spans_encode_runs_of_one_request():
-    from infer_cluster.worker.runner.step_rows import row_spans
     assert row_spans(["a", "b", "c"]) is None  # a plain decode step: no runs
     assert row_spans(["a", "a", "a", "b", "c", "c"]).tolist() == [3, -1, -2, 1, 2, -1]
     assert row_spans(["a", "b", "b", "b", "b"]).tolist() == [1, 4, -1, -2, -3]
-    # a verify step as decode rows carries its runs; a step with a prompt chunk does not
+    # a verify step as decode rows has runs; a step with a prompt chunk (one row a request) has none
     reqs = [ScheduledRequest("x", [5], 8, [1, 2, 3], True), ScheduledRequest("x", [6], 9, [1, 2, 3], True),
             ScheduledRequest("y", [7], 3, [4], True)]
-    assert step_rows(SchedulerOutput(reqs, 3), BS).row_span.tolist() == [2, -1, 1]
+    assert row_spans([r.request_id for r in reqs]).tolist() == [2, -1, 1]
     chunk = [ScheduledRequest("x", [5, 6], 8, [1, 2, 3], True)]
-    assert step_rows(SchedulerOutput(chunk, 2), BS).row_span is None
+    assert row_spans([r.request_id for r in chunk]) is None

@@ -66,11 +66,12 @@ class DynamicContext:
         return 2 * num_layers * block_size * num_kv_heads * row
 
     def prepare(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
-                prev_rows: Sequence[int] = (), upload: Optional[Callable[[np.ndarray], torch.Tensor]] = None
-                ) -> StepInputs:
+                prev_rows: Sequence[int] = (), upload: Optional[Callable[[np.ndarray], torch.Tensor]] = None,
+                row_span: Optional[np.ndarray] = None) -> StepInputs:
         """`prev_ids` / `prev_rows`: the previous step's sampled ids (device) and, for each
         `pending_input` row in order, its row there. `upload(values)`: how the packed int64
-        inputs reach the device (default: a pinned non-blocking copy; worker/device/upload.py)."""
+        inputs reach the device (default: a pinned non-blocking copy; worker/device/upload.py).
+        `row_span`: a verify step's runs (`step_rows.row_spans`), carried to attention."""
         rows = step_rows(out, self.block_size, self.block_mirror)
         fill, tables = rows.pending_rows, rows.block_tables
         # One host buffer, one (pinned, non-blocking) transfer; device-side views split it. The
@@ -81,8 +82,8 @@ class DynamicContext:
                  np.asarray(rows.slots, dtype=i64), np.asarray(rows.sample_rows, dtype=i64),
                  rows.seq_lens.astype(i32), rows.query_start.astype(i32), tables.reshape(-1).astype(i32),
                  np.asarray(fill, dtype=i64), np.asarray(prev_rows, dtype=i64)]
-        if rows.row_span is not None:  # a verify step as decode rows: its runs (views[9])
-            parts.append(rows.row_span)
+        if row_span is not None:  # a verify step as decode rows: its runs (views[9])
+            parts.append(np.asarray(row_span, dtype=np.int32))
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
                              f"previous rows were given")
@@ -119,7 +120,7 @@ class DynamicContext:
         meta = AttentionMetadata(slot_mapping=views[2], block_tables=views[6].view(tables.shape),
                                  seq_lens=views[4], query_start_loc=views[5],
                                  max_query_len=rows.max_query_len,
-                                 row_span=views[9] if rows.row_span is not None else None)
+                                 row_span=views[9] if row_span is not None else None)
         return StepInputs(input_ids=views[0], positions=views[1], meta=meta, sample_indices=views[3],
                           sample_request_ids=rows.sample_ids)
 

@@ -136,6 +136,8 @@ class DecodeGraphs:
         bs = self.batch_for(n) if batch is None else batch
         if bs not in self.graphs or bs < n:
             raise ValueError(f"no captured decode graph of {bs} rows for {n} rows (have {self.sizes})")
+        if self.inputs.row_span is not None:  # verify graphs: their runs come through `run_step`
+            raise ValueError("graphs captured with runs replay through run_step, not run")
         width = meta.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(positions, non_blocking=True)
@@ -145,13 +147,6 @@ class DecodeGraphs:
         if bs > n:  # padding rows: attend to one (stale) slot, write nothing
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].fill_(1)
-        span = self.inputs.row_span
-        if span is not None:  # runs as the step has them, else every row its own
-            if meta.row_span is not None:
-                span[:n].copy_(meta.row_span, non_blocking=True)
-                span[n:bs].fill_(1)
-            else:
-                span[:bs].fill_(1)
         if greedy and not self.has_greedy(bs):
             raise ValueError(f"no greedy decode graph of {bs} rows (have {sorted(self.greedy_graphs)})")
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
@@ -168,15 +163,15 @@ class DecodeGraphs:
 
     def run_step(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int,
                  prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
-                 greedy: bool = False) -> tuple[torch.Tensor, bool]:
+                 greedy: bool = False, row_span=None) -> tuple[torch.Tensor, bool]:
         """Replay for the decode step `out` (`decode_only`), its inputs written straight into
         the static buffers (worker/runner/graph_inputs.py) rather than prepared and copied.
         Returns (the logits of its rows, False), or with `greedy` where its size has a greedy
-        graph (their argmax ids, True)."""
+        graph (their argmax ids, True). `row_span`: the step's runs (graphs captured with runs)."""
         n = len(out.requests)
         bs = self.batch_for(n)
         greedy = greedy and self.has_greedy(bs)
-        self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows)
+        self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows, row_span)
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
         graphs[bs].replay()
         self.replays += 1

@@ -47,7 +47,6 @@ from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
 from infer_cluster.worker.device.host_memory import HostBuffer
 from infer_cluster.worker.device.upload import MAPPED_UPLOAD, padded_words
 from infer_cluster.worker.kv.block_table import BlockTableMirror
-from infer_cluster.worker.runner.step_rows import row_spans
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 RING = 4  # host twins: at most two steps are in flight, so a row's last read is long done
@@ -138,14 +137,19 @@ class GraphInputs:
         return views
 
     def stage(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int, bs: int,
-              prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = ()) -> None:
+              prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
+              row_span: Optional[np.ndarray] = None) -> None:
         """Write the decode step `out` (n <= bs rows of one token) into the static inputs,
         padded to `bs` rows. `prev_ids` / `prev_rows`: the previous step's draw on the device
-        and, for each `pending_input` row in order, its row there (`DynamicContext.prepare`)."""
+        and, for each `pending_input` row in order, its row there (`DynamicContext.prepare`).
+        `row_span`: the step's runs (`step_rows.row_spans`; None: every row its own), only
+        where the inputs keep a span section (`runs`)."""
         reqs = out.requests
         n = len(reqs)
         if not 0 < n <= bs <= self.max_batch:
             raise ValueError(f"a decode step of {n} rows cannot run as {bs} of at most {self.max_batch}")
+        if row_span is not None and self.row_span is None:
+            raise ValueError("a step with runs (row_span) staged into inputs without a span section")
         fill = [i for i, r in enumerate(reqs) if r.pending_input]
         if len(fill) != len(prev_rows) or (fill and prev_ids is None):
             raise ValueError(f"{len(fill)} rows wait for a pending token but {len(prev_rows)} "
@@ -170,10 +174,9 @@ class GraphInputs:
         h["lens"][n:bs] = 1
         h["tables"][:n, :width] = tables
         if self.row_span is not None:  # a verify step's runs, 1 for every other row
-            spans = row_spans([r.request_id for r in reqs])
             h["span"][:bs] = 1
-            if spans is not None:
-                h["span"][:n] = spans
+            if row_span is not None:
+                h["span"][:n] = row_span
         steady = len(fill) == n and prev_ids.shape[0] >= n and list(prev_rows) == list(range(n))
         if fill and not steady:
             h["fill"][:len(fill)] = fill

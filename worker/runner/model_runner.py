@@ -21,14 +21,15 @@ from typing import Callable, Optional
 import torch
 
 from infer_cluster.kernels.argmax import row_argmax
-from infer_cluster.kernels.dispatch import env_switch
 from infer_cluster.protocol import OutOfMemoryError
 
-from infer_cluster.worker.config import EngineConfig, env_count
+from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.runner.device_setup import resolve_device, resolve_dtype, resolve_kv_dtype
 from infer_cluster.worker.runner.context import DynamicContext, StepInputs
 from infer_cluster.worker.runner.cuda_graphs import DecodeGraphs
-from infer_cluster.worker.runner.mixed_graphs import MixedGraphs, build_mixed_graphs
+from infer_cluster.worker.runner.graph_set import capture_graph_set, verify_runs_enabled
+from infer_cluster.worker.runner.mixed_graphs import MixedGraphs
+from infer_cluster.worker.runner.step_rows import row_spans
 from infer_cluster.worker.kv.copy import HostKVPool, build_host_pool, staging_device_bytes
 from infer_cluster.worker.device.upload import MAPPED_UPLOAD, MappedUpload, step_capacity
 from infer_cluster.worker.loading.loader import iter_checkpoint
@@ -37,29 +38,6 @@ from infer_cluster.worker.models.parallel import ParallelState
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-# The largest decode batch whose graph also has a greedy variant (the split argmax captured after
-# the LM head, so an all-greedy step launches no argmax of its own); 0 turns it off.
-GREEDY_GRAPH_ENV = "INFER_CLUSTER_GREEDY_GRAPH_MAX"
-GREEDY_GRAPH_MAX_DEFAULT = 32
-
-
-def greedy_graph_max() -> int:
-    """`INFER_CLUSTER_GREEDY_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
-    return env_count(GREEDY_GRAPH_ENV, GREEDY_GRAPH_MAX_DEFAULT, "sequences")
-
-
-def verify_runs_enabled() -> bool:
-    """False when `INFER_CLUSTER_VERIFY_RUNS=0`: a speculating engine captures no verify graphs,
-    and its verify steps replay the plain decode graphs, each row reading its own KV (the A/B of
-    `row_span`: bench/spec_decode.py --runs on on_rowwise)."""
-    return env_switch("INFER_CLUSTER_VERIFY_RUNS")
-
-
-def _has_runs(out: SchedulerOutput) -> bool:
-    """Whether a request has several rows in the step (a verify step as decode rows)."""
-    return len({r.request_id for r in out.requests}) < len(out.requests)
-
 
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype):
@@ -127,10 +105,8 @@ class ModelRunner:
         # RankShard, in lock step with the other ranks (docs/parallel.md, "CUDA graphs").
         self._uses_graphs = (self.device.type == "cuda" and not config.enforce_eager
                              and self.ps.tp_size == 1 and self.model.is_last and self.model.is_first)
-        # A speculating engine's verify steps are decode steps of one row a position. They
-        # replay graphs of their own (up to `DECODE_SHAPED_MAX_ROWS` rows), whose attention reads
-        # a request's KV once per chunk of its rows (`row_span`), with the split count planned
-        # for those chunks; plain decode steps keep the plain graphs as they were.
+        # A speculating engine's verify steps (decode rows, one a position) read a request's KV
+        # once per chunk of its rows (`row_span`), through verify graphs of their own (graph_set.py)
         self._verifies_runs = config.speculative_config is not None and verify_runs_enabled()
         if not defer_graphs:  # a draft's placeholder pool: its graphs come with its real pool
             self._capture_graphs()
@@ -138,28 +114,12 @@ class ModelRunner:
     def _capture_graphs(self) -> None:
         """(Re-)capture the decode graphs over the current KV tensors: a graph bakes in their
         addresses, so a new pool needs new graphs."""
-        if self._uses_graphs:
-            max_blocks = -(-self.max_model_len // self.config.block_size)
-            greedy_max = greedy_graph_max()
-            self.graphs = DecodeGraphs(self._forward_logits, self.context.kv_caches,
-                                       min(self.config.max_num_seqs, 512), max_blocks, self.device,
-                                       greedy_forward=self._greedy_forward if greedy_max else None,
-                                       greedy_max_batch=greedy_max)
+        if self._uses_graphs:  # worker/runner/graph_set.py
+            self.graphs, self.verify_graphs, self.mixed_graphs = capture_graph_set(
+                self._forward_logits, self._greedy_forward, self._forward_sampled,
+                self.context.kv_caches, self.config, self.max_model_len, self.device,
+                copy_engine_busy=self.host_pool is not None, verify_runs=self._verifies_runs)
             self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
-            if self._verifies_runs:
-                from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
-                self.verify_graphs = DecodeGraphs(
-                    self._forward_logits, self.context.kv_caches,
-                    DECODE_SHAPED_MAX_ROWS, max_blocks, self.device,
-                    greedy_forward=self._greedy_forward if greedy_max else None,
-                    greedy_max_batch=greedy_max, runs=True, pool=self.graphs.pool)
-                self.verify_graphs.inputs.open_host(copy_engine_busy=self.host_pool is not None)
-            # decode steps are written straight into the graphs' inputs
-            self.graphs.inputs.open_host(copy_engine_busy=self.host_pool is not None)
-            self.mixed_graphs = build_mixed_graphs(
-                self._forward_sampled, self.context.kv_caches,
-                min(self.config.graph_max_tokens, self.config.max_num_batched_tokens),
-                min(self.config.max_num_seqs, 512), max_blocks, self.device, self.graphs.pool)
 
     def release_graphs(self) -> None:
         """Destroy the CUDA graphs (before their KV pool is replaced without `prepare_kv_resize`)."""
@@ -428,16 +388,18 @@ class ModelRunner:
         `DynamicContext.prepare`. `greedy_ids` (only where `takes_greedy_ids`; the caller found
         every sampled row plain greedy): the rows' argmax ids (int64) instead of the logits, from
         the greedy graph where the step replays one."""
-        graphs = self.graphs
-        if self.verify_graphs is not None and self.verify_graphs.decode_only(out) and _has_runs(out):
-            graphs = self.verify_graphs  # a verify step as decode rows
+        graphs, spans = self.graphs, None
+        if self._verifies_runs:  # a verify step as decode rows: runs of one request's rows
+            spans = row_spans([r.request_id for r in out.requests])
+            if spans is not None and self.verify_graphs is not None:
+                graphs = self.verify_graphs
         if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
             result, are_ids = graphs.run_step(out, self.context.block_mirror, self.config.block_size,
-                                              prev_ids, prev_rows, greedy=greedy_ids)
+                                              prev_ids, prev_rows, greedy=greedy_ids, row_span=spans)
             if greedy_ids and not are_ids:
                 result = row_argmax(result)
             return result, [r.request_id for r in out.requests]
-        inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload)
+        inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload, row_span=spans)
         meta = inputs.meta
         n = inputs.input_ids.shape[0]
         ids = inputs.sample_request_ids

@@ -41,15 +41,15 @@ class StepRows:
     sample_ids: list[str]     # the request of each sampled row (a row with k speculative
                               # proposals has k + 1 sampled rows, in position order)
     pending_rows: list[int]   # token rows whose input id is the previous step's pending draw
-    row_span: Optional[np.ndarray] = None  # int32 [num_seqs]: `row_spans` of a decode step
-                                           # whose rows repeat a request (else None)
 
 
 def row_spans(request_ids: Sequence[str]) -> Optional[np.ndarray]:
     """The runs of consecutive rows of one request (a verify step laid out as decode rows,
     worker/spec_decode/verify.py `decode_shaped`), encoded as decode attention reads them
     (kernels/attention_decode_triton.py `decode_attention`): n > 0 starts a run of n rows, -j is
-    the j-th row after its run's start. None where no request has two rows."""
+    the j-th row after its run's start. None where no request has two rows. A speculating
+    runner computes it once a decode step (worker/runner/model_runner.py `execute`) and hands it
+    to the graphs' inputs or to `DynamicContext.prepare`."""
     n = len(request_ids)
     if len(set(request_ids)) == n:  # the usual decode step: ~5 us at 256 rows, no loop
         return None
@@ -113,6 +113,5 @@ def step_rows(out: SchedulerOutput, block_size: int, mirror: Optional[BlockTable
         qsl = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
         seq_lens = np.asarray(starts, dtype=np.int64) + np.asarray(lens, dtype=np.int64)
-    span = row_spans([r.request_id for r in reqs]) if max_q == 1 else None
     return StepRows(input_ids, positions, slots, seq_lens, qsl, tables, max_q,
-                    [row for row, _ in sample], [rid for _, rid in sample], fill, span)
+                    [row for row, _ in sample], [rid for _, rid in sample], fill)

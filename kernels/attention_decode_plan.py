@@ -1,0 +1,107 @@
+"""The decode kernel's launch plan: its config and its split count, from shapes only.
+
+Owns: `decode_config` (tile tokens, warps, stages, the split rule, int8 operand conversions),
+the tuned defaults `DECODE_TUNED` / `DECODE_INT8`, `RUNS_PROGRAMS_PER_SM` (the split rule's
+target for a verify step's runs), `plan_decode_splits`, and the PDL preload rule
+(`preload_enabled`, `_one_wave`). Host Python only; the kernels and `decode_attention`, which
+uses all of this, are in `attention_decode_triton`. Everything here reads shapes, dtypes and the
+device, never `seq_lens` values, so a decode step stays capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .dispatch import env_switch
+
+_MIN_PARTITION = 256      # tokens; shorter partitions cost more in the reduce than they save
+_MAX_SPLITS = 256
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
+# Decode launch config for CUDA fp16/bf16 with head_dim <= 128, tuned on an H100 with
+# bench/tune_decode.py (results and the rejected variants in docs/kernels.md): tile tokens,
+# warps, pipeline depth, and the split rule (programs_per_sm, min_partition).
+DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
+                    min_partition=256, reduce_warps=4)
+
+# int8 caches on CUDA start from this one. "mma_k": q quantized to int8 per row once per program
+# and q @ K^T on int8 tensor cores (no K conversion), V converted where it is loaded. H100,
+# 2026-11-25, CUDA-graph replays vs the bf16 defaults in the same run (bench/int8_decode.py --cvt):
+# b256 1.62x, b32 1.37x, b1 1.25x, against the earlier default "words_k" (K tiles read as int32
+# words) 1.58x / 1.33x / 1.21x in that run; the first default "add" was 1.25x / 1.16x / 1.13x.
+# Heads narrower than 32 take "prmt_load" for K (`cvt_ops`).
+# "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
+# Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
+# "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
+
+# Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
+# 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
+# layer, 1 against the plain rule's 2): SmolLM2 16 rows of one request 8.9 against 12.3, 48 rows
+# of 8 requests 15.4 against 17.4; Qwen3-0.6B shape 17.6 against 23.2 and 31.7 against 36.9;
+# 5 rows (k = 4) 8.1 and 11.1 against 8.1 and 16.8 (row by row: 10.5 and 12.5).
+RUNS_PROGRAMS_PER_SM = 1
+
+
+def decode_config(q, kv_dtype=None):
+    """Default decode launch config, from dtypes, device and head_dim only: block_n (tokens per
+    K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
+    `plan_decode_splits`), reduce_warps, cvt (int8 codes to operands, `CVT_MODES`; float caches
+    ignore it); optional: "maxnreg" caps registers per thread, "small_per_sm" / "small_programs"
+    a second split rule for small batches (`plan_decode_splits`). `decode_attention(config=...)`
+    overrides any of them (benchmarks, tests)."""
+    if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
+        return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
+                    min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
+    if q.dtype == torch.float32 or q.shape[2] > 128:
+        # float32 dots hold their operands in registers; 256-wide heads double the tiles.
+        return dict(block_n=32, num_warps=8, num_stages=2, programs_per_sm=4,
+                    min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
+    if kv_dtype == torch.int8:
+        return dict(DECODE_INT8)
+    return dict(DECODE_TUNED, cvt="add")
+
+
+def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
+                       programs_per_sm=4, min_partition=_MIN_PARTITION, small_per_sm=None,
+                       small_programs=0):
+    """Context partitions per sequence, from shapes only (CUDA-graph safe): enough programs for
+    `programs_per_sm` per SM (8 programs on the interpreter; `small_per_sm` instead when
+    num_seqs * programs_per_seq <= `small_programs`), at most one per `min_partition`
+    tokens of `max_ctx` (the most a block-table row can address) and `_MAX_SPLITS`.
+    `num_splits` forces a count. Each sequence's partition length is then derived in the kernel
+    from its own length (`_split_part`), so the work is even whatever the table width."""
+    if num_splits is None:
+        if small_per_sm and num_seqs * programs_per_seq <= small_programs:
+            programs_per_sm = small_per_sm
+        target = 8 if device.type != "cuda" else programs_per_sm * _sm_count(device)
+        num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)),
+                         triton.cdiv(max(max_ctx, 1), min_partition), _MAX_SPLITS)
+    return max(1, int(num_splits))
+
+
+def preload_enabled() -> bool:
+    """False when `INFER_CLUSTER_DECODE_PRELOAD=0` (A/B of the K/V tile loaded before the PDL wait)."""
+    return env_switch("INFER_CLUSTER_DECODE_PRELOAD")
+
+
+def _one_wave(cfg, device) -> int:
+    """Programs that run at once under the split rule's target (`programs_per_sm` per SM): the
+    preload pays only where every program loads its tile while the kernel before drains."""
+    per_sm = cfg.get("programs_per_sm") or 1
+    return per_sm * (_sm_count(device) if device.type == "cuda" else 4)
+
+
+def _reg_cap(cfg) -> dict:
+    """The launch option capping registers per thread (config "maxnreg": more programs per SM
+    at the risk of spills; bench/ptxas_check.py shows them), none when unset."""
+    return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
