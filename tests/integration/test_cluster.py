@@ -82,14 +82,20 @@ def test_kill_9_under_load_loses_nothing(cluster, offline_reference):
         revive(cluster)
 
 
+# Tokens a request of the kill -9 load: long enough that the load outlasts the status polls
+# after its first quarter. At 24 a clean CI run once finished all 200 between the quarter and
+# the first poll that could see a replica mid-stream (heartbeats come every 0.2 s).
+KILL_LOAD_TOKENS = 48
+
+
 def kill_9_under_load(cluster, offline_reference):
-    items = [(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    items = [(p, SamplingParams(temperature=0.0, max_tokens=KILL_LOAD_TOKENS, ignore_eos=True))
              for p, _ in prompt_set(200, seed=2)]
     expected = offline_reference(items)
     before = cluster.status()["coordinator"]
     generated = cluster.generated_tokens()
     c, finals, tokens = counting_client(cluster.address)
-    total = 200 * 24
+    total = 200 * KILL_LOAD_TOKENS
     try:
         handles = [c.submit(p, sp, request_id=f"kill-{i}") for i, (p, sp) in enumerate(items)]
         cluster.wait_generated(generated, total * 0.25)
@@ -108,7 +114,7 @@ def kill_9_under_load(cluster, offline_reference):
     assert all(o.finish_reason == "length" for o in outs), collections.Counter(o.finish_reason for o in outs)
     assert len(finals) == 200 and set(finals.values()) == {1}, "a request ended twice or never"
     for i, (o, (toks, text)) in enumerate(zip(outs, expected)):
-        assert len(o.token_ids) == 24, f"request {i} incomplete: {len(o.token_ids)} tokens"
+        assert len(o.token_ids) == KILL_LOAD_TOKENS, f"request {i} incomplete: {len(o.token_ids)} tokens"
         assert tokens[f"kill-{i}"] == o.token_ids  # what crossed the wire, no duplicates
         assert o.token_ids == toks, f"request {i} differs from the offline engine"
         assert o.text == text, f"request {i}: text differs across the resume point"
