@@ -47,7 +47,7 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
     c, finals, tokens = counting_client(spec_cluster.address)
     try:
         handles = [c.submit(p, sp, request_id=f"spec-{i}") for i, (p, sp) in enumerate(items)]
-        spec_cluster.wait_generated(generated, NUM * MAX_TOKENS * 0.25)
+        spec_cluster.wait_generated(generated, NUM * MAX_TOKENS * 0.1)  # early: speculating, the load can end within the next status polls
         victim, rows = spec_cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
         spec_cluster.kill_replica(victim, signal.SIGKILL)
