@@ -234,3 +234,24 @@ def test_random_stop_strings(tokenizer, text, stop):
     else:
         assert not any(s for _, s in results)
         assert emitted + detok.flush() == text
+
+
+def test_clean_up_flag_that_decode_ignores_keeps_the_byte_table(tokenizer_dir):
+    # transformers 5 sets clean_up_tokenization_spaces on BPE tokenizers and ignores it in
+    # decode(): the table still reproduces decode, so the fast path stays on.
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.clean_up_tokenization_spaces = True
+    real = tok.decode
+    tok.decode = lambda ids, **kw: real(ids, **{**kw, "clean_up_tokenization_spaces": False})
+    table = byte_level_table(tok)
+    assert table is not None
+    ids = encode(tok, "It 's here , isn 't it ?")
+    assert b"".join(table[i] for i in ids).decode() == tok.decode(ids) == "It 's here , isn 't it ?"
+
+
+def test_clean_up_that_decode_applies_refuses_the_byte_table(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.clean_up_tokenization_spaces = True
+    real = tok.decode
+    tok.decode = lambda ids, **kw: real(ids, **kw).replace(" ,", ",").replace(" 's", "'s")
+    assert byte_level_table(tok) is None

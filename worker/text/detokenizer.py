@@ -46,9 +46,7 @@ def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[li
     from tokenizers import decoders
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return None
-    if not isinstance(backend.decoder, decoders.ByteLevel):
+    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
         return None
     to_bytes = {ord(c): chr(b) for b, c in _bytes_to_unicode().items()}  # then latin-1 = the byte
     added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
@@ -64,7 +62,25 @@ def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[li
             table.append(b"" if skip else str(added[i]).encode())
         else:
             table.append(tok.translate(to_bytes).encode("latin-1"))
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False) and not _decodes_as_table(tokenizer, table):
+        return None  # decode() really strips spaces before punctuation: the table would not
     return table
+
+
+# Text that `clean_up_tokenization_spaces` rewrites (" ." -> ".", " 's" -> "'s", ...).
+# transformers 5 sets the flag on many BPE tokenizers and then ignores it in decode().
+_CLEAN_UP_PROBE = "a , b . c ! d ? e 's f n't g 'm h 've i 're j 'll k 'd l"
+
+
+def _decodes_as_table(tokenizer, table: list[bytes]) -> bool:
+    """Whether `tokenizer.decode` of the clean-up probe equals the table's bytes."""
+    try:
+        ids = tokenizer.encode(_CLEAN_UP_PROBE, add_special_tokens=False)
+        want = tokenizer.decode(ids, skip_special_tokens=True)
+    except Exception:
+        return False
+    got = b"".join(table[i] for i in ids if i < len(table)).decode("utf-8", errors="replace")
+    return want == got
 
 
 def piece_table(tokenizer, skip_special_tokens: bool = True, num_checks: int = 200,
