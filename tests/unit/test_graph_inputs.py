@@ -11,6 +11,7 @@ import torch
 
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.runner.context import DynamicContext
+from infer_cluster.worker.runner import graph_inputs
 from infer_cluster.worker.runner.graph_inputs import RING, GraphInputs
 from infer_cluster.worker.runner.step_rows import row_spans
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
@@ -50,14 +51,17 @@ def _check(inputs: GraphInputs, out: SchedulerOutput, bs: int, prev_ids, prev_ro
         assert inputs.block_tables[i, :len(r.block_ids)].tolist() == tables[i]
 
 
-def test_steps_match_prepare_and_the_graph_copies():
-    rng = random.Random(0)
+@pytest.mark.parametrize("small_step", [0, 4, 16], ids=["numpy", "mixed", "python"])
+def test_steps_match_prepare_and_the_graph_copies(small_step, monkeypatch):
+    # steps of at most SMALL_STEP rows compute positions and slots in Python, longer ones in numpy
+    monkeypatch.setattr(graph_inputs, "SMALL_STEP", small_step)
+    rng = random.Random(small_step)
     inputs = GraphInputs(MAX_BATCH, MAX_BLOCKS, torch.device("cpu"))
     mirror = BlockTableMirror(rows=4, width=2)  # grows as the steps need
     ctx = DynamicContext(1, 64, BLOCK, 1, 2, torch.float32, torch.device("cpu"))
     blocks = {f"r{i}": [rng.randrange(64) for _ in range(1 + i % 5)] for i in range(12)}
     positions = {rid: len(b) * BLOCK - 1 - rng.randrange(BLOCK) for rid, b in blocks.items()}
-    for step in range(3 * RING):
+    for step in range(6 * RING):
         rids = rng.sample(sorted(blocks), rng.randrange(1, 12))
         kind = step % 3  # 0: steady (ids from the draw, in order), 1: reordered draw rows, 2: host ids
         reqs = [ScheduledRequest(rid, [100 + j], positions[rid], blocks[rid], True, pending_input=kind != 2,
@@ -65,11 +69,13 @@ def test_steps_match_prepare_and_the_graph_copies():
         out = SchedulerOutput(reqs, len(reqs))
         n = len(reqs)
         prev_ids = torch.arange(1000, 1000 + MAX_BATCH, dtype=torch.int64)
+        if kind == 0 and step % 2:  # the previous draw had exactly these rows
+            prev_ids = prev_ids[:n]
         prev_rows = list(range(n)) if kind == 0 else rng.sample(range(MAX_BATCH), n) if kind == 1 else []
         bs = min(b for b in (1, 2, 4, 8, 16) if b >= n)
         inputs.stage(out, mirror, BLOCK, bs, prev_ids if prev_rows else None, prev_rows)
         _check(inputs, out, bs, prev_ids if prev_rows else None, prev_rows, ctx)
-    assert inputs.staged == 3 * RING
+    assert inputs.staged == 6 * RING
 
 
 def test_a_mixed_set_of_pending_and_host_rows():

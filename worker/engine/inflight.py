@@ -37,6 +37,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
+from infer_cluster.worker.device.streams import StreamRecorder
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import DeviceDraw, SamplerOutput, SamplingRequestState
@@ -55,12 +56,25 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def _recorded(device: torch.device, recorder: Optional[StreamRecorder]) -> torch.cuda.Event:
+    """A CUDA event recorded now on `device`'s current stream."""
+    event = torch.cuda.Event()
+    if recorder is None:
+        event.record()
+    else:
+        recorder.record(event, device)
+    return event
+
+
 class LaunchedStep:
     def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: Optional[DeviceDraw],
                  verify: Optional[Callable[[], None]] = None,
-                 gave_up: Optional[Callable[[], bool]] = None, logits: Optional[torch.Tensor] = None):
-        """`draw` None: a deferred draw (`logits` kept until `complete`)."""
+                 gave_up: Optional[Callable[[], bool]] = None, logits: Optional[torch.Tensor] = None,
+                 recorder: Optional[StreamRecorder] = None):
+        """`draw` None: a deferred draw (`logits` kept until `complete`). `recorder`: records the
+        step's events (None: `Event.record()`, which costs more host time)."""
         self.out = out
+        self._recorder = recorder
         self._verify = verify  # the runner's check that the step's device work is trustworthy
         self._gave_up = gave_up  # the runner's `wait_gave_up`: its group failed, stop waiting
         self.row_ids = row_ids
@@ -71,8 +85,7 @@ class LaunchedStep:
         if draw is not None:
             self.complete(draw)
         elif logits is not None and logits.device.type == "cuda":  # `abandon` waits for the forward
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._event = _recorded(logits.device, recorder)
 
     def complete(self, draw: DeviceDraw) -> None:
         """Start the draw's copy to the host (the step's ids and logprob values)."""
@@ -81,8 +94,7 @@ class LaunchedStep:
         self._values = _to_host(draw.values) if draw.values is not None else None
         self._event = None
         if draw.transfer.device.type == "cuda":
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._event = _recorded(draw.transfer.device, self._recorder)
 
     @property
     def token_ids(self) -> torch.Tensor:
@@ -121,6 +133,7 @@ class InFlightSteps:
         self.steps: list[LaunchedStep] = []  # launched, not collected; oldest first
         self.last: Optional[LaunchedStep] = None  # the latest launch: pending inputs read it
         self.drain_next = False  # the last schedule needed preemption: settle first
+        self.recorder = StreamRecorder()  # the launched steps' events
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -143,7 +156,8 @@ class InFlightSteps:
             prev_ids, prev_rows = self.last.token_ids, [self.last.row_of[r] for r in pending]
         if defer_draw:
             logits, row_ids = runner.execute(out, prev_ids, prev_rows)
-            self.last = LaunchedStep(out, row_ids, None, runner.verify_step, runner.wait_gave_up, logits)
+            self.last = LaunchedStep(out, row_ids, None, runner.verify_step, runner.wait_gave_up, logits,
+                                     self.recorder)
             self.steps.append(self.last)
             return self.last
         rows = classes = None
@@ -160,7 +174,8 @@ class InFlightSteps:
             draw = sampler.draw_greedy_ids(result, rows)
         else:  # the runner's logits are this step's own tensor: the sampler may edit them in place
             draw = sampler.draw(result, rows, logits_writable=True, classes=classes)
-        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step, runner.wait_gave_up)
+        self.last = LaunchedStep(out, row_ids, draw, runner.verify_step, runner.wait_gave_up,
+                                 recorder=self.recorder)
         self.steps.append(self.last)
         return self.last
 

@@ -45,11 +45,13 @@ import torch
 
 from infer_cluster.kernels.mapped_read_triton import mapped_read_staged
 from infer_cluster.worker.device.host_memory import HostBuffer
+from infer_cluster.worker.device.streams import CurrentStream
 from infer_cluster.worker.device.upload import MAPPED_UPLOAD, padded_words
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.sched.output import SchedulerOutput
 
 RING = 4  # host twins: at most two steps are in flight, so a row's last read is long done
+SMALL_STEP = 16  # rows up to which a step's positions and slots are computed in Python, not numpy
 DMA_MAX_BYTES = 1 << 20  # a longer span goes by the read kernel (see `_sends_by_kernel`)
 
 
@@ -83,7 +85,11 @@ class GraphInputs:
         self._host: Optional[HostBuffer] = None
         self._copy_engine_busy = False
         self._events: list[torch.cuda.Event] = []
+        self._stream: Optional[CurrentStream] = None
         self._next = 0
+        # views reused by every step (slicing a tensor costs a few us of dispatch on the host)
+        self._sends: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ids_head = [self.input_ids[:n] for n in range(m + 1)]
         self.staged = 0  # steps written through `stage` (tests check that the path ran)
 
     def _view(self, flat: torch.Tensor, name: str) -> torch.Tensor:
@@ -129,6 +135,12 @@ class GraphInputs:
         self._rows = rows
         self._np = [self._numpy_views(rows[k]) for k in range(RING)]
         self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]
+        self._stream = CurrentStream(self.device) if cuda else None
+
+    def _send_views(self, k: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(device span, host row k's span) of a DMA send, made once per (row, span)."""
+        views = self._sends[(k, span)] = (self._buffer[:span], self._rows[k, :span])
+        return views
 
     def _numpy_views(self, row: torch.Tensor) -> dict:
         views = {k: self._view(row, k).numpy() for k in ("ids", "pos", "slots", "fill", "prev", "lens",
@@ -165,11 +177,18 @@ class GraphInputs:
         width = tables.shape[1]
         if width > self.max_blocks:
             raise ValueError(f"a row of {width} blocks exceeds the graphs' {self.max_blocks}")
-        starts = np.fromiter((r.start_position for r in reqs), dtype=np.int64, count=n)
         h["ids"][:n] = [r.token_ids[0] for r in reqs]
-        h["pos"][:n] = starts
-        h["slots"][:n] = tables[np.arange(n), starts // block_size] * block_size + starts % block_size
-        h["lens"][:n] = starts + 1
+        if n <= SMALL_STEP:  # a few rows: Python ints cost less than numpy's per-call overhead
+            starts = [r.start_position for r in reqs]
+            h["pos"][:n] = starts
+            h["slots"][:n] = [int(tables[i, p // block_size]) * block_size + p % block_size
+                              for i, p in enumerate(starts)]
+            h["lens"][:n] = [p + 1 for p in starts]
+        else:
+            starts = np.fromiter((r.start_position for r in reqs), dtype=np.int64, count=n)
+            h["pos"][:n] = starts
+            h["slots"][:n] = tables[np.arange(n), starts // block_size] * block_size + starts % block_size
+            h["lens"][:n] = starts + 1
         h["slots"][n:bs] = -1  # padding rows attend to one (stale) slot and write nothing
         h["lens"][n:bs] = 1
         h["tables"][:n, :width] = tables
@@ -186,11 +205,12 @@ class GraphInputs:
             mapped_read_staged(self._rows[k], self._buffer, self._tables_at, self._tables_at, n, width,
                                self.max_blocks)
         else:  # one DMA copy of the span up to the step's last table row
-            self._buffer[:span].copy_(self._rows[k, :span], non_blocking=True)
+            dst, src = self._sends.get((k, span)) or self._send_views(k, span)
+            dst.copy_(src, non_blocking=True)
         if event is not None:
-            event.record()
+            self._stream.record(event)
         if steady:  # row i continues the previous draw's row i
-            self.input_ids[:n].copy_(prev_ids[:n])
+            self._ids_head[n].copy_(prev_ids if prev_ids.shape[0] == n else prev_ids[:n])
         elif fill:
             f = len(fill)
             self.input_ids[self._fill_rows[:f]] = prev_ids[self._prev_rows[:f]]

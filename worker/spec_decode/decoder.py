@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from infer_cluster.worker.device.streams import StreamRecorder
 from infer_cluster.worker.spec_decode.config import SpeculativeConfig
 from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.governor import SpecGovernor
@@ -37,6 +38,7 @@ class SpecDecoder:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, max_model_len)
         self.counters = SpecStats(config.num_speculative_tokens)
+        self.recorder = StreamRecorder()  # the verify steps' events
         k = config.num_speculative_tokens
         self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch) + 1)
                                                  if config.adaptive else None)
@@ -111,7 +113,8 @@ class SpecDecoder:
         fill = getattr(self.proposer, "fill", None)
         if fill is not None:  # a draft model: its proposals, at the positions scheduled
             fill(out, requests)
-        return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters, self.governor)
+        return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters, self.governor,
+                          self.recorder)
 
     def stats(self) -> dict:
         return self.counters.as_dict()

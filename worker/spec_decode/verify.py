@@ -33,6 +33,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
+from infer_cluster.worker.device.streams import StreamRecorder
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
@@ -93,8 +94,9 @@ class VerifyStep:
     is_verify = True
 
     def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
-                 eos_token_ids, stats: SpecStats, governor=None):
-        """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py)."""
+                 eos_token_ids, stats: SpecStats, governor=None, recorder: Optional[StreamRecorder] = None):
+        """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py).
+        `recorder`: records the step's event (None: `Event.record()`)."""
         self.out = out
         self._stats = stats
         self._governor = governor
@@ -116,7 +118,10 @@ class VerifyStep:
         self._event: Optional[torch.cuda.Event] = None
         if self.draw.transfer.device.type == "cuda":  # what `wait` and `abandon` wait for
             self._event = torch.cuda.Event()
-            self._event.record()
+            if recorder is None:
+                self._event.record()
+            else:
+                recorder.record(self._event, self.draw.transfer.device)
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, list[int]], dict[str, list], list[str]]:
         """{request id: its new tokens}, {request id: their logprob entries (deferred) or
