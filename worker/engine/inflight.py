@@ -38,6 +38,7 @@ import torch
 from infer_cluster.protocol import SamplingParams
 
 from infer_cluster.worker.device.streams import StreamRecorder
+from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import DeviceDraw, SamplerOutput, SamplingRequestState
@@ -45,15 +46,6 @@ from infer_cluster.worker.sched.output import SchedulerOutput
 
 # The row of a request that ended after scheduling (its id is drawn and dropped).
 _DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A non-blocking copy of `t` into pinned host memory (a plain copy on the CPU)."""
-    if t.device.type != "cuda":
-        return t.clone()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
 
 
 def _recorded(device: torch.device, recorder: Optional[StreamRecorder]) -> torch.cuda.Event:
@@ -90,8 +82,8 @@ class LaunchedStep:
     def complete(self, draw: DeviceDraw) -> None:
         """Start the draw's copy to the host (the step's ids and logprob values)."""
         self.draw, self.logits = draw, None
-        self._ids = _to_host(draw.transfer)
-        self._values = _to_host(draw.values) if draw.values is not None else None
+        self._ids = to_host(draw.transfer)
+        self._values = to_host(draw.values) if draw.values is not None else None
         self._event = None
         if draw.transfer.device.type == "cuda":
             self._event = _recorded(draw.transfer.device, self._recorder)

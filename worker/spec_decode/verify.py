@@ -34,6 +34,7 @@ import torch
 from infer_cluster.protocol import SamplingParams
 
 from infer_cluster.worker.device.streams import StreamRecorder
+from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
@@ -115,6 +116,9 @@ class VerifyStep:
             rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
             # The runner's logits are this step's own tensor: the sampler may edit them in place.
             self.draw = sampler.draw(result, rows, logits_writable=True)
+        # on their way to the host behind the step's kernels: `wait` reads them after the event
+        self._transfer = to_host(self.draw.transfer)
+        self._values = to_host(self.draw.values) if self.draw.values is not None else None
         self._event: Optional[torch.cuda.Event] = None
         if self.draw.transfer.device.type == "cuda":  # what `wait` and `abandon` wait for
             self._event = torch.cuda.Event()
@@ -130,8 +134,8 @@ class VerifyStep:
         if self._event is not None:  # gives up early only once a rank group failed: verify raises
             wait_event(self._event, self._gave_up)
         self._verify()  # a rank group: did it stay healthy through the step?
-        values = draw.values.flatten().tolist() if draw.values is not None else None
-        result = sampler.finish(draw, draw.transfer.tolist(), values, defer_logprobs=True)
+        values = self._values.flatten().tolist() if self._values is not None else None
+        result = sampler.finish(draw, self._transfer.tolist(), values, defer_logprobs=True)
         tokens, logprobs = accept(self._groups, result.token_ids, result.logprobs, self._stats)
         if self._governor is not None and tokens:
             self._governor.verified(sum(map(len, tokens.values())) / len(tokens))
