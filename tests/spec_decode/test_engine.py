@@ -9,6 +9,7 @@ import pytest
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
+from infer_cluster.worker.spec_decode.decoder import SpecDecoder
 
 # adaptive off: every step where proposals exist speculates, whatever this machine measures
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
@@ -100,6 +101,24 @@ def test_outputs_equal_speculation_off(reference_params, setting):
         assert (stats["num_swapped_out"] > 0) == (setting == "host_tier")
     else:
         assert stats["prefix_cache_hit_tokens"] > 0 or setting == "no_prefix_cache"
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_steps_batched_tokens_are_its_rows_tokens(reference_params, setting, monkeypatch):
+    # SpecDecoder.start_step judges a step that verifies nothing decode-only from
+    # num_batched_tokens == rows: every layout must count exactly the tokens of its rows
+    seen = []
+    real = SpecDecoder.start_step
+
+    def counted(self, out, verify):
+        seen.append((out.num_batched_tokens, sum(len(s.token_ids) for s in out.requests)))
+        return real(self, out, verify)
+
+    monkeypatch.setattr(SpecDecoder, "start_step", counted)
+    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    outputs(LLM("tiny-random", speculative_config={**SPEC, "adaptive": True}, **kw), reference_params)
+    assert len(seen) > 20 and all(a == b for a, b in seen), [x for x in seen if x[0] != x[1]][:3]
+    assert any(b > 8 for _, b in seen)  # prompt chunks were among them
 
 
 def test_seeded_requests_reproduce_alone_or_in_a_batch(reference_params):

@@ -43,6 +43,7 @@ class SpecDecoder:
         self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
+        self._proposed = False  # the last `propose` may have left proposals on requests
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)
         shadow = getattr(self.proposer, "shadow", None)
         self.shadow = (ShadowAcceptance(shadow) if shadow is not None and self.governor is not None
@@ -73,7 +74,9 @@ class SpecDecoder:
         if out.is_empty:
             self.governor.idle()
             return
-        decode_only = all(len(s.token_ids) - s.num_spec_tokens == 1 for s in out.requests)
+        # every row one token (each has at least one): O(1) where the step verifies nothing
+        decode_only = (all(len(s.token_ids) - s.num_spec_tokens == 1 for s in out.requests) if verify
+                       else out.num_batched_tokens == len(out.requests))
         # the mode decided: a speculating step with nothing proposed keeps it (and, verifying
         # nothing, reports no tokens, so its time is not counted as a verify step's)
         self.governor.start_step(time.perf_counter(), len(out.requests), self.speculating, decode_only)
@@ -84,15 +87,18 @@ class SpecDecoder:
         their tokens may still be on the device). Whether any request got a proposal (prompt
         lookup finds none in text that never repeats: that step is an ordinary one)."""
         if not active:
-            for req in running:
-                if req.spec_token_ids:
-                    req.spec_token_ids = []
+            if self._proposed:  # clear what the last speculating step proposed
+                for req in running:
+                    if req.spec_token_ids:
+                        req.spec_token_ids = []
+                self._proposed = False
             if self.shadow is not None and running and self.governor.wants_shadow(len(running)):
                 tokens = self.shadow.step(running)
                 if tokens is not None:
                     self.governor.shadowed(len(running), tokens)
             return False
         self.proposer.propose(running)
+        self._proposed = True
         return any(req.spec_token_ids for req in running)
 
     def worth_waiting(self, running) -> bool:
