@@ -255,3 +255,31 @@ def test_clean_up_that_decode_applies_refuses_the_byte_table(tokenizer_dir):
     real = tok.decode
     tok.decode = lambda ids, **kw: real(ids, **kw).replace(" ,", ",").replace(" 's", "'s")
     assert byte_level_table(tok) is None
+
+
+def _with_decoder(tokenizer_dir, *steps):
+    from tokenizers import decoders
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.backend_tokenizer.decoder = decoders.Sequence([*steps, decoders.ByteLevel()])
+    return tok
+
+
+def test_a_sequence_decoder_that_acts_as_byte_level_gets_the_table(tokenizer_dir):
+    # what transformers 5.17 writes for SmolLM2's GGUF file: ByteFallback, Fuse, Replace("▁", " ")
+    from tokenizers import decoders
+
+    tok = _with_decoder(tokenizer_dir, decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("▁", " "))
+    table = byte_level_table(tok)
+    assert table is not None
+    for text in TEXTS:
+        ids = encode(tok, text)
+        detok = _Detokenizer(tok, [], byte_table=table)
+        assert "".join(detok.push([i])[0] for i in ids) + detok.flush() == tok.decode(ids) == text
+
+
+def test_a_sequence_decoder_that_rewrites_byte_level_text_is_refused(tokenizer_dir):
+    from tokenizers import decoders
+
+    assert byte_level_table(_with_decoder(tokenizer_dir, decoders.Replace("o", "0"))) is None
+    assert byte_level_table(_with_decoder(tokenizer_dir, decoders.Strip(" ", 1, 0))) is None

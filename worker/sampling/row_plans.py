@@ -93,17 +93,22 @@ class RowPlans:
         self._free.extend(range(2 * cap - 1, cap - 1, -1))
 
     def _fill(self, slot: int, p: SamplingParams, has_eos: bool, vocab: int) -> None:
-        flags = ((PENALTIES if p.has_penalties else 0)
-                 | (MIN_TOKENS if p.min_tokens and (has_eos or p.stop_token_ids) else 0)
-                 | (LOGPROBS if p.logprobs is not None else 0)
-                 | (RANDOM if not p.is_greedy else 0)
-                 | (STRUCTURED if p.structured_outputs is not None else 0)
-                 | (LOGIT_BIAS if p.logit_bias else 0))
+        flags = plan_flags(p, has_eos)
         top_k = p.top_k if 0 < p.top_k < vocab else 0
         need = sampling_ops.num_candidates([top_k], [p.top_p], vocab)[0]
         self._floats[slot] = (flags, p.temperature, top_k, p.top_p, p.min_p, need)
         self._seeded[slot] = p.seed is not None
         self._seeds[slot] = p.seed or 0  # validated <= 2 ** 63 - 1
+
+
+def plan_flags(p: SamplingParams, has_eos: bool) -> int:
+    """The feature bits of a row with params `p` (`has_eos`: the request has EOS ids)."""
+    return ((PENALTIES if p.has_penalties else 0)
+            | (MIN_TOKENS if p.min_tokens and (has_eos or p.stop_token_ids) else 0)
+            | (LOGPROBS if p.logprobs is not None else 0)
+            | (RANDOM if not p.is_greedy else 0)
+            | (STRUCTURED if p.structured_outputs is not None else 0)
+            | (LOGIT_BIAS if p.logit_bias else 0))
 
 
 def rows_with(flags: np.ndarray, bit: int) -> list[int]:

@@ -38,6 +38,7 @@ from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
+from infer_cluster.worker.sampling.row_plans import plan_flags
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 # A verify step of at most this many positions runs as a decode step of one row per position
@@ -186,15 +187,20 @@ def _plain_greedy(out: SchedulerOutput, requests: dict, sampler: Sampler, vocab_
                   eos_token_ids) -> bool:
     """Whether every request of the step is plain greedy (`RowClasses.plain_greedy`: no
     penalties, logprobs, bias, grammar or min_tokens to keep; then none of its positions has
-    any, since min_tokens only ends as a row grows), judged on one row per request."""
-    rows = []
+    any, since min_tokens only ends as a row grows), judged on one row per request. Params
+    with no feature bit at all (`plan_flags` 0: the usual greedy request) need no classifying."""
+    live = []
     for s in out.requests:
         req = requests.get(s.request_id)
         if req is None:
             return False  # ended after scheduling: the general path drops its rows
-        rows.append(SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids,
-                                         None, eos_token_ids, s.request_id, req.num_pending - 1,
-                                         req.grammar))
+        live.append((s, req))
+    has_eos = bool(eos_token_ids)
+    if live and not any(plan_flags(req.params, has_eos) for _, req in live):
+        return True
+    rows = [SamplingRequestState(req.params, req.prompt_token_ids, req.output_token_ids, None,
+                                 eos_token_ids, s.request_id, req.num_pending - 1, req.grammar)
+            for s, req in live]
     return bool(rows) and sampler.classify(rows, vocab_size).plain_greedy
 
 

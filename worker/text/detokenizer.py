@@ -20,7 +20,9 @@ that window without them.
 from __future__ import annotations
 
 import codecs
+import json
 import random
+import re
 from typing import Optional, Sequence
 
 _WINDOW = 6  # tokens of left context kept so merges/spaces decode the same way
@@ -46,14 +48,22 @@ def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[li
     from tokenizers import decoders
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+    if backend is None:
         return None
+    sequence = None
+    if not isinstance(backend.decoder, decoders.ByteLevel):
+        sequence = _byte_level_sequence(backend)
+        if sequence is None:
+            return None
     to_bytes = {ord(c): chr(b) for b, c in _bytes_to_unicode().items()}  # then latin-1 = the byte
     added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
     special = set(getattr(tokenizer, "all_special_ids", []))
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     plain = [t for i, t in enumerate(tokens) if i not in added]
-    if None in plain or not set("".join(plain)) <= {chr(c) for c in to_bytes}:
+    alphabet = {chr(c) for c in to_bytes}
+    if None in plain or not set("".join(plain)) <= alphabet:
+        return None
+    if sequence is not None and not _sequence_is_byte_level(sequence, plain, alphabet):
         return None
     table = []
     for i, tok in enumerate(tokens):
@@ -64,7 +74,57 @@ def byte_level_table(tokenizer, skip_special_tokens: bool = True) -> Optional[li
             table.append(tok.translate(to_bytes).encode("latin-1"))
     if getattr(tokenizer, "clean_up_tokenization_spaces", False) and not _decodes_as_table(tokenizer, table):
         return None  # decode() really strips spaces before punctuation: the table would not
+    if sequence is not None and not _random_decodes_as_table(tokenizer, table, skip_special_tokens):
+        return None
     return table
+
+
+# Decoders that leave byte-level BPE's tokens as they are, before a final ByteLevel: GGUF files
+# converted by some transformers versions (SmolLM2's, by 5.17) chain them.
+_BYTE_LEVEL_NEUTRAL = {"ByteFallback", "Fuse", "Replace"}
+_BYTE_FALLBACK_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _byte_level_sequence(backend) -> Optional[list[dict]]:
+    """The steps of a `Sequence` decoder that ends with ByteLevel and whose other steps are
+    `_BYTE_LEVEL_NEUTRAL` kinds, or None."""
+    try:
+        spec = json.loads(backend.to_str()).get("decoder") or {}
+    except Exception:
+        return None
+    steps = spec.get("decoders") if spec.get("type") == "Sequence" else None
+    if not steps or steps[-1].get("type") != "ByteLevel":
+        return None
+    if not all(step.get("type") in _BYTE_LEVEL_NEUTRAL for step in steps[:-1]):
+        return None
+    return steps
+
+
+def _sequence_is_byte_level(steps: list[dict], plain: list[str], alphabet: set) -> bool:
+    """Whether the steps before ByteLevel change no plain token: a Replace whose pattern cannot
+    occur in byte-level text, and ByteFallback only where no token spells a byte (`<0x41>`)."""
+    for step in steps[:-1]:
+        kind = step.get("type")
+        if kind == "Replace":
+            pattern = (step.get("pattern") or {}).get("String")
+            if not pattern or set(pattern) <= alphabet:
+                return False  # a regex pattern, or one that byte-level text can contain
+        elif kind == "ByteFallback" and any(_BYTE_FALLBACK_TOKEN.fullmatch(t) for t in plain):
+            return False
+    return True
+
+
+def _random_decodes_as_table(tokenizer, table: list[bytes], skip_special_tokens: bool,
+                             num_checks: int = 200, seed: int = 0) -> bool:
+    """Whether `tokenizer.decode` of random id sequences equals the table's bytes."""
+    rng = random.Random(seed)
+    n = len(table)
+    for _ in range(num_checks):
+        seq = [rng.randrange(n) for _ in range(rng.randint(1, 12))]
+        want = tokenizer.decode(seq, skip_special_tokens=skip_special_tokens)
+        if want != b"".join(table[t] for t in seq).decode("utf-8", errors="replace"):
+            return False
+    return True
 
 
 # Text that `clean_up_tokenization_spaces` rewrites (" ." -> ".", " 's" -> "'s", ...).
