@@ -6,7 +6,7 @@ engine: adaptive speculation leaves the tokens as they are and measures both mod
 import pytest
 
 from infer_cluster.worker import LLM
-from infer_cluster.worker.spec_decode.governor import (EXPLORE_BUDGET, EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_STEPS,
+from infer_cluster.worker.spec_decode.governor import (EXPLORE_BUDGET, EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_STEPS, SETTLE,
                                                        SpecGovernor, bucket)
 
 from tests.spec_decode.test_engine import PROMPTS, SPEC, greedy
@@ -139,6 +139,26 @@ def test_one_slow_step_does_not_decide():
     assert gov.as_dict()[64]["plain_s"] == pytest.approx(5e-3)
     modes, _ = simulate(gov, 200, 64, plain_s=5e-3, verify_s=15e-3, tokens=2.0, t=t + 5e-3)
     assert sum(modes) <= 8
+
+
+def test_a_single_slow_plain_step_does_not_decide_a_bucket():
+    """Batch 1: plain steps take 0.8 ms, verify steps 2 ms for 2 tokens a row (plain pays). The
+    bucket's first timed plain step stalled (1.83 ms, as on the H200 at 8867c1f, where 220
+    verify steps followed that one figure): the bucket waits for more plain steps and decodes
+    plainly."""
+    gov = SpecGovernor()
+    t, modes, plain_run, stalled = 0.0, [], 0, False
+    for _ in range(300):
+        verify = gov.decide(1)
+        gov.start_step(t, 1, verify, decode_only=True)
+        if verify:
+            gov.verified(2.0)
+        modes.append(verify)
+        plain_run = 0 if verify else plain_run + 1
+        stall = not verify and not stalled and plain_run == SETTLE + 1  # the first plain step timed
+        stalled = stalled or stall
+        t += 2e-3 if verify else (1.83e-3 if stall else 0.8e-3)
+    assert stalled and sum(modes[100:]) < 20
 
 
 def test_batch_sizes_are_judged_apart():

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import AutoTokenizer
 
-from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer as _Detokenizer, byte_level_table
+from infer_cluster.worker.text.byte_tables import byte_level_table
+from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer as _Detokenizer
 from infer_cluster.worker.loading.embedded import build_tokenizer
 
 

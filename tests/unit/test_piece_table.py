@@ -12,7 +12,8 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from bench.tokenizer_kinds import build_tokenizer
-from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer, piece_table
+from infer_cluster.worker.text.byte_tables import piece_table
+from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer
 
 
 def _wordpiece(tmp):

@@ -16,7 +16,7 @@ from infer_cluster.protocol import InvalidRequestError
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.loading.loader import load_hf_config, load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from infer_cluster.worker.models.decoder import ModelSpec
-from infer_cluster.worker.text.detokenizer import piece_table
+from infer_cluster.worker.text.byte_tables import piece_table
 
 
 @dataclass

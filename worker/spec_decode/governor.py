@@ -8,8 +8,9 @@ every batch size tried. So the engine measures both modes as it runs and takes t
 
 Owns, per batch-size bucket (1, 2-3, 4-7, 8-15, ...: a power of two apiece), the last `WINDOW`
 seconds between step starts for decode steps without proposals (`plain`) and for verify steps
-(`verify`), and the tokens the last verify steps gave a row. Times are judged by their median, so
-one slow step (a collection, a stall of the host) cannot decide: moving averages let a 30 ms
+(`verify`), and the tokens the last verify steps gave a row. Times are judged by their median
+(plain times once `MIN_PLAIN` were taken), so one slow step (a collection, a stall of the host)
+cannot decide: moving averages let a 30 ms
 plain step at batch 64 (against ~5 ms) make every later step there speculate and workload A
 run at 0.59-0.71 of speculation off (H200, 075f5ed, a715b21). Tokens are the mean of the last
 `TOKENS_WINDOW`, so a rise in acceptance shows within two explorations. A verify step pays when
@@ -65,6 +66,10 @@ TRY_STEPS = 8         # verify decisions a bucket tries before it pauses trying 
 SETTLE = 2          # plain steps after a change of mode that are not counted
 SETTLE_VERIFY = 1   # ... and verify steps
 WINDOW = 16         # step times kept per mode and bucket (judged by their median)
+MIN_PLAIN = 3       # plain step times a bucket needs before it judges by them: one slow step is
+                    # no estimate (H200, 8867c1f: a batch-1 bucket's only plain step took 1.83 ms
+                    # against ~0.82 ms, and 220 verify steps followed on that figure). Plain
+                    # steps cost nothing extra to measure; verify steps keep deciding from one
 TOKENS_WINDOW = 4   # verify steps' tokens per row kept (their mean: acceptance moves with the text)
 MAX_GAP = 1.0       # seconds: a longer gap between steps was idle time, not a step
 HYSTERESIS = 0.05   # a bucket changes mode only where r passes 1 by this much (shadows move r
@@ -93,7 +98,8 @@ class _Bucket:
 
     @property
     def plain(self) -> Optional[float]:
-        return median(self.plain_s) if self.plain_s else None
+        """The plain steps' median, once `MIN_PLAIN` were timed."""
+        return median(self.plain_s) if len(self.plain_s) >= MIN_PLAIN else None
 
     @property
     def verify(self) -> Optional[float]:
@@ -251,6 +257,7 @@ class SpecGovernor:
 
     def as_dict(self) -> dict:
         """Per bucket (by its smallest batch): the estimates, for stats and tests."""
-        return {1 << k: {"plain_s": b.plain, "verify_s": b.verify, "tokens_per_row": b.tokens,
+        return {1 << k: {"plain_s": median(b.plain_s) if b.plain_s else None, "verify_s": b.verify,
+                         "tokens_per_row": b.tokens,
                          "plain_steps": b.steps[0], "verify_steps": b.steps[1]}
                 for k, b in sorted(self.buckets.items())}
