@@ -145,3 +145,18 @@ def test_prompt_chunks_and_admissions_get_no_proposals():
     assert out.requests[0].num_spec_tokens == 0 and len(out.requests[0].token_ids) == 4
     h.verify(out, {})
     assert req.num_computed_tokens == 4 and req.output_token_ids == []
+
+
+def test_a_preempted_request_keeps_no_proposals():
+    # a speculating step proposed for every running row; the schedule then preempted one. Its
+    # proposals must not survive into a later step, which may verify nothing.
+    h = SpecHarness(num_blocks=4, block_size=4)
+    a = h.add("a", prompt_of(7), max_tokens=8)
+    b = h.add("b", prompt_of(7, start=300), max_tokens=8)
+    h.verify(h.schedule(), {"a": [50], "b": [50]})  # the pool is full: 2 blocks each
+    h.verify(h.schedule(), {"a": [51], "b": [51]})  # position 7: the last block's last slot
+    a.spec_token_ids, b.spec_token_ids = [1, 2], [3, 4]
+    out = h.schedule()  # position 8 needs a block and none is free: one request gives way
+    assert len(out.preempted_ids) == 1
+    preempted = a if a.request_id in out.preempted_ids else b
+    assert preempted.spec_token_ids == [] and preempted.num_preemptions == 1

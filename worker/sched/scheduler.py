@@ -225,6 +225,9 @@ class Scheduler(InFlightBook, SpecTokens):
             req.num_computed_tokens = 0
         self.allocator.free(req.block_ids)
         req.block_ids = []
+        # Proposals were for the step it left: kept, `_add_proposals` would put them on its row
+        # in a later step that verifies nothing (a resume whose recompute is one token).
+        req.spec_token_ids = []
         req.num_preemptions += 1
         req.transition(RequestStatus.PREEMPTED)
         self.num_preemptions += 1

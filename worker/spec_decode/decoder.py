@@ -43,7 +43,6 @@ class SpecDecoder:
         self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
-        self._proposed = False  # the last `propose` may have left proposals on requests
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)
         shadow = getattr(self.proposer, "shadow", None)
         self.shadow = (ShadowAcceptance(shadow) if shadow is not None and self.governor is not None
@@ -87,18 +86,17 @@ class SpecDecoder:
         their tokens may still be on the device). Whether any request got a proposal (prompt
         lookup finds none in text that never repeats: that step is an ordinary one)."""
         if not active:
-            if self._proposed:  # clear what the last speculating step proposed
-                for req in running:
-                    if req.spec_token_ids:
-                        req.spec_token_ids = []
-                self._proposed = False
+            # every step: a request that held proposals when it was preempted gets them cleared
+            # once it runs again (the scheduler adds any proposals a decode row holds)
+            for req in running:
+                if req.spec_token_ids:
+                    req.spec_token_ids = []
             if self.shadow is not None and running and self.governor.wants_shadow(len(running)):
                 tokens = self.shadow.step(running)
                 if tokens is not None:
                     self.governor.shadowed(len(running), tokens)
             return False
         self.proposer.propose(running)
-        self._proposed = True
         return any(req.spec_token_ids for req in running)
 
     def worth_waiting(self, running) -> bool:
