@@ -32,8 +32,7 @@ def test_a_recorded_event_covers_the_work_before_it_on_a_side_stream():
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # ~tens of ms on the side stream
         x.fill_(3.0)
-        event = torch.cuda.Event()
-        recorder.record(event, device)
+        event = recorder.recorded(device)
     assert not event.query()  # recorded on the side stream, behind its sleep
     event.synchronize()
     side.synchronize()

@@ -41,8 +41,13 @@ class StreamRecorder:
         self._by_index: dict[int, CurrentStream] = {}
 
     def record(self, event: torch.cuda.Event, device: torch.device) -> None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        current = self._by_index.get(index)
+        current = self._by_index.get(device.index)
         if current is None:
-            current = self._by_index[index] = CurrentStream(torch.device("cuda", index))
+            current = self._by_index[device.index] = CurrentStream(device)
         current.record(event)
+
+    def recorded(self, device: torch.device) -> torch.cuda.Event:
+        """A new event, recorded now on `device`'s current stream."""
+        event = torch.cuda.Event()
+        self.record(event, device)
+        return event

@@ -48,25 +48,15 @@ from infer_cluster.worker.sched.output import SchedulerOutput
 _DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
 
 
-def _recorded(device: torch.device, recorder: Optional[StreamRecorder]) -> torch.cuda.Event:
-    """A CUDA event recorded now on `device`'s current stream."""
-    event = torch.cuda.Event()
-    if recorder is None:
-        event.record()
-    else:
-        recorder.record(event, device)
-    return event
-
-
 class LaunchedStep:
     def __init__(self, out: SchedulerOutput, row_ids: list[str], draw: Optional[DeviceDraw],
                  verify: Optional[Callable[[], None]] = None,
                  gave_up: Optional[Callable[[], bool]] = None, logits: Optional[torch.Tensor] = None,
                  recorder: Optional[StreamRecorder] = None):
         """`draw` None: a deferred draw (`logits` kept until `complete`). `recorder`: records the
-        step's events (None: `Event.record()`, which costs more host time)."""
+        step's events (its owner's; None: a recorder of the step's own)."""
         self.out = out
-        self._recorder = recorder
+        self._recorder = recorder if recorder is not None else StreamRecorder()
         self._verify = verify  # the runner's check that the step's device work is trustworthy
         self._gave_up = gave_up  # the runner's `wait_gave_up`: its group failed, stop waiting
         self.row_ids = row_ids
@@ -77,7 +67,7 @@ class LaunchedStep:
         if draw is not None:
             self.complete(draw)
         elif logits is not None and logits.device.type == "cuda":  # `abandon` waits for the forward
-            self._event = _recorded(logits.device, recorder)
+            self._event = self._recorder.recorded(logits.device)
 
     def complete(self, draw: DeviceDraw) -> None:
         """Start the draw's copy to the host (the step's ids and logprob values)."""
@@ -86,7 +76,7 @@ class LaunchedStep:
         self._values = to_host(draw.values) if draw.values is not None else None
         self._event = None
         if draw.transfer.device.type == "cuda":
-            self._event = _recorded(draw.transfer.device, self._recorder)
+            self._event = self._recorder.recorded(draw.transfer.device)
 
     @property
     def token_ids(self) -> torch.Tensor:

@@ -86,8 +86,8 @@ class SpecDecoder:
         their tokens may still be on the device). Whether any request got a proposal (prompt
         lookup finds none in text that never repeats: that step is an ordinary one)."""
         if not active:
-            # every step: a request that held proposals when it was preempted gets them cleared
-            # once it runs again (the scheduler adds any proposals a decode row holds)
+            # the last speculating step's proposals stay on its requests, and the scheduler adds
+            # any proposals a decode row holds
             for req in running:
                 if req.spec_token_ids:
                     req.spec_token_ids = []

@@ -98,7 +98,7 @@ class VerifyStep:
     def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
                  eos_token_ids, stats: SpecStats, governor=None, recorder: Optional[StreamRecorder] = None):
         """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py).
-        `recorder`: records the step's event (None: `Event.record()`)."""
+        `recorder`: records the step's event (its owner's; None: a recorder of the step's own)."""
         self.out = out
         self._stats = stats
         self._governor = governor
@@ -122,11 +122,7 @@ class VerifyStep:
         self._values = to_host(self.draw.values) if self.draw.values is not None else None
         self._event: Optional[torch.cuda.Event] = None
         if self.draw.transfer.device.type == "cuda":  # what `wait` and `abandon` wait for
-            self._event = torch.cuda.Event()
-            if recorder is None:
-                self._event.record()
-            else:
-                recorder.record(self._event, self.draw.transfer.device)
+            self._event = (recorder or StreamRecorder()).recorded(self.draw.transfer.device)
 
     def wait(self, sampler: Sampler) -> tuple[dict[str, list[int]], dict[str, list], list[str]]:
         """{request id: its new tokens}, {request id: their logprob entries (deferred) or
