@@ -14,6 +14,7 @@ Example (GPU, workload A):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -72,6 +73,9 @@ def parse_args(argv=None):
     ap.add_argument("--tokenizer", default="model", choices=["model", "bytelevel", "metaspace"])
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                     help="engine warm-up at start (default: the engine's, on for CUDA)")
+    ap.add_argument("--speculative-config", default=None, metavar="JSON",
+                    help='speculative decoding, as for serve: e.g. \'{"method": "ngram", '
+                         '"num_speculative_tokens": 15}\' (start-up then includes the verify graphs)')
     ap.add_argument("--out", default="bench/results/cold_start.json")
     return ap.parse_args(argv)
 
@@ -97,8 +101,8 @@ def main(argv=None):
     t = time.perf_counter()
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, tokenizer=tokenizer,
-              kv_cache_dtype=args.kv_cache_dtype,
-              warmup=args.warmup)
+              kv_cache_dtype=args.kv_cache_dtype, warmup=args.warmup,
+              speculative_config=json.loads(args.speculative_config) if args.speculative_config else None)
     _sync()
     startup = time.perf_counter() - t
     runs = []
@@ -125,7 +129,7 @@ def main(argv=None):
     stats = llm.stats()
     warm = sorted(r["tokens_per_s"] for r in runs[1:])
     warm_tps = sum(warm) / len(warm)
-    result = {"model": args.model, "tokenizer": args.tokenizer, "kv_cache_dtype": args.kv_cache_dtype, "device": str(llm.engine.runner.device),
+    result = {"model": args.model, "speculative_config": args.speculative_config, "tokenizer": args.tokenizer, "kv_cache_dtype": args.kv_cache_dtype, "device": str(llm.engine.runner.device),
               "startup_seconds": startup, "warmup_seconds": stats["warmup_seconds"],
               "runs": runs, "first_tokens_per_s": runs[0]["tokens_per_s"], "warm_tokens_per_s": warm_tps,
               "first_over_warm": runs[0]["tokens_per_s"] / warm_tps,

@@ -52,6 +52,14 @@ SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "require
 SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole result.'
 
 
+# `--kind`: the requests' sampling. Sampled kinds are seeded, so a run reproduces; their
+# speculation is rejection sampling, so its acceptance is lower than greedy's.
+KINDS = {"greedy": dict(temperature=0),
+         "sampled": dict(temperature=0.8, top_p=0.95, seed=0),
+         "penalty": dict(temperature=0.8, top_p=0.95, seed=0, repetition_penalty=1.1),
+         "logprobs": dict(temperature=0, logprobs=5)}
+
+
 def conversations(n: int, chars: int) -> list[list[dict]]:
     """n chat prompts: passages of the novel with a rewrite / correct / repeat task, every
     fourth a code edit of one of this repository's files."""
@@ -93,10 +101,11 @@ def main(argv=None) -> dict:
                     help="speculative_config.adaptive: on (the default) speculates only where it measured "
                          "it to pay; off speculates in every step (what verification alone gives)")
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
-                    choices=["off", "on", "off_eager", "on_eager", "on_rowwise"],
+                    choices=["off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed"],
                     help="on_rowwise: speculation on, but a verify step's decode rows each read "
                          "their own KV (INFER_CLUSTER_VERIFY_RUNS=0), the A/B of reading a "
-                         "request's KV once per chunk of its rows")
+                         "request's KV once per chunk of its rows; on_fixed: every step speculates "
+                         "(adaptive off), the A/B of the governor")
     ap.add_argument("--interleave", default="on", choices=["on", "off"],
                     help="on: build every run's engine first, then alternate them round by round "
                          "(a drift of the host's speed, which moved batch-1 TPOT by up to 45%% "
@@ -108,6 +117,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--schema", action="store_true",
                     help="every request under a JSON schema (structured outputs): prompt lookup proposes "
                          "within the grammar, each proposed position masked")
+    ap.add_argument("--kind", default="greedy", choices=sorted(KINDS),
+                    help="the requests' sampling: greedy, or sampled (T 0.8, top-p 0.95, seeded), "
+                         "with a repetition penalty, or with 5 logprobs a token")
     ap.add_argument("--out", default="bench/results/spec_decode.json")
     args = ap.parse_args(argv)
 
@@ -132,9 +144,11 @@ def main(argv=None) -> dict:
     modes = {"off": {}, "off_eager": eager, "on": {"speculative_config": spec},
              "on_eager": {**eager, "speculative_config": spec},
              # verify rows each read their own KV (the A/B of `row_span` runs)
-             "on_rowwise": {"speculative_config": spec, "_env": {"INFER_CLUSTER_VERIFY_RUNS": "0"}}}
+             "on_rowwise": {"speculative_config": spec, "_env": {"INFER_CLUSTER_VERIFY_RUNS": "0"}},
+             # every step speculates (the governor's A/B)
+             "on_fixed": {"speculative_config": {**spec, "adaptive": False}}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
-    params = SamplingParams(temperature=0, max_tokens=args.output_len,
+    params = SamplingParams(max_tokens=args.output_len, **KINDS[args.kind],
                             structured_outputs={"json": SCHEMA} if args.schema else None)
     if args.schema:  # the tasks ask for the JSON object too
         for conv in convs:
@@ -149,17 +163,17 @@ def main(argv=None) -> dict:
                  for name in args.runs[1:]}
     ratios = {}
     for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"),
-                     ("on_rowwise", "off"), ("on", "on_rowwise")):
+                     ("on_rowwise", "off"), ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed")):
         if on in results and base in results:
             ratios[f"{on}/{base}"] = {b: results[on][b]["tokens_per_s"] / results[base][b]["tokens_per_s"]
                                       for b in args.batch}
-    print(f"greedy outputs identical across runs: {identical}; agreement with {args.runs[0]}: {agreement}")
+    print(f"{args.kind} outputs identical across runs: {identical}; agreement with {args.runs[0]}: {agreement}")
     for key, by_batch in ratios.items():
         print(f"{key}: " + ", ".join(f"batch {b} {r:.2f}x" for b, r in by_batch.items()))
     for key, by_batch in paired.items():
         print(f"{key} per round (min / median / max): " + ", ".join(
             f"batch {b} {min(r):.2f} / {sorted(r)[len(r) // 2]:.2f} / {max(r):.2f}" for b, r in by_batch.items()))
-    result = {**run_info(), "model": args.model, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
+    result = {**run_info(), "model": args.model, "kind": args.kind, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
               "input_chars": args.input_chars, "schema": SCHEMA if args.schema else None, "output_len": args.output_len, "rounds": args.rounds,
               "interleave": args.interleave == "on" and len(args.runs) > 1, "runs": results,
               "ratios": ratios, "ratios_per_round": paired, "identical": identical, "agreement": agreement}
@@ -248,7 +262,8 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
             results[name][b] = row
             outputs[(name, b)] = [o.token_ids for o in outs[name]]
             _print_row(name, b, row)
-        for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on_rowwise", "off"), ("on", "on_rowwise")):
+        for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on_rowwise", "off"), ("on", "on_rowwise"),
+                         ("on_fixed", "off"), ("on", "on_fixed")):
             if on in per_round and base in per_round:
                 paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
     for name, llm in engines.items():
