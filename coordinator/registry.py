@@ -80,6 +80,7 @@ class ReplicaRecord:
             "model": self.capacity.model, "num_requests": self.num_requests,
             "max_model_len": self.capacity.max_model_len,
             "block_size": self.capacity.block_size, "kv_cache_dtype": self.capacity.kv_cache_dtype,
+            "speculative": self.capacity.speculative,
             "num_prefilling": load.num_prefilling, "num_generating": load.num_generating,
             "num_running": load.num_running, "num_waiting": load.num_waiting,
             "num_free_blocks": load.num_free_blocks, "num_total_blocks": load.num_total_blocks,

@@ -60,10 +60,11 @@ def _host_kv(row: dict) -> str:
 
 
 def _spec(row: dict) -> str:
-    """Speculative decoding's column: proposed tokens the replica kept, of those it verified."""
+    """Speculative decoding's column: proposed tokens the replica kept, of those it verified
+    ("0/0" while a speculating replica has verified none; "-" when it does not speculate)."""
     drafted = row.get("num_spec_draft_tokens") or 0
     if not drafted:
-        return "-"
+        return "0/0" if row.get("speculative") else "-"
     accepted = row.get("num_spec_accepted_tokens", 0)
     return f"{accepted}/{drafted} ({100 * accepted / drafted:.0f}%)"
 
@@ -106,7 +107,8 @@ def render_status(status: dict) -> str:
 @auth_option
 def status(address, as_json, timeout, auth):
     """Show the coordinator and a table of replicas: state, load, KV use, tokens/s, and the
-    speculative proposals each kept (accepted of verified; - when it does not speculate)."""
+    speculative proposals each kept (accepted of verified; 0/0 before its first verify step; -
+    when it does not speculate)."""
     with _client(address, auth) as c:
         st = _call(c.status, timeout=timeout)
     click.echo(json.dumps(st, indent=2) if as_json else render_status(st))

@@ -98,6 +98,7 @@ class ReplicaCapacity(Struct):
     max_num_seqs: int = wire(integer(1, 1 << 30), default=1)
     max_model_len: int = wire(integer(1, 1 << 30), default=1)
     kv_cache_dtype: str = wire(string(16), default="auto")  # may change with RESIZE_KV
+    speculative: str = wire(string(32), default="")  # speculative_config.method; "" = off
 
 
 @dataclass(kw_only=True)

@@ -65,6 +65,7 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
     assert "speculative decoding: draft_model, 3 proposals a row, draft tiny-random" in spec_cluster.replica_log(1)
     row = next(r for r in status["replicas"] if r["name"] == f"replica-{1 - victim}")
     assert row["num_spec_draft_tokens"] >= row["num_spec_accepted_tokens"] > 0
+    assert row["speculative"] == ("ngram" if row["name"] == "replica-0" else "draft_model")
     table = render_status(status)  # what `infer-cluster status` prints
     line = next(x for x in table.splitlines() if x.startswith(row["name"]))
     assert "SPEC ACCEPTED" in table

@@ -73,4 +73,5 @@ def engine_capacity(engine) -> dict:
     config = engine.config
     return {"model": engine.model_name, "num_total_blocks": engine.allocator.num_blocks,
             "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
-            "max_model_len": engine.max_model_len, "kv_cache_dtype": config.kv_cache_dtype}
+            "max_model_len": engine.max_model_len, "kv_cache_dtype": config.kv_cache_dtype,
+            "speculative": config.speculative_config.method if config.speculative_config else ""}

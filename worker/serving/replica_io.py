@@ -117,7 +117,7 @@ class ReplicaIO(threading.Thread):
         from the engine loop while this thread reads it."""
         self._capacity = ReplicaCapacity(**{k: capacity[k] for k in (
             "model", "num_total_blocks", "block_size", "max_num_seqs", "max_model_len",
-            "kv_cache_dtype") if k in capacity})
+            "kv_cache_dtype", "speculative") if k in capacity})
 
     @property
     def capacity(self) -> ReplicaCapacity:
