@@ -55,3 +55,33 @@ def test_replay_command_reads_saved_outputs(tmp_path, outputs):
         steps = r["plain_steps"] + r["verify_steps"]
         assert r["estimated_speedup"] == pytest.approx(r["tokens"] / steps) and r["tokens"] > steps
     assert json.loads((tmp_path / "replay.json").read_text())["results"] == result["results"]
+
+
+def test_batch_replay_at_batch_1_counts_what_the_batch_1_replay_counts(outputs):
+    """bench/spec_replay_batch.py speculating in every step at batch 1 takes the same steps as
+    the batch-1 replay (which the test above ties to the engine), and every mode emits every
+    token of every output once."""
+    from bench.spec_replay_batch import MODES, replay_batches
+
+    data = [{"prompt": p, "output": o} for p, o in zip(PROMPTS, outputs)]
+    want = replay_all(data, 4, 2, 4, MAX_TOKENS, plain_ms=1.0, verify_ms=1.0)
+    got = replay_batches(data, 1, 4, 2, 4, plain_ms={1: 1.0}, verify_ms={1: 1.0}, switch_ms=0.0)
+    assert (got["fixed"]["plain_steps"], got["fixed"]["verify_steps"]) == (
+        want["plain_steps"], want["verify_steps"])
+    for mode in MODES:
+        assert got[mode]["tokens"] == want["tokens"] == sum(len(o) - 1 for o in outputs)
+    assert got["off"]["verify_steps"] == 0 and got["fixed"]["speedup"] > 1.0
+
+
+def test_batch_replay_runs_the_governor(outputs):
+    """At batch 3 under the engine's governor: a verify step costing 10 plain ones never pays,
+    so after its tries the governor decodes plainly and ends near off; at equal costs it
+    speculates and gains like speculating every step."""
+    from bench.spec_replay_batch import replay_batches
+
+    data = [{"prompt": p, "output": o} for p, o in zip(PROMPTS, outputs)]
+    costly = replay_batches(data, 3, 4, 2, 4, plain_ms={1: 1.0}, verify_ms={1: 10.0}, switch_ms=0.0)
+    assert costly["fixed"]["speedup"] < 0.5 < costly["governor"]["speedup"]
+    assert costly["governor"]["verify_steps"] < costly["governor"]["plain_steps"]
+    cheap = replay_batches(data, 3, 4, 2, 4, plain_ms={1: 1.0}, verify_ms={1: 1.0}, switch_ms=0.0)
+    assert cheap["governor"]["speedup"] > 1.0 and cheap["governor"]["verify_steps"] > 0
