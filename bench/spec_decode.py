@@ -117,6 +117,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--schema", action="store_true",
                     help="every request under a JSON schema (structured outputs): prompt lookup proposes "
                          "within the grammar, each proposed position masked")
+    ap.add_argument("--graph-max-tokens", type=int, default=None,
+                    help="EngineConfig.graph_max_tokens for every engine (a batch-8 round's ~9k prompt "
+                         "tokens pass 2,048, the default, and run eagerly)")
     ap.add_argument("--kind", default="greedy", choices=sorted(KINDS),
                     help="the requests' sampling: greedy, or sampled (T 0.8, top-p 0.95, seeded), "
                          "with a repetition penalty, or with 5 logprobs a token")
@@ -173,7 +176,7 @@ def main(argv=None) -> dict:
     for key, by_batch in paired.items():
         print(f"{key} per round (min / median / max): " + ", ".join(
             f"batch {b} {min(r):.2f} / {sorted(r)[len(r) // 2]:.2f} / {max(r):.2f}" for b, r in by_batch.items()))
-    result = {**run_info(), "model": args.model, "kind": args.kind, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
+    result = {**run_info(), "model": args.model, "kind": args.kind, "graph_max_tokens": args.graph_max_tokens, "load_format": args.load_format, "speculative_config": spec, "batch": args.batch,
               "input_chars": args.input_chars, "schema": SCHEMA if args.schema else None, "output_len": args.output_len, "rounds": args.rounds,
               "interleave": args.interleave == "on" and len(args.runs) > 1, "runs": results,
               "ratios": ratios, "ratios_per_round": paired, "identical": identical, "agreement": agreement}
@@ -186,8 +189,9 @@ def _engine(args, mode: dict, share: float, convs: list):
     from infer_cluster.worker import LLM
     mode = dict(mode)
     with mock.patch.dict(os.environ, mode.pop("_env", {})):  # read while the engine is built
+        graphs = {} if args.graph_max_tokens is None else {"graph_max_tokens": args.graph_max_tokens}
         llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-                  gpu_memory_utilization=share, max_model_len=args.max_model_len, **mode)
+                  gpu_memory_utilization=share, max_model_len=args.max_model_len, **graphs, **mode)
     # warm-up; with --schema under the schema too, so no run's first request compiles it
     llm.chat(convs[:1], SamplingParams(temperature=0, max_tokens=8, structured_outputs=(
         {"json": SCHEMA} if args.schema else None)), use_tqdm=False)
