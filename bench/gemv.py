@@ -1,6 +1,9 @@
 """Small-batch linear benchmark: cuBLAS (`F.linear`) vs `linear_small`, and the fused MLP down
 projection vs `silu_and_mul` + `F.linear`, on the Qwen3-0.6B and Llama-3-8B shapes and one rank's
-shard of each at T=2 (`--models ...-tp2`), M = 1..16.
+shard of each at T=2 (`--models ...-tp2`), M = 1..16; without `--sweep`, M up to 256 too (the mid-size
+decode batches, where the small path falls back to cuBLAS, after the reference SiLU for down:
+the cuBLAS columns then give its time and GB/s per shape, what issue 44's "GEMMs at mid-size M"
+starts from).
 
 Owns: timing inside CUDA graphs (each graph replays the op many times over rotating copies of
 the weight, so the 50 MB L2 never holds it: the decode step streams every weight from HBM once;
@@ -230,7 +233,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configs and print the best per (shape, M)")
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--m", nargs="+", type=int, default=list(MS), help="batch rows to time (<= 16)")
+    ap.add_argument("--m", nargs="+", type=int, default=list(MS),
+                    help="batch rows to time (<= 16 with --sweep, else <= 256: past 16 the small path falls back "
+                         "to cuBLAS)")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
                     help="processes that precompile the sweep's kernels (1 = compile inline)")
     ap.add_argument("--budget-s", type=float, default=180,
@@ -245,8 +250,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/gemv.py: no CUDA device; nothing to time")
         return 0
-    if any(not 1 <= m <= 16 for m in args.m):
-        ap.error("--m values must be in 1..16")
+    most = 16 if args.sweep else 256
+    if any(not 1 <= m <= most for m in args.m):
+        ap.error(f"--m values must be in 1..{most}{' with --sweep' if args.sweep else ''}")
     t0 = time.time()
     if args.sweep:
         rows = sweep(args.models, args.m, torch.bfloat16, args.jobs, args.budget_s, args.l2_hot)
