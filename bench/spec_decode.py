@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.report import run_info, write_json  # noqa: E402
+from bench.throughput import SAMPLING_KINDS  # noqa: E402
 
 TASKS = ["Rewrite this passage in plain modern English, keeping every sentence:",
          "Correct the spelling and punctuation of this passage and return it in full:",
@@ -52,12 +53,13 @@ SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "require
 SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole result.'
 
 
-# `--kind`: the requests' sampling. Sampled kinds are seeded, so a run reproduces; their
-# speculation is rejection sampling, so its acceptance is lower than greedy's.
-KINDS = {"greedy": dict(temperature=0),
-         "sampled": dict(temperature=0.8, top_p=0.95, seed=0),
-         "penalty": dict(temperature=0.8, top_p=0.95, seed=0, repetition_penalty=1.1),
-         "logprobs": dict(temperature=0, logprobs=5)}
+def kind_params(kind: str) -> dict:
+    """`--kind`: bench/throughput.py's request kind (`SAMPLING_KINDS`), seeded wherever it
+    samples so a run reproduces (speculation draws a seeded request's own numbers)."""
+    params = dict(SAMPLING_KINDS[kind])
+    if params.get("temperature", 1.0) > 0:
+        params["seed"] = 0
+    return params
 
 
 def conversations(n: int, chars: int) -> list[list[dict]]:
@@ -120,9 +122,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--graph-max-tokens", type=int, default=None,
                     help="EngineConfig.graph_max_tokens for every engine (a batch-8 round's ~9k prompt "
                          "tokens pass 2,048, the default, and run eagerly)")
-    ap.add_argument("--kind", default="greedy", choices=sorted(KINDS),
-                    help="the requests' sampling: greedy, or sampled (T 0.8, top-p 0.95, seeded), "
-                         "with a repetition penalty, or with 5 logprobs a token")
+    ap.add_argument("--kind", default="greedy", choices=list(SAMPLING_KINDS),
+                    help="the requests' sampling: bench/throughput.py's request kinds, seeded where "
+                         "they sample")
     ap.add_argument("--out", default="bench/results/spec_decode.json")
     args = ap.parse_args(argv)
 
@@ -151,7 +153,7 @@ def main(argv=None) -> dict:
              # every step speculates (the governor's A/B)
              "on_fixed": {"speculative_config": {**spec, "adaptive": False}}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
-    params = SamplingParams(max_tokens=args.output_len, **KINDS[args.kind],
+    params = SamplingParams(max_tokens=args.output_len, **kind_params(args.kind),
                             structured_outputs={"json": SCHEMA} if args.schema else None)
     if args.schema:  # the tasks ask for the JSON object too
         for conv in convs:

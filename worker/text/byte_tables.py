@@ -109,14 +109,17 @@ def _sequence_is_byte_level(steps: list[dict], plain: list[str], alphabet: set) 
 
 
 def _random_decodes_as_table(tokenizer, table: list[bytes], skip_special_tokens: bool,
-                             num_checks: int = 200, seed: int = 0) -> bool:
-    """Whether `tokenizer.decode` of random id sequences equals the table's bytes."""
+                             num_checks: int = 200, seed: int = 0, anchor: Optional[int] = None,
+                             base: str = "") -> bool:
+    """Whether `tokenizer.decode` of random id sequences equals the table's bytes; with
+    `anchor`, each sequence follows that token, whose decoding is `base`."""
     rng = random.Random(seed)
     n = len(table)
+    head = [] if anchor is None else [anchor]
     for _ in range(num_checks):
         seq = [rng.randrange(n) for _ in range(rng.randint(1, 12))]
-        want = tokenizer.decode(seq, skip_special_tokens=skip_special_tokens)
-        if want != b"".join(table[t] for t in seq).decode("utf-8", errors="replace"):
+        want = tokenizer.decode(head + seq, skip_special_tokens=skip_special_tokens)
+        if want != base + b"".join(table[t] for t in seq).decode("utf-8", errors="replace"):
             return False
     return True
 
@@ -163,10 +166,5 @@ def piece_table(tokenizer, skip_special_tokens: bool = True, num_checks: int = 2
         if not text.startswith(base) or "\ufffd" in text[len(base):]:
             return None  # context-dependent, or bytes that only combine with neighbours
         table.append(text[len(base):].encode())
-    rng = random.Random(seed)
-    for _ in range(num_checks):
-        seq = [rng.randrange(n) for _ in range(rng.randint(1, 12))]
-        want = tokenizer.decode([anchor] + seq, skip_special_tokens=skip_special_tokens)
-        if want != base + b"".join(table[t] for t in seq).decode("utf-8", errors="replace"):
-            return None
-    return table
+    ok = _random_decodes_as_table(tokenizer, table, skip_special_tokens, num_checks, seed, anchor, base)
+    return table if ok else None
