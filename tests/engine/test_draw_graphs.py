@@ -9,8 +9,8 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, DrawGraphs,
-                                              bucket_for, draw_graph_max)
+from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, PLAIN_MAX,
+                                              DrawGraphs, bucket_for, draw_graph_max, row_limit)
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
@@ -44,6 +44,11 @@ def test_switch_and_buckets(monkeypatch):
     assert [bucket_for(n) for n in (1, 2, 3, 5, 16, 17, 33)] == [1, 2, 4, 8, 16, 32, 64]
     with pytest.raises(ValueError, match="bucket"):
         bucket_for(BUCKETS[-1] + 1)
+    # steps under a grammar take graphs up to the limit, other steps up to PLAIN_MAX rows
+    assert DRAW_GRAPH_MAX_DEFAULT > PLAIN_MAX
+    assert row_limit(DRAW_GRAPH_MAX_DEFAULT, True) == DRAW_GRAPH_MAX_DEFAULT
+    assert row_limit(DRAW_GRAPH_MAX_DEFAULT, False) == PLAIN_MAX
+    assert row_limit(8, False) == row_limit(8, True) == 8
 
 
 def make_rows(kinds, steps: int, vocab: int, generator: torch.Generator):
@@ -103,6 +108,24 @@ def test_graph_draw_redo_matches_eager():
             assert got == Sampler()(logits.clone(), rows).token_ids
             assert all(t % 7 == 0 for t in got)  # drawn among the tied top values
         assert graphs.replays == 3
+    finally:
+        graphs.release()
+
+
+@GPU
+def test_wide_unconstrained_steps_draw_eagerly():
+    """A step of more than PLAIN_MAX rows without a grammar takes the eager draw, whatever the
+    limit for constrained steps; PLAIN_MAX rows still replay a graph."""
+    vocab = 4000
+    graphs = DrawGraphs(torch.device("cuda"), DRAW_GRAPH_MAX_DEFAULT)
+    try:
+        for batch, replays in ((PLAIN_MAX + 1, 0), (PLAIN_MAX, 1)):
+            logits = torch.randn(batch, vocab).to("cuda", torch.bfloat16)
+            rows = make_rows([KINDS[i % len(KINDS)] for i in range(batch)], 2, vocab,
+                             torch.Generator().manual_seed(batch))
+            got = Sampler(draw_graphs=graphs)(logits.clone(), rows).token_ids
+            assert graphs.replays == replays
+            assert got == Sampler()(logits.clone(), rows).token_ids
     finally:
         graphs.release()
 
@@ -193,7 +216,7 @@ def constrained_draws(sampler: Sampler, logits_per_step, batch: int, vocab: int)
 
 
 @GPU
-@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("batch", [1, 5, PLAIN_MAX + 8])
 def test_constrained_graph_draw_matches_eager(batch):
     """Sampled rows under a grammar take the draw graph, their mask applied to the graph's copy of
     the logits: step after step the same ids as the eager draw (float32 logits, so both draw from
@@ -201,7 +224,7 @@ def test_constrained_graph_draw_matches_eager(batch):
     vocab = 1024  # wider than tiny-random's tokenizer: the padded head's columns are banned too
     gen = torch.Generator(device="cuda").manual_seed(batch)
     logits = [3 * torch.randn(batch, vocab, device="cuda", generator=gen) for _ in range(6)]
-    graphs = DrawGraphs(torch.device("cuda"), 8)
+    graphs = DrawGraphs(torch.device("cuda"), DRAW_GRAPH_MAX_DEFAULT)
     try:
         got = constrained_draws(Sampler(draw_graphs=graphs), logits, batch, vocab)
         assert len(got) >= 3 and graphs.replays == len(got)

@@ -29,7 +29,15 @@ order, with the candidate width of the step (the key).
 `mask_argmax`: the graphs of greedy constrained draws (worker/structured/mask_graphs.py), held
 here so that they are on and off, and released, with these.
 
-`INFER_CLUSTER_DRAW_GRAPH_MAX` sets `max_batch` (default 32; 0 turns the graphs off, the A/B).
+How many rows: a step under a grammar takes a graph up to `max_batch` rows
+(`INFER_CLUSTER_DRAW_GRAPH_MAX`, default 256; 0 turns the graphs off, the A/B), any other step up
+to `PLAIN_MAX` (32) of them (`row_limit`). Measured on the H200 (2026-11-30, beeb84b, workload A's
+shape, T 0.8 top-p 0.95, bench/structured.py): graphs up to 256 rows took every request under a
+schema from 13,264 to 15,186 tok/s and half of them from 15,105 to 16,933 (the eager draw's
+launches and the mask's ~25 operations set the host's pace there), while unconstrained steps went
+from 21,072 to 20,505 (their host was not the limit; a graph copies the logits in and out). The
+static logits of the steps above `PLAIN_MAX` rows are a second buffer, made only when such a
+step comes.
 Must never: capture while another capture runs, or hand out a static buffer.
 To extend (another draw feature): make it part of the key if it changes which kernels launch, and
 of the packed parameters if it is a per-row value.
@@ -53,7 +61,8 @@ from infer_cluster.worker.sampling.ops import RandomRows, Unresolved, draw_rando
 log = logging.getLogger(__name__)
 
 DRAW_GRAPH_ENV = "INFER_CLUSTER_DRAW_GRAPH_MAX"
-DRAW_GRAPH_MAX_DEFAULT = 32
+DRAW_GRAPH_MAX_DEFAULT = 256
+PLAIN_MAX = 32  # the most rows of a graph draw without a grammar (module docstring)
 MAX_GRAPHS = 64  # captured keys at most; a step past that draws eagerly
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PACKED_ROWS = 6  # temperature, top_k, top_p, min_p, seed bits, step bits (float64 each)
@@ -63,6 +72,12 @@ _SLOTS = 4  # pinned staging rows for the parameters
 def draw_graph_max() -> int:
     """`INFER_CLUSTER_DRAW_GRAPH_MAX` (the default when unset); a `ConfigError` names a bad value."""
     return env_count(DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, "rows", most=BUCKETS[-1])
+
+
+def row_limit(max_batch: int, constrained: bool) -> int:
+    """The most rows of a step that may take a graph: `max_batch` under a grammar, else at
+    most `PLAIN_MAX`."""
+    return max_batch if constrained else min(max_batch, PLAIN_MAX)
 
 
 def bucket_for(n: int) -> int:
@@ -123,7 +138,9 @@ class DrawGraphs:
         self.device = device
         self.max_batch = max_batch
         self._graphs: dict[tuple, _Graph] = {}
-        self._logits: dict[tuple, torch.Tensor] = {}  # (dtype, vocab) -> [max bucket, vocab] static input
+        # (dtype, vocab, rows) -> [rows, vocab] static input: rows the bucket of PLAIN_MAX, or of
+        # max_batch for the larger buckets (only constrained steps reach those)
+        self._logits: dict[tuple, torch.Tensor] = {}
         self._pool = None
         # The parameters' pinned staging rows, one per step in flight at most (a row is written
         # again once the copy that read it last ran: its event, normally long done).
@@ -142,15 +159,16 @@ class DrawGraphs:
         limit = draw_graph_max()
         return cls(device, limit) if device.type == "cuda" and limit else None
 
-    def fits(self, n: int) -> bool:
-        """Whether a step of `n` rows may take a graph."""
-        return 0 < n <= self.max_batch
+    def fits(self, n: int, constrained: bool = False) -> bool:
+        """Whether a step of `n` rows (under a grammar or not) may take a graph."""
+        return 0 < n <= row_limit(self.max_batch, constrained)
 
-    def accepts(self, logits: torch.Tensor, width: int, top_p_alone: bool) -> bool:
+    def accepts(self, logits: torch.Tensor, width: int, top_p_alone: bool,
+                constrained: bool = False) -> bool:
         """Whether a graph serves these logits (`fits` their rows) at this width and variant:
         captured already, or room for one more (`MAX_GRAPHS`)."""
-        return self.fits(logits.shape[0]) and (len(self._graphs) < MAX_GRAPHS
-                                 or self._key(logits, width, top_p_alone) in self._graphs)
+        return self.fits(logits.shape[0], constrained) and (
+            len(self._graphs) < MAX_GRAPHS or self._key(logits, width, top_p_alone) in self._graphs)
 
     @staticmethod
     def _key(logits: torch.Tensor, width: int, top_p_alone: bool) -> tuple:
@@ -170,7 +188,7 @@ class DrawGraphs:
         g = self._graphs.get(key)
         if g is None:
             g = self._capture(key)
-        x = self._static_logits(logits.dtype, vocab)
+        x = self._static_logits(logits.dtype, vocab, bs)
         x[:n].copy_(logits, non_blocking=True)
         if edit is not None:
             edit(x[:n])
@@ -189,17 +207,20 @@ class DrawGraphs:
             transfer = torch.cat((g.transfer[:n], g.transfer[bs:bs + n]))
         return transfer, DeferredUnresolved(kept, g.aux[:, :n].clone(), plan)
 
-    def _static_logits(self, dtype: torch.dtype, vocab: int) -> torch.Tensor:
-        """The static logits input of (dtype, vocab): kept while any graph may read it."""
-        x = self._logits.get((dtype, vocab))
+    def _static_logits(self, dtype: torch.dtype, vocab: int, bs: int) -> torch.Tensor:
+        """The static logits input of graphs of (dtype, vocab) and bucket `bs`: kept while any
+        graph may read it."""
+        small = bucket_for(row_limit(self.max_batch, False))
+        rows = small if bs <= small else bucket_for(self.max_batch)
+        x = self._logits.get((dtype, vocab, rows))
         if x is None:
-            x = torch.zeros(bucket_for(self.max_batch), vocab, dtype=dtype, device=self.device)
-            self._logits[(dtype, vocab)] = x
+            x = torch.zeros(rows, vocab, dtype=dtype, device=self.device)
+            self._logits[(dtype, vocab, rows)] = x
         return x
 
     def _capture(self, key: tuple) -> _Graph:
         dtype, bs, vocab, width, top_p_alone = key
-        x = self._static_logits(dtype, vocab)[:bs]
+        x = self._static_logits(dtype, vocab, bs)[:bs]
         packed = torch.zeros(bs, PACKED_ROWS, dtype=torch.float64, device=self.device)
         packed[:, :3] = 1.0  # temperature 1, top_k 1, top_p 1: benign rows for the warm-up and padding
         def body():

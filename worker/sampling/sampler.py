@@ -405,7 +405,8 @@ class Sampler:
         if (not use_sample_kernels(logits) or logits.stride(1) != 1
                 or not need.all() or need.max() > MAX_CANDIDATES):
             return None
-        if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab)):
+        if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab),
+                              constrained=bool(classes.grammar_rows)):
             return None
         plan = self._random_plan(rows, logits, (table, classes.seeds, classes.seeded))
         edit = None
