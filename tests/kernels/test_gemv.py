@@ -257,14 +257,15 @@ from bench.ptxas_check import gemv_variants, compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     ptx = compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    print(name, spills, ptx.count("cp.async."), ptx.count("mma.sync"))
+    print(name, spills, ptx.count("cp.async."), ptx.count("mma.sync") + ptx.count("wgmma.mma_async"))
 """)
 
 
 def test_sm90_build_of_the_picked_configs(sm90_builds):
     """Every config `pick_config` gives the Qwen3-0.6B shapes compiles for an H100 ahead of time
     (no GPU needed; in a child process, as the interpreter cannot compile) without spills, with
-    the K loop pipelined (cp.async) and the dot configs on tensor cores (mma)."""
+    the K loop pipelined (cp.async) and the dot configs on tensor cores (mma.sync, or Hopper's
+    wgmma for the 64-row tiles)."""
     rows = [line.split() for line in sm90_builds.get(SM90_GEMV_CHECK).splitlines()]
     assert rows
     for *name, spills, cp_async, mma in rows:
