@@ -1,8 +1,9 @@
 """Small-batch linear benchmark: cuBLAS (`F.linear`) vs `linear_small`, and the fused MLP down
-projection vs `silu_and_mul` + `F.linear`, on the SmolLM2-135M, Qwen3-0.6B and Llama-3-8B shapes
-and one rank's shard of the latter two at T=2 (`--models ...-tp2`), M = 1..64 (the sweep); without
-`--sweep`, M up to 256 too (the mid-size decode batches: past 64 rows the small path falls back to
-cuBLAS, after the reference SiLU for down, so the cuBLAS columns give its time and GB/s per shape).
+projection vs `silu_and_mul` + `F.linear`, on the SmolLM2-135M, Qwen3-0.6B and Llama-3-8B shapes and one rank's
+shard of each at T=2 (`--models ...-tp2`), M = 1..16; without `--sweep`, M up to 256 too (the mid-size
+decode batches, where the small path falls back to cuBLAS, after the reference SiLU for down:
+the cuBLAS columns then give its time and GB/s per shape, what issue 44's "GEMMs at mid-size M"
+starts from).
 
 Owns: timing inside CUDA graphs (each graph replays the op many times over rotating copies of
 the weight, so the 50 MB L2 never holds it: the decode step streams every weight from HBM once;
@@ -34,7 +35,7 @@ from bench.graph_timing import best_replay_s  # noqa: E402
 SHAPES = {
     "qwen3-0.6b": {"layers": 28, "qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
                    "down": (1024, 3072), "lm_head": (151936, 1024)},
-    # the packaged model (SmolLM2-135M): a verify step of speculative decoding runs up to 48 rows
+    # the packaged model (SmolLM2-135M); its table rows stay unset: see docs/kernels.md
     "smollm2-135m": {"layers": 30, "qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),
                      "down": (576, 1536), "lm_head": (49152, 576)},
     "llama-3-8b": {"layers": 32, "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -46,7 +47,6 @@ SHAPES = {
                        "down": (4096, 7168), "lm_head": (64128, 4096)},
 }
 MS = (1, 2, 4, 8, 16)
-SWEEP_MAX_M = 64  # kernels/gemv_config.MAX_M: the most rows a launch takes
 _ROTATE_BYTES = 256 << 20  # weight copies per graph cover this much (> the H100's 50 MB L2)
 _GRAPH_BYTES = 2 << 30     # about this much weight traffic per replay
 
@@ -64,15 +64,10 @@ def candidates(m: int, n: int, k: int):
                 continue
             out += [GemvConfig(bn, bk, warps, stages, s, False) for s in splits
                     if s == 1 or -(-n // bn) < 264]
-    if 2 <= mb <= 16:
+    if mb >= 2:
         for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3, 4)):
             out += [GemvConfig(bn, bk, 4, stages, s, True) for s in splits
                     if s == 1 or -(-n // bn) < 264]
-    if mb > 16:  # programs tile M too: rows per tile, a smaller grid of the rest
-        for bm, bn, bk, stages in itertools.product((16, 32, 64), (32, 64), (64, 128), (3, 4)):
-            if bm <= mb:
-                out += [GemvConfig(bn, bk, 4, stages, s, True, block_m=bm) for s in splits
-                        if s == 1 or -(-n // bn) * -(-m // bm) < 264]
     return out
 
 
@@ -133,7 +128,7 @@ def _warm_one(job):
 def _variant(m, k, cfg, silu):
     """What tells compiled kernels apart: the constexprs, the launch options, and how Triton
     specialises M (== 1, multiple of 16); N, K and the strides are multiples of 16 here."""
-    rows = ("dot", cfg.block_m, m == 1, m % 16 == 0) if cfg.use_dot else m
+    rows = ("dot", m == 1, m % 16 == 0) if cfg.use_dot else m
     k_per_split = -(-(-(-k // cfg.split_k)) // cfg.block_k) * cfg.block_k
     return (rows, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.use_dot,
             k_per_split < k, silu, k % cfg.block_k == 0)
@@ -242,8 +237,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configs and print the best per (shape, M)")
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--m", nargs="+", type=int, default=list(MS),
-                    help="batch rows to time (<= 64 with --sweep, else <= 256: past 64, and wherever the table "
-                         "has no entry past 2 rows, the small path falls back to cuBLAS)")
+                    help="batch rows to time (<= 16 with --sweep, else <= 256: past 16 the small path falls back "
+                         "to cuBLAS)")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
                     help="processes that precompile the sweep's kernels (1 = compile inline)")
     ap.add_argument("--budget-s", type=float, default=180,
@@ -258,7 +253,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/gemv.py: no CUDA device; nothing to time")
         return 0
-    most = SWEEP_MAX_M if args.sweep else 256
+    most = 16 if args.sweep else 256
     if any(not 1 <= m <= most for m in args.m):
         ap.error(f"--m values must be in 1..{most}{' with --sweep' if args.sweep else ''}")
     t0 = time.time()

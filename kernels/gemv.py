@@ -1,6 +1,6 @@
 """Small-batch linear layers (decode GEMVs): dispatch, references and launch-config choice.
 
-Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 64, K]`),
+Owns: `linear_small(x, weight, bias)` (= `F.linear` for x `[M <= 16, K]`),
 `silu_mul_linear_small(gate_up, weight)` (= `F.linear(silu_and_mul_ref(gate_up), weight)`) and
 `rms_norm_linear_small(x, residual, norm_weight, eps, weight, bias)` (= the fused add + RMSNorm
 of `kernels/norm.py`, then `F.linear`; returns `(y, x + residual)`), `pick_config` (which
@@ -62,7 +62,7 @@ def use_small_path(enabled: bool, x: torch.Tensor) -> bool:
 
 
 def m_bucket(m: int) -> int:
-    """Rows are tuned per power of two (1, 2, 4, ..., 64); 3 uses the 4-row config."""
+    """Rows are tuned per power of two (1, 2, 4, 8, 16); 3 uses the 4-row config."""
     return 1 << max(0, m - 1).bit_length()
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_M = 64  # rows one launch handles: the dot path tiles M by `block_m`, the CUDA-core path
-CUDA_CORE_MAX_M = 16  # ... and the CUDA-core path holds every row in one tile, so at most this
+MAX_M = 16  # rows one launch handles; the dot path pads M to 16
 
 
 @dataclass(frozen=True)
@@ -22,16 +21,13 @@ class GemvConfig:
     num_stages: int = 2
     split_k: int = 1
     use_dot: bool = False
-    block_m: int = 16  # rows a program multiplies on the dot path (programs tile M); unused on the
-                       # CUDA-core path, which takes all rows (up to CUDA_CORE_MAX_M) in one tile
 
     def __post_init__(self):
-        for name in ("block_n", "block_k", "block_m"):
+        for name in ("block_n", "block_k"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"GemvConfig.{name} must be a power of two, got {v}")
-        if self.use_dot and (self.block_n < 16 or self.block_k < 16 or self.block_m < 16):
-            raise ValueError(f"use_dot needs block_m, block_n and block_k >= 16, got {self.block_m}, "
-                             f"{self.block_n}, {self.block_k}")
+        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
+            raise ValueError(f"use_dot needs block_n and block_k >= 16, got {self.block_n}, {self.block_k}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"split_k, num_warps and num_stages must be >= 1: {self}")

@@ -1,4 +1,4 @@
-"""Triton small-batch linear (GEMV-like): `y[M, N] = x[M, K] @ W[N, K]^T (+ bias)` for M <= 64.
+"""Triton small-batch linear (GEMV-like): `y[M, N] = x[M, K] @ W[N, K]^T (+ bias)` for M <= 16.
 
 Owns: `linear_small_triton`, `silu_mul_linear_small_triton` (the down projection with
 `silu(gate) * up` computed in the prologue) and `rms_norm_linear_small_triton` (qkv / gate_up
@@ -10,9 +10,7 @@ CUDA graphs, so every choice is made up front).
 Why not cuBLAS: at decode batch sizes the product is memory bound; each program here reads one
 `[BLOCK_N, K]` slab of W exactly once, `BLOCK_K` columns at a time, and reuses every chunk for all
 M rows of x. Two inner products: `use_dot=False` multiplies and sums on the CUDA cores (best for
-M = 1, 2; all rows in one tile, so M <= 16), `use_dot=True` uses `tl.dot` (tensor cores) on
-tiles of `block_m` rows (M padded up to it; past one tile the programs tile M too, each reading
-its slab of W: the other tiles' reads of it mostly hit L2). Narrow outputs (N = 1024)
+M = 1, 2), `use_dot=True` pads M to 16 and uses `tl.dot` (tensor cores). Narrow outputs (N = 1024)
 give too few programs to fill the GPU, so `split_k > 1` cuts K into slices whose float32 partial
 sums a second small kernel adds up (and adds the bias, and casts). `num_stages` > 1 software-
 pipelines the K loop (cp.async into shared memory), keeping several chunks of W in flight per
@@ -51,9 +49,10 @@ import triton
 import triton.language as tl
 
 from .dispatch import env_switch
-from .gemv_config import CUDA_CORE_MAX_M, MAX_M, GemvConfig
+from .gemv_config import MAX_M, GemvConfig
 from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
+_DOT_M = 16  # tl.dot needs M >= 16
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -126,12 +125,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, nw_ptr, h_ptr, eps,
     pdl_release(PDL)  # the next small linear may start and load its weights (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)  # the tile of rows (always 0 on the CUDA-core path)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     # Out-of-range rows of W read row 0 (always valid) instead of masking: unmasked, vectorised loads.
     rows_n = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     rows_m = tl.where(mask_m, offs_m, 0).to(tl.int64)
     w_rows = w_ptr + rows_n[:, None] * swn
@@ -251,14 +249,12 @@ def _launch(x, weight, bias, k, cfg: GemvConfig, silu_mul: bool, norm=None):
         if m == 0 or n == 0:
             return out
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    if not cfg.use_dot and m > CUDA_CORE_MAX_M:
-        raise ValueError(f"the CUDA-core launch (use_dot=False) handles at most {CUDA_CORE_MAX_M} rows, got {m}")
-    block_m = cfg.block_m if cfg.use_dot else triton.next_power_of_2(m)
+    block_m = _DOT_M if cfg.use_dot else triton.next_power_of_2(m)
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(k)))
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
     partial = splits > 1
-    grid = (triton.cdiv(n, cfg.block_n), splits, triton.cdiv(m, block_m))
+    grid = (triton.cdiv(n, cfg.block_n), splits)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if partial else out
     b = bias if bias is not None else weight  # never read without HAS_BIAS
     residual, norm_w, eps, h_out = norm if norm is not None else (None, x, 0.0, None)

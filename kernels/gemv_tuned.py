@@ -1,5 +1,4 @@
-"""Launch configs for `linear_small`, tuned with `bench/gemv.py --sweep` (bf16) on the H100 and, for the
-SmolLM2-135M shapes and the rows past 16, on the H200.
+"""Launch configs for `linear_small`, tuned on the H100 with `bench/gemv.py --sweep` (bf16).
 
 Owns: TUNED, keyed (N, K, M bucket) -> GemvConfig, or None where cuBLAS was faster. Plain data:
 paste the sweep's output here; shapes not listed fall back to `gemv.default_config`. Never put
@@ -95,53 +94,4 @@ TUNED: dict = {
     (64128, 4096, 4): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 175.8 us vs cuBLAS 190.7 us (2989 GB/s)
     (64128, 4096, 8): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 176.2 us vs cuBLAS 192.0 us (2982 GB/s)
     (64128, 4096, 16): GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1, use_dot=True),  # llama-3-8b-tp2 lm_head: 178.0 us vs cuBLAS 192.1 us (2951 GB/s)
-    # SmolLM2-135M (the packaged model) at 1-64 rows and Qwen3-0.6B at 32 and 64 rows (`bench/gemv.py
-    # --sweep --models smollm2-135m --m 1 2 4 8 16 32 64`, then `--models qwen3-0.6b --m 32 64`), swept on
-    # 2026-11-30 on an H200 (torch 2.11 + CUDA 13, triton 3.6), kernels as at c07a9e5: the dot path tiles rows
-    # by block_m there. A verify step of speculative decoding runs up to 48 decode rows of SmolLM2.
-    (960, 576, 1): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m qkv: 2.0 us vs cuBLAS 3.6 us
-    (960, 576, 2): GemvConfig(block_n=8, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # smollm2-135m qkv: 2.5 us vs cuBLAS 3.7 us
-    (960, 576, 4): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m qkv: 2.8 us vs cuBLAS 3.7 us
-    (960, 576, 8): GemvConfig(block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m qkv: 2.8 us vs cuBLAS 3.2 us
-    (960, 576, 16): GemvConfig(block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m qkv: 2.6 us vs cuBLAS 3.3 us
-    (960, 576, 32): None,  # smollm2-135m qkv: 3.1 us vs cuBLAS 3.1 us
-    (960, 576, 64): GemvConfig(block_n=32, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # smollm2-135m qkv: 3.0 us vs cuBLAS 3.6 us
-    (576, 576, 1): GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m o: 1.5 us vs cuBLAS 3.2 us
-    (576, 576, 2): GemvConfig(block_n=4, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # smollm2-135m o: 1.8 us vs cuBLAS 3.2 us
-    (576, 576, 4): GemvConfig(block_n=4, block_k=128, num_warps=4, num_stages=3, split_k=1, use_dot=False),  # smollm2-135m o: 2.4 us vs cuBLAS 3.2 us
-    (576, 576, 8): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, split_k=1, use_dot=True, block_m=16),  # smollm2-135m o: 2.4 us vs cuBLAS 3.2 us
-    (576, 576, 16): GemvConfig(block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m o: 2.3 us vs cuBLAS 3.1 us
-    (576, 576, 32): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=1, use_dot=True, block_m=16),  # smollm2-135m o: 2.5 us vs cuBLAS 3.1 us
-    (576, 576, 64): GemvConfig(block_n=32, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # smollm2-135m o: 2.5 us vs cuBLAS 3.2 us
-    (3072, 576, 1): GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m gate_up: 3.1 us vs cuBLAS 4.2 us
-    (3072, 576, 2): GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m gate_up: 3.5 us vs cuBLAS 4.1 us
-    (3072, 576, 4): GemvConfig(block_n=64, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m gate_up: 4.0 us vs cuBLAS 4.2 us
-    (3072, 576, 8): GemvConfig(block_n=32, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m gate_up: 4.0 us vs cuBLAS 4.2 us
-    (3072, 576, 16): GemvConfig(block_n=32, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=16),  # smollm2-135m gate_up: 3.9 us vs cuBLAS 4.2 us
-    (3072, 576, 32): None,  # smollm2-135m gate_up: 4.3 us vs cuBLAS 4.3 us
-    (3072, 576, 64): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # smollm2-135m gate_up: 3.8 us vs cuBLAS 4.2 us
-    (576, 1536, 1): GemvConfig(block_n=8, block_k=512, num_warps=8, num_stages=3, split_k=1, use_dot=False),  # smollm2-135m down: 2.6 us vs silu+cuBLAS 6.4 us
-    (576, 1536, 2): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m down: 3.5 us vs silu+cuBLAS 6.4 us
-    (576, 1536, 4): GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=1, split_k=1, use_dot=False),  # smollm2-135m down: 4.2 us vs silu+cuBLAS 6.5 us
-    (576, 1536, 8): None,  # smollm2-135m down: 9.6 us vs silu+cuBLAS 6.4 us
-    (576, 1536, 16): None,  # smollm2-135m down: 9.6 us vs silu+cuBLAS 6.3 us
-    (576, 1536, 32): None,  # smollm2-135m down: 8.5 us vs silu+cuBLAS 6.2 us
-    (576, 1536, 64): None,  # smollm2-135m down: 11.4 us vs silu+cuBLAS 6.6 us
-    (49152, 576, 1): None,  # smollm2-135m lm_head: 19.4 us vs cuBLAS 16.3 us
-    (49152, 576, 2): None,  # smollm2-135m lm_head: 19.8 us vs cuBLAS 16.5 us
-    (49152, 576, 4): None,  # smollm2-135m lm_head: 19.0 us vs cuBLAS 16.7 us
-    (49152, 576, 8): None,  # smollm2-135m lm_head: 18.0 us vs cuBLAS 16.7 us
-    (49152, 576, 16): GemvConfig(block_n=32, block_k=64, num_warps=4, num_stages=2, split_k=1, use_dot=True, block_m=16),  # smollm2-135m lm_head: 16.4 us vs cuBLAS 16.9 us
-    (49152, 576, 32): None,  # smollm2-135m lm_head: 17.9 us vs cuBLAS 17.7 us
-    (49152, 576, 64): GemvConfig(block_n=64, block_k=64, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # smollm2-135m lm_head: 18.0 us vs cuBLAS 19.0 us
-    (4096, 1024, 32): None,  # qwen3-0.6b qkv: 6.2 us vs cuBLAS 4.9 us
-    (4096, 1024, 64): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # qwen3-0.6b qkv: 4.9 us vs cuBLAS 5.3 us
-    (1024, 2048, 32): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True, block_m=16),  # qwen3-0.6b o: 5.7 us vs cuBLAS 6.0 us
-    (1024, 2048, 64): GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=2, use_dot=True, block_m=64),  # qwen3-0.6b o: 5.5 us vs cuBLAS 5.8 us
-    (6144, 1024, 32): None,  # qwen3-0.6b gate_up: 7.4 us vs cuBLAS 6.0 us
-    (6144, 1024, 64): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=64),  # qwen3-0.6b gate_up: 5.6 us vs cuBLAS 6.2 us
-    (1024, 3072, 32): None,  # qwen3-0.6b down: 12.8 us vs silu+cuBLAS 8.1 us
-    (1024, 3072, 64): None,  # qwen3-0.6b down: 14.0 us vs silu+cuBLAS 8.4 us
-    (151936, 1024, 32): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=1, use_dot=True, block_m=32),  # qwen3-0.6b lm_head: 80.3 us vs cuBLAS 83.3 us
-    (151936, 1024, 64): GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, split_k=1, use_dot=True, block_m=64),  # qwen3-0.6b lm_head: 83.1 us vs cuBLAS 86.8 us
 }
