@@ -60,7 +60,7 @@ def main(argv=None):
         print("bench/decode_grid.py: no CUDA device; nothing to time")
         return []
     device = "cpu" if args.smoke else "cuda"
-    batches, contexts = (args.batch, args.context) if not args.smoke else ([2, 3], [20, 40])
+    batches, contexts = (args.batch, args.context) if not args.smoke else ([3], [20])
     iters, reps = (2, 1) if args.smoke else (args.iters, args.reps)
     scale = tc.D ** -0.5
     copy = 0.0 if args.smoke else tc.copy_bandwidth()
