@@ -76,7 +76,7 @@ def render_status(status: dict) -> str:
         f"{c.get('routing')}  up {c.get('uptime_s', 0):.0f}s{'  DRAINING' if c.get('is_draining') else ''}",
         f"requests: {c.get('num_in_flight', 0)} in flight ({c.get('num_pending', 0)} pending), "
         f"{c.get('num_completed', 0)} completed, {c.get('num_failed', 0)} failed, "
-        f"{c.get('num_refused', 0)} refused by a replica, "
+        f"{c.get('num_refused', 0)} refused by a replica (invalid, or too large), "
         f"{c.get('num_aborted', 0) + c.get('num_client_gone_aborts', 0)} aborted, "
         f"{c.get('num_timeouts', 0)} timed out, {c.get('num_rejected', 0)} rejected; "
         f"re-routes {c.get('num_reroutes', 0)} ({c.get('num_resumed', 0)} resumed), "

@@ -56,7 +56,7 @@ def test_serve_status_generate_bench_then_sigterm_stops_everything(tmp_path):
         pids = [r["pid"] for r in status["replicas"]]
         table = cli("status", "--address", address).stdout
         assert "replica-0" in table and "active" in table and "KV USED" in table
-        assert "0 failed, 0 refused by a replica" in table
+        assert "0 failed, 0 refused by a replica (invalid, or too large)" in table
 
         gen = cli("generate", "--address", address, "--max-tokens", "8", "Hello")
         assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr
