@@ -9,7 +9,11 @@ decode rows (contexts U[100, 1500]) beside 8 whole prompts, as in workload A's p
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
-cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`).
+cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
+its attention TFLOP/s (`attention_flops`: the causal score and value products actually needed)
+and its share of the bf16 matmul peak measured in the same run (`bench/roofline.measure_device`):
+the `chunk1k` case, two 1,024-token chunks over 2,048 cached tokens each, is issue 44's "1k-token
+chunks over cached prefixes".
 `--smoke` runs tiny batches on the CPU interpreter (checks the script only; times meaningless).
 
   python bench/int8_prefill.py [--cvt words add] [--out bench/results/int8_prefill.json]
@@ -29,9 +33,18 @@ _RNG = random.Random(0)
 _PROMPTS = [_RNG.randint(100, 1024) for _ in range(16)]
 _DECODE_CTX = [_RNG.randint(100, 1500) for _ in range(192)]
 CASES = [("fresh16", _PROMPTS, _PROMPTS), ("chunk4", [512] * 4, [2048] * 4),
+         ("chunk1k", [1024] * 2, [3072] * 2),
          # a workload-A mixed step: decode rows of admitted requests beside whole prompts
          ("mixed", [1] * 192 + _PROMPTS[:8], _DECODE_CTX + _PROMPTS[:8])]
 SMOKE_CASES = [("fresh2", [20, 9], [20, 9]), ("chunk1", [8], [40])]
+
+
+def attention_flops(q_lens, ctx_lens, heads: int, head_dim: int) -> int:
+    """Multiply-adds x 2 of causal attention for query chunks at the end of their contexts: the
+    j-th query token of a chunk of q tokens in a context of c attends c - q + j + 1 keys, each
+    costing a score and a value product of head_dim."""
+    keys = sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(q_lens, ctx_lens))
+    return 4 * heads * head_dim * keys
 
 
 def build(q_lens, ctx_lens, device, seed):
@@ -82,10 +95,16 @@ def main(argv=None):
                                            "prmt_load", "mma_k", "mma_k_words_v"]))
     scale = tc.D ** -0.5
     rows = []
-    print(f"{'case':<10}{'tokens':>8}  {'variant':<22}{'ms':>9}{'vs bf16':>9}{'max err':>9}")
+    peak = 0.0
+    if not args.smoke:
+        from bench.roofline import measure_device
+        peak = measure_device()["bf16_TFLOPs"]
+        print(f"bf16 matmul peak measured now: {peak:.0f} TFLOP/s")
+    print(f"{'case':<10}{'tokens':>8}  {'variant':<22}{'ms':>9}{'vs bf16':>9}{'max err':>9}{'TFLOP/s':>9}{'of peak':>8}")
     for seed, (name, q_lens, ctx_lens) in enumerate(SMOKE_CASES if args.smoke else CASES):
         q, k, v, bt, qsl, lens = build(q_lens, ctx_lens, device, seed)
         mq = max(q_lens)
+        flops = attention_flops(q_lens, ctx_lens, tc.H, tc.D)
         (kc, ks), (vc, vs) = [(c, s.transpose(1, 2).contiguous())
                               for c, s in map(quantize_int8_ref, (k, v))]
         out = [torch.empty_like(q)]
@@ -109,12 +128,16 @@ def main(argv=None):
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
         for r in rows[-len(cvts) - 1:]:
+            r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
+            r["of_peak"] = r["tflops"] / peak if peak else None
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")
+            share = f"{r['of_peak']:.0%}" if peak else "-"
             print(f"{name:<10}{sum(q_lens):>8}  {r['variant']:<22}{r['ms']:>9.4f}"
-                  f"{r['speedup']:>9.2f}{err:>9}" + ("" if r["ok"] else "  WRONG (vs reference)"),
-                  flush=True)
+                  f"{r['speedup']:>9.2f}{err:>9}{r['tflops']:>9.1f}{share:>8}"
+                  + ("" if r["ok"] else "  WRONG (vs reference)"), flush=True)
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
-                torch=torch.__version__, reps=args.reps, iters=iters, default=PREFILL_INT8_CVT)
+                torch=torch.__version__, reps=args.reps, iters=iters, default=PREFILL_INT8_CVT,
+                bf16_peak_tflops=peak)
     write_json(args.out, dict(meta=meta, results=rows))
     return rows
 
