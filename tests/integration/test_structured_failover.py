@@ -1,13 +1,17 @@
 """Structured requests survive a replica's death: kill -9 of a replica while 320 JSON-schema
 requests stream over the 2-replica cluster (one replica with async scheduling). The resumed
 requests rebuild their grammar state from the delivered tokens on the other replica, and every
-output parses, validates and equals the offline engine's."""
+output parses, validates and equals the offline engine's. The load arrives over a few seconds
+(a quarter at once, the rest at a steady pace), so the kill finds a replica mid-stream whatever
+the host's speed."""
 
 from __future__ import annotations
 
 import collections
 import json
 import signal
+import threading
+import time
 
 import jsonschema
 import pytest
@@ -20,10 +24,12 @@ from tests.structured.schemas import BOUNDED
 
 pytestmark = pytest.mark.timeout(300)
 
-# Requests in the load. Their outputs are short (bounded schemas, ~25 tokens each), so 160 of
-# them streamed in about a second on the 2-core CI machine, and once the load ended before the
-# status poll after its first tenth saw a replica running any ("no replica is mid-stream").
+# Requests in the load. Their outputs are short (bounded schemas, ~25 tokens each): sent at once,
+# 160 and then 320 of them streamed in about a second on the 2-core CI machine, and twice the load
+# ended before a heartbeat (every 0.5 s) showed a replica running any ("no replica is
+# mid-stream"). So after the first quarter the rest arrive over PACE_S seconds.
 NUM = 320
+PACE_S = 4.0
 
 
 def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
@@ -52,12 +58,24 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         original(payload)
     c._deliver = deliver
     victim = 1
+    handles = [None] * NUM
+    head = NUM // 4
+
+    def send():
+        for i, (p, sp) in enumerate(items):
+            handles[i] = c.submit(p, sp, request_id=f"so-kill-{i}")
+            if i >= head:
+                time.sleep(PACE_S / (NUM - head))
+
+    sender = threading.Thread(target=send, name="structured-failover-load", daemon=True)
     try:
-        handles = [c.submit(p, sp, request_id=f"so-kill-{i}") for i, (p, sp) in enumerate(items)]
-        cluster.wait_generated(generated, total * 0.1)  # early: the load can last under a second
+        sender.start()
+        cluster.wait_generated(generated, total * 0.1)
         victim, rows = cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
         cluster.kill_replica(victim, signal.SIGKILL)
+        sender.join(timeout=PACE_S + 60)
+        assert not sender.is_alive(), "the load's sender did not finish"
         outs = [h.result(timeout=180) for h in handles]
     finally:
         c.close()
