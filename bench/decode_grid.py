@@ -50,7 +50,7 @@ def main(argv=None):
     import torch
 
     from bench import tune_decode_cases as tc
-    from bench.int8_decode import _int8_batches
+    from bench.int8_decode import _int8_batches, int8_bytes
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
     from infer_cluster.kernels.attention_triton import decode_attention
@@ -75,7 +75,6 @@ def main(argv=None):
             case = tc.build_case(f"b{batch} c{context}", lens, copies, 0 if args.smoke else tc.GRAPH_WIDTH,
                                  device, torch.bfloat16, seed=bi * 10 + ci)
             outs = [torch.empty_like(b[0]) for b in case["batches"]]
-            q_out = 2 * 2 * batch * tc.H * tc.D  # q in, output out (bf16)
             base = None
             for kv in args.kv:
                 if kv == "bf16":
@@ -89,7 +88,7 @@ def main(argv=None):
                     run_case = dict(case, batches=_int8_batches(case))
                     q, kc, vc, bt, qsl, ln, ks, vs = run_case["batches"][0]
                     ref = paged_attention_ref(q, kc, vc, bt, qsl, ln, scale, k_scale=ks, v_scale=vs)
-                    work = sum(lens) * tc.HK * (tc.D + 4) * 2 + q_out  # codes + float32 scales
+                    work = int8_bytes(sum(lens), batch)
 
                     def fn(b, o):
                         decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7])

@@ -1,6 +1,7 @@
 """Small-batch linear benchmark: cuBLAS (`F.linear`) vs `linear_small`, and the fused MLP down
-projection vs `silu_and_mul` + `F.linear`, on the SmolLM2-135M, Qwen3-0.6B and Llama-3-8B shapes and one rank's
-shard of each at T=2 (`--models ...-tp2`), M = 1..16; without `--sweep`, M up to 256 too (the mid-size
+projection vs `silu_and_mul` + `F.linear`, on the SmolLM2-135M, Qwen3-0.6B and Llama-3-8B shapes and
+one rank's shard of the latter two at T=2 (`--models ...-tp2`), M = 1..16; without `--sweep`, M up
+to 256 too (the mid-size
 decode batches, where the small path falls back to cuBLAS, after the reference SiLU for down:
 the cuBLAS columns then give its time and GB/s per shape, what issue 44's "GEMMs at mid-size M"
 starts from).

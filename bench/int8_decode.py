@@ -30,6 +30,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def int8_bytes(ctx_total: int, num_seqs: int) -> int:
+    """What decode attention over an int8 cache must read and write: each context token's K and
+    V codes with their float32 scales, every KV head, then q and the output (bf16)."""
+    from bench.tune_decode_cases import D, H, HK
+    return ctx_total * HK * (D + 4) * 2 + 2 * 2 * num_seqs * H * D
+
+
 def _int8_batches(case):
     """The case's batches with the caches quantized once (codes, scales) by the append rule."""
     from infer_cluster.kernels.kv_append import quantize_int8_ref
@@ -225,8 +232,6 @@ def main(argv=None):
         outs = [torch.empty_like(b[0]) for b in case["batches"]]
         base = tc.time_graph(lambda b, o: decode_attention(*b, scale, o), case, outs,
                              args.reps, iters)[0]
-        n_tok, n = case["ctx_total"], case["num_seqs"]
-        q_bytes = 2 * 2 * n * tc.H * tc.D
         variants = [("bf16 defaults", None, base, case["work"], None, True)]
         int8 = _int8_batches(case)
         int8_case = dict(case, batches=int8)
@@ -250,7 +255,7 @@ def main(argv=None):
             except Exception as exc:  # a variant that does not compile or launch: report, go on
                 print(f"{case['name']:<22}{label:<52} failed: {type(exc).__name__}: {exc}"[:200])
                 err, ok, ms = math.nan, False, math.inf
-            variants.append((label, cfg, ms, n_tok * tc.HK * (tc.D + 4) * 2 + q_bytes, err, ok))
+            variants.append((label, cfg, ms, int8_bytes(case["ctx_total"], case["num_seqs"]), err, ok))
         for name, cfg, ms, work, err, ok in variants:
             row = dict(case=case["key"], variant=name, config=cfg, ms=ms,
                        gbs=work / (ms * 1e-3) / 1e9, speedup=base / ms, max_err=err, ok=ok)

@@ -53,6 +53,11 @@ SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "require
 SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole result.'
 
 
+# The runs compared (speculating, baseline), where both ran.
+PAIRS = (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"), ("on_rowwise", "off"),
+         ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed"))
+
+
 def kind_params(kind: str) -> dict:
     """`--kind`: bench/throughput.py's request kind (`SAMPLING_KINDS`), seeded wherever it
     samples so a run reproduces (speculation draws a seeded request's own numbers)."""
@@ -167,8 +172,7 @@ def main(argv=None) -> dict:
     agreement = {name: {b: _agreement(outputs[(name, b)], outputs[(args.runs[0], b)]) for b in args.batch}
                  for name in args.runs[1:]}
     ratios = {}
-    for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"),
-                     ("on_rowwise", "off"), ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed")):
+    for on, base in PAIRS:
         if on in results and base in results:
             ratios[f"{on}/{base}"] = {b: results[on][b]["tokens_per_s"] / results[base][b]["tokens_per_s"]
                                       for b in args.batch}
@@ -268,8 +272,7 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
             results[name][b] = row
             outputs[(name, b)] = [o.token_ids for o in outs[name]]
             _print_row(name, b, row)
-        for on, base in (("on", "off"), ("on_eager", "off_eager"), ("on_rowwise", "off"), ("on", "on_rowwise"),
-                         ("on_fixed", "off"), ("on", "on_fixed")):
+        for on, base in PAIRS:
             if on in per_round and base in per_round:
                 paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
     for name, llm in engines.items():

@@ -31,13 +31,14 @@ here so that they are on and off, and released, with these.
 
 How many rows: a step under a grammar takes a graph up to `max_batch` rows
 (`INFER_CLUSTER_DRAW_GRAPH_MAX`, default 256; 0 turns the graphs off, the A/B), any other step up
-to `PLAIN_MAX` (32) of them (`row_limit`). Measured on the H200 (2026-11-30, beeb84b, workload A's
-shape, T 0.8 top-p 0.95, bench/structured.py): graphs up to 256 rows took every request under a
-schema from 13,264 to 15,186 tok/s and half of them from 15,105 to 16,933 (the eager draw's
-launches and the mask's ~25 operations set the host's pace there), while unconstrained steps went
-from 21,072 to 20,505 (their host was not the limit; a graph copies the logits in and out). The
-static logits of the steps above `PLAIN_MAX` rows are a second buffer, made only when such a
-step comes.
+to `PLAIN_MAX` (32) of them (`row_limit`). Measured on the H200 (2026-11-30, workload A's shape,
+T 0.8 top-p 0.95, bench/structured.py, alternating with the limit at 32 on one machine at
+a98730a): every request under a schema 0.910 / 0.898 of unconstrained sampled against 0.827 /
+0.836, half of them 0.942 / 0.944 against 0.903 / 0.893 (the eager draw's launches and the
+mask's ~25 operations set the host's pace there). Graphs up to 256 rows for every step (beeb84b,
+a slower host) took the unconstrained run from 21,072 to 20,505 tok/s: its host was not the
+limit, and a graph copies the logits in and keeps a copy. The static logits of the steps above
+`PLAIN_MAX` rows are a second buffer, made only when such a step comes.
 Must never: capture while another capture runs, or hand out a static buffer.
 To extend (another draw feature): make it part of the key if it changes which kernels launch, and
 of the packed parameters if it is a per-row value.
@@ -141,6 +142,7 @@ class DrawGraphs:
         # (dtype, vocab, rows) -> [rows, vocab] static input: rows the bucket of PLAIN_MAX, or of
         # max_batch for the larger buckets (only constrained steps reach those)
         self._logits: dict[tuple, torch.Tensor] = {}
+        self._plain_rows = bucket_for(row_limit(max_batch, False))  # rows of the smaller buffer
         self._pool = None
         # The parameters' pinned staging rows, one per step in flight at most (a row is written
         # again once the copy that read it last ran: its event, normally long done).
@@ -210,8 +212,7 @@ class DrawGraphs:
     def _static_logits(self, dtype: torch.dtype, vocab: int, bs: int) -> torch.Tensor:
         """The static logits input of graphs of (dtype, vocab) and bucket `bs`: kept while any
         graph may read it."""
-        small = bucket_for(row_limit(self.max_batch, False))
-        rows = small if bs <= small else bucket_for(self.max_batch)
+        rows = self._plain_rows if bs <= self._plain_rows else bucket_for(self.max_batch)
         x = self._logits.get((dtype, vocab, rows))
         if x is None:
             x = torch.zeros(rows, vocab, dtype=dtype, device=self.device)
