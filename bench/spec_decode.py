@@ -58,6 +58,22 @@ PAIRS = (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"), ("on_row
          ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed"))
 
 
+RUNS = ("off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed")
+
+
+def _run_name(name: str) -> str:
+    """A `--runs` name: one of `RUNS` or on_rowsN."""
+    if name in RUNS or (name.startswith("on_rows") and name[len("on_rows"):].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"{name!r} is not a run: {', '.join(RUNS)} or on_rowsN")
+
+
+def _pairs(runs) -> tuple:
+    """`PAIRS`, and each `on_rowsN` run against `off` and against `on`."""
+    rows = tuple((name, base) for name in runs if name.startswith("on_rows") for base in ("off", "on"))
+    return PAIRS + rows
+
+
 def kind_params(kind: str) -> dict:
     """`--kind`: bench/throughput.py's request kind (`SAMPLING_KINDS`), seeded wherever it
     samples so a run reproduces (speculation draws a seeded request's own numbers)."""
@@ -108,11 +124,14 @@ def main(argv=None) -> dict:
                     help="speculative_config.adaptive: on (the default) speculates only where it measured "
                          "it to pay; off speculates in every step (what verification alone gives)")
     ap.add_argument("--runs", nargs="+", default=["off", "on"],
-                    choices=["off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed"],
+                    type=_run_name,
                     help="on_rowwise: speculation on, but a verify step's decode rows each read "
                          "their own KV (INFER_CLUSTER_VERIFY_RUNS=0), the A/B of reading a "
                          "request's KV once per chunk of its rows; on_fixed: every step speculates "
-                         "(adaptive off), the A/B of the governor")
+                         "(adaptive off), the A/B of the governor; on_rowsN (e.g. on_rows128): "
+                         "verify steps run as decode steps up to N positions "
+                         "(INFER_CLUSTER_VERIFY_MAX_ROWS, 48 by default), so a row gets up to "
+                         "N // batch - 1 proposals")
     ap.add_argument("--interleave", default="on", choices=["on", "off"],
                     help="on: build every run's engine first, then alternate them round by round "
                          "(a drift of the host's speed, which moved batch-1 TPOT by up to 45%% "
@@ -157,6 +176,10 @@ def main(argv=None) -> dict:
              "on_rowwise": {"speculative_config": spec, "_env": {"INFER_CLUSTER_VERIFY_RUNS": "0"}},
              # every step speculates (the governor's A/B)
              "on_fixed": {"speculative_config": {**spec, "adaptive": False}}}
+    for name in args.runs:  # on_rowsN: verify steps run as decode steps up to N positions
+        if name.startswith("on_rows"):
+            modes[name] = {"speculative_config": spec,
+                           "_env": {"INFER_CLUSTER_VERIFY_MAX_ROWS": name[len("on_rows"):]}}
     convs = conversations(max(args.batch) * args.rounds, args.input_chars)
     params = SamplingParams(max_tokens=args.output_len, **kind_params(args.kind),
                             structured_outputs={"json": SCHEMA} if args.schema else None)
@@ -172,7 +195,7 @@ def main(argv=None) -> dict:
     agreement = {name: {b: _agreement(outputs[(name, b)], outputs[(args.runs[0], b)]) for b in args.batch}
                  for name in args.runs[1:]}
     ratios = {}
-    for on, base in PAIRS:
+    for on, base in _pairs(args.runs):
         if on in results and base in results:
             ratios[f"{on}/{base}"] = {b: results[on][b]["tokens_per_s"] / results[base][b]["tokens_per_s"]
                                       for b in args.batch}
@@ -272,7 +295,7 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
             results[name][b] = row
             outputs[(name, b)] = [o.token_ids for o in outs[name]]
             _print_row(name, b, row)
-        for on, base in PAIRS:
+        for on, base in _pairs(args.runs):
             if on in per_round and base in per_round:
                 paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
     for name, llm in engines.items():

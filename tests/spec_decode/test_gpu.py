@@ -45,6 +45,18 @@ def test_greedy_output_equals_speculation_off(want, spec, enforce_eager):
             assert draft.graphs.replays > 0
 
 
+def test_larger_verify_graphs_keep_the_output(want, monkeypatch):
+    """`INFER_CLUSTER_VERIFY_MAX_ROWS` past the default: verify graphs up to 128 rows, each row
+    up to k proposals at every batch here, the output still speculation off's."""
+    monkeypatch.setenv("INFER_CLUSTER_VERIFY_MAX_ROWS", "128")
+    spec = {**SPEC, "num_speculative_tokens": 15, "adaptive": False}
+    llm = LLM("tiny-random", speculative_config=spec, async_scheduling=False, **KW)
+    assert llm.engine.runner.verify_graphs.sizes[-1] == 128
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)] == want
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+    assert llm.engine.runner.verify_graphs.replays > 0
+
+
 @pytest.mark.parametrize("spec", [SPEC, DRAFT], ids=["ngram", "draft_model"])
 def test_async_scheduling_with_graphs(want, spec):
     llm = LLM("tiny-random", speculative_config={**spec, "disable_by_batch_size": 4}, **KW)

@@ -121,3 +121,24 @@ def test_rows_get_fewer_proposals_as_the_batch_grows():
     assert all(req.spec_token_ids == [2, 3, 4, 5, 6] for req in reqs)
     proposer.propose(reqs[:1])
     assert reqs[0].spec_token_ids == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_verify_max_rows_sets_the_rows_a_verify_step_may_run_as_decode_rows(monkeypatch):
+    """`INFER_CLUSTER_VERIFY_MAX_ROWS` raises the decode-shaped verify step's positions, so each
+    row of a batch gets more proposals; a bad value is refused naming the variable."""
+    from infer_cluster.worker.config import ConfigError
+    from infer_cluster.worker.spec_decode.ngram import row_limit
+    from infer_cluster.worker.spec_decode.verify import verify_max_rows
+    monkeypatch.delenv("INFER_CLUSTER_VERIFY_MAX_ROWS", raising=False)
+    assert verify_max_rows() == 48
+    monkeypatch.setenv("INFER_CLUSTER_VERIFY_MAX_ROWS", "128")
+    assert verify_max_rows() == 128
+    assert [row_limit(15, b, 128) for b in (1, 8, 9, 16, 64, 128)] == [15, 15, 13, 7, 1, 1]
+    proposer = NgramProposer(15, 1, 2, 4096, max_rows=verify_max_rows())
+    reqs = [_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1], max_tokens=64) for _ in range(16)]
+    proposer.propose(reqs)  # 7 a row, where the default's 48 positions give 2
+    assert all(req.spec_token_ids == [2, 3, 4, 5, 6, 7, 8] for req in reqs)
+    for bad in ("1", "513", "many"):
+        monkeypatch.setenv("INFER_CLUSTER_VERIFY_MAX_ROWS", bad)
+        with pytest.raises(ConfigError, match="INFER_CLUSTER_VERIFY_MAX_ROWS"):
+            verify_max_rows()

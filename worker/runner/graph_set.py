@@ -3,8 +3,8 @@
 Owns: `capture_graph_set`, which captures, in one memory pool,
 - the decode graphs (worker/runner/cuda_graphs.py), with greedy variants up to
   `INFER_CLUSTER_GREEDY_GRAPH_MAX` rows (`greedy_graph_max`);
-- for a speculating engine, the verify graphs: decode graphs of up to `DECODE_SHAPED_MAX_ROWS`
-  rows whose attention reads the step's runs (`row_span`). A verify step runs as decode rows,
+- for a speculating engine, the verify graphs: decode graphs of up to `verify_max_rows()`
+  (48) rows whose attention reads the step's runs (`row_span`). A verify step runs as decode rows,
   one a position (worker/spec_decode/verify.py `decode_shaped`); every row of a request has its
   block table, so decode attention reads that request's KV once per chunk of its rows instead of
   once per row, with splits planned for the chunks (kernels/attention_decode_triton.py). Plain
@@ -58,8 +58,8 @@ def capture_graph_set(forward_logits: Callable, greedy_forward: Callable, forwar
     decode = DecodeGraphs(forward_logits, kv_caches, max_seqs, max_blocks, device, **greedy)
     verify = None
     if verify_runs:
-        from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
-        verify = DecodeGraphs(forward_logits, kv_caches, DECODE_SHAPED_MAX_ROWS, max_blocks, device,
+        from infer_cluster.worker.spec_decode.verify import verify_max_rows
+        verify = DecodeGraphs(forward_logits, kv_caches, verify_max_rows(), max_blocks, device,
                               runs=True, pool=decode.pool, **greedy)
     for graphs in (decode, verify):  # decode steps are written straight into the graphs' inputs
         if graphs is not None:

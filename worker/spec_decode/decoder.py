@@ -23,24 +23,26 @@ from infer_cluster.worker.spec_decode.draft import DraftProposer
 from infer_cluster.worker.spec_decode.governor import SpecGovernor
 from infer_cluster.worker.spec_decode.ngram import NgramProposer, row_limit
 from infer_cluster.worker.spec_decode.shadow import ShadowAcceptance
-from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep
+from infer_cluster.worker.spec_decode.verify import SpecStats, VerifyStep, verify_max_rows
 
 
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner=None):
         """`draft_runner`: the draft model's runner (method draft_model), built by the engine."""
         self.config = config
+        self.max_rows = verify_max_rows()  # the runner's verify graphs were captured up to it
         if config.method == "draft_model":
             if draft_runner is None:
                 raise ValueError("method 'draft_model' needs the draft model's runner")
-            self.proposer = DraftProposer(config.num_speculative_tokens, max_model_len, draft_runner)
+            self.proposer = DraftProposer(config.num_speculative_tokens, max_model_len, draft_runner,
+                                          self.max_rows)
         else:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
-                                          config.prompt_lookup_max, max_model_len)
+                                          config.prompt_lookup_max, max_model_len, self.max_rows)
         self.counters = SpecStats(config.num_speculative_tokens)
         self.recorder = StreamRecorder()  # the verify steps' events
         k = config.num_speculative_tokens
-        self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch) + 1)
+        self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch, self.max_rows) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)
@@ -118,7 +120,7 @@ class SpecDecoder:
         if fill is not None:  # a draft model: its proposals, at the positions scheduled
             fill(out, requests)
         return VerifyStep(out, runner, sampler, requests, eos_token_ids, self.counters, self.governor,
-                          self.recorder)
+                          self.recorder, self.max_rows)
 
     def stats(self) -> dict:
         return self.counters.as_dict()

@@ -36,13 +36,16 @@ from typing import Sequence
 
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 from infer_cluster.worker.spec_decode.ngram import proposal_room, row_limit
+from infer_cluster.worker.spec_decode.verify import DECODE_SHAPED_MAX_ROWS
 
 _NONE: list[int] = []
 
 
 class DraftProposer:
-    def __init__(self, num_speculative_tokens: int, max_model_len: int, runner):
+    def __init__(self, num_speculative_tokens: int, max_model_len: int, runner,
+                 max_rows: int = DECODE_SHAPED_MAX_ROWS):
         self.k = num_speculative_tokens
+        self.max_rows = max_rows  # the most positions of a decode-shaped verify step (`row_limit`)
         self.max_model_len = max_model_len
         self.runner = runner  # the draft model's runner: `execute(SchedulerOutput)` -> logits
         self.generation = 0   # bumped when the draft's pool is replaced: all its KV is void
@@ -54,7 +57,7 @@ class DraftProposer:
     def propose(self, running: Sequence) -> None:
         """Placeholders: as many proposals as each decode row can use (their values come in
         `fill`, once the schedule has given the row its positions and blocks)."""
-        k = row_limit(self.k, len(running))
+        k = row_limit(self.k, len(running), self.max_rows)
         for req in running:
             room = proposal_room(req, k, self.max_model_len)
             if room <= 0:

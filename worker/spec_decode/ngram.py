@@ -113,13 +113,16 @@ class NgramProposer:
     on rows that decode (every token but the last computed, nothing pending), none elsewhere;
     under a grammar, only the leading proposals it allows, none past a stop token."""
 
-    def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int, max_model_len: int):
+    def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int, max_model_len: int,
+                 max_rows: int = DECODE_SHAPED_MAX_ROWS):
+        """`max_rows`: the most positions a verify step runs as a decode step (`row_limit`)."""
         self.k = num_speculative_tokens
+        self.max_rows = max_rows
         self.min_n, self.max_n = min_n, max_n
         self.max_model_len = max_model_len
 
     def propose(self, running: Sequence) -> None:
-        k = row_limit(self.k, len(running))
+        k = row_limit(self.k, len(running), self.max_rows)
         for req in running:
             room = proposal_room(req, k, self.max_model_len, grammar_ok=True)
             if room <= 0:
@@ -136,7 +139,7 @@ class NgramProposer:
         on the host (its last may still be pending: shadow.py measures, and proposes nothing
         to run). A grammar's rows count without their cut to the grammar (that needs the
         request's last token on the host)."""
-        room = proposal_cap(req, row_limit(self.k, batch), self.max_model_len, grammar_ok=True)
+        room = proposal_cap(req, row_limit(self.k, batch, self.max_rows), self.max_model_len, grammar_ok=True)
         return self._index(req).propose(req.all_token_ids, room) if room > 0 else _NONE
 
     def _index(self, req) -> NgramIndex:
@@ -147,13 +150,13 @@ class NgramProposer:
         return index
 
 
-def row_limit(k: int, batch: int) -> int:
+def row_limit(k: int, batch: int, max_rows: int = DECODE_SHAPED_MAX_ROWS) -> int:
     """Proposals a row at `batch` rows: k, but no more than keep the verify step within
-    `DECODE_SHAPED_MAX_ROWS` positions (a decode step: its kernels and CUDA graphs; past that it
+    `max_rows` positions (`verify_max_rows`, 48 by default) (a decode step: its kernels and CUDA graphs; past that it
     runs as a mixed step, several times slower, verify.py), and at least one. So a large k
     serves batch 1 (on the H200, SmolLM2's copy phases accepted every proposal of k = 4) and
     shrinks as the batch grows: k = 8 gives 8 up to batch 5, 5 at batch 8, 2 at batch 16."""
-    return min(k, max(1, DECODE_SHAPED_MAX_ROWS // max(1, batch) - 1))
+    return min(k, max(1, max_rows // max(1, batch) - 1))
 
 
 def proposal_room(req, k: int, max_model_len: int, grammar_ok: bool = False) -> int:

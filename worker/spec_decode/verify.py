@@ -33,6 +33,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
+from infer_cluster.worker.config import ConfigError, env_count
 from infer_cluster.worker.device.streams import StreamRecorder
 from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
@@ -42,10 +43,21 @@ from infer_cluster.worker.sampling.row_plans import plan_flags
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 # A verify step of at most this many positions runs as a decode step of one row per position
-# (`decode_shaped`); a larger one as the mixed step it is. Each such row reads its whole context
-# once, so the cost grows with positions x context: 48 covers batch 8 at k = 4. Not yet tuned
-# on a GPU (issue 43).
+# (`decode_shaped`); a larger one as the mixed step it is. Each such row reads its context once a
+# chunk of its request's rows (the runs, graph_set.py), so the cost grows slowly with positions:
+# 48 covers batch 8 at 5 proposals a row. `INFER_CLUSTER_VERIFY_MAX_ROWS` sets it
+# (`verify_max_rows`, read when the engine is built: its verify graphs are captured up to it).
+VERIFY_MAX_ROWS_ENV = "INFER_CLUSTER_VERIFY_MAX_ROWS"
 DECODE_SHAPED_MAX_ROWS = 48
+
+
+def verify_max_rows() -> int:
+    """`INFER_CLUSTER_VERIFY_MAX_ROWS` (48 when unset), 2..512; a `ConfigError` names a bad value."""
+    rows = env_count(VERIFY_MAX_ROWS_ENV, DECODE_SHAPED_MAX_ROWS, "positions", most=512)
+    if rows < 2:
+        raise ConfigError(f"{VERIFY_MAX_ROWS_ENV}={rows} must be 2..512 (a row and one proposal)")
+    return rows
+
 
 # The row of a request that ended after scheduling (its draw is dropped).
 _DROPPED_ROW = SamplingRequestState(SamplingParams(temperature=0), [], [], None, ())
@@ -96,9 +108,12 @@ class VerifyStep:
     is_verify = True
 
     def __init__(self, out: SchedulerOutput, runner, sampler: Sampler, requests: dict,
-                 eos_token_ids, stats: SpecStats, governor=None, recorder: Optional[StreamRecorder] = None):
+                 eos_token_ids, stats: SpecStats, governor=None, recorder: Optional[StreamRecorder] = None,
+                 max_rows: int = DECODE_SHAPED_MAX_ROWS):
         """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py).
-        `recorder`: records the step's event (its owner's; None: a recorder of the step's own)."""
+        `recorder`: records the step's event (its owner's; None: a recorder of the step's own).
+        `max_rows`: the most positions run as a decode step (`decode_shaped`): the runner's
+        verify graphs reach that far (`verify_max_rows`)."""
         self.out = out
         self._stats = stats
         self._governor = governor
@@ -108,7 +123,7 @@ class VerifyStep:
                      for s in out.requests if s.num_spec_tokens}
         greedy = _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
         ids_only = greedy and runner.takes_greedy_ids
-        result, row_ids = runner.execute(decode_shaped(out) or out, greedy_ids=ids_only)
+        result, row_ids = runner.execute(decode_shaped(out, max_rows) or out, greedy_ids=ids_only)
         if greedy:  # every position an argmax of the raw logits: no sampler rows to build
             self._groups = groups(row_ids, proposals)
             self.draw = sampler.draw_greedy_ids(result if ids_only else result.argmax(dim=-1),
