@@ -73,6 +73,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cvt", nargs="+", default=None,
                     help="int8 operand methods to time (CVT_MODES names)")
+    ap.add_argument("--tiles", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES",
+                    help="bf16 variants with these prefill tiles (the default tiles are `_tiles`')")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_prefill.json")
@@ -94,6 +96,7 @@ def main(argv=None):
     cvts = args.cvt or list(dict.fromkeys([PREFILL_INT8_CVT, "add", "words", "words_k",
                                            "prmt_load", "mma_k", "mma_k_words_v"]))
     scale = tc.D ** -0.5
+    tile_sets = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
     rows = []
     peak = 0.0
     if not args.smoke:
@@ -112,6 +115,19 @@ def main(argv=None):
         base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o), bf16, out,
                              args.reps, iters)[0]
         rows.append(dict(case=name, variant="bf16", ms=base, speedup=1.0, max_err=None, ok=True))
+        if tile_sets:
+            ref = paged_attention_ref(q, k, v, bt, qsl, lens, scale)
+        for tiles in tile_sets:
+            def fn(b, o, tiles=tiles):
+                prefill_attention(*b, scale, mq, o, tiles=tiles)
+            try:
+                err, ok = tc.check(fn, bf16, ref)
+                ms = tc.time_graph(fn, bf16, out, args.reps, iters)[0] if ok else float("inf")
+            except Exception as e:  # e.g. the tiles need more shared memory than a SM has
+                print(f"{name}: tiles {tiles} failed: {str(e).splitlines()[0][:120]}")
+                err, ok, ms = float("nan"), False, float("inf")
+            rows.append(dict(case=name, variant="bf16 {}x{} w{} s{}".format(*tiles), ms=ms,
+                             speedup=base / ms, max_err=err, ok=ok))
         int8 = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs)])
         refs = {}  # per q: int8-MMA modes quantize q, their reference does too
         for cvt in cvts:
@@ -127,7 +143,7 @@ def main(argv=None):
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
-        for r in rows[-len(cvts) - 1:]:
+        for r in rows[-len(cvts) - len(tile_sets) - 1:]:
             r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
             r["of_peak"] = r["tflops"] / peak if peak else None
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")

@@ -131,8 +131,8 @@ def variants():
     import triton.language as tl
 
     from infer_cluster.kernels.attention_decode_triton import DECODE_INT8, DECODE_TUNED
-    from infer_cluster.kernels.attention_prefill_triton import (PREFILL_INT8_CVT, _prefill_kernel,
-                                                                _tiles)
+    from infer_cluster.kernels.attention_prefill_triton import (PREFILL_INT8_CVT, WIDE_MIN_QUERY,
+                                                                _prefill_kernel, _tiles)
     from infer_cluster.kernels.kv_append_triton import _kv_append_int8_kernel
     rows = []
     for int8 in (False, True):
@@ -149,8 +149,9 @@ def variants():
                                     int8, split, cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
                                     dict(_cvt_consts(cfg) if int8 else {}, GROUPED=True, ROWS=16 // (H // HK))))
         cuda_bf16_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all _tiles reads
-        for d in (64, 128, 256):
-            bm, bn, warps, stages = _tiles(cuda_bf16_q, d, int8)
+        tiles = [(d, t) for d in (64, 128, 256)  # narrow, and wide for long queries (`_tiles`)
+                 for t in dict.fromkeys(_tiles(cuda_bf16_q, d, int8, m) for m in (0, WIDE_MIN_QUERY))]
+        for d, (bm, bn, warps, stages) in tiles:
             for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True,

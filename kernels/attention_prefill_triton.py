@@ -289,18 +289,33 @@ def prefill_tiles(num_seqs: int, num_tokens: int, max_query_len: int, pack: int,
     return tiles, 0
 
 
-def _tiles(q, block_d, kv_int8=False):
+# Wide tiles for steps of long queries (`_tiles`): BLOCK_M 128, 8 warps (two warpgroups), 4
+# stages, where a step averages at least WIDE_MIN_QUERY tokens a sequence. H200, 2026-11-30
+# (bench/int8_prefill.py --tiles, bf16, Qwen3-0.6B heads), against 64 x 64 / 4 warps / 3 stages:
+# two 1k-token chunks over 2k cached tokens 1.19x (174 -> 208 TFLOP/s), four 512-token chunks
+# 1.16x, 16 fresh prompts of 100-1,024 tokens 1.09x; 128 x 128 / 3 stages gave 1.27x / 1.23x but
+# 1.02x on fresh prompts. A mixed step of 192 decode rows beside 8 prompts ran 0.73x with them (a
+# decode row fills a tile of 128 rows for 2), hence the average. `INFER_CLUSTER_PREFILL_WIDE=0`
+# keeps 64 x 64 (read once at import, for A/B). Head dim 128 only: others were not measured.
+WIDE_MIN_QUERY = 256
+PREFILL_WIDE = env_switch("INFER_CLUSTER_PREFILL_WIDE")
+
+
+def _tiles(q, block_d, kv_int8=False, mean_query=0):
     """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
     register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
     operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
     tiles in registers: at head_dim 256 the float tile spills (255 registers), 32x32 does not
-    (128). On the interpreter small tiles keep several tiles per test case, exercising the
-    boundaries."""
+    (128). 16-bit queries of a step averaging `WIDE_MIN_QUERY` tokens or more a sequence
+    (`mean_query`, from shapes) at head_dim 128 take the wide tiles above. On the interpreter small tiles keep
+    several tiles per test case, exercising the boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:
         return 32, 16, 8, 2
     if block_d <= 128:
+        if PREFILL_WIDE and block_d == 128 and not kv_int8 and mean_query >= WIDE_MIN_QUERY:
+            return 128, 64, 8, 4
         return 64, 64, 4, 3
     if kv_int8:
         return 32, 32, 8, 2
@@ -309,18 +324,21 @@ def _tiles(q, block_d, kv_int8=False):
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
-                      pack_gqa=None):
+                      pack_gqa=None, tiles=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
     default `prefill_splits(max_query_len)`) slices each query's keys (split KV). `pack_gqa`
-    (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program."""
+    (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program.
+    `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces `_tiles`' choice (benches'
+    sweeps: bench/int8_prefill.py --tiles)."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     kv_int8 = k_cache.dtype == torch.int8
-    block_m, block_n, num_warps, num_stages = _tiles(q, block_d, kv_int8)
+    block_m, block_n, num_warps, num_stages = tiles or _tiles(q, block_d, kv_int8,
+                                                              q.shape[0] // max(1, num_seqs))
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())

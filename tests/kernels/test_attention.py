@@ -299,3 +299,30 @@ def test_gpu_prefill_large(gpu_device, dtype, head_dim):
     ctx_lens = [1000, 1500, 10, 2000, 64, 900]
     batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, head_dim, 16)
     check(batch, dtype, max_query_len=1000)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_prefill_wide_tiles(gpu_device, dtype):
+    """Steps of long queries (a mean of `WIDE_MIN_QUERY` tokens a sequence or more) take the wide
+    tiles: chunks over cached prefixes, a fresh prompt, a one-token row, odd lengths."""
+    from infer_cluster.kernels.attention_prefill_triton import WIDE_MIN_QUERY, _tiles
+    q_lens = [1000, 1, 300, 257, 700]
+    ctx_lens = [3000, 1500, 300, 2000, 701]
+    assert sum(q_lens) // len(q_lens) >= WIDE_MIN_QUERY
+    batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, 128, 16)
+    assert _tiles(batch[0], 128, False, sum(q_lens) // len(q_lens))[0] == 128
+    check(batch, dtype, max_query_len=1000)
+
+
+def test_prefill_tiles_follow_the_mean_query():
+    """The wide tiles only for 16-bit queries at head_dim 128, a float cache, and a step whose
+    sequences average `WIDE_MIN_QUERY` tokens or more; 64 x 64 otherwise."""
+    import types
+
+    from infer_cluster.kernels.attention_prefill_triton import WIDE_MIN_QUERY, _tiles
+    bf16 = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    assert _tiles(bf16, 128, False, WIDE_MIN_QUERY) == (128, 64, 8, 4)
+    assert _tiles(bf16, 128, False, WIDE_MIN_QUERY - 1) == (64, 64, 4, 3)
+    assert _tiles(bf16, 128, True, 4096) == (64, 64, 4, 3)
+    assert _tiles(bf16, 64, False, 4096) == (64, 64, 4, 3)
+    assert _tiles(types.SimpleNamespace(is_cuda=True, dtype=torch.float32), 128, False, 4096) == (32, 16, 8, 2)
