@@ -22,7 +22,7 @@ from infer_cluster.protocol.chat import messages_from_openai, tools_from_openai
 
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.engine.engine import DynamicEngine, Prompt
-from infer_cluster.worker.text.chat import render_chat
+from infer_cluster.worker.text.chat import render_chats
 from infer_cluster.worker.text.text_stage import TextWorker
 
 
@@ -101,9 +101,8 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         chat_tools = tools_from_openai(tools)
         tool_dicts = [t.to_openai() for t in chat_tools] if chat_tools else None
-        prompts = [render_chat(self.tokenizer, [m.to_dict() for m in messages_from_openai(conv)],
-                               tool_dicts)
-                   for conv in conversations]
+        prompts = render_chats(self.tokenizer, [[m.to_dict() for m in messages_from_openai(conv)]
+                                                for conv in conversations], tool_dicts)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_with_text_thread(self, pending: set, bar) -> None:

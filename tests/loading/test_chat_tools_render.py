@@ -126,3 +126,17 @@ def test_a_template_without_a_tool_role_gets_the_results_as_a_user_turn(small_to
     tok.chat_template = "{{ raise_exception('never') }}"
     with pytest.raises(InvalidRequestError, match="rejected the messages: never"):
         render(tok, HISTORY, [WEATHER])
+
+
+def test_several_chats_tokenize_in_one_batch_as_each_alone(smollm2_tokenizer):
+    """`render_chats` (LLM.chat's path) tokenizes all conversations in one batch call; the ids
+    are each conversation's own `render_chat`, with tools and history too."""
+    from infer_cluster.worker.text.chat import render_chats
+    convs = [ASK, HISTORY, [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "Rewrite: the cat sat on the mat. " * 40}]]
+    wire = [[m.to_dict() for m in messages_from_openai(c)] for c in convs]
+    tools = [WEATHER]
+    for t in (None, tools):
+        assert render_chats(smollm2_tokenizer, wire, t) == [render_chat(smollm2_tokenizer, w, t) for w in wire]
+    with pytest.raises(InvalidRequestError, match="chat template"):
+        render_chats(type("NoTemplate", (), {"chat_template": None})(), wire)

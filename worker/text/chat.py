@@ -33,6 +33,28 @@ def render_chat(tokenizer, messages: list[dict], tools: Optional[list[dict]] = N
     """Token ids of `messages` (wire form: `ChatMessage.to_dict()`) followed by the assistant's
     generation prompt; `tools` in OpenAI's form. Raises `InvalidRequestError` when the model
     has no chat template or the template rejects the conversation."""
+    return render_chats(tokenizer, [messages], tools)[0]
+
+
+def render_chats(tokenizer, conversations: list[list[dict]],
+                 tools: Optional[list[dict]] = None) -> list[list[int]]:
+    """`render_chat` for several conversations: each is rendered to text, then all are tokenized
+    in one batch call, which a fast tokenizer encodes on several threads (H200 host, 2026-11-30:
+    eight ~1.1k-token SmolLM2 chats took 18 ms one at a time)."""
+    texts = [render_chat_text(tokenizer, messages, tools) for messages in conversations]
+    # The template already wrote any BOS it wants; adding special tokens again would double it.
+    if len(texts) > 1 and callable(tokenizer):
+        all_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    else:
+        all_ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    if not all(all_ids):
+        raise InvalidRequestError("the rendered chat prompt is empty")
+    return all_ids
+
+
+def render_chat_text(tokenizer, messages: list[dict], tools: Optional[list[dict]] = None) -> str:
+    """The text `render_chat` tokenizes: the chat template applied, with the tools as the
+    template takes them or written as text (module docstring)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError(
             "this model has no chat template, so /v1/chat/completions cannot render messages; "
@@ -40,23 +62,18 @@ def render_chat(tokenizer, messages: list[dict], tools: Optional[list[dict]] = N
             "has a chat_template")
     has_history = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if mentions(tokenizer, "tools" if tools else "tool_calls"):
-        text = _apply(tokenizer, template_messages(messages), tools)
-    else:  # the template would drop the tools (and cannot write calls): say them in text
-        plain = history_as_text(messages) if has_history else messages
-        if tools:
-            plain = with_tools_instruction(plain, tools)
-        try:
-            text = _apply(tokenizer, plain, None)
-        except InvalidRequestError:
-            as_user = tool_turns_as_user(plain)  # a template that allows no role "tool"
-            if as_user is None:
-                raise
-            text = _apply(tokenizer, as_user, None)
-    # The template already wrote any BOS it wants; adding special tokens again would double it.
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise InvalidRequestError("the rendered chat prompt is empty")
-    return ids
+        return _apply(tokenizer, template_messages(messages), tools)
+    # the template would drop the tools (and cannot write calls): say them in text
+    plain = history_as_text(messages) if has_history else messages
+    if tools:
+        plain = with_tools_instruction(plain, tools)
+    try:
+        return _apply(tokenizer, plain, None)
+    except InvalidRequestError:
+        as_user = tool_turns_as_user(plain)  # a template that allows no role "tool"
+        if as_user is None:
+            raise
+        return _apply(tokenizer, as_user, None)
 
 
 def _apply(tokenizer, messages: list[dict], tools: Optional[list[dict]]) -> str:
