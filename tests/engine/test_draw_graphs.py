@@ -253,3 +253,35 @@ def test_engine_constrained_sampled_generations_with_and_without_draw_graphs(mon
         finally:
             llm.close()
     assert outs["32"] == outs["0"]
+
+
+
+@GPU
+def test_a_capture_out_of_memory_draws_eagerly(monkeypatch):
+    """A draw graph whose capture runs out of GPU memory mid-serving (the error injected where
+    torch ends the capture): its key is refused, the steps draw eagerly with the same ids, and
+    no step fails."""
+    batch, vocab = 8, 151936
+    g = torch.Generator().manual_seed(7)
+    kinds = [KINDS[i % len(KINDS)] for i in range(batch)]
+    logits = [(3 * torch.randn(batch, vocab, generator=g)).to("cuda", torch.bfloat16) for _ in range(3)]
+    rows = [make_rows(kinds, s, vocab, torch.Generator().manual_seed(s)) for s in range(3)]
+    want = draws(Sampler(), logits, rows)
+    graphs = DrawGraphs(torch.device("cuda"), 32)
+    real_end = torch.cuda.CUDAGraph.capture_end
+
+    def end_out_of_memory(self):
+        real_end(self)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected at the capture's end)")
+
+    try:
+        monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", end_out_of_memory)
+        got = draws(Sampler(draw_graphs=graphs), logits, rows)
+        monkeypatch.undo()
+        assert got == want
+        assert graphs.refused and graphs.captures == 0 and graphs.replays == 0
+        # a refused key stays eager: no capture is tried again
+        assert draws(Sampler(draw_graphs=graphs), logits, rows) == want
+        assert graphs.captures == 0 and graphs.replays == 0
+    finally:
+        graphs.release()

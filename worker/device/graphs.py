@@ -24,8 +24,13 @@ def capture_mid_serving(body, device: torch.device, pool=None) -> tuple:
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             result = body()
-        finally:
-            graph.capture_end()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # the capture was invalidated by that error: report the error
+                pass
+            raise
+        graph.capture_end()
     current.wait_stream(side)
     return graph, result
 

@@ -11,7 +11,9 @@ graph of `sampling_ops.draw_random_rows` over static inputs: the logits `[bucket
 the rows' packed parameters `[bucket, 6]` float64 (temperature, top_k, top_p, min_p, the seed's
 and the step's 64 bits: `Sampler`'s upload, transposed so a step's rows are one contiguous
 copy). Graphs are captured on first use (a key is a handful of Triton launches; at most
-`MAX_GRAPHS`), into one private memory pool.
+`MAX_GRAPHS`), into one private memory pool. A capture that fails (out of GPU memory mid-serving:
+its static logits alone hold 256 rows of the vocabulary at the largest key) refuses its key, logs one warning, and
+that key's steps draw eagerly, with the same tokens; no step fails for it.
 `draw` copies a step's logits and parameters in, replays, and returns fresh tensors only: the ids
 and flags in one `[2n]` int64 tensor (the `DeviceDraw.transfer` layout), a copy of the logits and
 of the draw's small per-row tensors for the rare host redo (`DeferredUnresolved`). Nothing a
@@ -152,6 +154,7 @@ class DrawGraphs:
         self._slot = 0
         self.replays = 0  # draws served by a graph (tests check that graphs really ran)
         self.captures = 0
+        self.refused: set = set()  # keys whose capture failed: their steps draw eagerly
         # greedy constrained draws (worker/structured/mask_graphs.py): released with these
         self.mask_argmax = MaskArgmaxGraphs(device)
 
@@ -169,8 +172,10 @@ class DrawGraphs:
                 constrained: bool = False) -> bool:
         """Whether a graph serves these logits (`fits` their rows) at this width and variant:
         captured already, or room for one more (`MAX_GRAPHS`)."""
-        return self.fits(logits.shape[0], constrained) and (
-            len(self._graphs) < MAX_GRAPHS or self._key(logits, width, top_p_alone) in self._graphs)
+        if not self.fits(logits.shape[0], constrained):
+            return False
+        key = self._key(logits, width, top_p_alone)
+        return key in self._graphs or (len(self._graphs) < MAX_GRAPHS and key not in self.refused)
 
     @staticmethod
     def _key(logits: torch.Tensor, width: int, top_p_alone: bool) -> tuple:
@@ -180,7 +185,9 @@ class DrawGraphs:
     def draw(self, logits: torch.Tensor, plan: DrawPlan,
              edit: Optional[Callable[[torch.Tensor], object]] = None):
         """(transfer [2n] int64: ids then redo flags, `DeferredUnresolved`) of a step whose rows
-        all take the candidate path (`accepts` said yes). Captures the key's graph first if new.
+        all take the candidate path (`accepts` said yes). Captures the key's graph first if new;
+        None where that capture fails (out of GPU memory mid-serving, above all): the key is
+        refused from then on and the caller draws eagerly, which gives the same tokens.
         `edit`: applied eagerly, in place, to the step's rows of the static logits before the
         replay (a grammar's mask: worker/structured/bitmask.py); the draw and a redo see the
         edited values."""
@@ -189,7 +196,13 @@ class DrawGraphs:
         bs = key[1]
         g = self._graphs.get(key)
         if g is None:
-            g = self._capture(key)
+            try:
+                g = self._capture(key)
+            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+                self.refused.add(key)
+                log.warning("draw graph of %s rows, %s candidates not captured (%s); those steps "
+                            "draw eagerly", bs, key[3], str(exc).splitlines()[0][:160])
+                return None
         x = self._static_logits(logits.dtype, vocab, bs)
         x[:n].copy_(logits, non_blocking=True)
         if edit is not None:

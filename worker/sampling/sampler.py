@@ -413,7 +413,10 @@ class Sampler:
         if classes.grammar_rows:  # the mask goes onto the graph's copy of the logits, then the draw
             which, bans = classes.grammar_rows, _grammar_bans(rows, classes.grammar_rows)
             edit = lambda x: self._masks().apply(x, rows, which, bans)  # noqa: E731
-        transfer, unresolved = graphs.draw(logits, plan, edit)
+        drawn = graphs.draw(logits, plan, edit)
+        if drawn is None:  # its graph could not be captured: the eager draw, same tokens
+            return None
+        transfer, unresolved = drawn
         return DeviceDraw(transfer[:n], transfer, None, n, unresolved=unresolved, random_rows=list(range(n)))
 
 
