@@ -45,8 +45,9 @@ from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 # A verify step of at most this many positions runs as a decode step of one row per position
 # (`decode_shaped`); a larger one as the mixed step it is. Each such row reads its context once a
 # chunk of its request's rows (the runs, graph_set.py), so the cost grows slowly with positions:
-# 48 covers batch 8 at 5 proposals a row. `INFER_CLUSTER_VERIFY_MAX_ROWS` sets it
-# (`verify_max_rows`, read when the engine is built: its verify graphs are captured up to it).
+# 48 covers batch 8 at 5 proposals a row; 64-128 measured no faster there on the H200
+# (docs/spec_decode.md). `INFER_CLUSTER_VERIFY_MAX_ROWS` sets it (`verify_max_rows`, read when
+# the engine is built: its verify graphs are captured up to it).
 VERIFY_MAX_ROWS_ENV = "INFER_CLUSTER_VERIFY_MAX_ROWS"
 DECODE_SHAPED_MAX_ROWS = 48
 
