@@ -307,8 +307,8 @@ def _tiles(q, block_d, kv_int8=False, mean_query=0):
     operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
     tiles in registers: at head_dim 256 the float tile spills (255 registers), 32x32 does not
     (128). 16-bit queries of a step averaging `WIDE_MIN_QUERY` tokens or more a sequence
-    (`mean_query`, from shapes) at head_dim 128 take the wide tiles above. On the interpreter small tiles keep
-    several tiles per test case, exercising the boundaries."""
+    (`mean_query`, from shapes) at head_dim 128 take the wide tiles above. On the interpreter
+    small tiles keep several tiles per test case, exercising the boundaries."""
     if not q.is_cuda:
         return 16, 16, 4, 1
     if q.dtype == torch.float32:

@@ -325,4 +325,5 @@ def test_prefill_tiles_follow_the_mean_query():
     assert _tiles(bf16, 128, False, WIDE_MIN_QUERY - 1) == (64, 64, 4, 3)
     assert _tiles(bf16, 128, True, 4096) == (64, 64, 4, 3)
     assert _tiles(bf16, 64, False, 4096) == (64, 64, 4, 3)
-    assert _tiles(types.SimpleNamespace(is_cuda=True, dtype=torch.float32), 128, False, 4096) == (32, 16, 8, 2)
+    fp32 = types.SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    assert _tiles(fp32, 128, False, 4096) == (32, 16, 8, 2)

@@ -137,6 +137,7 @@ def test_several_chats_tokenize_in_one_batch_as_each_alone(smollm2_tokenizer):
     wire = [[m.to_dict() for m in messages_from_openai(c)] for c in convs]
     tools = [WEATHER]
     for t in (None, tools):
-        assert render_chats(smollm2_tokenizer, wire, t) == [render_chat(smollm2_tokenizer, w, t) for w in wire]
+        alone = [render_chat(smollm2_tokenizer, w, t) for w in wire]
+        assert render_chats(smollm2_tokenizer, wire, t) == alone
     with pytest.raises(InvalidRequestError, match="chat template"):
         render_chats(type("NoTemplate", (), {"chat_template": None})(), wire)

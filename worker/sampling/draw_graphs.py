@@ -11,9 +11,9 @@ graph of `sampling_ops.draw_random_rows` over static inputs: the logits `[bucket
 the rows' packed parameters `[bucket, 6]` float64 (temperature, top_k, top_p, min_p, the seed's
 and the step's 64 bits: `Sampler`'s upload, transposed so a step's rows are one contiguous
 copy). Graphs are captured on first use (a key is a handful of Triton launches; at most
-`MAX_GRAPHS`), into one private memory pool. A capture that fails (out of GPU memory mid-serving:
-its static logits alone hold 256 rows of the vocabulary at the largest key) refuses its key, logs one warning, and
-that key's steps draw eagerly, with the same tokens; no step fails for it.
+`MAX_GRAPHS`), into one private memory pool. A capture that fails (out of GPU memory
+mid-serving: the largest key's static logits alone hold 256 rows of the vocabulary) refuses its
+key, logs one warning, and that key's steps draw eagerly, with the same tokens; no step fails.
 `draw` copies a step's logits and parameters in, replays, and returns fresh tensors only: the ids
 and flags in one `[2n]` int64 tensor (the `DeviceDraw.transfer` layout), a copy of the logits and
 of the draw's small per-row tensors for the rare host redo (`DeferredUnresolved`). Nothing a

@@ -42,7 +42,8 @@ class SpecDecoder:
         self.counters = SpecStats(config.num_speculative_tokens)
         self.recorder = StreamRecorder()  # the verify steps' events
         k = config.num_speculative_tokens
-        self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch, self.max_rows) + 1)
+        rows = self.max_rows
+        self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch, rows) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)

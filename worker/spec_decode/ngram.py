@@ -152,8 +152,9 @@ class NgramProposer:
 
 def row_limit(k: int, batch: int, max_rows: int = DECODE_SHAPED_MAX_ROWS) -> int:
     """Proposals a row at `batch` rows: k, but no more than keep the verify step within
-    `max_rows` positions (`verify_max_rows`, 48 by default) (a decode step: its kernels and CUDA graphs; past that it
-    runs as a mixed step, several times slower, verify.py), and at least one. So a large k
+    `max_rows` positions (`verify_max_rows`, 48 by default), where it is a decode step (its
+    kernels and CUDA graphs; past that it runs as a mixed step, several times slower,
+    verify.py), and at least one. So a large k
     serves batch 1 (on the H200, SmolLM2's copy phases accepted every proposal of k = 4) and
     shrinks as the batch grows: k = 8 gives 8 up to batch 5, 5 at batch 8, 2 at batch 16."""
     return min(k, max(1, max_rows // max(1, batch) - 1))
