@@ -138,7 +138,7 @@ def test_verify_max_rows_sets_the_rows_a_verify_step_may_run_as_decode_rows(monk
     reqs = [_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1], max_tokens=64) for _ in range(16)]
     proposer.propose(reqs)  # 7 a row, where the default's 48 positions give 2
     assert all(req.spec_token_ids == [2, 3, 4, 5, 6, 7, 8] for req in reqs)
-    for bad in ("1", "513", "many"):
+    for bad in ("0", "1", "513", "many", "-4"):
         monkeypatch.setenv("INFER_CLUSTER_VERIFY_MAX_ROWS", bad)
-        with pytest.raises(ConfigError, match="INFER_CLUSTER_VERIFY_MAX_ROWS"):
+        with pytest.raises(ConfigError, match=f"INFER_CLUSTER_VERIFY_MAX_ROWS='{bad}' must be .* 2..512"):
             verify_max_rows()

@@ -27,6 +27,7 @@ Must never: touch the scheduler (the engine applies the tokens, `Scheduler.updat
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import torch
@@ -54,9 +55,14 @@ DECODE_SHAPED_MAX_ROWS = 48
 
 def verify_max_rows() -> int:
     """`INFER_CLUSTER_VERIFY_MAX_ROWS` (48 when unset), 2..512; a `ConfigError` names a bad value."""
-    rows = env_count(VERIFY_MAX_ROWS_ENV, DECODE_SHAPED_MAX_ROWS, "positions", most=512)
-    if rows < 2:
-        raise ConfigError(f"{VERIFY_MAX_ROWS_ENV}={rows} must be 2..512 (a row and one proposal)")
+    try:
+        rows = env_count(VERIFY_MAX_ROWS_ENV, DECODE_SHAPED_MAX_ROWS, "positions", most=512)
+    except ConfigError:
+        rows = -1
+    if not 2 <= rows <= 512:
+        raw = os.environ.get(VERIFY_MAX_ROWS_ENV, "")
+        raise ConfigError(f"{VERIFY_MAX_ROWS_ENV}={raw!r} must be a whole number of positions, "
+                          f"2..512 (a row and one proposal at least)")
     return rows
 
 
