@@ -47,6 +47,14 @@ def attention_flops(q_lens, ctx_lens, heads: int, head_dim: int) -> int:
     return 4 * heads * head_dim * keys
 
 
+def _tile_set(text: str) -> tuple:
+    """A `--tiles` value: four positive whole numbers, comma-separated."""
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BM,BN,WARPS,STAGES (four positive numbers)")
+    return tuple(int(p) for p in parts)
+
+
 def build(q_lens, ctx_lens, device, seed):
     """(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens) in bf16, pages shuffled."""
     import torch
@@ -73,7 +81,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cvt", nargs="+", default=None,
                     help="int8 operand methods to time (CVT_MODES names)")
-    ap.add_argument("--tiles", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES",
+    ap.add_argument("--tiles", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES", type=_tile_set,
                     help="bf16 variants with these prefill tiles (the default tiles are `_tiles`')")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
@@ -96,7 +104,7 @@ def main(argv=None):
     cvts = args.cvt or list(dict.fromkeys([PREFILL_INT8_CVT, "add", "words", "words_k",
                                            "prmt_load", "mma_k", "mma_k_words_v"]))
     scale = tc.D ** -0.5
-    tile_sets = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
+    tile_sets = args.tiles
     rows = []
     peak = 0.0
     if not args.smoke:

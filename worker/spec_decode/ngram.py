@@ -139,7 +139,8 @@ class NgramProposer:
         on the host (its last may still be pending: shadow.py measures, and proposes nothing
         to run). A grammar's rows count without their cut to the grammar (that needs the
         request's last token on the host)."""
-        room = proposal_cap(req, row_limit(self.k, batch, self.max_rows), self.max_model_len, grammar_ok=True)
+        room = proposal_cap(req, row_limit(self.k, batch, self.max_rows), self.max_model_len,
+                            grammar_ok=True)
         return self._index(req).propose(req.all_token_ids, room) if room > 0 else _NONE
 
     def _index(self, req) -> NgramIndex:

@@ -34,7 +34,7 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 
-from infer_cluster.worker.config import ConfigError, env_count
+from infer_cluster.worker.config import ConfigError
 from infer_cluster.worker.device.streams import StreamRecorder
 from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
@@ -55,12 +55,9 @@ DECODE_SHAPED_MAX_ROWS = 48
 
 def verify_max_rows() -> int:
     """`INFER_CLUSTER_VERIFY_MAX_ROWS` (48 when unset), 2..512; a `ConfigError` names a bad value."""
-    try:
-        rows = env_count(VERIFY_MAX_ROWS_ENV, DECODE_SHAPED_MAX_ROWS, "positions", most=512)
-    except ConfigError:
-        rows = -1
+    raw = os.environ.get(VERIFY_MAX_ROWS_ENV, "").strip()
+    rows = int(raw) if raw.isdigit() else (DECODE_SHAPED_MAX_ROWS if not raw else -1)
     if not 2 <= rows <= 512:
-        raw = os.environ.get(VERIFY_MAX_ROWS_ENV, "")
         raise ConfigError(f"{VERIFY_MAX_ROWS_ENV}={raw!r} must be a whole number of positions, "
                           f"2..512 (a row and one proposal at least)")
     return rows

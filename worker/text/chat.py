@@ -44,7 +44,7 @@ def render_chats(tokenizer, conversations: list[list[dict]],
     texts = [render_chat_text(tokenizer, messages, tools) for messages in conversations]
     # The template already wrote any BOS it wants; adding special tokens again would double it.
     if len(texts) > 1 and callable(tokenizer):
-        all_ids = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     else:
         all_ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     if not all(all_ids):
