@@ -55,10 +55,11 @@ SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole resu
 
 # The runs compared (speculating, baseline), where both ran.
 PAIRS = (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"), ("on_rowwise", "off"),
-         ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed"))
+         ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed"), ("on_nochain", "off"),
+         ("on", "on_nochain"))
 
 
-RUNS = ("off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed")
+RUNS = ("off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed", "on_nochain")
 
 
 def _run_name(name: str) -> str:
@@ -128,7 +129,9 @@ def main(argv=None) -> dict:
                     help="on_rowwise: speculation on, but a verify step's decode rows each read "
                          "their own KV (INFER_CLUSTER_VERIFY_RUNS=0), the A/B of reading a "
                          "request's KV once per chunk of its rows; on_fixed: every step speculates "
-                         "(adaptive off), the A/B of the governor; on_rowsN (e.g. on_rows128): "
+                         "(adaptive off), the A/B of the governor; on_nochain: no chained verify "
+                         "steps (INFER_CLUSTER_SPEC_CHAIN=0: the host proposes and schedules every "
+                         "verify step after the one before is collected); on_rowsN (e.g. on_rows128): "
                          "verify steps run as decode steps up to N positions "
                          "(INFER_CLUSTER_VERIFY_MAX_ROWS, 48 by default), so a row gets up to "
                          "N // batch - 1 proposals")
@@ -175,7 +178,9 @@ def main(argv=None) -> dict:
              # verify rows each read their own KV (the A/B of `row_span` runs)
              "on_rowwise": {"speculative_config": spec, "_env": {"INFER_CLUSTER_VERIFY_RUNS": "0"}},
              # every step speculates (the governor's A/B)
-             "on_fixed": {"speculative_config": {**spec, "adaptive": False}}}
+             "on_fixed": {"speculative_config": {**spec, "adaptive": False}},
+             # every verify step proposed and scheduled by the host (the chain's A/B)
+             "on_nochain": {"speculative_config": spec, "_env": {"INFER_CLUSTER_SPEC_CHAIN": "0"}}}
     for name in args.runs:  # on_rowsN: verify steps run as decode steps up to N positions
         if name.startswith("on_rows"):
             modes[name] = {"speculative_config": spec,
@@ -260,6 +265,9 @@ def _print_row(name: str, b: int, row: dict) -> None:
 def _finish_run(name: str, llm, run: dict) -> None:
     if name.startswith("on"):
         run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
+        chain = llm.engine.spec_chain
+        run["chained_steps"] = chain.launched if chain is not None else 0
+        print(f"{name:>9} chained verify steps: {run['chained_steps']}")
         governor = llm.engine.spec_decoder.governor
         if governor is not None:  # adaptive: what it measured, per batch-size bucket
             run["governor"] = governor.as_dict()

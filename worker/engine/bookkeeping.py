@@ -22,6 +22,7 @@ from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sched.block_allocator import BlockAllocator
 from infer_cluster.worker.sched.host_tier import HostTier
 from infer_cluster.worker.sched.scheduler import Scheduler
+from infer_cluster.worker.spec_decode.chain import VerifyChain, chain_enabled
 from infer_cluster.worker.spec_decode.decoder import build_spec_decoder
 from infer_cluster.worker.text.text_stage import TextStage
 
@@ -65,3 +66,16 @@ def reset_bookkeeping(engine) -> None:
     mode = config.async_scheduling  # auto: on for CUDA (every runner fills pending rows on the device)
     engine.async_scheduling = bool(runner.device.type == "cuda" if mode == "auto" else mode)
     engine.pipeline_depth = getattr(runner, "pipeline_depth", 1)  # micro-batches in flight
+    engine.spec_chain = build_chain(engine)
+
+
+def build_chain(engine):
+    """The engine's `VerifyChain` (worker/spec_decode/chain.py), or None: it serves prompt
+    lookup on a single-rank runner with async scheduling and no micro-batches."""
+    decoder, runner = engine.spec_decoder, engine.runner
+    if (decoder is None or decoder.config.method != "ngram" or not engine.async_scheduling
+            or engine.pipeline_depth != 1 or not getattr(runner, "chains_verify", False) or not chain_enabled()):
+        return None
+    sc = decoder.config
+    return VerifyChain(sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, decoder.max_rows,
+                       engine.max_model_len, engine.config.block_size, runner.device)

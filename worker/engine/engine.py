@@ -54,6 +54,8 @@ from infer_cluster.worker.sched.microbatch import group_size
 from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.spec_decode.chain import ChainedStep, chained_requests
+from infer_cluster.worker.spec_decode.ngram import row_limit
 from infer_cluster.worker.spec_decode.verify import VerifyStep
 from infer_cluster.worker.text.text_stage import TextStage
 
@@ -185,28 +187,35 @@ class DynamicEngine:
                 while len(self._inflight) > 1:  # then its masks fill (a helper thread) while
                     self._collect(deltas)       # its forward runs and the next step is scheduled
                 self._inflight.prefill_deferred(self.sampler, self.scheduler.requests)
-            verify = self._propose(deltas)
-            out = self._schedule_next()
-            if self.spec_decoder is not None:
-                self.spec_decoder.start_step(out, verify)
-            self._inflight.drain_next = out.blocked
-            sync, defer = self._step_mode(out, verify)
-            if self._inflight.awaiting_draw:  # before any launch: the next forward reads its ids
-                self._draw_deferred(out)
-            if self._inflight and (out.is_empty or sync):
-                self._collect(deltas)  # a step that needs the ids
-            # Host-tier copies, before the forward that reads them. They need no settled state:
-            # they touch only blocks that no step in flight computes (worker/kv/copy.py).
-            if out.has_swaps:
-                self._timed("swap", self.runner.swap_blocks, out)
-            if not out.is_empty:
-                self._timed("launch", self._launch, out, verify, defer)
+            verify = self.spec_decoder is not None and self.spec_decoder.active(
+                self.scheduler.running, len(self.scheduler.waiting))
+            out = self._timed("launch", self._chain, verify) if verify else None
+            if out is not None:  # a chained verify step runs: collect the verify step before it
                 launched = True
-            depth = self.pipeline_depth
-            # a deferred draw keeps the step before it in flight: collected at the next step()
-            keep = depth - 1 + self.async_scheduling if depth > 1 else 1 + (launched and defer)
-            while len(self._inflight) > (0 if sync else keep):
-                self._collect(deltas)  # step n, while step n+1 runs
+                self._collect(deltas)
+            else:
+                verify = self._propose(deltas, verify)
+                out = self._schedule_next()
+                if self.spec_decoder is not None:
+                    self.spec_decoder.start_step(out, verify)
+                self._inflight.drain_next = out.blocked
+                sync, defer = self._step_mode(out, verify)
+                if self._inflight.awaiting_draw:  # before any launch: the next forward reads its ids
+                    self._draw_deferred(out)
+                if self._inflight and (out.is_empty or sync):
+                    self._collect(deltas)  # a step that needs the ids
+                # Host-tier copies, before the forward that reads them. They need no settled state:
+                # they touch only blocks that no step in flight computes (worker/kv/copy.py).
+                if out.has_swaps:
+                    self._timed("swap", self.runner.swap_blocks, out)
+                if not out.is_empty:
+                    self._timed("launch", self._launch, out, verify, defer)
+                    launched = True
+                depth = self.pipeline_depth
+                # a deferred draw keeps the step before it in flight: collected at the next step()
+                keep = depth - 1 + self.async_scheduling if depth > 1 else 1 + (launched and defer)
+                while len(self._inflight) > (0 if sync else keep):
+                    self._collect(deltas)  # step n, while step n+1 runs
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             recover_step(self, out, launched, exc, deltas)  # worker/engine/failures.py
@@ -222,17 +231,42 @@ class DynamicEngine:
             resolve_logprobs(deltas)
         return deltas
 
-    def _propose(self, deltas: list) -> bool:
-        """Speculating: whether the next step verifies proposals (`SpecDecoder.active`), and
-        the proposals. Proposals need every token on the host, so the steps in flight are
-        collected first, unless the tokens already on the host propose nothing
-        (`SpecDecoder.worth_waiting`: then the step is an ordinary one and the pipeline keeps
-        going); they always are after a verify step, whatever comes next. A step that does not
-        speculate is an ordinary step, async where that is on."""
+    def _chain(self, verify: bool) -> Optional[SchedulerOutput]:
+        """Launch a chained verify step (worker/spec_decode/chain.py) after the verify step in
+        flight, where one may follow it: its output, or None (nothing changed)."""
+        chain, inflight, sched = self.spec_chain, self._inflight, self.scheduler
+        if chain is None or len(inflight) != 1 or inflight.awaiting_draw or self.structured.parked:
+            return None
+        before = inflight.steps[0]
+        reqs = chained_requests(before, sched.running, bool(sched.waiting))
+        if reqs is None:
+            return None
+        decoder = self.spec_decoder
+        k_new = row_limit(decoder.config.num_speculative_tokens, len(reqs), decoder.max_rows)
+        if len(reqs) * (k_new + 1) > decoder.max_rows:  # not a decode-shaped step
+            return None
+        out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], k_new)
+        if out is None:
+            return None
+        decoder.start_step(out, True)
+        if out.has_swaps:  # blocks taken from the prefix cache go to the host tier first
+            self.runner.swap_blocks(out)
+        if not isinstance(before, ChainedStep):  # the chain's first step: its state from the host
+            chain.begin(before, sched.requests)
+        inflight.steps.append(chain.launch(out, before, self.runner, self.sampler, sched.requests,
+                                           decoder.counters, decoder.governor, decoder.recorder))
+        return out
+
+    def _propose(self, deltas: list, verify: bool) -> bool:
+        """Speculating: whether the next step verifies proposals (`verify`: what
+        `SpecDecoder.active` decided), and the proposals. Proposals need every token on the
+        host, so the steps in flight are collected first, unless the tokens already on the host
+        propose nothing (`SpecDecoder.worth_waiting`: then the step is an ordinary one and the
+        pipeline keeps going); they always are after a verify step, whatever comes next. A step
+        that does not speculate is an ordinary step, async where that is on."""
         if self.spec_decoder is None:
             return False
         running = self.scheduler.running
-        verify = self.spec_decoder.active(running, len(self.scheduler.waiting))
         if self._inflight.holds_verify or (verify and self._inflight
                                            and self.spec_decoder.worth_waiting(running)):
             while self._inflight:  # a verify step's rows got several tokens each

@@ -163,15 +163,20 @@ class DecodeGraphs:
 
     def run_step(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int,
                  prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
-                 greedy: bool = False, row_span=None) -> tuple[torch.Tensor, bool]:
+                 greedy: bool = False, row_span=None,
+                 before_replay: Optional[Callable] = None) -> tuple[torch.Tensor, bool]:
         """Replay for the decode step `out` (`decode_only`), its inputs written straight into
         the static buffers (worker/runner/graph_inputs.py) rather than prepared and copied.
         Returns (the logits of its rows, False), or with `greedy` where its size has a greedy
-        graph (their argmax ids, True). `row_span`: the step's runs (graphs captured with runs)."""
+        graph (their argmax ids, True). `row_span`: the step's runs (graphs captured with runs).
+        `before_replay(input_ids, positions, slot_mapping, seq_lens, block_tables)`: runs on
+        the static inputs once the step is staged (`ModelRunner.execute`'s `fill_inputs`)."""
         n = len(out.requests)
         bs = self.batch_for(n)
         greedy = greedy and self.has_greedy(bs)
         self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows, row_span)
+        if before_replay is not None:
+            before_replay(self.input_ids, self.positions, self.slot_mapping, self.seq_lens, self.block_tables)
         graphs, outputs = (self.greedy_graphs, self.greedy_outputs) if greedy else (self.graphs, self.outputs)
         graphs[bs].replay()
         self.replays += 1

@@ -376,18 +376,26 @@ class ModelRunner:
     # `execute` for the argmax ids instead of the logits (as a T > 1 runner does, runner.py).
     takes_greedy_ids = False
 
+    # `execute` takes `fill_inputs`, so a speculating engine may chain verify steps
+    # (worker/spec_decode/chain.py); a tensor-parallel runner's step codec carries no such hook.
+    chains_verify = True
+
     @property
     def vocab_size(self) -> int:
         return self.spec.vocab_size
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, prev_ids: Optional[torch.Tensor] = None,
-                prev_rows: tuple = (), greedy_ids: bool = False) -> tuple[torch.Tensor, list[str]]:
+                prev_rows: tuple = (), greedy_ids: bool = False,
+                fill_inputs: Optional[Callable] = None) -> tuple[torch.Tensor, list[str]]:
         """Run one step. Returns logits `[num_sampled, vocab]` (model dtype; the sampler works
         in float32) and the request id of each row. `prev_ids` / `prev_rows`: see
         `DynamicContext.prepare`. `greedy_ids` (only where `takes_greedy_ids`; the caller found
         every sampled row plain greedy): the rows' argmax ids (int64) instead of the logits, from
-        the greedy graph where the step replays one."""
+        the greedy graph where the step replays one. `fill_inputs(input_ids, positions,
+        slot_mapping, seq_lens, block_tables)`: called on the device tensors the forward reads,
+        after the step was written into them and before the forward (a chained verify step
+        rewrites its rows there, worker/spec_decode/chain.py)."""
         graphs, spans = self.graphs, None
         if self._verifies_runs:  # a verify step as decode rows: runs of one request's rows
             spans = row_spans([r.request_id for r in out.requests])
@@ -395,12 +403,15 @@ class ModelRunner:
                 graphs = self.verify_graphs
         if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
             result, are_ids = graphs.run_step(out, self.context.block_mirror, self.config.block_size,
-                                              prev_ids, prev_rows, greedy=greedy_ids, row_span=spans)
+                                              prev_ids, prev_rows, greedy=greedy_ids, row_span=spans,
+                                              before_replay=fill_inputs)
             if greedy_ids and not are_ids:
                 result = row_argmax(result)
             return result, [r.request_id for r in out.requests]
         inputs = self.context.prepare(out, prev_ids, prev_rows, self._upload, row_span=spans)
         meta = inputs.meta
+        if fill_inputs is not None:
+            fill_inputs(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables)
         n = inputs.input_ids.shape[0]
         ids = inputs.sample_request_ids
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(len(out.requests), n, len(ids)):

@@ -23,9 +23,11 @@ speculates (every step then, with or without proposals: steps are synchronous).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from infer_cluster.protocol import RequestStatus
 
-from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 from infer_cluster.worker.sched.request import Request
 
 
@@ -60,6 +62,34 @@ class SpecTokens:
             budget -= n
         return budget
 
+    def chain(self, reqs: list[Request], in_flight: list[int], k_new: int) -> Optional[SchedulerOutput]:
+        """Schedule a chained verify step (worker/spec_decode/chain.py) for `reqs`, each with a
+        verify step in flight of `in_flight[i]` proposals, whose outcome is not known yet: k_new
+        proposal positions after wherever that step leaves the request. Blocks are taken for the
+        farthest such position (every proposal of both steps kept), from free blocks only; None,
+        changing nothing, where one would pass `max_model_len` or the free blocks are too few.
+        The step's positions and input ids are placeholders (the device writes the real ones);
+        its requests count one more step in flight and one more pending token each."""
+        bs, need = self.block_size, []
+        for req, k in zip(reqs, in_flight):
+            last = req.num_tokens + k + k_new  # the farthest position the chained step computes
+            if last >= self.max_model_len:
+                return None
+            need.append(max(0, -(-(last + 1) // bs) - len(req.block_ids)))
+        if sum(need) > self.allocator.num_free_blocks:
+            return None
+        out = SchedulerOutput()
+        for req, n in zip(reqs, need):
+            if n:
+                req.block_ids.extend(self._allocate(n, out))
+            rid = req.request_id
+            out.requests.append(ScheduledRequest(rid, [0] * (k_new + 1), req.num_tokens - 1, req.block_ids[:],
+                                                 True, block_epoch=req.block_epoch, num_spec_tokens=k_new))
+            self._busy[rid] = self._busy.get(rid, 0) + 1
+            req.num_pending += 1
+        out.num_batched_tokens = len(reqs) * (k_new + 1)
+        return out
+
     def update_verified(self, out: SchedulerOutput, sampled: dict[str, list[int]]
                         ) -> tuple[list[Request], list[Request]]:
         """`update` for a step whose sampled rows bring lists of tokens (see the module
@@ -89,7 +119,8 @@ class SpecTokens:
             if s.num_spec_tokens:
                 req.num_computed_tokens = computed
                 keep = -(-req.num_tokens // bs)
-                if len(req.block_ids) > keep and reason is None:
+                # a chained step in flight (still busy) may write past them: they stay till then
+                if len(req.block_ids) > keep and reason is None and not self._busy.get(rid):
                     extra = req.block_ids[keep:]
                     req.block_ids = req.block_ids[:keep]  # a new list: see Request.block_ids
                     self.allocator.free(extra)

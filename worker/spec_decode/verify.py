@@ -121,6 +121,8 @@ class VerifyStep:
         self.out = out
         self._stats = stats
         self._governor = governor
+        self.max_rows = max_rows
+        self.chain_ids: Optional[torch.Tensor] = None  # argmax ids a chained step may follow
         # a rank group's checks, as for an ordinary step (worker/engine/inflight.py)
         self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
         proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
@@ -130,8 +132,10 @@ class VerifyStep:
         result, row_ids = runner.execute(decode_shaped(out, max_rows) or out, greedy_ids=ids_only)
         if greedy:  # every position an argmax of the raw logits: no sampler rows to build
             self._groups = groups(row_ids, proposals)
-            self.draw = sampler.draw_greedy_ids(result if ids_only else result.argmax(dim=-1),
-                                                [_DROPPED_ROW] * len(row_ids))
+            ids = result if ids_only else result.argmax(dim=-1)
+            self.draw = sampler.draw_greedy_ids(ids, [_DROPPED_ROW] * len(row_ids))
+            if _chainable(out, requests, eos_token_ids):
+                self.chain_ids = ids
         else:
             rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
             # The runner's logits are this step's own tensor: the sampler may edit them in place.
@@ -217,6 +221,19 @@ def _plain_greedy(out: SchedulerOutput, requests: dict, sampler: Sampler, vocab_
                                  eos_token_ids, s.request_id, req.num_pending - 1, req.grammar)
             for s, req in live]
     return bool(rows) and sampler.classify(rows, vocab_size).plain_greedy
+
+
+def _chainable(out: SchedulerOutput, requests: dict, eos_token_ids) -> bool:
+    """Whether a chained step (worker/spec_decode/chain.py) may follow this one: every request
+    a decode row (its last token and its proposals) whose params carry no feature bit at all,
+    so each of its positions is the raw argmax now and in every later step."""
+    has_eos = bool(eos_token_ids)
+    for s in out.requests:
+        req = requests.get(s.request_id)
+        if (req is None or not s.needs_sample or len(s.token_ids) != s.num_spec_tokens + 1
+                or req.grammar is not None or plan_flags(req.params, has_eos)):
+            return False
+    return True
 
 
 def groups(row_ids: list[str], proposals: dict) -> list:

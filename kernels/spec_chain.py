@@ -1,0 +1,95 @@
+"""The inputs of a chained verify step, made on the device from the step before it.
+
+A verify step's rows are known only once the step before it is verified: how many proposals a
+row kept moves its positions, and the next proposals are looked up in its tokens. A chained verify
+step (worker/spec_decode/chain.py) is launched before the host knows that outcome, so this runs
+on the device, between the step before and the chained step's forward:
+
+1. acceptance of the step before, per request slot: a = the leading proposals equal to the
+   draws at their positions, then the draw after them (the rule of worker/spec_decode/verify.py
+   `num_accepted`);
+2. the request's tokens (`hist`, a device copy of prompt + output) grow by those a + 1 tokens;
+3. prompt lookup on the grown tokens: the longest suffix n-gram (n from `max_n` down to
+   `min_n`) whose most recent earlier occurrence is followed by a token; up to `k_new` tokens
+   that followed it are the new proposals (the rule of worker/spec_decode/ngram.py); fewer or
+   none when the text does not repeat, the rest of the row filled with the new last token;
+4. the chained step's decode rows (`k_new` + 1 a slot, slot i's rows starting at i * (k_new + 1)):
+   input ids (the new last token, then the proposals), positions, KV slots from the rows'
+   block tables, and context lengths.
+
+State, one row a slot of `meta` (int32 `[slots, 3 + kp]`): the number of tokens in `hist`, the
+slot's first row in the step before, how many of its proposals are real (the rest is filler,
+never accepted), then the proposals. The kernel rewrites it for the chained step, so the next
+chained step reads this one. The host reads the same row to verify the step itself: both sides
+apply one rule to the same numbers, so they agree on every token.
+
+`chain_inputs` dispatches: the Triton kernel of spec_chain_triton.py on CUDA, the plain-torch
+reference below elsewhere (tests/kernels/test_spec_chain.py holds them equal).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import use_triton
+
+META_HEAD = 3  # tokens in hist, first row in the step before, real proposals
+
+
+def chain_inputs(draws: torch.Tensor, hist: torch.Tensor, meta: torch.Tensor, num_slots: int, k_new: int,
+                 min_n: int, max_n: int, block_tables: torch.Tensor, page: int, input_ids: torch.Tensor,
+                 positions: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Write the chained step's rows into `input_ids` / `positions` / `slots` (int64) and
+    `seq_lens` (int32), and move `hist` / `meta` on (see the module docstring). `draws`: the
+    step before's argmax ids, one a row; `block_tables`: int32, the chained step's rows (every
+    row of a slot holds the slot's table)."""
+    if not 1 <= k_new <= meta.shape[1] - META_HEAD - 1:
+        raise ValueError(f"k_new must be 1..{meta.shape[1] - META_HEAD - 1}, got {k_new}")
+    if num_slots == 0:
+        return
+    if use_triton(hist):
+        from .spec_chain_triton import chain_inputs_triton
+        chain_inputs_triton(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+                            input_ids, positions, slots, seq_lens)
+        return
+    _chain_inputs_torch(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+                        input_ids, positions, slots, seq_lens)
+
+
+def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence (ending before the last
+    token) of the longest suffix n-gram of `tokens`, n from max_n down to min_n; [] if none."""
+    size = len(tokens)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        suffix = tokens[size - n:]
+        for end in range(size - 2, n - 2, -1):
+            if tokens[end - n + 1:end + 1] == suffix:
+                return tokens[end + 1:end + 1 + k]
+    return []
+
+
+def _chain_inputs_torch(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+                        input_ids, positions, slots, seq_lens) -> None:
+    rows_meta = meta[:num_slots].tolist()
+    drawn = draws.tolist()
+    tables = block_tables.tolist()
+    for i, (length, off, k, *props) in enumerate(rows_meta):
+        a = 0
+        while a < k and props[a] == drawn[off + a]:
+            a += 1
+        x = drawn[off + a]
+        new = props[:a] + [x]
+        hist[i, length:length + a + 1] = torch.tensor(new, dtype=hist.dtype)
+        length += a + 1
+        tokens = hist[i, :length].tolist()
+        found = lookup(tokens, k_new, min_n, max_n)
+        proposals = found + [x] * (k_new - len(found))
+        first = i * (k_new + 1)
+        meta[i, :META_HEAD + k_new] = torch.tensor([length, first, len(found), *proposals], dtype=meta.dtype)
+        table = tables[first]
+        for j, token in enumerate([x, *proposals]):
+            p = length - 1 + j
+            input_ids[first + j] = token
+            positions[first + j] = p
+            slots[first + j] = table[p // page] * page + p % page
+            seq_lens[first + j] = p + 1

@@ -1,0 +1,107 @@
+"""Chained verify steps (worker/spec_decode/chain.py) in the engine on tiny-random, with async
+scheduling: the output equals speculation off token for token (greedy and every finish rule,
+with chunked prefill, preemption, the prefix cache and the host tier), chained steps really ran,
+every block comes back, an abort or a stop string mid-chain loses nothing, and a device that
+disagrees with the host about a request's tokens fails that step's requests, once each."""
+
+import pytest
+
+from infer_cluster.protocol import SamplingParams
+from infer_cluster.worker import LLM
+from infer_cluster.worker.spec_decode.chain import ChainedStep
+
+from tests.spec_decode.test_engine import PROMPTS, SETTINGS, SPEC, assert_same, greedy, outputs, reference_params  # noqa: F401
+
+
+def chained(setting_kw):
+    llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, **setting_kw)
+    assert llm.engine.spec_chain is not None
+    return llm
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_greedy_outputs_equal_speculation_off(setting):
+    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    # requests end at different steps, some maybe on EOS, while the others' chain runs
+    params = [greedy(40), greedy(31), greedy(40), greedy(23)] + [
+        SamplingParams(temperature=0, max_tokens=n) for n in (40, 27, 35, 19)]
+    want = outputs(LLM("tiny-random", **kw), params)
+    llm = chained(kw)
+    got = outputs(llm, params)
+    assert_same(got, want, setting)
+    stats = llm.stats()
+    assert llm.engine.spec_chain.launched > 0
+    assert stats["num_spec_accepted_tokens"] > 0.2 * stats["num_spec_draft_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_every_finish_rule_and_request_kind_equals_speculation_off(reference_params):
+    """Stop tokens and strings, min_tokens, penalties, bans, seeds and logprobs beside plain
+    greedy requests: a step holding any of them is not chained; the chain runs once they end."""
+    kw = dict(block_size=8, num_kv_blocks=64)
+    want = outputs(LLM("tiny-random", **kw), reference_params)
+    llm = chained(kw)
+    assert_same(outputs(llm, reference_params), want, "mixed")
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def run_until_chained(engine, take, limit=200):
+    for _ in range(limit):
+        take(engine.step())
+        if any(isinstance(s, ChainedStep) for s in engine._inflight.steps):
+            return
+    raise AssertionError("no chained verify step ran")
+
+
+def collector():
+    tokens, finals = {}, {}
+
+    def take(deltas):
+        for d in deltas:
+            tokens.setdefault(d.request_id, []).extend(d.token_ids)
+            if d.finish_reason is not None:
+                assert d.request_id not in finals  # exactly one final delta
+                finals[d.request_id] = d.finish_reason
+    return tokens, finals, take
+
+
+def test_an_abort_while_a_chained_step_is_in_flight_loses_nothing():
+    kw = dict(block_size=8, num_kv_blocks=128)
+    params = greedy(60)
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:3], params, use_tqdm=False)]
+    engine = chained(kw).engine
+    ids = [engine.add_request(p, params) for p in PROMPTS[:3]]
+    tokens, finals, take = collector()
+    run_until_chained(engine, take)
+    assert engine.abort(ids[0])
+    while engine.has_unfinished_requests():
+        take(engine.step())
+    assert finals == {ids[0]: "abort", ids[1]: "length", ids[2]: "length"}
+    assert [tokens[rid] for rid in ids[1:]] == want[1:]
+    assert tokens[ids[0]] == want[0][:len(tokens[ids[0]])]
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_a_device_out_of_step_with_the_host_fails_its_requests_once():
+    """The host checks each chained step's token counts against its own: a device state that
+    lost a token (here: its count moved by hand) fails the step's requests with an error
+    final, and every block comes back; nothing continues from wrong positions."""
+    kw = dict(block_size=8, num_kv_blocks=128)
+    engine = chained(kw).engine
+    ids = [engine.add_request(p, greedy(60)) for p in PROMPTS[:3]]
+    tokens, finals, take = collector()
+    run_until_chained(engine, take)
+    engine.spec_chain.meta[:3, 0] += 1  # the in-flight step already read it: the next one reads this
+    while engine.has_unfinished_requests():
+        take(engine.step())
+    assert set(finals.values()) == {"error"} and set(finals) == set(ids)
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("INFER_CLUSTER_SPEC_CHAIN", "0")
+    llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, block_size=8, num_kv_blocks=64)
+    assert llm.engine.spec_chain is None

@@ -1,0 +1,144 @@
+"""Chained verify steps: the next verify step launched before this one's tokens are known.
+
+Why: a verify step's proposals need its rows' tokens, so after each verify step the device
+waited while the host collected it, proposed, scheduled and staged the next one. On the H200
+(SmolLM2, batch 8, 2026-11-30) that was 0.36-0.41 ms of each 1.65 ms verify step, the largest
+part of what kept batch 8 from its target. A chained step moves that dependency onto the device:
+the host schedules it with placeholder positions while the step before is still in flight, and
+a kernel (kernels/spec_chain.py), queued between the two forwards, verifies the step before,
+appends the kept tokens to a device copy of each request's tokens, looks up the next proposals
+by the same prompt-lookup rule, and writes the chained step's input ids, positions, KV slots and
+context lengths. The host collects the step before while the chained one runs.
+
+Owns: `VerifyChain`, the device state (each request's tokens, and per request slot the proposals
+of the latest launched step, `meta`), `begin` (the state from the host, for the first step of a
+chain), `launch` (a `ChainedStep`), and `ChainedStep`, which reads its own proposals back
+beside its draws and verifies them as `VerifyStep` does.
+
+When: prompt lookup, a single-rank runner, async scheduling, one step in flight, and it a verify
+step of plain greedy requests (every proposal checked by argmax) whose requests are exactly the
+running ones, no request waiting, and free blocks for both steps' proposals
+(`Scheduler.chain`). A request that ends (a stop inside a burst, max_tokens, an abort) ends the
+chain: the rows it got in the chained step are dropped, as for any step scheduled before an end.
+Exact: every kept token is still the argmax at its position given the tokens kept before it;
+only which proposals are checked differs (a row gets `row_limit` proposals, filler where the text
+does not repeat, and the filler is never counted as a proposal: it is neither kept nor reported).
+`INFER_CLUSTER_SPEC_CHAIN=0` turns it off (`bench/spec_decode.py --runs on_nochain`).
+Must never: let the host and the device disagree on a token (the host checks each chained step's
+token count against its own).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from infer_cluster.kernels.dispatch import env_switch
+from infer_cluster.kernels.spec_chain import META_HEAD, chain_inputs
+from infer_cluster.worker.device.to_host import to_host
+from infer_cluster.worker.device.wait import wait_event
+from infer_cluster.worker.sched.output import SchedulerOutput
+from infer_cluster.worker.spec_decode.verify import _DROPPED_ROW, VerifyStep, decode_shaped
+
+CHAIN_ENV = "INFER_CLUSTER_SPEC_CHAIN"
+
+
+def chain_enabled() -> bool:
+    """Off with `INFER_CLUSTER_SPEC_CHAIN=0` (the A/B)."""
+    return env_switch(CHAIN_ENV)
+
+
+class VerifyChain:
+    def __init__(self, k: int, min_n: int, max_n: int, max_rows: int, max_model_len: int,
+                 block_size: int, device: torch.device):
+        """Room for `max_rows` request slots of `max_model_len` tokens and k proposals each."""
+        self.min_n, self.max_n, self.max_rows, self.block_size = min_n, max_n, max_rows, block_size
+        self.hist = torch.zeros(max_rows, max_model_len, dtype=torch.int32, device=device)
+        self.meta = torch.zeros(max_rows, META_HEAD + k + 1, dtype=torch.int32, device=device)
+        self.device = device
+        self.launched = 0  # chained steps launched (tests and stats read it)
+
+    def begin(self, step: VerifyStep, requests: dict) -> None:
+        """Load the device state from the host for the requests of `step`, a verify step in
+        flight launched by the host: their tokens before it, its proposals and rows."""
+        out = step.out
+        m = len(out.requests)
+        lengths = [requests[s.request_id].num_tokens for s in out.requests]
+        width = max(lengths)
+        hist = torch.zeros(m, width, dtype=torch.int32)
+        meta = torch.zeros(m, self.meta.shape[1], dtype=torch.int32)
+        first = 0
+        for i, s in enumerate(out.requests):
+            tokens = requests[s.request_id].all_token_ids
+            hist[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+            k = s.num_spec_tokens
+            meta[i, :META_HEAD + k] = torch.tensor([len(tokens), first, k, *s.token_ids[1:]], dtype=torch.int32)
+            first += k + 1
+        self.hist[:m, :width].copy_(hist, non_blocking=True)
+        self.meta[:m].copy_(meta, non_blocking=True)
+
+    def launch(self, out: SchedulerOutput, before: VerifyStep, runner, sampler, requests: dict, stats,
+               governor, recorder) -> "ChainedStep":
+        """Run the chained step `out` (`Scheduler.chain`, its requests in `before`'s order)."""
+        k_new = out.requests[0].num_spec_tokens
+        m = len(out.requests)
+        draws = before.chain_ids
+
+        def fill(input_ids, positions, slot_mapping, seq_lens, block_tables):
+            chain_inputs(draws, self.hist, self.meta, m, k_new, self.min_n, self.max_n, block_tables,
+                         self.block_size, input_ids, positions, slot_mapping, seq_lens)
+
+        rows = decode_shaped(out, before.max_rows) or out
+        ids_only = runner.takes_greedy_ids
+        result, row_ids = runner.execute(rows, greedy_ids=ids_only, fill_inputs=fill)
+        ids = result if ids_only else result.argmax(dim=-1)
+        self.launched += 1
+        return ChainedStep(out, ids, row_ids, self.meta[:m], requests, sampler, stats, governor, recorder,
+                           runner, before.max_rows)
+
+
+class ChainedStep(VerifyStep):
+    """A verify step whose proposals were made on the device: `wait` reads them (the kernel's
+    `meta` rows, copied behind the step) and verifies as `VerifyStep` does."""
+
+    def __init__(self, out: SchedulerOutput, ids: torch.Tensor, row_ids: list[str], meta: torch.Tensor,
+                 requests: dict, sampler, stats, governor, recorder, runner, max_rows: int):
+        """`requests`: the scheduler's live requests by id (`wait` checks their token counts)."""
+        self._requests = requests
+        self.out, self._stats, self._governor, self.max_rows = out, stats, governor, max_rows
+        self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
+        self.chain_ids = ids
+        self._row_ids = row_ids
+        self._meta = to_host(meta)  # before the next chained step's kernel rewrites it
+        self.draw = sampler.draw_greedy_ids(ids, [_DROPPED_ROW] * len(row_ids))
+        self._transfer = to_host(self.draw.transfer)
+        self._values = None
+        self._event: Optional[torch.cuda.Event] = None
+        if ids.device.type == "cuda":
+            self._event = recorder.recorded(ids.device)
+        self._groups = None  # known once `wait` has the proposals
+
+    def wait(self, sampler):
+        if self._event is not None:
+            wait_event(self._event, self._gave_up)
+        self._groups, first = [], 0
+        for s, (length, _, num, *proposals) in zip(self.out.requests, self._meta.tolist()):
+            req = self._requests.get(s.request_id)
+            if req is not None and not req.is_finished and req.num_tokens != length:
+                raise RuntimeError(f"chained verify step out of step with the host: request "
+                                   f"{s.request_id} holds {req.num_tokens} tokens, the device {length}")
+            self._groups.append((s.request_id, first, proposals[:num]))
+            first += s.num_spec_tokens + 1
+        return super().wait(sampler)
+
+
+def chained_requests(before: VerifyStep, running: list, waiting: bool) -> Optional[list]:
+    """The requests of a chained step after `before` (in its order), or None where there can be
+    none: `before` is not a chain's step, a request waits, or the running requests are not
+    exactly `before`'s (one ended, or one joined)."""
+    if getattr(before, "chain_ids", None) is None or waiting or len(running) != len(before.out.requests):
+        return None
+    by_id = {req.request_id: req for req in running}
+    reqs = [by_id.get(s.request_id) for s in before.out.requests]
+    return None if any(r is None for r in reqs) else reqs
