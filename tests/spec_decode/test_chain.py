@@ -5,12 +5,18 @@ every block comes back, an abort or a stop string mid-chain loses nothing, and a
 disagrees with the host about a request's tokens fails that step's requests, once each."""
 
 import pytest
+import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 from infer_cluster.worker.spec_decode.chain import ChainedStep
 
 from tests.spec_decode.test_engine import PROMPTS, SETTINGS, SPEC, assert_same, greedy, outputs, reference_params  # noqa: F401
+
+
+# On a GPU (where these run with CUDA graphs and the Triton kernel): float32, so that speculation
+# off and on, whose steps have different row counts, round alike (tests/spec_decode/test_gpu.py).
+BASE = dict(block_size=8, **({"dtype": "float32"} if torch.cuda.is_available() else {}))
 
 
 def chained(setting_kw):
@@ -21,7 +27,7 @@ def chained(setting_kw):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_greedy_outputs_equal_speculation_off(setting):
-    kw = {**dict(block_size=8, num_kv_blocks=64), **SETTINGS[setting]}
+    kw = {**BASE, "num_kv_blocks": 64, **SETTINGS[setting]}
     # requests end at different steps, some maybe on EOS, while the others' chain runs
     params = [greedy(40), greedy(31), greedy(40), greedy(23)] + [
         SamplingParams(temperature=0, max_tokens=n) for n in (40, 27, 35, 19)]
@@ -38,7 +44,7 @@ def test_greedy_outputs_equal_speculation_off(setting):
 def test_every_finish_rule_and_request_kind_equals_speculation_off(reference_params):
     """Stop tokens and strings, min_tokens, penalties, bans, seeds and logprobs beside plain
     greedy requests: a step holding any of them is not chained; the chain runs once they end."""
-    kw = dict(block_size=8, num_kv_blocks=64)
+    kw = dict(BASE, num_kv_blocks=64)
     want = outputs(LLM("tiny-random", **kw), reference_params)
     llm = chained(kw)
     assert_same(outputs(llm, reference_params), want, "mixed")
@@ -67,7 +73,7 @@ def collector():
 
 
 def test_an_abort_while_a_chained_step_is_in_flight_loses_nothing():
-    kw = dict(block_size=8, num_kv_blocks=128)
+    kw = dict(BASE, num_kv_blocks=128)
     params = greedy(60)
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:3], params, use_tqdm=False)]
     engine = chained(kw).engine
@@ -88,7 +94,7 @@ def test_a_device_out_of_step_with_the_host_fails_its_requests_once():
     """The host checks each chained step's token counts against its own: a device state that
     lost a token (here: its count moved by hand) fails the step's requests with an error
     final, and every block comes back; nothing continues from wrong positions."""
-    kw = dict(block_size=8, num_kv_blocks=128)
+    kw = dict(BASE, num_kv_blocks=128)
     engine = chained(kw).engine
     ids = [engine.add_request(p, greedy(60)) for p in PROMPTS[:3]]
     tokens, finals, take = collector()
@@ -103,5 +109,5 @@ def test_a_device_out_of_step_with_the_host_fails_its_requests_once():
 
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_SPEC_CHAIN", "0")
-    llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, block_size=8, num_kv_blocks=64)
+    llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, **BASE, num_kv_blocks=64)
     assert llm.engine.spec_chain is None
