@@ -245,6 +245,10 @@ class DynamicEngine:
         k_new = row_limit(decoder.config.num_speculative_tokens, len(reqs), decoder.max_rows)
         if len(reqs) * (k_new + 1) > decoder.max_rows:  # not a decode-shaped step
             return None
+        # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
+        # the host path runs an ordinary step (a chained one would verify only filler).
+        if not decoder.worth_waiting(reqs):
+            return None
         out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], k_new)
         if out is None:
             return None
