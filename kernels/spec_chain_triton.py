@@ -19,7 +19,10 @@ from .spec_chain import META_HEAD
 BLOCK = 1024  # candidate n-gram ends per scan iteration
 
 
-@triton.jit
+# No integer argument is specialized: the block-table stride differs between the graphs' inputs
+# and an eager step's, and k_new moves with the batch; one compiled variant serves them all (it
+# compiles when the engine is built, `VerifyChain`, never mid-serving).
+@triton.jit(do_not_specialize=["k_new", "min_n", "max_n", "hist_stride", "meta_stride", "bt_stride"])
 def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, bt_ptr, ids_ptr, pos_ptr, slot_ptr, lens_ptr,
                   k_new, min_n, max_n, hist_stride, meta_stride, bt_stride,
                   PAGE: tl.constexpr, HEAD: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):

@@ -58,6 +58,17 @@ class VerifyChain:
         self.meta = torch.zeros(max_rows, META_HEAD + k + 1, dtype=torch.int32, device=device)
         self.device = device
         self.launched = 0  # chained steps launched (tests and stats read it)
+        if device.type == "cuda":
+            self._compile()
+
+    def _compile(self) -> None:
+        """Run the kernel once on scratch tensors, so it compiles now and not in a served step."""
+        z64 = torch.zeros(4, dtype=torch.int64, device=self.device)
+        meta = torch.zeros(1, self.meta.shape[1], dtype=torch.int32, device=self.device)
+        meta[0, 0] = 1
+        chain_inputs(z64, torch.zeros(1, 8, dtype=torch.int32, device=self.device), meta, 1, 1, self.min_n,
+                     self.max_n, torch.zeros(2, 2, dtype=torch.int32, device=self.device), self.block_size,
+                     z64.clone(), z64.clone(), z64.clone(), torch.zeros(4, dtype=torch.int32, device=self.device))
 
     def begin(self, step: VerifyStep, requests: dict) -> None:
         """Load the device state from the host for the requests of `step`, a verify step in
