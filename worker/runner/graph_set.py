@@ -4,7 +4,7 @@ Owns: `capture_graph_set`, which captures, in one memory pool,
 - the decode graphs (worker/runner/cuda_graphs.py), with greedy variants up to
   `INFER_CLUSTER_GREEDY_GRAPH_MAX` rows (`greedy_graph_max`);
 - for a speculating engine, the verify graphs: decode graphs of up to `verify_max_rows()`
-  (48) rows whose attention reads the step's runs (`row_span`). A verify step runs as decode rows,
+  (48) rows whose attention reads the step's runs (`row_span`), each with its greedy variant. A verify step runs as decode rows,
   one a position (worker/spec_decode/verify.py `decode_shaped`); every row of a request has its
   block table, so decode attention reads that request's KV once per chunk of its rows instead of
   once per row, with splits planned for the chunks (kernels/attention_decode_triton.py). Plain
@@ -59,8 +59,11 @@ def capture_graph_set(forward_logits: Callable, greedy_forward: Callable, forwar
     verify = None
     if verify_runs:
         from infer_cluster.worker.spec_decode.verify import verify_max_rows
-        verify = DecodeGraphs(forward_logits, kv_caches, verify_max_rows(), max_blocks, device,
-                              runs=True, pool=decode.pool, **greedy)
+        # every verify size greedy (48 rows at most by default): an all-greedy verify step then
+        # launches no argmax after its replay (two Triton launches, ~0.15 ms of host on the H200)
+        rows = verify_max_rows()
+        verify = DecodeGraphs(forward_logits, kv_caches, rows, max_blocks, device, runs=True, pool=decode.pool,
+                              **dict(greedy, greedy_max_batch=max(rows, greedy_max)))
     for graphs in (decode, verify):  # decode steps are written straight into the graphs' inputs
         if graphs is not None:
             graphs.inputs.open_host(copy_engine_busy=copy_engine_busy)
