@@ -77,5 +77,7 @@ def build_chain(engine):
             or engine.pipeline_depth != 1 or not getattr(runner, "chains_verify", False) or not chain_enabled()):
         return None
     sc = decoder.config
-    return VerifyChain(sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, decoder.max_rows,
+    # a chained step gives each request at least two rows: at most max_rows // 2 requests
+    slots = min(decoder.max_rows // 2, engine.config.max_num_seqs)
+    return VerifyChain(sc.num_speculative_tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, slots,
                        engine.max_model_len, engine.config.block_size, runner.device)

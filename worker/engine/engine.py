@@ -243,7 +243,7 @@ class DynamicEngine:
             return None
         decoder = self.spec_decoder
         k_new = row_limit(decoder.config.num_speculative_tokens, len(reqs), decoder.max_rows)
-        if len(reqs) * (k_new + 1) > decoder.max_rows:  # not a decode-shaped step
+        if len(reqs) * (k_new + 1) > decoder.max_rows or len(reqs) > chain.slots:  # not decode-shaped
             return None
         # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
         # the host path runs an ordinary step (a chained one would verify only filler).

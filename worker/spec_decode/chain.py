@@ -50,12 +50,13 @@ def chain_enabled() -> bool:
 
 
 class VerifyChain:
-    def __init__(self, k: int, min_n: int, max_n: int, max_rows: int, max_model_len: int,
+    def __init__(self, k: int, min_n: int, max_n: int, slots: int, max_model_len: int,
                  block_size: int, device: torch.device):
-        """Room for `max_rows` request slots of `max_model_len` tokens and k proposals each."""
-        self.min_n, self.max_n, self.max_rows, self.block_size = min_n, max_n, max_rows, block_size
-        self.hist = torch.zeros(max_rows, max_model_len, dtype=torch.int32, device=device)
-        self.meta = torch.zeros(max_rows, META_HEAD + k + 1, dtype=torch.int32, device=device)
+        """Room for `slots` requests of `max_model_len` tokens and k proposals each (4 bytes a
+        token: 0.8 MB for 24 requests of SmolLM2's 8,192)."""
+        self.min_n, self.max_n, self.slots, self.block_size = min_n, max_n, slots, block_size
+        self.hist = torch.zeros(slots, max_model_len, dtype=torch.int32, device=device)
+        self.meta = torch.zeros(slots, META_HEAD + k + 1, dtype=torch.int32, device=device)
         self.device = device
         self.launched = 0  # chained steps launched (tests and stats read it)
         if device.type == "cuda":
