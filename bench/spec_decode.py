@@ -268,12 +268,12 @@ def _finish_run(name: str, llm, run: dict) -> None:
         chain = llm.engine.spec_chain
         run["chained_steps"] = chain.launched if chain is not None else 0
         print(f"{name:>9} chained verify steps: {run['chained_steps']}")
-    run["phase_seconds"] = llm.engine.phase_seconds  # the host's step phases, every batch together
-    print(f"{name:>9} step phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in run["phase_seconds"].items()))
         governor = llm.engine.spec_decoder.governor
         if governor is not None:  # adaptive: what it measured, per batch-size bucket
             run["governor"] = governor.as_dict()
             print(f"{name:>9} governor estimates: {run['governor']}")
+    run["phase_seconds"] = llm.engine.phase_seconds  # the host's step phases, every batch together
+    print(f"{name:>9} step phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in run["phase_seconds"].items()))
 
 
 def _interleaved(args, modes: dict, convs: list, params, sync):
