@@ -10,16 +10,17 @@ on the device, between the step before and the chained step's forward:
    `num_accepted`);
 2. the request's tokens (`hist`, a device copy of prompt + output) grow by those a + 1 tokens;
 3. prompt lookup on the grown tokens: the longest suffix n-gram (n from `max_n` down to
-   `min_n`) whose most recent earlier occurrence is followed by a token; up to `k_new` tokens
+   `min_n`) whose most recent earlier occurrence is followed by a token; up to k_i tokens
    that followed it are the new proposals (the rule of worker/spec_decode/ngram.py); fewer or
    none when the text does not repeat, the rest of the row filled with the new last token;
-4. the chained step's decode rows (`k_new` + 1 a slot, slot i's rows starting at i * (k_new + 1)):
-   input ids (the new last token, then the proposals), positions, KV slots from the rows'
-   block tables, and context lengths.
+4. the chained step's decode rows (the host's `layout`: slot i has k_i + 1 rows from its first
+   row on): input ids (the new last token, then the proposals), positions, KV slots from the
+   rows' block tables, and context lengths.
 
-State, one row a slot of `meta` (int32 `[slots, 3 + kp]`): the number of tokens in `hist`, the
-slot's first row in the step before, how many of its proposals are real (the rest is filler,
-never accepted), then the proposals. The kernel rewrites it for the chained step, so the next
+State, one row a slot of `meta` (int32 `[slots, 4 + width]`): the number of tokens in `hist`,
+the slot's first row in the step before, how many of its proposals are real (the rest is filler,
+never accepted), how many tokens the lookup found (up to `width`, whatever k_i was: the host
+reads it to give the slot proposal positions again), then the proposals. The kernel rewrites it for the chained step, so the next
 chained step reads this one. The host reads the same row to verify the step itself: both sides
 apply one rule to the same numbers, so they agree on every token.
 
@@ -33,26 +34,30 @@ import torch
 
 from .dispatch import use_triton
 
-META_HEAD = 3  # tokens in hist, first row in the step before, real proposals
+META_HEAD = 4  # tokens in hist, first row in the step before, real proposals, tokens found
 
 
-def chain_inputs(draws: torch.Tensor, hist: torch.Tensor, meta: torch.Tensor, num_slots: int, k_new: int,
+def chain_inputs(draws: torch.Tensor, hist: torch.Tensor, meta: torch.Tensor, layout: torch.Tensor,
                  min_n: int, max_n: int, block_tables: torch.Tensor, page: int, input_ids: torch.Tensor,
                  positions: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Write the chained step's rows into `input_ids` / `positions` / `slots` (int64) and
     `seq_lens` (int32), and move `hist` / `meta` on (see the module docstring). `draws`: the
-    step before's argmax ids, one a row; `block_tables`: int32, the chained step's rows (every
-    row of a slot holds the slot's table)."""
-    if not 1 <= k_new <= meta.shape[1] - META_HEAD - 1:
-        raise ValueError(f"k_new must be 1..{meta.shape[1] - META_HEAD - 1}, got {k_new}")
-    if num_slots == 0:
+    step before's argmax ids, one a row; `layout`: int32 `[2, slots]`, each slot's first row in
+    the chained step and its proposal positions (0 or more: the slot has that many + 1 rows);
+    `block_tables`: int32, the chained step's rows (every row of a slot holds the slot's table)."""
+    width = meta.shape[1] - META_HEAD
+    if layout.dim() != 2 or layout.shape[0] != 2 or layout.shape[1] > meta.shape[0]:
+        raise ValueError(f"layout must be [2, slots <= {meta.shape[0]}], got {tuple(layout.shape)}")
+    if layout.shape[1] == 0:
         return
     if use_triton(hist):
         from .spec_chain_triton import chain_inputs_triton
-        chain_inputs_triton(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+        chain_inputs_triton(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                             input_ids, positions, slots, seq_lens)
         return
-    _chain_inputs_torch(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+    if not all(0 <= k < width for k in layout[1].tolist()):
+        raise ValueError(f"a slot's proposals must be 0..{width - 1}, got {layout[1].tolist()}")
+    _chain_inputs_torch(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                         input_ids, positions, slots, seq_lens)
 
 
@@ -68,24 +73,26 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     return []
 
 
-def _chain_inputs_torch(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+def _chain_inputs_torch(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                         input_ids, positions, slots, seq_lens) -> None:
-    rows_meta = meta[:num_slots].tolist()
+    width = meta.shape[1] - META_HEAD
+    firsts, ks = layout.tolist()
+    rows_meta = meta[:len(ks)].tolist()
     drawn = draws.tolist()
     tables = block_tables.tolist()
-    for i, (length, off, k, *props) in enumerate(rows_meta):
+    for i, (length, off, k, _found, *props) in enumerate(rows_meta):
         a = 0
         while a < k and props[a] == drawn[off + a]:
             a += 1
         x = drawn[off + a]
-        new = props[:a] + [x]
-        hist[i, length:length + a + 1] = torch.tensor(new, dtype=hist.dtype)
+        hist[i, length:length + a + 1] = torch.tensor(props[:a] + [x], dtype=hist.dtype)
         length += a + 1
         tokens = hist[i, :length].tolist()
-        found = lookup(tokens, k_new, min_n, max_n)
-        proposals = found + [x] * (k_new - len(found))
-        first = i * (k_new + 1)
-        meta[i, :META_HEAD + k_new] = torch.tensor([length, first, len(found), *proposals], dtype=meta.dtype)
+        found = lookup(tokens, width, min_n, max_n)
+        k_new, first = ks[i], firsts[i]
+        proposals = found[:k_new] + [x] * (k_new - len(found[:k_new]))
+        meta[i, :META_HEAD + k_new] = torch.tensor([length, first, len(found[:k_new]), len(found), *proposals],
+                                                   dtype=meta.dtype)
         table = tables[first]
         for j, token in enumerate([x, *proposals]):
             p = length - 1 + j

@@ -20,11 +20,11 @@ BLOCK = 1024  # candidate n-gram ends per scan iteration
 
 
 # No integer argument is specialized: the block-table stride differs between the graphs' inputs
-# and an eager step's, and k_new moves with the batch; one compiled variant serves them all (it
-# compiles when the engine is built, `VerifyChain`, never mid-serving).
-@triton.jit(do_not_specialize=["k_new", "min_n", "max_n", "hist_stride", "meta_stride", "bt_stride"])
-def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, bt_ptr, ids_ptr, pos_ptr, slot_ptr, lens_ptr,
-                  k_new, min_n, max_n, hist_stride, meta_stride, bt_stride,
+# and an eager step's; one compiled variant serves them all (it compiles when the engine is
+# built, `VerifyChain`, never mid-serving).
+@triton.jit(do_not_specialize=["num_slots", "width", "min_n", "max_n", "hist_stride", "meta_stride", "bt_stride"])
+def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, lay_ptr, bt_ptr, ids_ptr, pos_ptr, slot_ptr, lens_ptr,
+                  num_slots, width, min_n, max_n, hist_stride, meta_stride, bt_stride,
                   PAGE: tl.constexpr, HEAD: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0)
     mrow = meta_ptr + i * meta_stride
@@ -58,7 +58,10 @@ def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, bt_ptr, ids_ptr, pos_ptr, slot_
                 found = tl.maximum(found, tl.max(tl.where(ok, ends, -1), axis=0))
         best = tl.where(best < 0, found, best)
     src = best + 1
-    num = tl.where(best >= 0, tl.minimum(k_new, size - src), 0)
+    avail = tl.where(best >= 0, tl.minimum(width, size - src), 0)  # tokens found after the match
+    first = tl.load(lay_ptr + i)
+    k_new = tl.load(lay_ptr + num_slots + i)
+    num = tl.minimum(k_new, avail)
     kept = j < num
     proposals = tl.load(hrow + src + j, mask=kept, other=0)
     proposals = tl.where(kept, proposals, x)
@@ -66,10 +69,10 @@ def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, bt_ptr, ids_ptr, pos_ptr, slot_
     prev = tl.load(hrow + src + j - 1, mask=(j >= 1) & (j - 1 < num), other=0)
     tokens = tl.where(j == 0, x, tl.where(j - 1 < num, prev, x))
     tl.debug_barrier()
-    first = i * (k_new + 1)
     tl.store(mrow, size)
     tl.store(mrow + 1, first)
     tl.store(mrow + 2, num)
+    tl.store(mrow + 3, avail)
     tl.store(mrow + HEAD + j, proposals, mask=j < k_new)
     rows = j <= k_new
     p = size - 1 + j
@@ -81,11 +84,12 @@ def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, bt_ptr, ids_ptr, pos_ptr, slot_
     tl.store(lens_ptr + r, p + 1, mask=rows)
 
 
-def chain_inputs_triton(draws, hist, meta, num_slots, k_new, min_n, max_n, block_tables, page,
+def chain_inputs_triton(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                         input_ids, positions, slots, seq_lens) -> None:
-    kp = triton.next_power_of_2(meta.shape[1] - META_HEAD)
+    width = meta.shape[1] - META_HEAD
+    kp = triton.next_power_of_2(width)
+    num_slots = layout.shape[1]
     _chain_kernel[(num_slots,)](
-        draws, hist, meta, block_tables, input_ids, positions, slots, seq_lens,
-        k_new, min_n, max_n, hist.stride(0), meta.stride(0), block_tables.stride(0),
+        draws, hist, meta, layout, block_tables, input_ids, positions, slots, seq_lens,
+        num_slots, width, min_n, max_n, hist.stride(0), meta.stride(0), block_tables.stride(0),
         PAGE=page, HEAD=META_HEAD, KP=kp, BLOCK=BLOCK, num_warps=4)
-

@@ -26,8 +26,9 @@ def text(rng, size, vocab=12):
     return out[:size]
 
 
-def case(seed, slots=5, k_prev=4, k_new=5, kmax=8, width=64):
-    """A step before (uneven proposals a slot, some right, some wrong) over random texts."""
+def case(seed, slots=5, k_prev=4, ks=(5, 0, 3, 5, 1), kmax=8, width=64):
+    """A step before (uneven proposals a slot, some right, some wrong) over random texts, and
+    a chained step giving slot i ks[i] proposal positions."""
     rng = random.Random(seed)
     hist = torch.zeros(slots + 1, width * PAGE, dtype=torch.int32)
     meta = torch.zeros(slots + 1, META_HEAD + kmax + 1, dtype=torch.int32)
@@ -38,61 +39,66 @@ def case(seed, slots=5, k_prev=4, k_new=5, kmax=8, width=64):
         props = [rng.randrange(12) for _ in range(k)]
         keep = rng.randrange(0, k + 1)
         row_draws = props[:keep] + [rng.randrange(12) for _ in range(k + 1 - keep)]
-        meta[i, :META_HEAD + k] = torch.tensor([len(tokens), len(draws), k, *props])
+        meta[i, :META_HEAD + k] = torch.tensor([len(tokens), len(draws), k, 0, *props])
         hist[i, :len(tokens)] = torch.tensor(tokens)
         draws += row_draws
         texts.append(tokens)
         props_of.append(props)
-    tables = torch.zeros(slots * (k_new + 1), width, dtype=torch.int32)
+    ks = list(ks[:slots])
+    firsts = [sum(k + 1 for k in ks[:i]) for i in range(slots)]
+    tables = torch.zeros(sum(k + 1 for k in ks), width, dtype=torch.int32)
     for i in range(slots):
-        table = torch.randperm(500)[:width].to(torch.int32)
-        tables[i * (k_new + 1):(i + 1) * (k_new + 1)] = table
-    return torch.tensor(draws + [0] * 3), hist, meta, tables, texts, props_of
+        tables[firsts[i]:firsts[i] + ks[i] + 1] = torch.randperm(500)[:width].to(torch.int32)
+    layout = torch.tensor([firsts, ks], dtype=torch.int32)
+    return torch.tensor(draws + [0] * 3), hist, meta, layout, tables, texts, props_of
 
 
-def run(draws, hist, meta, tables, slots, k_new, min_n=2, max_n=4):
-    rows = slots * (k_new + 1)
+def run(draws, hist, meta, layout, tables, min_n=2, max_n=4):
+    rows = int(layout[-1].sum()) + layout.shape[1]
     out = tuple(torch.full((rows + 2,), -7, dtype=dtype, device=hist.device)
                 for dtype in (torch.int64, torch.int64, torch.int64, torch.int32))
     hist, meta = hist.clone(), meta.clone()
-    chain_inputs(draws, hist, meta, slots, k_new, min_n, max_n, tables, PAGE, *out)
+    chain_inputs(draws, hist, meta, layout, min_n, max_n, tables, PAGE, *out)
     return hist, meta, out
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_reference_follows_the_host_rules(seed, monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_KERNELS", "torch")
-    slots, k_new = 5, 5
-    draws, hist, meta, tables, texts, props_of = case(seed, slots, k_new=k_new)
-    new_hist, new_meta, (ids, pos, slot, lens) = run(draws, hist, meta, tables, slots, k_new)
+    slots = 5
+    draws, hist, meta, layout, tables, texts, props_of = case(seed, slots)
+    width = meta.shape[1] - META_HEAD
+    new_hist, new_meta, (ids, pos, slot, lens) = run(draws, hist, meta, layout, tables)
     drawn, first = draws.tolist(), 0
     for i, (tokens, props) in enumerate(zip(texts, props_of)):
         a = num_accepted(props, drawn[first:first + len(props) + 1])
         grown = tokens + props[:a] + [drawn[first + a]]
         first += len(props) + 1
-        want = NgramIndex(2, 4).propose(grown, k_new)
-        assert lookup(grown, k_new, 2, 4) == want
-        length, row0, num, *proposals = new_meta[i].tolist()
-        assert (length, row0, num) == (len(grown), i * (k_new + 1), len(want))
+        row0, k_new = layout[0, i].item(), layout[1, i].item()
+        found = NgramIndex(2, 4).propose(grown, width)
+        assert lookup(grown, width, 2, 4) == found
+        want = found[:k_new]
+        length, off, num, avail, *proposals = new_meta[i].tolist()
+        assert (length, off, num, avail) == (len(grown), row0, len(want), len(found))
         assert proposals[:num] == want
         assert new_hist[i, :length].tolist() == grown
-        r = slice(i * (k_new + 1), (i + 1) * (k_new + 1))
+        r = slice(row0, row0 + k_new + 1)
         assert ids[r].tolist() == [grown[-1], *proposals[:k_new]]
         assert pos[r].tolist() == list(range(len(grown) - 1, len(grown) + k_new))
-        table = tables[i * (k_new + 1)].tolist()
+        table = tables[row0].tolist()
         assert slot[r].tolist() == [table[p // PAGE] * PAGE + p % PAGE for p in pos[r].tolist()]
         assert lens[r].tolist() == [p + 1 for p in pos[r].tolist()]
-    assert ids[slots * (k_new + 1):].tolist() == [-7, -7]  # rows past the step untouched
+    rows = int(layout[1].sum()) + slots
+    assert ids[rows:].tolist() == [-7, -7]  # rows past the step untouched
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_triton_equals_the_reference(seed, device, monkeypatch):
-    slots, k_new = 4, 3
-    draws, hist, meta, tables, _, _ = case(100 + seed, slots, k_new=k_new)
+    draws, hist, meta, layout, tables, _, _ = case(100 + seed, 4, ks=(3, 0, 7, 2))
     monkeypatch.setenv("INFER_CLUSTER_KERNELS", "torch")
-    want = run(draws, hist, meta, tables, slots, k_new, 3, 4)
+    want = run(draws, hist, meta, layout, tables, 3, 4)
     monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
-    got = run(*(t.to(device) for t in (draws, hist, meta, tables)), slots, k_new, 3, 4)
+    got = run(*(t.to(device) for t in (draws, hist, meta, layout, tables)), 3, 4)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     for g, w in zip(got[2], want[2]):
         assert torch.equal(g.cpu(), w)
@@ -100,21 +106,24 @@ def test_triton_equals_the_reference(seed, device, monkeypatch):
 
 def test_a_chained_step_reads_the_last_one():
     """Two chained launches: the second verifies the first's proposals against its draws."""
-    draws, hist, meta, tables, _, _ = case(7, 3, k_new=2)
-    hist, meta, (ids, *_rest) = run(draws, hist, meta, tables, 3, 2)
+    draws, hist, meta, layout, tables, _, _ = case(7, 3, ks=(2, 2, 2))
+    hist, meta, (ids, *_rest) = run(draws, hist, meta, layout, tables)
     # the draws of the chained step: slot 0 keeps its first proposal, the others none
     step = ids.tolist()[:9]
     new_draws = [step[1], 99, 99, 98, 98, 98, 97, 97, 97]
     before = meta[:3, 0].tolist()
     num0 = meta[0, 2].item()
-    hist, meta, _ = run(torch.tensor(new_draws), hist, meta, tables, 3, 2)
+    hist, meta, _ = run(torch.tensor(new_draws), hist, meta, layout, tables)
     kept0 = 2 if num0 >= 1 else 1  # a real proposal kept, then the draw after it
     assert meta[0, 0].item() == before[0] + kept0
     assert meta[1:3, 0].tolist() == [before[1] + 1, before[2] + 1]
     assert hist[1, before[1]].item() == 98 and hist[2, before[2]].item() == 97
 
 
-def test_k_new_outside_the_state_is_refused():
-    draws, hist, meta, tables, _, _ = case(1, 2)
-    with pytest.raises(ValueError, match="k_new must be"):
-        run(draws, hist, meta, tables, 2, meta.shape[1])
+def test_a_layout_outside_the_state_is_refused(monkeypatch):
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "torch")
+    draws, hist, meta, layout, tables, _, _ = case(1, 2, ks=(1, 1))
+    with pytest.raises(ValueError, match="proposals must be"):
+        run(draws, hist, meta, torch.tensor([[0, 2], [1, meta.shape[1]]], dtype=torch.int32), tables)
+    with pytest.raises(ValueError, match="layout must be"):
+        run(draws, hist, meta, layout[:1], tables)

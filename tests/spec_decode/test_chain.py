@@ -111,3 +111,18 @@ def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("INFER_CLUSTER_SPEC_CHAIN", "0")
     llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, **BASE, num_kv_blocks=64)
     assert llm.engine.spec_chain is None
+
+
+def test_the_plan_gives_cold_requests_one_row_and_shares_the_rest():
+    from infer_cluster.worker.spec_decode.chain import VerifyChain
+    chain = VerifyChain(15, 3, 4, 24, 64, 8, torch.device("cpu"))
+    ids = [f"r{i}" for i in range(8)]
+    assert chain.plan(ids, 48) == [5] * 8  # nothing known yet: 48 rows shared evenly
+    chain.found = dict.fromkeys(ids[:3], 0)  # three stopped repeating: one row each
+    assert chain.plan(ids, 48) == [0, 0, 0, 8, 8, 8, 8, 8]
+    chain.found.update(r3=2, r4=16)  # a short continuation keeps 2; its rows go to the others
+    ks = chain.plan(ids, 48)
+    assert ks == [0, 0, 0, 2, 10, 9, 9, 10] and sum(k + 1 for k in ks) == 48
+    assert chain.plan(["a"], 48) == [15]  # at most k
+    chain.found = dict.fromkeys(ids, 0)
+    assert chain.plan(ids, 48) is None  # no text repeats: no chained step

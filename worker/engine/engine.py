@@ -55,7 +55,6 @@ from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sched.output import SchedulerOutput
 from infer_cluster.worker.spec_decode.chain import ChainedStep, chained_requests
-from infer_cluster.worker.spec_decode.ngram import row_limit
 from infer_cluster.worker.spec_decode.verify import VerifyStep
 from infer_cluster.worker.text.text_stage import TextStage
 
@@ -242,14 +241,14 @@ class DynamicEngine:
         if reqs is None:
             return None
         decoder = self.spec_decoder
-        k_new = row_limit(decoder.config.num_speculative_tokens, len(reqs), decoder.max_rows)
-        if len(reqs) * (k_new + 1) > decoder.max_rows or len(reqs) > chain.slots:  # not decode-shaped
+        if 2 * len(reqs) > decoder.max_rows or len(reqs) > chain.slots:  # no decode-shaped step
             return None
         # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
         # the host path runs an ordinary step (a chained one would verify only filler).
-        if not decoder.worth_waiting(reqs):
+        ks = chain.plan([r.request_id for r in reqs], decoder.max_rows)
+        if ks is None or not decoder.worth_waiting(reqs):
             return None
-        out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], k_new)
+        out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], ks)
         if out is None:
             return None
         decoder.start_step(out, True)

@@ -11,12 +11,16 @@ more positions, within the step's token budget and using only free blocks, so pr
 preempt a request nor keep one from being admitted. `ScheduledRequest.num_spec_tokens` says how
 many; `num_computed_tokens` advances over them as over any scheduled position.
 
+Chained steps (`chain`, worker/spec_decode/chain.py): a verify step scheduled while the verify
+step before it is in flight, its positions unknown to the host: blocks for the farthest place
+both steps' proposals could reach, from free blocks only; the device writes its rows.
+
 Update (`update_verified`): each sampled row brings its new tokens (the accepted proposals
 and one more), appended one at a time under the token-level stop rules (a stop inside the
 burst drops the tokens after it). Then `num_computed_tokens = num_tokens - 1`: the KV of the
 rejected positions is stale and is overwritten when those positions are computed again; the
-blocks that held only rejected positions go back to the allocator, and only blocks full of
-accepted tokens are offered to the prefix cache.
+blocks that held only rejected positions go back to the allocator once no chained step in
+flight may write them, and only blocks full of accepted tokens are offered to the prefix cache.
 Must never import torch. The engine calls `update_verified` instead of `update` when it
 speculates (every step then, with or without proposals: steps are synchronous).
 """
@@ -62,16 +66,16 @@ class SpecTokens:
             budget -= n
         return budget
 
-    def chain(self, reqs: list[Request], in_flight: list[int], k_new: int) -> Optional[SchedulerOutput]:
+    def chain(self, reqs: list[Request], in_flight: list[int], ks: list[int]) -> Optional[SchedulerOutput]:
         """Schedule a chained verify step (worker/spec_decode/chain.py) for `reqs`, each with a
-        verify step in flight of `in_flight[i]` proposals, whose outcome is not known yet: k_new
+        verify step in flight of `in_flight[i]` proposals, whose outcome is not known yet: ks[i]
         proposal positions after wherever that step leaves the request. Blocks are taken for the
         farthest such position (every proposal of both steps kept), from free blocks only; None,
         changing nothing, where one would pass `max_model_len` or the free blocks are too few.
         The step's positions and input ids are placeholders (the device writes the real ones);
         its requests count one more step in flight and one more pending token each."""
         bs, need = self.block_size, []
-        for req, k in zip(reqs, in_flight):
+        for req, k, k_new in zip(reqs, in_flight, ks):
             last = req.num_tokens + k + k_new  # the farthest position the chained step computes
             if last >= self.max_model_len:
                 return None
@@ -79,7 +83,7 @@ class SpecTokens:
         if sum(need) > self.allocator.num_free_blocks:
             return None
         out = SchedulerOutput()
-        for req, n in zip(reqs, need):
+        for req, n, k_new in zip(reqs, need, ks):
             if n:
                 req.block_ids.extend(self._allocate(n, out))
             rid = req.request_id
@@ -87,7 +91,7 @@ class SpecTokens:
                                                  True, block_epoch=req.block_epoch, num_spec_tokens=k_new))
             self._busy[rid] = self._busy.get(rid, 0) + 1
             req.num_pending += 1
-        out.num_batched_tokens = len(reqs) * (k_new + 1)
+        out.num_batched_tokens = len(reqs) + sum(ks)
         return out
 
     def update_verified(self, out: SchedulerOutput, sampled: dict[str, list[int]]
@@ -116,14 +120,15 @@ class SpecTokens:
                 if reason is not None:
                     break  # the burst's later tokens are dropped
             computed = req.num_tokens - 1  # the last token's KV is the next step's to compute
-            if s.num_spec_tokens:
-                req.num_computed_tokens = computed
-                keep = -(-req.num_tokens // bs)
-                # a chained step in flight (still busy) may write past them: they stay till then
-                if len(req.block_ids) > keep and reason is None and not self._busy.get(rid):
-                    extra = req.block_ids[keep:]
-                    req.block_ids = req.block_ids[:keep]  # a new list: see Request.block_ids
-                    self.allocator.free(extra)
+            # (a chained step's rows, scheduled before the step before was verified, did not
+            # advance it: so it is set here for every decode row)
+            req.num_computed_tokens = computed
+            keep = -(-req.num_tokens // bs)
+            # a chained step in flight (still busy) may write past them: they stay till then
+            if len(req.block_ids) > keep and reason is None and not self._busy.get(rid):
+                extra = req.block_ids[keep:]
+                req.block_ids = req.block_ids[:keep]  # a new list: see Request.block_ids
+                self.allocator.free(extra)
             if caching and computed // bs > req.num_registered_blocks:
                 self._cache_full_blocks(req, computed)
             advanced.append(req)

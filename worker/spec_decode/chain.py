@@ -57,8 +57,12 @@ class VerifyChain:
         self.min_n, self.max_n, self.slots, self.block_size = min_n, max_n, slots, block_size
         self.hist = torch.zeros(slots, max_model_len, dtype=torch.int32, device=device)
         self.meta = torch.zeros(slots, META_HEAD + k + 1, dtype=torch.int32, device=device)
+        self.k = k
         self.device = device
         self.launched = 0  # chained steps launched (tests and stats read it)
+        # request id -> tokens its latest collected lookup found after the match (0: its text
+        # does not repeat now); read by `plan`, written by `ChainedStep.wait`
+        self.found: dict[str, int] = {}
         if device.type == "cuda":
             self._compile()
 
@@ -67,9 +71,27 @@ class VerifyChain:
         z64 = torch.zeros(4, dtype=torch.int64, device=self.device)
         meta = torch.zeros(1, self.meta.shape[1], dtype=torch.int32, device=self.device)
         meta[0, 0] = 1
-        chain_inputs(z64, torch.zeros(1, 8, dtype=torch.int32, device=self.device), meta, 1, 1, self.min_n,
+        layout = torch.tensor([[0], [1]], dtype=torch.int32, device=self.device)
+        chain_inputs(z64, torch.zeros(1, 8, dtype=torch.int32, device=self.device), meta, layout, self.min_n,
                      self.max_n, torch.zeros(2, 2, dtype=torch.int32, device=self.device), self.block_size,
                      z64.clone(), z64.clone(), z64.clone(), torch.zeros(4, dtype=torch.int32, device=self.device))
+
+    def plan(self, request_ids: list[str], max_rows: int) -> Optional[list[int]]:
+        """Proposal positions for each request of a chained step, or None (no request's text
+        repeats now). A request whose latest lookup found nothing gets none (one row); the
+        others share what is left of `max_rows` evenly, each at most k and at most what its
+        lookup found, the rows one leaves going to the rest (fewest first)."""
+        found = [self.found.get(rid) for rid in request_ids]
+        ks = [0] * len(found)
+        hot = sorted((f if f is not None else self.k, i) for i, f in enumerate(found) if f != 0)
+        if not hot:
+            return None
+        budget = max_rows - (len(found) - len(hot))  # the cold ones' one row each
+        for n, (cap, i) in enumerate(hot):
+            left = len(hot) - n
+            ks[i] = max(0, min(self.k, cap, budget // left - 1))
+            budget -= ks[i] + 1
+        return ks if any(ks) else None
 
     def begin(self, step: VerifyStep, requests: dict) -> None:
         """Load the device state from the host for the requests of `step`, a verify step in
@@ -81,11 +103,12 @@ class VerifyChain:
         hist = torch.zeros(m, width, dtype=torch.int32)
         meta = torch.zeros(m, self.meta.shape[1], dtype=torch.int32)
         first = 0
+        self.found = {}
         for i, s in enumerate(out.requests):
             tokens = requests[s.request_id].all_token_ids
             hist[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
             k = s.num_spec_tokens
-            meta[i, :META_HEAD + k] = torch.tensor([len(tokens), first, k, *s.token_ids[1:]], dtype=torch.int32)
+            meta[i, :META_HEAD + k] = torch.tensor([len(tokens), first, k, k, *s.token_ids[1:]], dtype=torch.int32)
             first += k + 1
         self.hist[:m, :width].copy_(hist, non_blocking=True)
         self.meta[:m].copy_(meta, non_blocking=True)
@@ -93,12 +116,17 @@ class VerifyChain:
     def launch(self, out: SchedulerOutput, before: VerifyStep, runner, sampler, requests: dict, stats,
                governor, recorder) -> "ChainedStep":
         """Run the chained step `out` (`Scheduler.chain`, its requests in `before`'s order)."""
-        k_new = out.requests[0].num_spec_tokens
         m = len(out.requests)
+        firsts, ks, first = [], [], 0
+        for s in out.requests:
+            firsts.append(first)
+            ks.append(s.num_spec_tokens)
+            first += s.num_spec_tokens + 1
+        layout = torch.tensor([firsts, ks], dtype=torch.int32).to(self.device, non_blocking=True)
         draws = before.chain_ids
 
         def fill(input_ids, positions, slot_mapping, seq_lens, block_tables):
-            chain_inputs(draws, self.hist, self.meta, m, k_new, self.min_n, self.max_n, block_tables,
+            chain_inputs(draws, self.hist, self.meta, layout, self.min_n, self.max_n, block_tables,
                          self.block_size, input_ids, positions, slot_mapping, seq_lens)
 
         rows = decode_shaped(out, before.max_rows) or out
@@ -107,7 +135,7 @@ class VerifyChain:
         ids = result if ids_only else result.argmax(dim=-1)
         self.launched += 1
         return ChainedStep(out, ids, row_ids, self.meta[:m], requests, sampler, stats, governor, recorder,
-                           runner, before.max_rows)
+                           runner, before.max_rows, self.found)
 
 
 class ChainedStep(VerifyStep):
@@ -115,9 +143,12 @@ class ChainedStep(VerifyStep):
     `meta` rows, copied behind the step) and verifies as `VerifyStep` does."""
 
     def __init__(self, out: SchedulerOutput, ids: torch.Tensor, row_ids: list[str], meta: torch.Tensor,
-                 requests: dict, sampler, stats, governor, recorder, runner, max_rows: int):
-        """`requests`: the scheduler's live requests by id (`wait` checks their token counts)."""
+                 requests: dict, sampler, stats, governor, recorder, runner, max_rows: int,
+                 found: Optional[dict] = None):
+        """`requests`: the scheduler's live requests by id (`wait` checks their token counts);
+        `found`: the chain's `VerifyChain.found`, which `wait` updates."""
         self._requests = requests
+        self._found = found if found is not None else {}
         self.out, self._stats, self._governor, self.max_rows = out, stats, governor, max_rows
         self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
         self.chain_ids = ids
@@ -135,7 +166,8 @@ class ChainedStep(VerifyStep):
         if self._event is not None:
             wait_event(self._event, self._gave_up)
         self._groups, first = [], 0
-        for s, (length, _, num, *proposals) in zip(self.out.requests, self._meta.tolist()):
+        for s, (length, _, num, avail, *proposals) in zip(self.out.requests, self._meta.tolist()):
+            self._found[s.request_id] = avail
             req = self._requests.get(s.request_id)
             if req is not None and not req.is_finished and req.num_tokens != length:
                 raise RuntimeError(f"chained verify step out of step with the host: request "
