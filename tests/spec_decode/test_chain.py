@@ -114,15 +114,27 @@ def test_the_switch_turns_it_off(monkeypatch):
 
 
 def test_the_plan_gives_cold_requests_one_row_and_shares_the_rest():
+    from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
     from infer_cluster.worker.spec_decode.chain import VerifyChain
+
+    class Step(ChainedStep):  # a chained step in flight: only its requests matter to the plan
+        def __init__(self, ids, ks=None):
+            ks = ks or [5] * len(ids)
+            self.out = SchedulerOutput([ScheduledRequest(r, [0] * (k + 1), 9, [], True, num_spec_tokens=k)
+                                        for r, k in zip(ids, ks)])
+
     chain = VerifyChain(15, 3, 4, 24, 64, 8, torch.device("cpu"))
     ids = [f"r{i}" for i in range(8)]
-    assert chain.plan(ids, 48) == [5] * 8  # nothing known yet: 48 rows shared evenly
+    assert chain.plan(Step(ids), 48) == [5] * 8  # nothing known yet: 48 rows shared evenly
     chain.found = dict.fromkeys(ids[:3], 0)  # three stopped repeating: one row each
-    assert chain.plan(ids, 48) == [0, 0, 0, 8, 8, 8, 8, 8]
+    assert chain.plan(Step(ids), 48) == [0, 0, 0, 8, 8, 8, 8, 8]
     chain.found.update(r3=2, r4=16)  # a short continuation keeps 2; its rows go to the others
-    ks = chain.plan(ids, 48)
+    ks = chain.plan(Step(ids), 48)
     assert ks == [0, 0, 0, 2, 10, 9, 9, 10] and sum(k + 1 for k in ks) == 48
-    assert chain.plan(["a"], 48) == [15]  # at most k
+    assert chain.plan(Step(["a"]), 48) == [15]  # at most k
     chain.found = dict.fromkeys(ids, 0)
-    assert chain.plan(ids, 48) is None  # no text repeats: no chained step
+    assert chain.plan(Step(ids), 48) is None  # no text repeats: no chained step
+    # at a chain's start the host's proposals count, whatever the last chain's lookups found
+    host = type("HostStep", (), {})()  # a verify step the host proposed (not a chained one)
+    host.out = Step(ids, [3, 0, 3, 3, 3, 3, 3, 3]).out
+    assert chain.plan(host, 48) == [3, 0, 3, 3, 3, 3, 3, 3]

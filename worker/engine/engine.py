@@ -245,7 +245,7 @@ class DynamicEngine:
             return None
         # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
         # the host path runs an ordinary step (a chained one would verify only filler).
-        ks = chain.plan([r.request_id for r in reqs], decoder.max_rows)
+        ks = chain.plan(before, decoder.max_rows)
         if ks is None or not decoder.worth_waiting(reqs):
             return None
         out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], ks)

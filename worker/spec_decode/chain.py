@@ -76,12 +76,15 @@ class VerifyChain:
                      self.max_n, torch.zeros(2, 2, dtype=torch.int32, device=self.device), self.block_size,
                      z64.clone(), z64.clone(), z64.clone(), torch.zeros(4, dtype=torch.int32, device=self.device))
 
-    def plan(self, request_ids: list[str], max_rows: int) -> Optional[list[int]]:
-        """Proposal positions for each request of a chained step, or None (no request's text
-        repeats now). A request whose latest lookup found nothing gets none (one row); the
-        others share what is left of `max_rows` evenly, each at most k and at most what its
-        lookup found, the rows one leaves going to the rest (fewest first)."""
-        found = [self.found.get(rid) for rid in request_ids]
+    def plan(self, before: VerifyStep, max_rows: int) -> Optional[list[int]]:
+        """Proposal positions for each request of a chained step after `before`, or None (no
+        request's text repeats now). A request whose latest lookup found nothing gets none (one
+        row); the others share what is left of `max_rows` evenly, each at most k and at most what
+        its lookup found, the rows one leaves going to the rest (fewest first). The latest
+        lookup: the device's, collected, within a chain; the host's (`before`'s proposals) at
+        its start."""
+        found = ([s.num_spec_tokens for s in before.out.requests] if not isinstance(before, ChainedStep)
+                 else [self.found.get(s.request_id) for s in before.out.requests])
         ks = [0] * len(found)
         hot = sorted((f if f is not None else self.k, i) for i, f in enumerate(found) if f != 0)
         if not hot:
@@ -103,7 +106,7 @@ class VerifyChain:
         hist = torch.zeros(m, width, dtype=torch.int32)
         meta = torch.zeros(m, self.meta.shape[1], dtype=torch.int32)
         first = 0
-        self.found = {}
+        self.found = {s.request_id: s.num_spec_tokens for s in out.requests}
         for i, s in enumerate(out.requests):
             tokens = requests[s.request_id].all_token_ids
             hist[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
