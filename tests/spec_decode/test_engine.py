@@ -347,8 +347,13 @@ def test_an_abort_while_a_verify_step_is_in_flight_loses_nothing():
     """With async scheduling a verify step stays in flight between `step()` calls. A request
     aborted then ends with one final "abort" delta; the others keep their tokens, and every
     block comes back."""
-    kw = dict(block_size=8, num_kv_blocks=128)
-    params = greedy(40)
+    abort_mid_flight(dict(block_size=8, num_kv_blocks=128), greedy(40), lambda engine: engine._inflight.holds_verify)
+
+
+def abort_mid_flight(kw: dict, params, ready) -> None:
+    """Three requests on a speculating async engine (`kw`); once `ready(engine)` after a step,
+    the first is aborted: it ends with one "abort" final and a prefix of its tokens, the others
+    with speculation off's tokens, and every block comes back."""
     want = [o.token_ids for o in LLM("tiny-random", **kw).generate(PROMPTS[:3], params, use_tqdm=False)]
     engine = LLM("tiny-random", speculative_config=SPEC, async_scheduling=True, **kw).engine
     ids = [engine.add_request(p, params) for p in PROMPTS[:3]]
@@ -362,11 +367,11 @@ def test_an_abort_while_a_verify_step_is_in_flight_loses_nothing():
                 assert d.request_id not in finals  # exactly one final delta
                 finals[d.request_id] = d.finish_reason
 
-    for _ in range(100):
+    for _ in range(200):
         take(engine.step())
-        if engine._inflight.holds_verify:
+        if ready(engine):
             break
-    assert engine._inflight.holds_verify
+    assert ready(engine)
     assert engine.abort(ids[0])
     while engine.has_unfinished_requests():
         take(engine.step())

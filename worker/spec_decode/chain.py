@@ -12,17 +12,21 @@ context lengths. The host collects the step before while the chained one runs.
 
 Owns: `VerifyChain`, the device state (each request's tokens, and per request slot the proposals
 of the latest launched step, `meta`), `begin` (the state from the host, for the first step of a
-chain), `launch` (a `ChainedStep`), and `ChainedStep`, which reads its own proposals back
-beside its draws and verifies them as `VerifyStep` does.
+chain), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), and
+`ChainedStep`, which reads its own proposals back beside its draws and verifies them as
+`VerifyStep` does.
 
 When: prompt lookup, a single-rank runner, async scheduling, one step in flight, and it a verify
 step of plain greedy requests (every proposal checked by argmax) whose requests are exactly the
 running ones, no request waiting, and free blocks for both steps' proposals
-(`Scheduler.chain`). A request that ends (a stop inside a burst, max_tokens, an abort) ends the
-chain: the rows it got in the chained step are dropped, as for any step scheduled before an end.
+(`Scheduler.chain`), where the host's tokens still propose something (`worth_waiting`) and
+`plan` finds a request whose text repeats. A request that ends (a stop inside a burst,
+max_tokens, an abort) ends the chain: the rows it got in the chained step are dropped, as for
+any step scheduled before an end.
 Exact: every kept token is still the argmax at its position given the tokens kept before it;
-only which proposals are checked differs (a row gets `row_limit` proposals, filler where the text
-does not repeat, and the filler is never counted as a proposal: it is neither kept nor reported).
+only which proposals are checked differs (a request gets the positions `plan` gave it, filler
+where its lookup found fewer tokens, and the filler is never counted as a proposal: it is
+neither kept nor reported).
 `INFER_CLUSTER_SPEC_CHAIN=0` turns it off (`bench/spec_decode.py --runs on_nochain`).
 Must never: let the host and the device disagree on a token (the host checks each chained step's
 token count against its own).
