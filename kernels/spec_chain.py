@@ -13,11 +13,11 @@ on the device, between the step before and the chained step's forward:
    `min_n`) whose most recent earlier occurrence is followed by a token; up to k_i tokens
    that followed it are the new proposals (the rule of worker/spec_decode/ngram.py); fewer or
    none when the text does not repeat, the rest of the row filled with the new last token;
-4. the chained step's decode rows (the host's `layout`: slot i has k_i + 1 rows from its first
-   row on): input ids (the new last token, then the proposals), positions, KV slots from the
+4. the chained step's decode rows (the host's `layout`: request g, kept in state slot i, has
+   k_g + 1 rows from its first row on; requests that ended since the chain began are left out): input ids (the new last token, then the proposals), positions, KV slots from the
    rows' block tables, and context lengths.
 
-State, one row a slot of `meta` (int32 `[slots, 4 + width]`): the number of tokens in `hist`,
+State, one row a request slot of `meta` (int32 `[slots, 4 + width]`, and of `hist`): the number of tokens in `hist`,
 the slot's first row in the step before, how many of its proposals are real (the rest is filler,
 never accepted), how many tokens the lookup found (up to `width`, whatever k_i was: the host
 reads it to give the slot proposal positions again), then the proposals. The kernel rewrites it for the chained step, so the next
@@ -42,12 +42,13 @@ def chain_inputs(draws: torch.Tensor, hist: torch.Tensor, meta: torch.Tensor, la
                  positions: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Write the chained step's rows into `input_ids` / `positions` / `slots` (int64) and
     `seq_lens` (int32), and move `hist` / `meta` on (see the module docstring). `draws`: the
-    step before's argmax ids, one a row; `layout`: int32 `[2, slots]`, each slot's first row in
-    the chained step and its proposal positions (0 or more: the slot has that many + 1 rows);
-    `block_tables`: int32, the chained step's rows (every row of a slot holds the slot's table)."""
+    step before's argmax ids, one a row; `layout`: int32 `[3, requests]`, each request's first
+    row in the chained step, its proposal positions (0 or more: it has that many + 1 rows) and
+    its state slot (its row of `hist` and `meta`); `block_tables`: int32, the chained step's
+    rows (every row of a request holds its table)."""
     width = meta.shape[1] - META_HEAD
-    if layout.dim() != 2 or layout.shape[0] != 2 or layout.shape[1] > meta.shape[0]:
-        raise ValueError(f"layout must be [2, slots <= {meta.shape[0]}], got {tuple(layout.shape)}")
+    if layout.dim() != 2 or layout.shape[0] != 3 or layout.shape[1] > meta.shape[0]:
+        raise ValueError(f"layout must be [3, requests <= {meta.shape[0]}], got {tuple(layout.shape)}")
     if layout.shape[1] == 0:
         return
     if use_triton(hist):
@@ -56,7 +57,9 @@ def chain_inputs(draws: torch.Tensor, hist: torch.Tensor, meta: torch.Tensor, la
                             input_ids, positions, slots, seq_lens)
         return
     if not all(0 <= k < width for k in layout[1].tolist()):
-        raise ValueError(f"a slot's proposals must be 0..{width - 1}, got {layout[1].tolist()}")
+        raise ValueError(f"a request's proposals must be 0..{width - 1}, got {layout[1].tolist()}")
+    if not all(0 <= i < meta.shape[0] for i in layout[2].tolist()):
+        raise ValueError(f"state slots must be 0..{meta.shape[0] - 1}, got {layout[2].tolist()}")
     _chain_inputs_torch(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                         input_ids, positions, slots, seq_lens)
 
@@ -76,11 +79,11 @@ def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 def _chain_inputs_torch(draws, hist, meta, layout, min_n, max_n, block_tables, page,
                         input_ids, positions, slots, seq_lens) -> None:
     width = meta.shape[1] - META_HEAD
-    firsts, ks = layout.tolist()
-    rows_meta = meta[:len(ks)].tolist()
+    firsts, ks, state = layout.tolist()
     drawn = draws.tolist()
     tables = block_tables.tolist()
-    for i, (length, off, k, _found, *props) in enumerate(rows_meta):
+    for g, i in enumerate(state):
+        length, off, k, _found, *props = meta[i].tolist()
         a = 0
         while a < k and props[a] == drawn[off + a]:
             a += 1
@@ -89,7 +92,7 @@ def _chain_inputs_torch(draws, hist, meta, layout, min_n, max_n, block_tables, p
         length += a + 1
         tokens = hist[i, :length].tolist()
         found = lookup(tokens, width, min_n, max_n)
-        k_new, first = ks[i], firsts[i]
+        k_new, first = ks[g], firsts[g]
         proposals = found[:k_new] + [x] * (k_new - len(found[:k_new]))
         meta[i, :META_HEAD + k_new] = torch.tensor([length, first, len(found[:k_new]), len(found), *proposals],
                                                    dtype=meta.dtype)

@@ -1,4 +1,4 @@
-"""Triton twin of `spec_chain._chain_inputs_torch`: one program a request slot.
+"""Triton twin of `spec_chain._chain_inputs_torch`: one program a request of the chained step.
 
 The program verifies the step before (its proposals against its draws), appends the kept
 tokens to the slot's row of `hist`, then scans that row for the longest suffix n-gram's most
@@ -26,7 +26,8 @@ BLOCK = 1024  # candidate n-gram ends per scan iteration
 def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, lay_ptr, bt_ptr, ids_ptr, pos_ptr, slot_ptr, lens_ptr,
                   num_slots, width, min_n, max_n, hist_stride, meta_stride, bt_stride,
                   PAGE: tl.constexpr, HEAD: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0)
+    g = tl.program_id(0)  # the chained step's g-th request, kept in state slot i
+    i = tl.load(lay_ptr + 2 * num_slots + g)
     mrow = meta_ptr + i * meta_stride
     length = tl.load(mrow)
     off = tl.load(mrow + 1)
@@ -59,8 +60,8 @@ def _chain_kernel(draws_ptr, hist_ptr, meta_ptr, lay_ptr, bt_ptr, ids_ptr, pos_p
         best = tl.where(best < 0, found, best)
     src = best + 1
     avail = tl.where(best >= 0, tl.minimum(width, size - src), 0)  # tokens found after the match
-    first = tl.load(lay_ptr + i)
-    k_new = tl.load(lay_ptr + num_slots + i)
+    first = tl.load(lay_ptr + g)
+    k_new = tl.load(lay_ptr + num_slots + g)
     num = tl.minimum(k_new, avail)
     kept = j < num
     proposals = tl.load(hrow + src + j, mask=kept, other=0)

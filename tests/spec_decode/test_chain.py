@@ -1,15 +1,16 @@
 """Chained verify steps (worker/spec_decode/chain.py) in the engine on tiny-random, with async
 scheduling: the output equals speculation off token for token (greedy and every finish rule,
 with chunked prefill, preemption, the prefix cache and the host tier), chained steps really ran,
-every block comes back, an abort or a stop string mid-chain loses nothing, and a device that
-disagrees with the host about a request's tokens fails that step's requests, once each."""
+every block comes back, a request's end leaves the chain going for the others, an abort or a
+stop string mid-chain loses nothing, and a device that disagrees with the host about a request's
+tokens fails that step's requests, once each."""
 
 import pytest
 import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
-from infer_cluster.worker.spec_decode.chain import ChainedStep
+from infer_cluster.worker.spec_decode.chain import ChainedStep, VerifyChain
 
 from tests.spec_decode.test_engine import PROMPTS, SETTINGS, SPEC, abort_mid_flight, assert_same, greedy, outputs
 from tests.spec_decode.test_engine import reference_params  # noqa: F401 (a fixture)
@@ -27,17 +28,25 @@ def chained(setting_kw):
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_greedy_outputs_equal_speculation_off(setting):
+def test_greedy_outputs_equal_speculation_off(setting, monkeypatch):
     kw = {**BASE, "num_kv_blocks": 64, **SETTINGS[setting]}
     # requests end at different steps, some maybe on EOS, while the others' chain runs
     params = [greedy(40), greedy(31), greedy(40), greedy(23)] + [
         SamplingParams(temperature=0, max_tokens=n) for n in (40, 27, 35, 19)]
     want = outputs(LLM("tiny-random", **kw), params)
     llm = chained(kw)
+    sizes, launch = [], VerifyChain.launch
+
+    def spy(self, out, before, *args):  # (requests before, requests chained)
+        sizes.append((len(before.out.requests), len(out.requests)))
+        return launch(self, out, before, *args)
+    monkeypatch.setattr(VerifyChain, "launch", spy)
     got = outputs(llm, params)
     assert_same(got, want, setting)
     stats = llm.stats()
-    assert llm.engine.spec_chain.launched > 0
+    assert llm.engine.spec_chain.launched == len(sizes) > 0
+    if setting == "defaults":  # a request's end leaves the chain going for the others
+        assert any(after < before for before, after in sizes)
     assert stats["num_spec_accepted_tokens"] > 0.2 * stats["num_spec_draft_tokens"] > 0
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
@@ -103,7 +112,6 @@ def test_the_switch_turns_it_off(monkeypatch):
 
 def test_the_plan_gives_cold_requests_one_row_and_shares_the_rest():
     from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
-    from infer_cluster.worker.spec_decode.chain import VerifyChain
 
     class Step(ChainedStep):  # a chained step in flight: only its requests matter to the plan
         def __init__(self, ids, ks=None):
@@ -113,16 +121,17 @@ def test_the_plan_gives_cold_requests_one_row_and_shares_the_rest():
 
     chain = VerifyChain(15, 3, 4, 24, 64, 8, torch.device("cpu"))
     ids = [f"r{i}" for i in range(8)]
-    assert chain.plan(Step(ids), 48) == [5] * 8  # nothing known yet: 48 rows shared evenly
+    assert chain.plan(Step(ids), ids, 48) == [5] * 8  # nothing known yet: 48 rows shared evenly
     chain.found = dict.fromkeys(ids[:3], 0)  # three stopped repeating: one row each
-    assert chain.plan(Step(ids), 48) == [0, 0, 0, 8, 8, 8, 8, 8]
+    assert chain.plan(Step(ids), ids, 48) == [0, 0, 0, 8, 8, 8, 8, 8]
     chain.found.update(r3=2, r4=16)  # a short continuation keeps 2; its rows go to the others
-    ks = chain.plan(Step(ids), 48)
+    ks = chain.plan(Step(ids), ids, 48)
     assert ks == [0, 0, 0, 2, 10, 9, 9, 10] and sum(k + 1 for k in ks) == 48
-    assert chain.plan(Step(["a"]), 48) == [15]  # at most k
+    assert chain.plan(Step(["a"]), ["a"], 48) == [15]  # at most k
     chain.found = dict.fromkeys(ids, 0)
-    assert chain.plan(Step(ids), 48) is None  # no text repeats: no chained step
+    assert chain.plan(Step(ids), ids, 48) is None  # no text repeats: no chained step
     # at a chain's start the host's proposals count, whatever the last chain's lookups found
     host = type("HostStep", (), {})()  # a verify step the host proposed (not a chained one)
     host.out = Step(ids, [3, 0, 3, 3, 3, 3, 3, 3]).out
-    assert chain.plan(host, 48) == [3, 0, 3, 3, 3, 3, 3, 3]
+    assert chain.plan(host, ids, 48) == [3, 0, 3, 3, 3, 3, 3, 3]
+    assert chain.plan(host, ids[1:], 48) == [0, 3, 3, 3, 3, 3, 3]  # r0 ended: the others go on

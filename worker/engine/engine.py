@@ -247,10 +247,11 @@ class DynamicEngine:
             return None
         # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
         # the host path runs an ordinary step (a chained one would verify only filler).
-        ks = chain.plan(before, decoder.max_rows)
+        ks = chain.plan(before, [r.request_id for r in reqs], decoder.max_rows)
         if ks is None or not decoder.worth_waiting(reqs):
             return None
-        out = sched.chain(reqs, [s.num_spec_tokens for s in before.out.requests], ks)
+        in_flight = {s.request_id: s.num_spec_tokens for s in before.out.requests}
+        out = sched.chain(reqs, [in_flight[r.request_id] for r in reqs], ks)
         if out is None:
             return None
         decoder.start_step(out, True)

@@ -17,12 +17,14 @@ chain), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), 
 `VerifyStep` does.
 
 When: prompt lookup, a single-rank runner, async scheduling, one step in flight, and it a verify
-step of plain greedy requests (every proposal checked by argmax) whose requests are exactly the
-running ones, no request waiting, and free blocks for both steps' proposals
+step of plain greedy requests (every proposal checked by argmax) that holds every running
+request, no request waiting, and free blocks for both steps' proposals
 (`Scheduler.chain`), where the host's tokens still propose something (`worth_waiting`) and
 `plan` finds a request whose text repeats. A request that ends (a stop inside a burst,
-max_tokens, an abort) ends the chain: the rows it got in the chained step are dropped, as for
-any step scheduled before an end.
+max_tokens, an abort) is left out of the next chained step and the chain goes on with the
+others (their state rows stay where `begin` put them: `slot_of`); the rows it got in the steps
+in flight are dropped, as for any step scheduled before an end. A request that joins ends the
+chain.
 Exact: every kept token is still the argmax at its position given the tokens kept before it;
 only which proposals are checked differs (a request gets the positions `plan` gave it, filler
 where its lookup found fewer tokens, and the filler is never counted as a proposal: it is
@@ -67,6 +69,7 @@ class VerifyChain:
         # request id -> tokens its latest collected lookup found after the match (0: its text
         # does not repeat now); read by `plan`, written by `ChainedStep.wait`
         self.found: dict[str, int] = {}
+        self.slot_of: dict[str, int] = {}  # request id -> its row of `hist` / `meta` (this chain's)
         if device.type == "cuda":
             self._compile()
 
@@ -75,20 +78,23 @@ class VerifyChain:
         z64 = torch.zeros(4, dtype=torch.int64, device=self.device)
         meta = torch.zeros(1, self.meta.shape[1], dtype=torch.int32, device=self.device)
         meta[0, 0] = 1
-        layout = torch.tensor([[0], [1]], dtype=torch.int32, device=self.device)
+        layout = torch.tensor([[0], [1], [0]], dtype=torch.int32, device=self.device)
         chain_inputs(z64, torch.zeros(1, 8, dtype=torch.int32, device=self.device), meta, layout, self.min_n,
                      self.max_n, torch.zeros(2, 2, dtype=torch.int32, device=self.device), self.block_size,
                      z64.clone(), z64.clone(), z64.clone(), torch.zeros(4, dtype=torch.int32, device=self.device))
 
-    def plan(self, before: VerifyStep, max_rows: int) -> Optional[list[int]]:
-        """Proposal positions for each request of a chained step after `before`, or None (no
-        request's text repeats now). A request whose latest lookup found nothing gets none (one
-        row); the others share what is left of `max_rows` evenly, each at most k and at most what
-        its lookup found, the rows one leaves going to the rest (fewest first). The latest
-        lookup: the device's, collected, within a chain; the host's (`before`'s proposals) at
-        its start."""
-        found = ([s.num_spec_tokens for s in before.out.requests] if not isinstance(before, ChainedStep)
-                 else [self.found.get(s.request_id) for s in before.out.requests])
+    def plan(self, before: VerifyStep, request_ids: list[str], max_rows: int) -> Optional[list[int]]:
+        """Proposal positions for each of `request_ids` (requests of `before`) in a chained step
+        after `before`, or None (no request's text repeats now). A request whose latest lookup
+        found nothing gets none (one row); the others share what is left of `max_rows` evenly,
+        each at most k and at most what its lookup found, the rows one leaves going to the rest
+        (fewest first). The latest lookup: the device's, collected, within a chain; the host's
+        (`before`'s proposals) at its start."""
+        if isinstance(before, ChainedStep):
+            found = [self.found.get(rid) for rid in request_ids]
+        else:
+            host = {s.request_id: s.num_spec_tokens for s in before.out.requests}
+            found = [host[rid] for rid in request_ids]
         ks = [0] * len(found)
         hot = sorted((f if f is not None else self.k, i) for i, f in enumerate(found) if f != 0)
         if not hot:
@@ -111,6 +117,7 @@ class VerifyChain:
         meta = torch.zeros(m, self.meta.shape[1], dtype=torch.int32)
         first = 0
         self.found = {s.request_id: s.num_spec_tokens for s in out.requests}
+        self.slot_of = {s.request_id: i for i, s in enumerate(out.requests)}
         for i, s in enumerate(out.requests):
             tokens = requests[s.request_id].all_token_ids
             hist[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
@@ -122,14 +129,15 @@ class VerifyChain:
 
     def launch(self, out: SchedulerOutput, before: VerifyStep, runner, sampler, requests: dict, stats,
                governor, recorder) -> "ChainedStep":
-        """Run the chained step `out` (`Scheduler.chain`, its requests in `before`'s order)."""
-        m = len(out.requests)
-        firsts, ks, first = [], [], 0
+        """Run the chained step `out` (`Scheduler.chain`; its requests are `before`'s, or those
+        of them still running, in `before`'s order)."""
+        firsts, ks, slots, first = [], [], [], 0
         for s in out.requests:
             firsts.append(first)
             ks.append(s.num_spec_tokens)
+            slots.append(self.slot_of[s.request_id])
             first += s.num_spec_tokens + 1
-        layout = torch.tensor([firsts, ks], dtype=torch.int32).to(self.device, non_blocking=True)
+        layout = torch.tensor([firsts, ks, slots], dtype=torch.int32).to(self.device, non_blocking=True)
         draws = before.chain_ids
 
         def fill(input_ids, positions, slot_mapping, seq_lens, block_tables):
@@ -141,7 +149,7 @@ class VerifyChain:
         result, row_ids = runner.execute(rows, greedy_ids=ids_only, fill_inputs=fill)
         ids = result if ids_only else result.argmax(dim=-1)
         self.launched += 1
-        return ChainedStep(out, ids, row_ids, self.meta[:m], requests, sampler, stats, governor, recorder,
+        return ChainedStep(out, ids, row_ids, self.meta, slots, requests, sampler, stats, governor, recorder,
                            runner, before.max_rows, self.found)
 
 
@@ -150,11 +158,12 @@ class ChainedStep(VerifyStep):
     `meta` rows, copied behind the step) and verifies as `VerifyStep` does."""
 
     def __init__(self, out: SchedulerOutput, ids: torch.Tensor, row_ids: list[str], meta: torch.Tensor,
-                 requests: dict, sampler, stats, governor, recorder, runner, max_rows: int,
+                 slots: list[int], requests: dict, sampler, stats, governor, recorder, runner, max_rows: int,
                  found: Optional[dict] = None):
-        """`requests`: the scheduler's live requests by id (`wait` checks their token counts);
-        `found`: the chain's `VerifyChain.found`, which `wait` updates."""
-        self._requests = requests
+        """`meta`: the chain's state (`slots`: each request's row of it); `requests`: the
+        scheduler's live requests by id (`wait` checks their token counts); `found`: the chain's
+        `VerifyChain.found`, which `wait` updates."""
+        self._requests, self._slots = requests, slots
         self._found = found if found is not None else {}
         self.out, self._stats, self._governor, self.max_rows = out, stats, governor, max_rows
         self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
@@ -173,7 +182,9 @@ class ChainedStep(VerifyStep):
         if self._event is not None:
             wait_event(self._event, self._gave_up)
         self._groups, first = [], 0
-        for s, (length, _, num, avail, *proposals) in zip(self.out.requests, self._meta.tolist()):
+        state = self._meta.tolist()
+        for s, slot in zip(self.out.requests, self._slots):
+            length, _, num, avail, *proposals = state[slot]
             self._found[s.request_id] = avail
             req = self._requests.get(s.request_id)
             if req is not None and not req.is_finished and req.num_tokens != length:
@@ -185,11 +196,12 @@ class ChainedStep(VerifyStep):
 
 
 def chained_requests(before: VerifyStep, running: list, waiting: bool) -> Optional[list]:
-    """The requests of a chained step after `before` (in its order), or None where there can be
-    none: `before` is not a chain's step, a request waits, or the running requests are not
-    exactly `before`'s (one ended, or one joined)."""
-    if getattr(before, "chain_ids", None) is None or waiting or len(running) != len(before.out.requests):
+    """The requests of a chained step after `before`: the running ones, every one of them a
+    request of `before` (those of its requests that ended meanwhile are left out), in its order;
+    or None where there can be none: `before` is not a chain's step, a request waits, or one
+    runs that `before` does not hold."""
+    if getattr(before, "chain_ids", None) is None or waiting or not running:
         return None
     by_id = {req.request_id: req for req in running}
-    reqs = [by_id.get(s.request_id) for s in before.out.requests]
-    return None if any(r is None for r in reqs) else reqs
+    reqs = [by_id[s.request_id] for s in before.out.requests if s.request_id in by_id]
+    return reqs if len(reqs) == len(running) else None
