@@ -22,8 +22,8 @@ Speculative decoding (worker/spec_decode/): before the schedule the decoder deci
 step verifies proposals (`_propose`); where a verify step of plain greedy rows is in flight, the
 next one may be chained to it instead (`_chain`, worker/spec_decode/chain.py: launched first,
 its rows written on the device from the step in flight, which is collected after); a draft
-model's runner is built here (worker/engine/draft.py). Per-request sampling state lives in the `Sampler`, released when a
-request ends. Text is made by a `TextStage` (worker/text/text_stage.py): inline for the offline
+model's runner is built here (worker/engine/draft.py). Per-request sampling state lives in the
+`Sampler`, released when a request ends. Text is made by a `TextStage` (worker/text/text_stage.py): inline for the offline
 `LLM`, or on the replica's text thread. Scheduling and blocks live in `Scheduler` /
 `BlockAllocator` (plain Python), tensors in `ModelRunner`; the per-run state (scheduler,
 sampler, counters, steps in flight) is made by worker/engine/bookkeeping.py. Single-threaded.
