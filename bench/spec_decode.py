@@ -265,8 +265,7 @@ def _print_row(name: str, b: int, row: dict) -> None:
 def _finish_run(name: str, llm, run: dict) -> None:
     if name.startswith("on"):
         run["acceptance_per_position"] = llm.stats()["spec_acceptance_per_position"]
-        chain = llm.engine.spec_chain
-        run["chained_steps"] = chain.launched if chain is not None else 0
+        run["chained_steps"] = llm.stats()["num_spec_chained_steps"]
         print(f"{name:>9} chained verify steps: {run['chained_steps']}")
         governor = llm.engine.spec_decoder.governor
         if governor is not None:  # adaptive: what it measured, per batch-size bucket

@@ -65,7 +65,6 @@ class VerifyChain:
         self.meta = torch.zeros(slots, META_HEAD + k + 1, dtype=torch.int32, device=device)
         self.k = k
         self.device = device
-        self.launched = 0  # chained steps launched (tests and stats read it)
         # request id -> tokens its latest collected lookup found after the match (0: its text
         # does not repeat now); read by `plan`, written by `ChainedStep.wait`
         self.found: dict[str, int] = {}
@@ -148,7 +147,7 @@ class VerifyChain:
         ids_only = runner.takes_greedy_ids
         result, row_ids = runner.execute(rows, greedy_ids=ids_only, fill_inputs=fill)
         ids = result if ids_only else result.argmax(dim=-1)
-        self.launched += 1
+        stats.num_chained_steps += 1
         return ChainedStep(out, ids, row_ids, self.meta, slots, requests, sampler, stats, governor, recorder,
                            runner, before.max_rows, self.found)
 

@@ -83,6 +83,7 @@ class SpecStats:
     def __init__(self, k: int):
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_chained_steps = 0  # verify steps whose rows the device made (chain.py)
         self.drafted = [0] * k   # proposals made at position j (the (j+1)-th of a row)
         self.accepted = [0] * k  # ... and accepted
 
@@ -97,6 +98,7 @@ class SpecStats:
     def as_dict(self) -> dict:
         return {"num_spec_draft_tokens": self.num_draft_tokens,
                 "num_spec_accepted_tokens": self.num_accepted_tokens,
+                "num_spec_chained_steps": self.num_chained_steps,
                 "spec_acceptance_per_position": [a / d if d else 0.0
                                                  for a, d in zip(self.accepted, self.drafted)]}
 
