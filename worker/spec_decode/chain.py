@@ -167,14 +167,9 @@ class ChainedStep(VerifyStep):
         self.out, self._stats, self._governor, self.max_rows = out, stats, governor, max_rows
         self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
         self.chain_ids = ids
-        self._row_ids = row_ids
         self._meta = to_host(meta)  # before the next chained step's kernel rewrites it
         self.draw = sampler.draw_greedy_ids(ids, [_DROPPED_ROW] * len(row_ids))
-        self._transfer = to_host(self.draw.transfer)
-        self._values = None
-        self._event: Optional[torch.cuda.Event] = None
-        if ids.device.type == "cuda":
-            self._event = recorder.recorded(ids.device)
+        self._send(recorder)
         self._groups = None  # known once `wait` has the proposals
 
     def wait(self, sampler):

@@ -129,20 +129,25 @@ class VerifyStep:
         self._verify, self._gave_up = runner.verify_step, runner.wait_gave_up
         proposals = {s.request_id: s.token_ids[len(s.token_ids) - s.num_spec_tokens:]
                      for s in out.requests if s.num_spec_tokens}
-        greedy = _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
+        chainable = _chainable(out, requests, eos_token_ids)  # plain greedy, the common case
+        greedy = chainable or _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
         ids_only = greedy and runner.takes_greedy_ids
         result, row_ids = runner.execute(decode_shaped(out, max_rows) or out, greedy_ids=ids_only)
         if greedy:  # every position an argmax of the raw logits: no sampler rows to build
             self._groups = groups(row_ids, proposals)
             ids = result if ids_only else result.argmax(dim=-1)
             self.draw = sampler.draw_greedy_ids(ids, [_DROPPED_ROW] * len(row_ids))
-            if _chainable(out, requests, eos_token_ids):
+            if chainable:
                 self.chain_ids = ids
         else:
             rows, self._groups = expand_rows(row_ids, proposals, requests, eos_token_ids)
             # The runner's logits are this step's own tensor: the sampler may edit them in place.
             self.draw = sampler.draw(result, rows, logits_writable=True)
-        # on their way to the host behind the step's kernels: `wait` reads them after the event
+        self._send(recorder)
+
+    def _send(self, recorder: Optional[StreamRecorder]) -> None:
+        """Start `draw`'s copies to the host, behind the step's kernels (`wait` reads them after
+        the event)."""
         self._transfer = to_host(self.draw.transfer)
         self._values = to_host(self.draw.values) if self.draw.values is not None else None
         self._event: Optional[torch.cuda.Event] = None
@@ -227,15 +232,16 @@ def _plain_greedy(out: SchedulerOutput, requests: dict, sampler: Sampler, vocab_
 
 def _chainable(out: SchedulerOutput, requests: dict, eos_token_ids) -> bool:
     """Whether a chained step (worker/spec_decode/chain.py) may follow this one: every request
-    a decode row (its last token and its proposals) whose params carry no feature bit at all,
-    so each of its positions is the raw argmax now and in every later step."""
+    live, a decode row (its last token and its proposals), with params of no feature bit at all
+    (`plan_flags` 0: no grammar, penalties, logprobs, ...), so each of its positions is the raw
+    argmax now and in every later step; such a step is plain greedy too (`_plain_greedy`)."""
     has_eos = bool(eos_token_ids)
     for s in out.requests:
         req = requests.get(s.request_id)
         if (req is None or not s.needs_sample or len(s.token_ids) != s.num_spec_tokens + 1
-                or req.grammar is not None or plan_flags(req.params, has_eos)):
+                or plan_flags(req.params, has_eos)):
             return False
-    return True
+    return bool(out.requests)
 
 
 def groups(row_ids: list[str], proposals: dict) -> list:
