@@ -57,6 +57,36 @@ def test_larger_verify_graphs_keep_the_output(want, monkeypatch):
     assert llm.engine.runner.verify_graphs.replays > 0
 
 
+class _Counted:
+    """A captured graph whose replays are counted."""
+
+    def __init__(self, graph):
+        self.graph, self.replays = graph, 0
+
+    def replay(self):
+        self.replays += 1
+        self.graph.replay()
+
+
+def test_large_greedy_verify_steps_replay_the_greedy_only_sizes():
+    """40 requests at one proposal each: verify steps of up to 80 positions, past the 48-row
+    ladder, replay the greedy-only verify graphs (64, 80) as decode rows, and the output is
+    speculation off's."""
+    prompts = [[(t + 7 * i) % 500 + 2 for t in PROMPTS[i % len(PROMPTS)]] for i in range(40)]
+    params = [greedy(12 + i % 5) for i in range(40)]
+    kw = {**KW, "max_num_seqs": 40, "num_kv_blocks": 1024}
+    want = [o.token_ids for o in LLM("tiny-random", **kw).generate(prompts, params, use_tqdm=False)]
+    llm = LLM("tiny-random", speculative_config=SPEC, async_scheduling=False, **kw)
+    graphs = llm.engine.runner.verify_graphs
+    assert graphs.sizes[-2:] == [64, 80] and graphs.logits_max_batch == 48
+    assert 64 not in graphs.graphs and 64 in graphs.greedy_graphs  # no logits held past 48
+    counted = {s: _Counted(graphs.greedy_graphs[s]) for s in (64, 80)}
+    graphs.greedy_graphs.update(counted)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    assert llm.stats()["num_spec_accepted_tokens"] > 0
+    assert sum(c.replays for c in counted.values()) > 0
+
+
 @pytest.mark.parametrize("spec", [SPEC, DRAFT], ids=["ngram", "draft_model"])
 def test_async_scheduling_with_graphs(want, spec):
     llm = LLM("tiny-random", speculative_config={**spec, "disable_by_batch_size": 4}, **KW)

@@ -17,7 +17,9 @@ names its batch (`run(..., batch=)`), which rank 0 broadcasts, so ranks never pi
 A greedy variant of each size up to `greedy_max_batch` can be captured too (`greedy_forward`:
 the same forward ending in an argmax, so the graph returns ids; `run(..., greedy=True)`): a
 T > 1 shard ends it in the argmax pairs' gather (every size), a single rank in the split argmax
-(small sizes, where the eager argmax after the replay is a visible part of the step).
+(small sizes, where the eager argmax after the replay is a visible part of the step). Sizes past
+the ladder may be captured greedy-only (`greedy_only`: a speculating engine's large verify
+steps, worker/runner/graph_set.py); steps that need logits never replay them.
 `release()` destroys the graphs: NCCL cannot destroy or abort a communicator while a captured
 graph still holds it, so graphs go before the process group does.
 
@@ -60,7 +62,8 @@ class DecodeGraphs:
                  device: torch.device, before_capture: Optional[Callable[[int], None]] = None,
                  capture_error_mode: str = "global", stage_hidden: int = 0,
                  stage_dtype: Optional[torch.dtype] = None, greedy_forward: Optional[Callable] = None,
-                 greedy_max_batch: Optional[int] = None, runs: bool = False, pool=None):
+                 greedy_max_batch: Optional[int] = None, runs: bool = False, pool=None,
+                 greedy_only: Sequence[int] = ()):
         """`forward_logits(input_ids, positions, meta, kv_caches) -> logits` is captured (with
         `stage_hidden` > 0: `forward_logits(..., kv_caches, stage_in)`, `stage_in` a
         `[rows, 2, stage_hidden]` view of the static stage input, see the module docstring).
@@ -71,9 +74,14 @@ class DecodeGraphs:
         into the same pool: `run(..., greedy=True)`. `runs`: attention reads the inputs'
         `row_span` (the verify graphs of a speculating engine, whose verify steps are decode
         rows, one run of rows a request: worker/runner/graph_inputs.py). `pool`: capture into
-        this graph memory pool (another ladder's), not a new one."""
-        self.max_batch = max_batch
+        this graph memory pool (another ladder's), not a new one. `greedy_only`: sizes past
+        `max_batch` captured with the greedy variant alone (no logits output: a size's logits
+        are `rows x vocab` of memory held for the pool's life), for steps that want ids only."""
         self.sizes = capture_sizes(max_batch)
+        self.logits_max_batch = max_batch  # sizes past it have a greedy graph only
+        self.sizes += sorted(s for s in set(greedy_only) if s > max_batch)
+        self.max_batch = self.sizes[-1]
+        max_batch = self.max_batch
         # the static inputs: sections of one device buffer, which `run_step` fills in one transfer
         self.inputs = GraphInputs(max_batch, max_blocks_per_seq, device, runs=runs)
         self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
@@ -102,6 +110,8 @@ class DecodeGraphs:
             for forward, graphs, outputs in variants:
                 if graphs is self.greedy_graphs and greedy_max_batch is not None and bs > greedy_max_batch:
                     continue
+                if graphs is self.graphs and bs > self.logits_max_batch:
+                    continue
                 if before_capture is not None:
                     before_capture(bs)
                 forward(*args)  # warm-up: Triton compiles/autotunes outside the capture
@@ -118,9 +128,14 @@ class DecodeGraphs:
         """Whether the captured size `batch` has a greedy variant."""
         return batch in self.greedy_graphs
 
-    def batch_for(self, num_seqs: int) -> int:
-        """The captured size a batch of `num_seqs` decodes replays (padded up)."""
-        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+    def batch_for(self, num_seqs: int, greedy: bool = False) -> int:
+        """The captured size a batch of `num_seqs` decodes replays (padded up): past
+        `logits_max_batch` only a step that takes ids (`greedy`) has a size."""
+        i = bisect.bisect_left(self.sizes, num_seqs)
+        if i == len(self.sizes) or (self.sizes[i] > self.logits_max_batch and not greedy):
+            raise ValueError(f"no captured decode graph for {num_seqs} rows (greedy {greedy}; "
+                             f"sizes {self.sizes}, logits up to {self.logits_max_batch})")
+        return self.sizes[i]
 
     def stage_input(self, rows: int) -> torch.Tensor:
         """The first `rows` rows of the static stage input (contiguous): receive the previous
@@ -133,8 +148,8 @@ class DecodeGraphs:
         by default the smallest that fits. Inputs may be int32: copies cast. `greedy`: the
         `greedy_forward` graph, which returns ids, not logits."""
         n = input_ids.shape[0]
-        bs = self.batch_for(n) if batch is None else batch
-        if bs not in self.graphs or bs < n:
+        bs = self.batch_for(n, greedy) if batch is None else batch
+        if bs not in (self.greedy_graphs if greedy else self.graphs) or bs < n:
             raise ValueError(f"no captured decode graph of {bs} rows for {n} rows (have {self.sizes})")
         if self.inputs.row_span is not None:  # verify graphs: their runs come through `run_step`
             raise ValueError("graphs captured with runs replay through run_step, not run")
@@ -155,11 +170,17 @@ class DecodeGraphs:
         self.greedy_replays += greedy
         return outputs[bs][:n]
 
-    def decode_only(self, out: SchedulerOutput) -> bool:
+    def decode_only(self, out: SchedulerOutput, greedy: bool = False) -> bool:
         """Whether `out` is a step `run_step` serves: one token a row, every row sampled, at
-        most `max_batch` rows."""
+        most `max_batch` rows (`logits_max_batch` unless it takes ids: `greedy`, with a greedy
+        variant at its size)."""
         reqs = out.requests
-        return 0 < len(reqs) <= self.max_batch and all(len(r.token_ids) == 1 and r.needs_sample for r in reqs)
+        n = len(reqs)
+        if not 0 < n <= self.max_batch:
+            return False
+        if n > self.logits_max_batch and not (greedy and self.has_greedy(self.batch_for(n, True))):
+            return False
+        return all(len(r.token_ids) == 1 and r.needs_sample for r in reqs)
 
     def run_step(self, out: SchedulerOutput, mirror: BlockTableMirror, block_size: int,
                  prev_ids: Optional[torch.Tensor] = None, prev_rows: Sequence[int] = (),
@@ -172,7 +193,7 @@ class DecodeGraphs:
         `before_replay(input_ids, positions, slot_mapping, seq_lens, block_tables)`: runs on
         the static inputs once the step is staged (`ModelRunner.execute`'s `fill_inputs`)."""
         n = len(out.requests)
-        bs = self.batch_for(n)
+        bs = self.batch_for(n, greedy)
         greedy = greedy and self.has_greedy(bs)
         self.inputs.stage(out, mirror, block_size, bs, prev_ids, prev_rows, row_span)
         if before_replay is not None:

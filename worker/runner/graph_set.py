@@ -8,7 +8,12 @@ Owns: `capture_graph_set`, which captures, in one memory pool,
   one a position (worker/spec_decode/verify.py `decode_shaped`); every row of a request has its
   block table, so decode attention reads that request's KV once per chunk of its rows instead of
   once per row, with splits planned for the chunks (kernels/attention_decode_triton.py). Plain
-  decode steps keep the plain graphs and split plans. `INFER_CLUSTER_VERIFY_RUNS=0` captures none
+  decode steps keep the plain graphs and split plans. Past that ladder, greedy-only sizes up to
+  twice the decode batch (`verify_greedy_sizes`): a verify step of plain greedy rows at a large
+  batch (one proposal a row, workload A at 256 requests) replays one of those instead of running
+  as a mixed step: on the H200 (Qwen3-0.6B shape, batch 256, ~385 positions) 10.6 ms against
+  40 ms mixed and 22-33 ms as eager decode rows, where a plain decode step took 5.9 ms. Only ids
+  come out of them (logits for 512 rows of a 152k vocabulary would hold 155 MB). `INFER_CLUSTER_VERIFY_RUNS=0` captures none
   (verify steps then replay the plain graphs, each row reading its own KV);
 - the mixed-step graphs (worker/runner/mixed_graphs.py).
 Every graph bakes in the KV tensors' addresses, so a new pool needs a new set. A tensor-parallel
@@ -44,6 +49,21 @@ def verify_runs_enabled() -> bool:
     return env_switch("INFER_CLUSTER_VERIFY_RUNS")
 
 
+# Greedy-only verify sizes past the verify ladder: few, since such a step is rare (the governor
+# tries and explores it; worker/spec_decode/governor.py) and pads to the next size.
+VERIFY_GREEDY_LADDER = (64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def verify_greedy_sizes(ladder_max: int, max_seqs: int) -> list[int]:
+    """The greedy-only verify sizes past `ladder_max` (`verify_max_rows`): those of
+    `VERIFY_GREEDY_LADDER` up to twice `max_seqs` (a row and one proposal each, `row_limit`'s
+    least), and that bound itself."""
+    top = 2 * max_seqs
+    if top <= ladder_max:
+        return []
+    return sorted({s for s in VERIFY_GREEDY_LADDER if ladder_max < s < top} | {top})
+
+
 def capture_graph_set(forward_logits: Callable, greedy_forward: Callable, forward_sampled: Callable,
                       kv_caches, config: EngineConfig, max_model_len: int, device: torch.device,
                       copy_engine_busy: bool, verify_runs: bool
@@ -62,8 +82,10 @@ def capture_graph_set(forward_logits: Callable, greedy_forward: Callable, forwar
         # every verify size greedy (48 rows at most by default): an all-greedy verify step then
         # launches no argmax after its replay (two Triton launches, ~0.15 ms of host on the H200)
         rows = verify_max_rows()
+        wide = verify_greedy_sizes(rows, max_seqs) if greedy_max else []
         verify = DecodeGraphs(forward_logits, kv_caches, rows, max_blocks, device, runs=True, pool=decode.pool,
-                              **dict(greedy, greedy_max_batch=max(rows, greedy_max)))
+                              greedy_only=wide,
+                              **dict(greedy, greedy_max_batch=max([rows, greedy_max, *wide])))
     for graphs in (decode, verify):  # decode steps are written straight into the graphs' inputs
         if graphs is not None:
             graphs.inputs.open_host(copy_engine_busy=copy_engine_busy)

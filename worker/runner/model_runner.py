@@ -121,6 +121,13 @@ class ModelRunner:
                 copy_engine_busy=self.host_pool is not None, verify_runs=self._verifies_runs)
             self.takes_greedy_ids = bool(self.graphs.greedy_graphs)
 
+    @property
+    def verify_greedy_rows(self) -> int:
+        """The most positions a verify step of plain greedy rows runs as decode rows from the
+        verify graphs (their greedy-only sizes past `verify_max_rows`); 0 without them."""
+        graphs = self.verify_graphs
+        return graphs.max_batch if graphs is not None and graphs.greedy_graphs else 0
+
     def release_graphs(self) -> None:
         """Destroy the CUDA graphs (before their KV pool is replaced without `prepare_kv_resize`)."""
         for graphs in (self.mixed_graphs, self.verify_graphs, self.graphs):
@@ -401,7 +408,7 @@ class ModelRunner:
             spans = row_spans([r.request_id for r in out.requests])
             if spans is not None and self.verify_graphs is not None:
                 graphs = self.verify_graphs
-        if graphs is not None and graphs.decode_only(out):  # straight into the graph's inputs
+        if graphs is not None and graphs.decode_only(out, greedy_ids):  # straight into the graph's inputs
             result, are_ids = graphs.run_step(out, self.context.block_mirror, self.config.block_size,
                                               prev_ids, prev_rows, greedy=greedy_ids, row_span=spans,
                                               before_replay=fill_inputs)

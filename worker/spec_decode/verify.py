@@ -44,7 +44,8 @@ from infer_cluster.worker.sampling.row_plans import plan_flags
 from infer_cluster.worker.sched.output import ScheduledRequest, SchedulerOutput
 
 # A verify step of at most this many positions runs as a decode step of one row per position
-# (`decode_shaped`); a larger one as the mixed step it is. Each such row reads its context once a
+# (`decode_shaped`); a larger one as the mixed step it is, unless its rows are plain greedy and
+# the runner's greedy-only verify graphs reach it (`verify_greedy_rows`, graph_set.py). Each such row reads its context once a
 # chunk of its request's rows (the runs, graph_set.py), so the cost grows slowly with positions:
 # 48 covers batch 8 at 5 proposals a row; 64-128 measured no faster there on the H200
 # (docs/spec_decode.md). `INFER_CLUSTER_VERIFY_MAX_ROWS` sets it (`verify_max_rows`, read when
@@ -119,7 +120,8 @@ class VerifyStep:
         """`governor`: told how many tokens the step gave its rows (worker/spec_decode/governor.py).
         `recorder`: records the step's event (its owner's; None: a recorder of the step's own).
         `max_rows`: the most positions run as a decode step (`decode_shaped`): the runner's
-        verify graphs reach that far (`verify_max_rows`)."""
+        verify graphs reach that far (`verify_max_rows`), and a step of plain greedy rows as
+        far as their greedy-only sizes (`runner.verify_greedy_rows`, graph_set.py)."""
         self.out = out
         self._stats = stats
         self._governor = governor
@@ -132,7 +134,9 @@ class VerifyStep:
         chainable = _chainable(out, requests, eos_token_ids)  # plain greedy, the common case
         greedy = chainable or _plain_greedy(out, requests, sampler, runner.vocab_size, eos_token_ids)
         ids_only = greedy and runner.takes_greedy_ids
-        result, row_ids = runner.execute(decode_shaped(out, max_rows) or out, greedy_ids=ids_only)
+        # ids only: the verify graphs' greedy-only sizes take more positions as decode rows
+        limit = max(max_rows, getattr(runner, "verify_greedy_rows", 0)) if ids_only else max_rows
+        result, row_ids = runner.execute(decode_shaped(out, limit) or out, greedy_ids=ids_only)
         if greedy:  # every position an argmax of the raw logits: no sampler rows to build
             self._groups = groups(row_ids, proposals)
             ids = result if ids_only else result.argmax(dim=-1)
