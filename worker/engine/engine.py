@@ -188,8 +188,8 @@ class DynamicEngine:
                 while len(self._inflight) > 1:  # then its masks fill (a helper thread) while
                     self._collect(deltas)       # its forward runs and the next step is scheduled
                 self._inflight.prefill_deferred(self.sampler, self.scheduler.requests)
-            verify = self.spec_decoder is not None and self.spec_decoder.active(
-                self.scheduler.running, len(self.scheduler.waiting))
+            verify = self.spec_decoder is not None and self._timed(
+                "propose", self.spec_decoder.active, self.scheduler.running, len(self.scheduler.waiting))
             out = self._timed("launch", self._chain, verify) if verify else None
             if out is not None:  # a chained verify step runs: collect the verify step before it
                 launched = True
@@ -198,7 +198,7 @@ class DynamicEngine:
                 verify = self._propose(deltas, verify)
                 out = self._schedule_next()
                 if self.spec_decoder is not None:
-                    self.spec_decoder.start_step(out, verify)
+                    self._timed("propose", self.spec_decoder.start_step, out, verify)
                 self._inflight.drain_next = out.blocked
                 sync, defer = self._step_mode(out, verify)
                 if self._inflight.awaiting_draw:  # before any launch: the next forward reads its ids
@@ -272,12 +272,12 @@ class DynamicEngine:
         that does not speculate is an ordinary step, async where that is on."""
         if self.spec_decoder is None:
             return False
-        running = self.scheduler.running
+        running, decoder = self.scheduler.running, self.spec_decoder
         if self._inflight.holds_verify or (verify and self._inflight
-                                           and self.spec_decoder.worth_waiting(running)):
+                                           and self._timed("propose", decoder.worth_waiting, running)):
             while self._inflight:  # a verify step's rows got several tokens each
                 self._collect(deltas)
-        return self.spec_decoder.propose(running, verify)  # none: an ordinary step
+        return self._timed("propose", decoder.propose, running, verify)  # none: an ordinary step
 
     def _step_mode(self, out: SchedulerOutput, verify: bool) -> tuple[bool, bool]:
         """(sync, defer) for the scheduled step. sync: collected before the next schedule (async
