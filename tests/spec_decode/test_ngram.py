@@ -48,6 +48,20 @@ def test_matches_brute_force_while_tokens_grow(min_n, max_n, alphabet):
             assert index.propose(tokens, k) == brute_force(tokens, min_n, max_n, k), tokens
 
 
+def test_a_replaced_last_token_is_indexed_by_its_own_keys():
+    """A lookup keeps the keys of the last position for the next step's indexing; where that
+    token was replaced before the list grew (a redrawn id), the index hashes the new one."""
+    rng = random.Random(7)
+    for _ in range(100):
+        index = NgramIndex(1, 2)
+        tokens = [rng.randrange(2) for _ in range(rng.randint(4, 12))]
+        for _ in range(12):
+            index.propose(tokens, 3)
+            tokens[-1] = 1 - tokens[-1]  # no lookup in between
+            tokens.append(rng.randrange(2))
+            assert index.propose(tokens, 3) == brute_force(tokens, 1, 2, 3), tokens
+
+
 @pytest.mark.parametrize("min_n,max_n,alphabet,high", [(1, 3, 3, 0), (2, 4, 4, 0), (2, 4, 6, 150_000),
                                                        (3, 5, 2, 1 << 40)])
 def test_long_stretches_indexed_at_once_match_brute_force(min_n, max_n, alphabet, high):
