@@ -11,10 +11,11 @@ Owns: `capture_graph_set`, which captures, in one memory pool,
   decode steps keep the plain graphs and split plans. Past that ladder, greedy-only sizes up to
   twice the decode batch (`verify_greedy_sizes`): a verify step of plain greedy rows at a large
   batch (one proposal a row, workload A at 256 requests) replays one of those instead of running
-  as a mixed step: on the H200 (Qwen3-0.6B shape, batch 256, ~385 positions) 10.6 ms against
+  as a mixed step: on the H200 (Qwen3-0.6B shape, batch 256, ~385 positions) ~10 ms against
   40 ms mixed and 22-33 ms as eager decode rows, where a plain decode step took 5.9 ms. Only ids
-  come out of them (logits for 512 rows of a 152k vocabulary would hold 155 MB). `INFER_CLUSTER_VERIFY_RUNS=0` captures none
-  (verify steps then replay the plain graphs, each row reading its own KV);
+  come out of them (logits for 512 rows of a 152k vocabulary would hold 155 MB).
+  `INFER_CLUSTER_VERIFY_RUNS=0` captures none (verify steps then replay the plain graphs, each
+  row reading its own KV);
 - the mixed-step graphs (worker/runner/mixed_graphs.py).
 Every graph bakes in the KV tensors' addresses, so a new pool needs a new set. A tensor-parallel
 shard captures its own ladder in lock step with the other ranks (worker/distributed/shard.py).
