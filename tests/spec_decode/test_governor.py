@@ -227,6 +227,25 @@ def test_steps_right_after_a_change_of_mode_do_not_count():
     assert est["plain_s"] == pytest.approx(0.001) and est["verify_s"] == pytest.approx(0.002)
 
 
+def test_a_plain_step_before_a_verify_step_does_not_count():
+    """Its gap holds the drain of the steps in flight and the next step's proposals. Where
+    verify steps dominate, plain steps come in explorations of 4 and each last one carries that
+    drain: counted, they would double the plain median and keep verify steps that lose."""
+    gov = SpecGovernor()
+    t = 0.0
+    for _ in range(40):                                     # explorations: 4 plain steps...
+        for i in range(EXPLORE_STEPS):
+            gov.start_step(t, 128, False, decode_only=True)
+            t += 0.012 if i == EXPLORE_STEPS - 1 else 0.006  # the last waits for a drain
+        for _ in range(6):                                   # ... between verify steps
+            gov.start_step(t, 128, True, decode_only=True)
+            gov.verified(1.6)
+            t += 0.009
+    est = gov.as_dict()[128]
+    assert est["plain_s"] == pytest.approx(0.006)
+    assert gov.buckets[bucket(128)].ratio == pytest.approx(1.6 * 0.006 / 0.009)  # < 1: plain wins
+
+
 def test_adaptive_engine_keeps_the_tokens_and_measures_both_modes():
     kw = dict(block_size=8, num_kv_blocks=128)
     params = [greedy(80) for _ in range(2)]

@@ -44,8 +44,11 @@ make a step look slow), and not in the first steps after a change of mode: `SETT
 steps (an async pipeline refills: with one step settling, the H200 measured plain steps at
 1.16 ms where steady async decoding took 0.86 ms, 285607e, 0.6B shape, batch 1), and
 `SETTLE_VERIFY` verify steps (a draft catches up). The engine drains the steps in flight
-before a verify step is proposed, so that drain falls in the gap of the plain step before it,
-and a verify step needs less settling. At batch 256 each verify step of
+before a verify step is proposed, so that drain and the proposals fall in the gap of the plain
+step before it, which does not count either: where verify steps dominate, plain steps are
+explorations of 4, and every last one of them carried a drain, so the bucket's plain median
+read 10.5-11.5 ms against 6.2-6.7 ms steady on the H200 (54cc20a, workload A, 128-255
+requests), so `r` read ~1.7 times what it was. At batch 256 each verify step of
 a try cost 7 plain ones (H200, 41ff583). Only steps expected to be decode-only try an
 unmeasured mode or explore. The clock is the caller's: `start_step(now, ...)` at the start of
 every engine step, so tests can drive it. Plain Python; never touches tensors or requests.
@@ -212,6 +215,9 @@ class SpecGovernor:
         if last is not None:
             start, last_batch, last_verify, counts = last
             gap = now - start
+            # a plain step right before a verify step: its gap holds the drain of the steps in
+            # flight and this step's proposals, not a plain step's time
+            counts = counts and not (verify and not last_verify)
             if counts and decode_only and 0 < gap < MAX_GAP:
                 b = self._bucket(last_batch)
                 if last_verify:
