@@ -217,6 +217,11 @@ class DynamicEngine:
                 keep = depth - 1 + self.async_scheduling if depth > 1 else 1 + (launched and defer)
                 while len(self._inflight) > (0 if sync else keep):
                     self._collect(deltas)  # step n, while step n+1 runs
+            # Steps whose every request ended (a chained verify step launched before the step
+            # that ended them was collected): nothing may call step() again for them, so they
+            # are collected now and their blocks come back with the last final.
+            while self._inflight and not self.scheduler.has_unfinished():
+                self._collect(deltas)
         except Exception as exc:  # a device fault must not take the other requests' replies down
             log.exception("engine step failed; failing the requests it had scheduled")
             recover_step(self, out, launched, exc, deltas)  # worker/engine/failures.py
