@@ -92,6 +92,8 @@ class ReplicaRecord:
             "num_swapped_out": load.num_swapped_out,
             "num_spec_draft_tokens": load.num_spec_draft_tokens,
             "num_spec_accepted_tokens": load.num_spec_accepted_tokens,
+            "spec_draft_tokens_per_position": list(load.spec_draft_tokens_per_position),
+            "spec_accepted_tokens_per_position": list(load.spec_accepted_tokens_per_position),
             "num_generated_tokens": load.num_generated_tokens,
             "outstanding_tokens": self.outstanding_tokens, "num_dispatched": self.num_dispatched,
             "num_completed": self.num_completed,

@@ -5,7 +5,8 @@ Owns: `ClusterCollector`, a custom prometheus_client collector that asks a statu
 `infer_cluster_*` families: coordinator counters (requests by outcome, re-routes, replica
 deaths), in-flight / pending gauges, and per-replica gauges labelled `replica` (running,
 waiting, KV blocks used and total, preemptions, prefix-cache hit tokens, generated tokens,
-speculative decoding's proposed and accepted tokens).
+speculative decoding's proposed and accepted tokens, those two also by `position` in a row's
+proposals).
 Also `start_metrics_server`, the coordinator's `--metrics-port` (an HTTP thread in the
 coordinator process whose collector talks to the coordinator through its own client port, so
 the coordinator's single-threaded state is never read from another thread).
@@ -58,6 +59,15 @@ _REPLICA_FIELDS = [
     ("infer_cluster_replica_spec_accepted_tokens", "counter", "num_spec_accepted_tokens", "Speculative decoding: proposed tokens the sampler agreed with"),
 ]
 
+# Per position in a row's proposals (label `position`, 1 = the first proposal): the acceptance
+# at position j is accepted / drafted there, which falls with j (where to set k).
+_REPLICA_BY_POSITION = [
+    ("infer_cluster_replica_spec_draft_tokens_by_position", "spec_draft_tokens_per_position",
+     "Speculative decoding: proposals verified, by position in the row's proposals"),
+    ("infer_cluster_replica_spec_accepted_tokens_by_position", "spec_accepted_tokens_per_position",
+     "Speculative decoding: proposals accepted, by position in the row's proposals"),
+]
+
 
 class ClusterCollector(Collector):
     """Fresh cluster metrics on every scrape; a coordinator that does not answer yields only
@@ -107,6 +117,12 @@ class ClusterCollector(Collector):
                 else:
                     value = r.get(key, 0) or 0
                 family.add_metric([r.get("name", "?")], value)
+            yield family
+        for name, key, help_text in _REPLICA_BY_POSITION:
+            family = CounterMetricFamily(name, help_text, labels=["replica", "position"])
+            for r in live:
+                for j, value in enumerate(r.get(key) or ()):
+                    family.add_metric([r.get("name", "?"), str(j + 1)], value)
             yield family
 
 

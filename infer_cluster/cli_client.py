@@ -97,7 +97,21 @@ def render_status(status: dict) -> str:
     lines += [_fmt_row(r, widths) for r in rows]
     if not rows:
         lines.append("(no replicas registered)")
+    lines += [line for r in status["replicas"] if (line := _spec_by_position(r))]
     return "\n".join(lines)
+
+
+def _spec_by_position(row: dict) -> str:
+    """A speculating replica's acceptance at each position of a row's proposals (the first
+    proposal, the second, ...): where it falls off, a smaller k would verify less for nothing.
+    "" for a replica that has verified nothing."""
+    drafted = row.get("spec_draft_tokens_per_position") or []
+    accepted = row.get("spec_accepted_tokens_per_position") or []
+    rates = [f"{100 * a / d:.0f}%" if d else "-" for a, d in zip(accepted, drafted)]
+    if not any(drafted):
+        return ""
+    return f"{row.get('name')}: speculative acceptance by position {' '.join(rates)}"
+
 
 
 @click.command()
@@ -108,7 +122,8 @@ def render_status(status: dict) -> str:
 def status(address, as_json, timeout, auth):
     """Show the coordinator and a table of replicas: state, load, KV use, tokens/s, and the
     speculative proposals each kept (accepted of verified; 0/0 before its first verify step; -
-    when it does not speculate)."""
+    when it does not speculate), then each speculating replica's acceptance by position in a
+    row's proposals."""
     with _client(address, auth) as c:
         st = _call(c.status, timeout=timeout)
     click.echo(json.dumps(st, indent=2) if as_json else render_status(st))

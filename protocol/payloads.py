@@ -47,6 +47,7 @@ REPLICA_STATES = tuple(s.value for s in ReplicaState)
 CONTROL_ACTIONS = ("pause", "resume", "drain", "shutdown")
 KV_CACHE_DTYPES = ("auto", "int8")  # the engine's `kv_cache_dtype` choices (worker/config.py)
 WALL_TIME = number(0.0)  # seconds since the epoch
+MAX_SPEC_POSITIONS = 64  # proposals a row may carry, by position (the engine allows 32: worker/spec_decode/config.py)
 
 
 def _logprob_data(depth: int = 0):
@@ -121,9 +122,12 @@ class ReplicaLoad(Struct):
     num_swapped_out: int = wire(COUNT, default=0)
     num_prefilling: int = wire(COUNT, default=0)  # running, prompt (or recompute) not done
     num_generating: int = wire(COUNT, default=0)  # running, making new tokens
-    # speculative decoding (speculative_config); both 0 when it is off
+    # speculative decoding (speculative_config); 0 and [] when it is off
     num_spec_draft_tokens: int = wire(COUNT, default=0)  # tokens proposed and verified
     num_spec_accepted_tokens: int = wire(COUNT, default=0)  # ... of which the sampler agreed with
+    # the same by position in a row's proposals (index j: the (j + 1)-th proposal)
+    spec_draft_tokens_per_position: list = wire(list_of(COUNT, MAX_SPEC_POSITIONS), default_factory=list)
+    spec_accepted_tokens_per_position: list = wire(list_of(COUNT, MAX_SPEC_POSITIONS), default_factory=list)
 
 
 @dataclass(kw_only=True)

@@ -70,3 +70,7 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
     line = next(x for x in table.splitlines() if x.startswith(row["name"]))
     assert "SPEC ACCEPTED" in table
     assert f'{row["num_spec_accepted_tokens"]}/{row["num_spec_draft_tokens"]} (' in line, table
+    # by position in a row's proposals: they add up to the totals, and the table says them
+    assert sum(row["spec_draft_tokens_per_position"]) == row["num_spec_draft_tokens"]
+    assert sum(row["spec_accepted_tokens_per_position"]) == row["num_spec_accepted_tokens"]
+    assert f'{row["name"]}: speculative acceptance by position ' in table, table

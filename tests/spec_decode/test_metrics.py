@@ -1,6 +1,6 @@
 """Speculative decoding's counters from the engine to the operator: `stats()` (zeros when off),
 the replica's heartbeat load (`ReplicaLoad`, through the codec), `infer-cluster status` rows
-and the Prometheus families."""
+and the Prometheus families, the totals and the same by position in a row's proposals."""
 
 from types import SimpleNamespace
 
@@ -48,3 +48,14 @@ def test_counters_reach_status_and_prometheus():
                for s in f.samples if s.labels.get("replica") == "r0"}
     assert samples["infer_cluster_replica_spec_draft_tokens_total"] == stats["num_spec_draft_tokens"]
     assert samples["infer_cluster_replica_spec_accepted_tokens_total"] == stats["num_spec_accepted_tokens"]
+    # by position in a row's proposals (label `position`, from 1), adding up to the totals
+    drafted, accepted = stats["spec_draft_tokens_per_position"], stats["spec_accepted_tokens_per_position"]
+    assert len(drafted) == len(accepted) == 3 and sum(drafted) == stats["num_spec_draft_tokens"]
+    assert (sent.spec_draft_tokens_per_position, sent.spec_accepted_tokens_per_position) == (drafted, accepted)
+    by_position = {(s.name, s.labels["position"]): s.value
+                   for f in text_string_to_metric_families(generate_latest(registry).decode())
+                   for s in f.samples if s.labels.get("replica") == "r0" and "position" in s.labels}
+    for j in range(3):
+        assert by_position[("infer_cluster_replica_spec_draft_tokens_by_position_total", str(j + 1))] == drafted[j]
+        assert by_position[("infer_cluster_replica_spec_accepted_tokens_by_position_total", str(j + 1))] == accepted[j]
+    assert [a / d if d else 0.0 for a, d in zip(accepted, drafted)] == stats["spec_acceptance_per_position"]

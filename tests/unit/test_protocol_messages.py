@@ -168,6 +168,9 @@ def _wire(kind, **fields):
     (_wire(ConnectionKind.HELLO, replica_name="r"), "missing the required field 'capacity'"),
     (_wire(ConnectionKind.HEARTBEAT, state="sleepy"), "must be one of"),
     (_wire(ConnectionKind.HEARTBEAT, load={"num_running": -1}), "num_running must be in"),
+    (_wire(ConnectionKind.HEARTBEAT, load={"spec_draft_tokens_per_position": [3, -1]}),
+     r"spec_draft_tokens_per_position\[1\] must be in"),
+    (_wire(ConnectionKind.HEARTBEAT, load={"spec_accepted_tokens_per_position": [0] * 65}), "at most 64"),
     (_wire(ControlKind.CONTROL, action="explode"), "must be one of"),
     (_wire(ControlKind.SHUTDOWN, graceful=1), "true or false"),
     (_wire(ControlKind.RESIZE, replica="r0"), "needs num_kv_blocks, kv_cache_dtype or both"),
@@ -255,3 +258,9 @@ def test_delta_wire_fast_path_equals_the_struct(delta, prompt_ids):
     sent = codec.encode(StepOutput(deltas=[delta_wire(delta, prompt_ids)]))
     assert codec.decode(sent).deltas[0] == DeltaPayload.from_delta(delta, prompt_ids)
     assert codec.decode(sent).deltas[0].to_delta() == delta
+
+
+def test_the_wire_holds_every_position_the_engine_may_propose():
+    from infer_cluster.protocol.payloads import MAX_SPEC_POSITIONS
+    from infer_cluster.worker.spec_decode.config import MAX_SPECULATIVE_TOKENS
+    assert MAX_SPECULATIVE_TOKENS <= MAX_SPEC_POSITIONS

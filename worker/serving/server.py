@@ -256,7 +256,9 @@ class EngineServer:
                            num_prefilling=s.get("num_prefilling", 0),
                            num_generating=s.get("num_generating", 0),
                            num_spec_draft_tokens=s.get("num_spec_draft_tokens", 0),
-                           num_spec_accepted_tokens=s.get("num_spec_accepted_tokens", 0))
+                           num_spec_accepted_tokens=s.get("num_spec_accepted_tokens", 0),
+                           spec_draft_tokens_per_position=list(s.get("spec_draft_tokens_per_position", [])),
+                           spec_accepted_tokens_per_position=list(s.get("spec_accepted_tokens_per_position", [])))
 
     def _load_snapshot(self) -> ReplicaLoad:
         return self._load  # replaced (never mutated) by the engine loop, so safe to read

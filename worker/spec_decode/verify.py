@@ -101,7 +101,9 @@ class SpecStats:
                 "num_spec_accepted_tokens": self.num_accepted_tokens,
                 "num_spec_chained_steps": self.num_chained_steps,
                 "spec_acceptance_per_position": [a / d if d else 0.0
-                                                 for a, d in zip(self.accepted, self.drafted)]}
+                                                 for a, d in zip(self.accepted, self.drafted)],
+                "spec_draft_tokens_per_position": list(self.drafted),
+                "spec_accepted_tokens_per_position": list(self.accepted)}
 
 
 class VerifyStep:
