@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.report import run_info, write_json  # noqa: E402
+from bench.step_log import StepLog  # noqa: E402
 from bench.throughput import SAMPLING_KINDS  # noqa: E402
 
 TASKS = ["Rewrite this passage in plain modern English, keeping every sentence:",
@@ -154,6 +155,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--kind", default="greedy", choices=list(SAMPLING_KINDS),
                     help="the requests' sampling: bench/throughput.py's request kinds, seeded where "
                          "they sample")
+    ap.add_argument("--step-log", action="store_true",
+                    help="record every step's start and kind (prompt, host-scheduled verify, chained "
+                         "verify, plain) and print, per run and batch size, each kind's steps and ms "
+                         "a step and when a round's first (decode) step started (bench/step_log.py)")
     ap.add_argument("--out", default="bench/results/spec_decode.json")
     args = ap.parse_args(argv)
 
@@ -262,6 +267,11 @@ def _print_row(name: str, b: int, row: dict) -> None:
           f"{row['tokens_per_s']:.1f} tok/s" + (f", TPOT {row['tpot_ms']:.2f} ms" if "tpot_ms" in row else "")
           + (f", TTFT {row['ttft_ms']:.1f} ms" if "ttft_ms" in row else "")
           + (f", acceptance {row['acceptance']:.2f}" if "acceptance" in row else ""))
+    steps = row.get("steps")
+    if steps:  # --step-log
+        kinds = ", ".join(f"{k} {v['steps']} x {v['ms_each']:.2f} ms" for k, v in steps.items() if isinstance(v, dict))
+        print(f"{name:>9} batch {b:>2} steps: {kinds}; a round's first step at {steps['first_step_ms']} ms, "
+              f"first decode step at {steps['first_decode_ms']} ms")
 
 
 def _finish_run(name: str, llm, run: dict) -> None:
@@ -284,6 +294,7 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
     # before it included), so the i-th one is given i + 1 shares: the pools come out equal.
     share = args.gpu_memory_utilization / len(args.runs)
     engines = {name: _engine(args, modes[name], share * (i + 1), convs) for i, name in enumerate(args.runs)}
+    logs = {name: StepLog(llm.engine) for name, llm in engines.items()} if args.step_log else {}
     results = {name: {} for name in args.runs}
     outputs, paired = {}, {}
     for b in args.batch:
@@ -298,11 +309,15 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
                 got = engines[name].chat(convs[r * b:(r + 1) * b], params, use_tqdm=False)
                 sync()
                 dt = time.perf_counter() - t
+                if name in logs:
+                    logs[name].round(t, t + dt)
                 seconds[name] += dt
                 outs[name] += got
                 per_round[name].append(sum(len(o.token_ids) for o in got) / dt)
         for name in args.runs:
             row = _row(outs[name], seconds[name], b, before[name], engines[name].stats())
+            if name in logs:
+                row["steps"] = logs[name].summary()
             results[name][b] = row
             outputs[(name, b)] = [o.token_ids for o in outs[name]]
             _print_row(name, b, row)
@@ -311,6 +326,8 @@ def _interleaved(args, modes: dict, convs: list, params, sync):
                 paired.setdefault(f"{on}/{base}", {})[b] = [x / y for x, y in zip(per_round[on], per_round[base])]
     for name, llm in engines.items():
         _finish_run(name, llm, results[name])
+        if name in logs:
+            logs[name].close()
         llm.close()
     return results, outputs, paired
 
@@ -328,6 +345,7 @@ def _one_after_another(args, modes: dict, convs: list, params, sync) -> tuple[di
     results, outputs = {}, {}
     for name in args.runs:
         llm = _engine(args, modes[name], args.gpu_memory_utilization, convs)
+        log = StepLog(llm.engine) if args.step_log else None
         run = {}
         for b in args.batch:
             before = llm.stats()
@@ -335,9 +353,15 @@ def _one_after_another(args, modes: dict, convs: list, params, sync) -> tuple[di
             t = time.perf_counter()
             outs = []
             for r in range(_rounds(args, b)):
+                start = time.perf_counter()
                 outs += llm.chat(convs[r * b:(r + 1) * b], params, use_tqdm=False)
+                if log is not None:
+                    sync()
+                    log.round(start, time.perf_counter())
             sync()
             run[b] = _row(outs, time.perf_counter() - t, b, before, llm.stats())
+            if log is not None:
+                run[b]["steps"] = log.summary()
             outputs[(name, b)] = [o.token_ids for o in outs]
             _print_row(name, b, run[b])
         _finish_run(name, llm, run)
