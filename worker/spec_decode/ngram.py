@@ -134,20 +134,13 @@ class NgramProposer:
 
     def propose(self, running: Sequence) -> None:
         k = row_limit(self.k, len(running), self.max_rows)
-        max_model_len, min_n, max_n = self.max_model_len, self.min_n, self.max_n
-        for req in running:  # `proposal_room`'s rule, inline (~1 us a row at batch 256)
-            tokens = req.all_token_ids
-            size = len(tokens)
-            room = (0 if req.num_computed_tokens != size - 1 or req.num_pending else
-                    min(k, req.params.max_tokens - len(req.output_token_ids) - 1, max_model_len - size - 1))
+        for req in running:
+            room = proposal_room(req, k, self.max_model_len, grammar_ok=True)
             if room <= 0:
                 if req.spec_token_ids:
                     req.spec_token_ids = _NONE
                 continue
-            index = req.draft_state
-            if index is None:
-                index = req.draft_state = NgramIndex(min_n, max_n)
-            proposals = index.propose(tokens, room)
+            proposals = self._index(req).propose(req.all_token_ids, room)
             if req.grammar is not None and proposals:  # only what the grammar allows is verified
                 proposals = grammar_prefix(req.grammar, req.output_token_ids, proposals) or _NONE
             req.spec_token_ids = proposals
