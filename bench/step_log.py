@@ -34,8 +34,8 @@ class StepLog:
                 self._add(out, chained=False)
             return out
 
-        def logged_chain(verify):
-            out = chain(verify)
+        def logged_chain():
+            out = chain()
             if out is not None:
                 self._add(out, chained=True)
             return out

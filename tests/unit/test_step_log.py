@@ -23,7 +23,7 @@ class FakeEngine:
     def _schedule_next(self):
         return self.outs.pop(0)
 
-    def _chain(self, verify):
+    def _chain(self):
         return self.outs.pop(0)
 
 
@@ -36,8 +36,8 @@ def test_kinds_gaps_and_first_steps(monkeypatch):
     engine._schedule_next()  # 1.0: a prompt step
     engine._schedule_next()  # 1.04: plain
     engine._schedule_next()  # 1.05: a host-scheduled verify step
-    engine._chain(True)      # 1.0515: a chained one
-    assert engine._chain(True) is None and engine._schedule_next().is_empty  # neither recorded
+    engine._chain()          # 1.0515: a chained one
+    assert engine._chain() is None and engine._schedule_next().is_empty  # neither recorded
     engine._schedule_next()  # 1.0528: plain
     log.round(0.99, 1.06)
     s = log.summary()

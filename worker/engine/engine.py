@@ -20,11 +20,12 @@ in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_d
 worker/sched/microbatch.py): up to P steps in flight on disjoint groups of the batch.
 Speculative decoding (worker/spec_decode/): before the schedule the decoder decides whether the
 step verifies proposals (`_propose`); where a verify step of plain greedy rows is in flight, the
-next one may be chained to it instead (`_chain`, worker/spec_decode/chain.py: launched first,
-its rows written on the device from the step in flight, which is collected after); a draft
-model's runner is built here (worker/engine/draft.py). Per-request sampling state lives in the
-`Sampler`, released when a request ends. Text is made by a `TextStage` (worker/text/text_stage.py): inline for the offline
-`LLM`, or on the replica's text thread. Scheduling and blocks live in `Scheduler` /
+next one may be chained to it instead (`_chain`: worker/engine/chaining.py, and
+worker/spec_decode/chain.py; launched first, its rows written on the device from the step in
+flight, which is collected after); a draft model's runner is built here (worker/engine/draft.py).
+Per-request sampling state lives in the `Sampler`, released when a request ends. Text is made by
+a `TextStage` (worker/text/text_stage.py): inline for the offline `LLM`, or on the replica's text
+thread. Scheduling and blocks live in `Scheduler` /
 `BlockAllocator` (plain Python), tensors in `ModelRunner`; the per-run state (scheduler,
 sampler, counters, steps in flight) is made by worker/engine/bookkeeping.py. Single-threaded.
 To extend: per-request behaviour goes into worker/engine/deltas.py (text: `TextStage`), per-step
@@ -56,7 +57,7 @@ from infer_cluster.worker.sched.microbatch import group_size
 from infer_cluster.worker.runner.model_runner import ModelRunner
 from infer_cluster.worker.sched.request import Request
 from infer_cluster.worker.sched.output import SchedulerOutput
-from infer_cluster.worker.spec_decode.chain import ChainedStep, chained_requests
+from infer_cluster.worker.engine.chaining import launch_chained
 from infer_cluster.worker.spec_decode.verify import VerifyStep
 from infer_cluster.worker.text.text_stage import TextStage
 
@@ -190,7 +191,7 @@ class DynamicEngine:
                 self._inflight.prefill_deferred(self.sampler, self.scheduler.requests)
             verify = self.spec_decoder is not None and self._timed(
                 "propose", self.spec_decoder.active, self.scheduler.running, len(self.scheduler.waiting))
-            out = self._timed("launch", self._chain, verify) if verify else None
+            out = self._timed("launch", self._chain) if verify else None
             if out is not None:  # a chained verify step runs: collect the verify step before it
                 launched = True
                 self._collect(deltas)
@@ -237,36 +238,10 @@ class DynamicEngine:
             resolve_logprobs(deltas)
         return deltas
 
-    def _chain(self, verify: bool) -> Optional[SchedulerOutput]:
-        """Launch a chained verify step (worker/spec_decode/chain.py) after the verify step in
-        flight, where one may follow it: its output, or None (nothing changed)."""
-        chain, inflight, sched = self.spec_chain, self._inflight, self.scheduler
-        if chain is None or len(inflight) != 1 or inflight.awaiting_draw or self.structured.parked:
-            return None
-        before = inflight.steps[0]
-        reqs = chained_requests(before, sched.running, bool(sched.waiting))
-        if reqs is None:
-            return None
-        decoder = self.spec_decoder
-        if len(reqs) > chain.slots:  # two rows a request would pass the verify graphs' rows
-            return None
-        # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
-        # the host path runs an ordinary step (a chained one would verify only filler).
-        ks = chain.plan(before, [r.request_id for r in reqs], decoder.max_rows)
-        if ks is None or not decoder.worth_waiting(reqs):
-            return None
-        in_flight = {s.request_id: s.num_spec_tokens for s in before.out.requests}
-        out = sched.chain(reqs, [in_flight[r.request_id] for r in reqs], ks)
-        if out is None:
-            return None
-        decoder.start_step(out, True)
-        if out.has_swaps:  # blocks taken from the prefix cache go to the host tier first
-            self.runner.swap_blocks(out)
-        if not isinstance(before, ChainedStep):  # the chain's first step: its state from the host
-            chain.begin(before, sched.requests)
-        inflight.steps.append(chain.launch(out, before, self.runner, self.sampler, sched.requests,
-                                           decoder.counters, decoder.governor, decoder.recorder))
-        return out
+    def _chain(self) -> Optional[SchedulerOutput]:
+        """Launch a chained verify step after the verify step in flight where one may follow it
+        (worker/engine/chaining.py): its output, or None (nothing changed)."""
+        return launch_chained(self)
 
     def _propose(self, deltas: list, verify: bool) -> bool:
         """Speculating: whether the next step verifies proposals (`verify`: what
