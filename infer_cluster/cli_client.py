@@ -106,10 +106,10 @@ def _spec_by_position(row: dict) -> str:
     proposal, the second, ...): where it falls off, a smaller k would verify less for nothing.
     "" for a replica that has verified nothing."""
     drafted = row.get("spec_draft_tokens_per_position") or []
-    accepted = row.get("spec_accepted_tokens_per_position") or []
-    rates = [f"{100 * a / d:.0f}%" if d else "-" for a, d in zip(accepted, drafted)]
     if not any(drafted):
         return ""
+    accepted = row.get("spec_accepted_tokens_per_position") or []
+    rates = [f"{100 * a / d:.0f}%" if d else "-" for a, d in zip(accepted, drafted)]
     return f"{row.get('name')}: speculative acceptance by position {' '.join(rates)}"
 
 

@@ -77,17 +77,17 @@ class DecodeGraphs:
         this graph memory pool (another ladder's), not a new one. `greedy_only`: sizes past
         `max_batch` captured with the greedy variant alone (no logits output: a size's logits
         are `rows x vocab` of memory held for the pool's life), for steps that want ids only."""
-        self.sizes = capture_sizes(max_batch)
+        if greedy_only and greedy_forward is None:
+            raise ValueError("greedy-only sizes need greedy_forward")
         self.logits_max_batch = max_batch  # sizes past it have a greedy graph only
-        self.sizes += sorted(s for s in set(greedy_only) if s > max_batch)
+        self.sizes = capture_sizes(max_batch) + sorted(s for s in set(greedy_only) if s > max_batch)
         self.max_batch = self.sizes[-1]
-        max_batch = self.max_batch
         # the static inputs: sections of one device buffer, which `run_step` fills in one transfer
-        self.inputs = GraphInputs(max_batch, max_blocks_per_seq, device, runs=runs)
+        self.inputs = GraphInputs(self.max_batch, max_blocks_per_seq, device, runs=runs)
         self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
         self.slot_mapping, self.block_tables = self.inputs.slot_mapping, self.inputs.block_tables
         self.seq_lens, self.query_start_loc = self.inputs.seq_lens, self.inputs.query_start_loc
-        self.stage_in = (torch.zeros(max_batch, 2, stage_hidden, dtype=stage_dtype, device=device)
+        self.stage_in = (torch.zeros(self.max_batch, 2, stage_hidden, dtype=stage_dtype, device=device)
                          if stage_hidden else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps served by a graph (tests check that graphs really ran)
