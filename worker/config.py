@@ -59,7 +59,7 @@ class EngineConfig:
     max_model_len: Optional[int] = field(default=None, metadata={"help": "longest prompt + output; default: the model's max_position_embeddings"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse KV blocks of shared prompt prefixes"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs (decode steps, and small steps of up to graph_max_tokens tokens)"})
-    graph_max_tokens: int = field(default=2048, metadata={"help": "steps of up to this many tokens that are not decode-only (prompts, a last prompt chunk beside decodes) also replay CUDA graphs, bucketed by powers of two from 16 to 512, then every 256; below 16 = only decode steps use graphs"})
+    graph_max_tokens: int = field(default=8192, metadata={"help": "steps of up to this many tokens that are not decode-only (prompts, a last prompt chunk beside decodes) also replay CUDA graphs, bucketed by powers of two from 16 to 512, then every 256 (each bucket one capture at start-up); larger steps run eagerly, host-bound for small models; below 16 = only decode steps use graphs"})
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights, real shapes)"})
     seed: int = field(default=0, metadata={"help": "seed for unseeded sampling and dummy weights"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "ranks that split each layer"})

@@ -40,6 +40,31 @@ def test_tiny_float32_matches_hf_on_gpu(checkpoints, enforce_eager, async_schedu
         assert out.token_ids == g[0, len(p):].tolist(), f"prompt {i}"
 
 
+def test_mixed_graph_buckets_share_one_logits_buffer(checkpoints):
+    """Every mixed-step bucket leaves its logits in the largest bucket's rows (worker/runner/
+    mixed_graphs.py): prompts whose steps replay different buckets, one after another, a long
+    one in chunks beside decode rows, decode token for token as they do eagerly."""
+    import random
+
+    from infer_cluster.worker import LLM
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (3, 40, 150, 450, 900, 20)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kw = dict(device="cuda", dtype="float32", num_kv_blocks=512, max_num_seqs=8,
+              max_num_batched_tokens=512)
+    want = [o.token_ids for o in LLM(checkpoints["qwen3"], enforce_eager=True, **kw)
+            .generate(prompts, params, use_tqdm=False)]
+    llm = LLM(checkpoints["qwen3"], **kw)
+    mixed = llm.engine.runner.mixed_graphs
+    assert len(mixed.buckets) > 3
+    assert len({out.untyped_storage().data_ptr() for out in mixed.outputs.values()}) == 1
+    got = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in prompts]  # one bucket each
+    got_batched = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert mixed.replays > len(prompts)
+    assert got == want and got_batched == want
+
+
 @pytest.mark.parametrize("setting", [dict(), dict(num_kv_blocks=9, max_num_batched_tokens=64)])
 def test_async_matches_sync_on_gpu(checkpoints, setting):
     """Every sampling feature, stop rule and prefix-cache hit, with CUDA graphs (and with

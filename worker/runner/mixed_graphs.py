@@ -12,7 +12,10 @@ which copies a step's inputs into the buffers, pads them to the bucket and repla
 is captured for `min(bucket, max_seqs)` sequences with `max_query_len = bucket`; the prefill
 attention kernel's grid is the step's query tiles (kernels/attention_prefill_triton.py
 `prefill_tiles`), so padded sequences (empty queries: `query_start_loc` repeats the token count)
-launch no programs of their own. Padding tokens belong to no sequence, write no KV (slot -1) and
+launch no programs of their own. Every bucket leaves its sampled rows' logits in the first rows
+of one buffer, the largest bucket's output (a copy inside each smaller graph): held per bucket,
+`min(bucket, max_seqs) x vocab` each for the pool's life, 32 buckets (8,192 tokens, 256
+sequences, a 152k vocabulary) would hold ~1.9 GB. Padding tokens belong to no sequence, write no KV (slot -1) and
 are never sampled (padding sample rows read row 0 and are cut off). The graphs share the decode
 graphs' memory pool and are captured, largest first, after them; like those, they bake in the KV
 tensors' addresses (a new pool needs new graphs) and serve a single rank only.
@@ -73,6 +76,7 @@ class MixedGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0  # steps served by a graph (tests check that graphs really ran)
+        shared: Optional[torch.Tensor] = None  # the largest bucket's logits: every bucket's output
         torch.cuda.synchronize(device)
         for t in reversed(self.buckets):
             s = min(t, max_seqs)
@@ -82,7 +86,11 @@ class MixedGraphs:
             forward_sampled(*args)  # warm-up: Triton compiles outside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[t] = forward_sampled(*args)
+                logits = forward_sampled(*args)
+                if shared is not None:  # into the largest bucket's rows; its own are freed
+                    logits = shared[:s].copy_(logits)
+            shared = logits if shared is None else shared
+            self.outputs[t] = logits
             pool = graph.pool()
             self.graphs[t] = graph
         torch.cuda.synchronize(device)
