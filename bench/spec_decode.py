@@ -58,10 +58,10 @@ SCHEMA_ASK = ' Answer with a JSON object whose "text" field holds the whole resu
 # The runs compared (speculating, baseline), where both ran.
 PAIRS = (("on", "off"), ("on_eager", "off_eager"), ("on", "off_eager"), ("on_rowwise", "off"),
          ("on", "on_rowwise"), ("on_fixed", "off"), ("on", "on_fixed"), ("on_nochain", "off"),
-         ("on", "on_nochain"))
+         ("on", "on_nochain"), ("on_noplain", "off"), ("on", "on_noplain"))
 
 
-RUNS = ("off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed", "on_nochain")
+RUNS = ("off", "on", "off_eager", "on_eager", "on_rowwise", "on_fixed", "on_nochain", "on_noplain")
 
 
 def _run_name(name: str) -> str:
@@ -134,7 +134,9 @@ def main(argv=None) -> dict:
                          "request's KV once per chunk of its rows; on_fixed: every step speculates "
                          "(adaptive off), the A/B of the governor; on_nochain: no chained verify "
                          "steps (INFER_CLUSTER_SPEC_CHAIN=0: the host proposes and schedules every "
-                         "verify step after the one before is collected); on_rowsN (e.g. on_rows128): "
+                         "verify step after the one before is collected); on_noplain: chains start "
+                         "after host-scheduled verify steps only (INFER_CLUSTER_SPEC_CHAIN_PLAIN=0), "
+                         "never from a plain step; on_rowsN (e.g. on_rows128): "
                          "verify steps run as decode steps up to N positions "
                          "(INFER_CLUSTER_VERIFY_MAX_ROWS, 48 by default), so a row gets up to "
                          "N // batch - 1 proposals")
@@ -187,7 +189,10 @@ def main(argv=None) -> dict:
              # every step speculates (the governor's A/B)
              "on_fixed": {"speculative_config": {**spec, "adaptive": False}},
              # every verify step proposed and scheduled by the host (the chain's A/B)
-             "on_nochain": {"speculative_config": spec, "_env": {"INFER_CLUSTER_SPEC_CHAIN": "0"}}}
+             "on_nochain": {"speculative_config": spec, "_env": {"INFER_CLUSTER_SPEC_CHAIN": "0"}},
+             # chains start after host-scheduled verify steps only (the A/B of starting them
+             # from a plain step)
+             "on_noplain": {"speculative_config": spec, "_env": {"INFER_CLUSTER_SPEC_CHAIN_PLAIN": "0"}}}
     for name in args.runs:  # on_rowsN: verify steps run as decode steps up to N positions
         if name.startswith("on_rows"):
             modes[name] = {"speculative_config": spec,

@@ -11,6 +11,7 @@ import torch
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 from infer_cluster.worker.spec_decode.chain import ChainedStep, VerifyChain
+from infer_cluster.worker.spec_decode.verify import VerifyStep
 
 from tests.spec_decode.test_engine import PROMPTS, SETTINGS, SPEC, abort_mid_flight, assert_same, greedy, outputs
 from tests.spec_decode.test_engine import reference_params  # noqa: F401 (a fixture)
@@ -56,9 +57,9 @@ def test_greedy_outputs_equal_speculation_off(setting, monkeypatch):
     llm = chained(kw)
     sizes, launch = [], VerifyChain.launch
 
-    def spy(self, out, before, *args):  # (requests before, requests chained)
-        sizes.append((len(before.out.requests), len(out.requests)))
-        return launch(self, out, before, *args)
+    def spy(self, out, *args):  # (requests of the step before, requests chained)
+        sizes.append((len(llm.engine._inflight.steps[0].out.requests), len(out.requests)))
+        return launch(self, out, *args)
     monkeypatch.setattr(VerifyChain, "launch", spy)
     got = outputs(llm, params)
     assert_same(got, want, setting)
@@ -67,6 +68,36 @@ def test_greedy_outputs_equal_speculation_off(setting, monkeypatch):
     if setting == "defaults":  # a request's end leaves the chain going for the others
         assert any(after < before for before, after in sizes)
     assert stats["num_spec_accepted_tokens"] > 0.2 * stats["num_spec_draft_tokens"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+@pytest.mark.parametrize("from_plain", [True, False])
+def test_a_chain_starts_after_a_plain_step(from_plain, monkeypatch):
+    """Where the text starts repeating after plain steps, the chain starts from the plain step
+    in flight (its draws on the device, the host's lookups for the plan), not from a
+    host-scheduled verify step that waited for it; the output stays speculation off's.
+    `INFER_CLUSTER_SPEC_CHAIN_PLAIN=0` starts chains after verify steps only."""
+    from infer_cluster.worker.engine.inflight import LaunchedStep
+
+    monkeypatch.setenv("INFER_CLUSTER_SPEC_CHAIN_PLAIN", "1" if from_plain else "0")
+    kw = {**BASE, "num_kv_blocks": 64}
+    params = [greedy(40), greedy(31), greedy(40), greedy(23)] * 2
+    want = outputs(LLM("tiny-random", **kw), params)
+    llm = chained(kw)
+    starts, begin = [], VerifyChain.begin
+
+    def spy(self, step, requests, found=None):
+        starts.append((type(step), found))
+        return begin(self, step, requests, found)
+    monkeypatch.setattr(VerifyChain, "begin", spy)
+    assert_same(outputs(llm, params), want, f"from_plain={from_plain}")
+    plain = [found for kind, found in starts if kind is LaunchedStep]
+    if from_plain:  # started from plain steps, each with the host's lookup counts, some found
+        assert plain and all(found is not None and any(found.values()) for found in plain)
+    else:
+        assert not plain and starts
+    assert all(kind is LaunchedStep or issubclass(kind, VerifyStep) for kind, _ in starts)
+    stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 

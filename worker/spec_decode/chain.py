@@ -12,7 +12,7 @@ context lengths. The host collects the step before while the chained one runs.
 
 Owns: `VerifyChain`, the device state (each request's tokens, and per request slot the proposals
 of the latest launched step, `meta`), `begin` (the state from the host, for the first step of a
-chain), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), and
+chain), `chain_draws` (the ids a chain starts from, after a verify or a plain step), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), and
 `ChainedStep`, which reads its own proposals back beside its draws and verifies them as
 `VerifyStep` does.
 
@@ -20,7 +20,13 @@ When: prompt lookup, a single-rank runner, async scheduling, one step in flight,
 step of plain greedy requests (every proposal checked by argmax) that holds every running
 request, no request waiting, and free blocks for both steps' proposals
 (`Scheduler.chain`), where the host's tokens still propose something (`worth_waiting`) and
-`plan` finds a request whose text repeats. A request that ends (a stop inside a burst,
+`plan` finds a request whose text repeats. A chain also starts from a plain decode step in
+flight (`chain_draws`: every row a plain greedy request's one token) once the tokens on the host
+propose something again: the plan then takes the host's lookup counts, and the kernel appends
+the plain step's draw (a row of no proposals) before it looks up. Without that, the first verify
+step after a stretch of plain steps waited for the last of them on the host, as every verify
+step did before chains (`INFER_CLUSTER_SPEC_CHAIN_PLAIN=0`, `bench/spec_decode.py --runs
+on_noplain`). A request that ends (a stop inside a burst,
 max_tokens, an abort) is left out of the next chained step and the chain goes on with the
 others (their state rows stay where `begin` put them: `slot_of`); the rows it got in the steps
 in flight are dropped, as for any step scheduled before an end. A request that joins ends the
@@ -45,9 +51,10 @@ from infer_cluster.kernels.spec_chain import META_HEAD, chain_inputs
 from infer_cluster.worker.device.to_host import to_host
 from infer_cluster.worker.device.wait import wait_event
 from infer_cluster.worker.sched.output import SchedulerOutput
-from infer_cluster.worker.spec_decode.verify import _DROPPED_ROW, VerifyStep, decode_shaped
+from infer_cluster.worker.spec_decode.verify import _DROPPED_ROW, VerifyStep, _chainable, decode_shaped
 
 CHAIN_ENV = "INFER_CLUSTER_SPEC_CHAIN"
+CHAIN_PLAIN_ENV = "INFER_CLUSTER_SPEC_CHAIN_PLAIN"  # 0: chains start after verify steps only
 
 
 def chain_enabled() -> bool:
@@ -69,6 +76,7 @@ class VerifyChain:
         # does not repeat now); read by `plan`, written by `ChainedStep.wait`
         self.found: dict[str, int] = {}
         self.slot_of: dict[str, int] = {}  # request id -> its row of `hist` / `meta` (this chain's)
+        self.from_plain = env_switch(CHAIN_PLAIN_ENV)  # a chain may start after a plain step
         if device.type == "cuda":
             self._compile()
 
@@ -82,15 +90,19 @@ class VerifyChain:
                      self.max_n, torch.zeros(2, 2, dtype=torch.int32, device=self.device), self.block_size,
                      z64.clone(), z64.clone(), z64.clone(), torch.zeros(4, dtype=torch.int32, device=self.device))
 
-    def plan(self, before: VerifyStep, request_ids: list[str], max_rows: int) -> Optional[list[int]]:
+    def plan(self, before, request_ids: list[str], max_rows: int,
+             host_found: Optional[list[int]] = None) -> Optional[list[int]]:
         """Proposal positions for each of `request_ids` (requests of `before`) in a chained step
         after `before`, or None (no request's text repeats now). A request whose latest lookup
         found nothing gets none (one row); the others share what is left of `max_rows` evenly,
         each at most k and at most what its lookup found, the rows one leaves going to the rest
-        (fewest first). The latest lookup: the device's, collected, within a chain; the host's
-        (`before`'s proposals) at its start."""
+        (fewest first). The latest lookup: the device's, collected, within a chain; at its start
+        the host's: `before`'s proposals, or `host_found` (after a plain step: what the tokens
+        on the host propose, one count a request)."""
         if isinstance(before, ChainedStep):
             found = [self.found.get(rid) for rid in request_ids]
+        elif host_found is not None:
+            found = list(host_found)
         else:
             host = {s.request_id: s.num_spec_tokens for s in before.out.requests}
             found = [host[rid] for rid in request_ids]
@@ -105,9 +117,11 @@ class VerifyChain:
             budget -= ks[i] + 1
         return ks if any(ks) else None
 
-    def begin(self, step: VerifyStep, requests: dict) -> None:
-        """Load the device state from the host for the requests of `step`, a verify step in
-        flight launched by the host: their tokens before it, its proposals and rows."""
+    def begin(self, step, requests: dict, found: Optional[dict] = None) -> None:
+        """Load the device state from the host for the requests of `step`, a step in flight
+        launched by the host (a verify step, or a plain decode step: no proposals, a row each):
+        their tokens before it, its proposals and rows. `found`: request id -> what the host's
+        lookup found (default: the step's proposals)."""
         out = step.out
         m = len(out.requests)
         lengths = [requests[s.request_id].num_tokens for s in out.requests]
@@ -115,7 +129,8 @@ class VerifyChain:
         hist = torch.zeros(m, width, dtype=torch.int32)
         meta = torch.zeros(m, self.meta.shape[1], dtype=torch.int32)
         first = 0
-        self.found = {s.request_id: s.num_spec_tokens for s in out.requests}
+        self.found = dict(found) if found is not None else {s.request_id: s.num_spec_tokens
+                                                           for s in out.requests}
         self.slot_of = {s.request_id: i for i, s in enumerate(out.requests)}
         for i, s in enumerate(out.requests):
             tokens = requests[s.request_id].all_token_ids
@@ -126,10 +141,11 @@ class VerifyChain:
         self.hist[:m, :width].copy_(hist, non_blocking=True)
         self.meta[:m].copy_(meta, non_blocking=True)
 
-    def launch(self, out: SchedulerOutput, before: VerifyStep, runner, sampler, requests: dict, stats,
-               governor, recorder) -> "ChainedStep":
-        """Run the chained step `out` (`Scheduler.chain`; its requests are `before`'s, or those
-        of them still running, in `before`'s order)."""
+    def launch(self, out: SchedulerOutput, draws: torch.Tensor, max_rows: int, runner, sampler,
+               requests: dict, stats, governor, recorder) -> "ChainedStep":
+        """Run the chained step `out` (`Scheduler.chain`; its requests are the step before's,
+        or those of them still running, in its order). `draws`: the step before's argmax ids,
+        one a row (`chain_draws`); `max_rows`: the most positions run as decode rows."""
         firsts, ks, slots, first = [], [], [], 0
         for s in out.requests:
             firsts.append(first)
@@ -137,19 +153,18 @@ class VerifyChain:
             slots.append(self.slot_of[s.request_id])
             first += s.num_spec_tokens + 1
         layout = torch.tensor([firsts, ks, slots], dtype=torch.int32).to(self.device, non_blocking=True)
-        draws = before.chain_ids
 
         def fill(input_ids, positions, slot_mapping, seq_lens, block_tables):
             chain_inputs(draws, self.hist, self.meta, layout, self.min_n, self.max_n, block_tables,
                          self.block_size, input_ids, positions, slot_mapping, seq_lens)
 
-        rows = decode_shaped(out, before.max_rows) or out
+        rows = decode_shaped(out, max_rows) or out
         ids_only = runner.takes_greedy_ids
         result, row_ids = runner.execute(rows, greedy_ids=ids_only, fill_inputs=fill)
         ids = result if ids_only else result.argmax(dim=-1)
         stats.num_chained_steps += 1
         return ChainedStep(out, ids, row_ids, self.meta, slots, requests, sampler, stats, governor, recorder,
-                           runner, before.max_rows, self.found)
+                           runner, max_rows, self.found)
 
 
 class ChainedStep(VerifyStep):
@@ -189,12 +204,30 @@ class ChainedStep(VerifyStep):
         return super().wait(sampler)
 
 
-def chained_requests(before: VerifyStep, running: list, waiting: bool) -> Optional[list]:
-    """The requests of a chained step after `before`: the running ones, every one of them a
-    request of `before` (those of its requests that ended meanwhile are left out), in its order;
-    or None where there can be none: `before` is not a chain's step, a request waits, or one
-    runs that `before` does not hold."""
-    if getattr(before, "chain_ids", None) is None or waiting or not running:
+def chain_draws(before, requests: dict, eos_token_ids) -> Optional[torch.Tensor]:
+    """The argmax ids, one a row, that a chained step after `before` (a step in flight) starts
+    from, or None where none may follow it: a verify step's `chain_ids` (set where its requests
+    are plain greedy), or the draws of a plain decode step whose every row is a plain greedy
+    request's one token (`_chainable`: then each id is the raw argmax), in its requests' order.
+    A chain starting from a plain step spares the host-scheduled verify step that would start it
+    otherwise: collecting the step, proposing and scheduling while the device waits."""
+    if isinstance(before, VerifyStep):
+        return before.chain_ids
+    draw = getattr(before, "draw", None)
+    if (draw is None or not before.out.requests
+            or before.row_ids != [s.request_id for s in before.out.requests]
+            or any(s.num_spec_tokens for s in before.out.requests)
+            or not _chainable(before.out, requests, eos_token_ids)):
+        return None
+    return draw.token_ids
+
+
+def chained_requests(before, running: list, waiting: bool) -> Optional[list]:
+    """The requests of a chained step after `before` (a step `chain_draws` gave ids for): the
+    running ones, every one of them a request of `before` (those of its requests that ended
+    meanwhile are left out), in its order; or None where there can be none: a request waits,
+    or one runs that `before` does not hold."""
+    if waiting or not running:
         return None
     by_id = {req.request_id: req for req in running}
     reqs = [by_id[s.request_id] for s in before.out.requests if s.request_id in by_id]

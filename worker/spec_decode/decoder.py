@@ -116,6 +116,16 @@ class SpecDecoder:
         batch = len(running)
         return any(probe(req, batch) for req in running)
 
+    def host_lookups(self, running) -> list[int]:
+        """Per request, how many proposals prompt lookup finds in the tokens already on the host
+        (its last may still be pending): where a chained step after a plain step gives proposal
+        positions (worker/engine/chaining.py). Zeros for a draft model."""
+        probe = getattr(self.proposer, "shadow", None)
+        if probe is None:
+            return [0] * len(running)
+        batch = len(running)
+        return [len(probe(req, batch)) for req in running]
+
     def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
         fill = getattr(self.proposer, "fill", None)
         if fill is not None:  # a draft model: its proposals, at the positions scheduled
