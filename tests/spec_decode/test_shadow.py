@@ -111,3 +111,23 @@ def test_an_adaptive_engine_measures_shadows_and_keeps_the_tokens():
     llm = LLM("tiny-random", speculative_config={**SPEC, "adaptive": True}, **kw)
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
     assert llm.engine.spec_decoder.shadow.num_resolved > 0
+
+
+def test_worth_waiting_reuses_the_lookups_a_chain_just_made():
+    """A chain tried after a plain step looks up every request in the tokens on the host
+    (`SpecDecoder.host_lookups`); where it finds nothing, the host path asks the same question
+    (`worth_waiting`) of the same tokens: the answer is reused, not looked up again. A token
+    appended since, or other requests, look up afresh."""
+    from infer_cluster.worker.spec_decode.config import SpeculativeConfig
+    from infer_cluster.worker.spec_decode.decoder import SpecDecoder
+
+    decoder = SpecDecoder(SpeculativeConfig(**SPEC), 1024)
+    calls, probe = [], decoder.proposer.shadow
+    decoder.proposer.shadow = lambda req, batch: calls.append(req.request_id) or probe(req, batch)
+    running = [_request("x", [10, 11, 12, 13]), _request("y", [1, 2, 3, 1, 2])]
+    assert decoder.host_lookups(running) == [0, 3] and calls == ["x", "y"]
+    assert decoder.worth_waiting(running[::-1]) is True and calls == ["x", "y"]  # reused
+    assert decoder.worth_waiting(running) is True and len(calls) == 4  # once only
+    decoder.host_lookups(running[:1])
+    running[0].append_token(14)
+    assert decoder.worth_waiting(running[:1]) is False and len(calls) == 6  # a token came

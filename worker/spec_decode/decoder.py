@@ -46,6 +46,9 @@ class SpecDecoder:
         self.governor: Optional[SpecGovernor] = (SpecGovernor(lambda batch: row_limit(k, batch, rows) + 1)
                                                  if config.adaptive else None)
         self.speculating = False  # the last `active` decision
+        # the last `host_lookups`: ({request id: tokens}, counts), which `worth_waiting` reuses
+        # where nothing moved since (a plain step in flight: the chain tried first)
+        self._host_found: Optional[tuple[dict, list[int]]] = None
         # what plain steps' rows would have accepted (prompt lookup only: a draft needs a forward)
         shadow = getattr(self.proposer, "shadow", None)
         self.shadow = (ShadowAcceptance(shadow) if shadow is not None and self.governor is not None
@@ -113,6 +116,9 @@ class SpecDecoder:
         probe = getattr(self.proposer, "shadow", None)
         if probe is None:
             return True
+        found, self._host_found = self._host_found, None
+        if found is not None and found[0] == {req.request_id: req.num_tokens for req in running}:
+            return any(found[1])
         batch = len(running)
         return any(probe(req, batch) for req in running)
 
@@ -124,7 +130,9 @@ class SpecDecoder:
         if probe is None:
             return [0] * len(running)
         batch = len(running)
-        return [len(probe(req, batch)) for req in running]
+        counts = [len(probe(req, batch)) for req in running]
+        self._host_found = ({req.request_id: req.num_tokens for req in running}, counts)
+        return counts
 
     def launch(self, out, runner, sampler, requests: dict, eos_token_ids) -> VerifyStep:
         fill = getattr(self.proposer, "fill", None)
