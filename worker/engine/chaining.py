@@ -20,7 +20,8 @@ def launch_chained(engine) -> Optional[SchedulerOutput]:
     text repeats, or too few free blocks). After a plain step the chain starts from its draws
     and the host's lookups (`chain_draws`, `SpecDecoder.host_lookups`)."""
     chain, inflight, sched = engine.spec_chain, engine._inflight, engine.scheduler
-    if chain is None or len(inflight) != 1 or inflight.awaiting_draw or engine.structured.parked:
+    if (chain is None or len(inflight) != 1 or inflight.awaiting_draw or engine.structured.parked
+            or len(sched.running) > chain.slots):  # two rows a request: at most the slots
         return None
     before = inflight.steps[0]
     if chain.from_plain or isinstance(before, VerifyStep):
@@ -28,7 +29,7 @@ def launch_chained(engine) -> Optional[SchedulerOutput]:
     else:
         draws = None
     reqs = chained_requests(before, sched.running, bool(sched.waiting)) if draws is not None else None
-    if reqs is None or len(reqs) > chain.slots:  # two rows a request: at most the slots
+    if reqs is None:
         return None
     decoder = engine.spec_decoder
     ids = [r.request_id for r in reqs]
