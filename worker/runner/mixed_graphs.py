@@ -14,11 +14,12 @@ attention kernel's grid is the step's query tiles (kernels/attention_prefill_tri
 `prefill_tiles`), so padded sequences (empty queries: `query_start_loc` repeats the token count)
 launch no programs of their own. Every bucket leaves its sampled rows' logits in the first rows
 of one buffer, the largest bucket's output (a copy inside each smaller graph): held per bucket,
-`min(bucket, max_seqs) x vocab` each for the pool's life, 32 buckets (8,192 tokens, 256
-sequences, a 152k vocabulary) would hold ~1.9 GB. Padding tokens belong to no sequence, write no KV (slot -1) and
-are never sampled (padding sample rows read row 0 and are cut off). The graphs share the decode
-graphs' memory pool and are captured, largest first, after them; like those, they bake in the KV
-tensors' addresses (a new pool needs new graphs) and serve a single rank only.
+`min(bucket, max_seqs) x vocab` each for the pool's life, 36 buckets (8,192 tokens, 256
+sequences, a 152k vocabulary) held 1.7 GiB more than 12 did (H200, 2026-11-30). Padding tokens
+belong to no sequence, write no KV (slot -1) and are never sampled (padding sample rows read row
+0 and are cut off). The graphs share the decode graphs' memory pool and are captured, largest
+first, after them; like those, they bake in the KV tensors' addresses (a new pool needs new
+graphs) and serve a single rank only.
 
 To extend (e.g. other bucket ladders): change `token_buckets`; kernels used in the forward must
 take their launch shapes from tensor shapes and the host-side `max_query_len` only.

@@ -12,9 +12,9 @@ context lengths. The host collects the step before while the chained one runs.
 
 Owns: `VerifyChain`, the device state (each request's tokens, and per request slot the proposals
 of the latest launched step, `meta`), `begin` (the state from the host, for the first step of a
-chain), `chain_draws` (the ids a chain starts from, after a verify or a plain step), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), and
-`ChainedStep`, which reads its own proposals back beside its draws and verifies them as
-`VerifyStep` does.
+chain), `plan` (each request's proposal positions), `launch` (a `ChainedStep`), `ChainedStep`,
+which reads its own proposals back beside its draws and verifies them as `VerifyStep` does, and
+`chain_draws` (the ids a chain starts from, after a verify step or a plain one).
 
 When: prompt lookup, a single-rank runner, async scheduling, one step in flight, and it a verify
 step of plain greedy requests (every proposal checked by argmax) that holds every running
@@ -26,9 +26,8 @@ propose something again: the plan then takes the host's lookup counts, and the k
 the plain step's draw (a row of no proposals) before it looks up. Without that, the first verify
 step after a stretch of plain steps waited for the last of them on the host, as every verify
 step did before chains (`INFER_CLUSTER_SPEC_CHAIN_PLAIN=0`, `bench/spec_decode.py --runs
-on_noplain`). A request that ends (a stop inside a burst,
-max_tokens, an abort) is left out of the next chained step and the chain goes on with the
-others (their state rows stay where `begin` put them: `slot_of`); the rows it got in the steps
+on_noplain`). A request that ends (a stop inside a burst, max_tokens, an abort) is left out of
+the next chained step and the chain goes on with the others (their state rows stay where `begin` put them: `slot_of`); the rows it got in the steps
 in flight are dropped, as for any step scheduled before an end. A request that joins ends the
 chain.
 Exact: every kept token is still the argmax at its position given the tokens kept before it;
