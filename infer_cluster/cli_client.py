@@ -113,7 +113,6 @@ def _spec_by_position(row: dict) -> str:
     return f"{row.get('name')}: speculative acceptance by position {' '.join(rates)}"
 
 
-
 @click.command()
 @address_option
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")

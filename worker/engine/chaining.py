@@ -24,17 +24,15 @@ def launch_chained(engine) -> Optional[SchedulerOutput]:
             or len(sched.running) > chain.slots):  # two rows a request: at most the slots
         return None
     before = inflight.steps[0]
-    if chain.from_plain or isinstance(before, VerifyStep):
-        draws = chain_draws(before, sched.requests, engine.eos_token_ids)
-    else:
-        draws = None
+    verify = isinstance(before, VerifyStep)
+    draws = chain_draws(before, sched.requests, engine.eos_token_ids) if verify or chain.from_plain else None
     reqs = chained_requests(before, sched.running, bool(sched.waiting)) if draws is not None else None
     if reqs is None:
         return None
     decoder = engine.spec_decoder
     ids = [r.request_id for r in reqs]
     found = None
-    if isinstance(before, VerifyStep):
+    if verify:
         # Text that stopped repeating: where no row's suffix recurs in the tokens on the host,
         # the host path runs an ordinary step (a chained one would verify only filler).
         ks = chain.plan(before, ids, decoder.max_rows)
@@ -42,7 +40,7 @@ def launch_chained(engine) -> Optional[SchedulerOutput]:
             return None
     else:  # a plain step: what the tokens on the host propose (its own token is on the device)
         found = decoder.host_lookups(reqs)
-        ks = chain.plan(before, ids, decoder.max_rows, found) if any(found) else None
+        ks = chain.plan(before, ids, decoder.max_rows, found)  # None where none found anything
         if ks is None:
             return None
     in_flight = {s.request_id: s.num_spec_tokens for s in before.out.requests}

@@ -19,8 +19,8 @@ preempted, `reset_cache`, failures, a rewind after the sampler's rare redo chang
 in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_depth` P > 1,
 worker/sched/microbatch.py): up to P steps in flight on disjoint groups of the batch.
 Speculative decoding (worker/spec_decode/): before the schedule the decoder decides whether the
-step verifies proposals (`_propose`); where a verify step of plain greedy rows is in flight, the
-next one may be chained to it instead (`_chain`: worker/engine/chaining.py, and
+step verifies proposals (`_propose`); where a verify step or a plain step of plain greedy rows
+is in flight, the next verify step may be chained to it instead (`_chain`: worker/engine/chaining.py, and
 worker/spec_decode/chain.py; launched first, its rows written on the device from the step in
 flight, which is collected after); a draft model's runner is built here (worker/engine/draft.py).
 Per-request sampling state lives in the `Sampler`, released when a request ends. Text is made by
@@ -239,8 +239,9 @@ class DynamicEngine:
         return deltas
 
     def _chain(self) -> Optional[SchedulerOutput]:
-        """Launch a chained verify step after the verify step in flight where one may follow it
-        (worker/engine/chaining.py): its output, or None (nothing changed)."""
+        """Launch a chained verify step after the step in flight (a verify step, or a plain one)
+        where one may follow it (worker/engine/chaining.py): its output, or None (nothing
+        changed). A method of its own so bench/step_log.py can time it per instance."""
         return launch_chained(self)
 
     def _propose(self, deltas: list, verify: bool) -> bool:

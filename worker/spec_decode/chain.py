@@ -27,9 +27,9 @@ the plain step's draw (a row of no proposals) before it looks up. Without that, 
 step after a stretch of plain steps waited for the last of them on the host, as every verify
 step did before chains (`INFER_CLUSTER_SPEC_CHAIN_PLAIN=0`, `bench/spec_decode.py --runs
 on_noplain`). A request that ends (a stop inside a burst, max_tokens, an abort) is left out of
-the next chained step and the chain goes on with the others (their state rows stay where `begin` put them: `slot_of`); the rows it got in the steps
-in flight are dropped, as for any step scheduled before an end. A request that joins ends the
-chain.
+the next chained step and the chain goes on with the others (their state rows stay where
+`begin` put them: `slot_of`); the rows it got in the steps in flight are dropped, as for any
+step scheduled before an end. A request that joins ends the chain.
 Exact: every kept token is still the argmax at its position given the tokens kept before it;
 only which proposals are checked differs (a request gets the positions `plan` gave it, filler
 where its lookup found fewer tokens, and the filler is never counted as a proposal: it is
@@ -212,11 +212,10 @@ def chain_draws(before, requests: dict, eos_token_ids) -> Optional[torch.Tensor]
     otherwise: collecting the step, proposing and scheduling while the device waits."""
     if isinstance(before, VerifyStep):
         return before.chain_ids
-    draw = getattr(before, "draw", None)
-    if (draw is None or not before.out.requests
-            or before.row_ids != [s.request_id for s in before.out.requests]
-            or any(s.num_spec_tokens for s in before.out.requests)
-            or not _chainable(before.out, requests, eos_token_ids)):
+    draw = getattr(before, "draw", None)  # None: a deferred draw, not queued yet
+    if (draw is None or before.row_ids != [s.request_id for s in before.out.requests]
+            or any(s.num_spec_tokens for s in before.out.requests)  # a row a request, no proposals
+            or not _chainable(before.out, requests, eos_token_ids)):  # (also: some request)
         return None
     return draw.token_ids
 
