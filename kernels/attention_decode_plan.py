@@ -32,6 +32,16 @@ def _sm_count(device) -> int:
 # warps, pipeline depth, and the split rule (programs_per_sm, min_partition).
 DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
                     min_partition=256, reduce_warps=4)
+# The wave rule's keys for DECODE_TUNED at head_dim 128 ("resident_per_sm" / "wave_fill",
+# `wave_splits`): where the split rule gives one partition, a grid of more than one wave
+# (resident programs x SMs) whose last wave would be under `wave_fill` full splits each context
+# in two. Three such programs fit a SM (64 KB of shared memory each: 2 stages of 64-token K and
+# V tiles). H200, 2026-11-30 (forced split counts, CUDA-graph replays, 4,096-token tables,
+# contexts +-25% around 512 / 1,024 / 2,048), two partitions against one: batch 64 (512
+# programs, 1.29 waves) 1.09x / 1.16x / 1.18x; batch 128 (2.59 waves) 1.00x / 1.03x / 1.05x;
+# batch 160 1.01x / 1.05x / 1.07x; batch 256 (5.17 waves) 0.99x / 1.01x / 1.03x; batches 48,
+# 96 and 192 (0.97, 1.94 and 3.88 waves) lost 0-4%.
+DECODE_WAVES_128 = dict(resident_per_sm=3, wave_fill=0.6)
 
 # int8 caches on CUDA start from this one. "mma_k": q quantized to int8 per row once per program
 # and q @ K^T on int8 tensor cores (no K conversion), V converted where it is loaded. H100,
@@ -57,7 +67,8 @@ def decode_config(q, kv_dtype=None):
     K/V tile), num_warps, num_stages, programs_per_sm and min_partition (the split rule, see
     `plan_decode_splits`), reduce_warps, cvt (int8 codes to operands, `CVT_MODES`; float caches
     ignore it); optional: "maxnreg" caps registers per thread, "small_per_sm" / "small_programs"
-    a second split rule for small batches (`plan_decode_splits`). `decode_attention(config=...)`
+    a second split rule for small batches, "resident_per_sm" / "wave_fill" the wave rule
+    (`plan_decode_splits`). `decode_attention(config=...)`
     overrides any of them (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
         return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
@@ -68,25 +79,45 @@ def decode_config(q, kv_dtype=None):
                     min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
     if kv_dtype == torch.int8:
         return dict(DECODE_INT8)
-    return dict(DECODE_TUNED, cvt="add")
+    waves = DECODE_WAVES_128 if q.shape[2] == 128 else {}  # measured there only
+    return dict(DECODE_TUNED, cvt="add", **waves)
+
+
+def wave_splits(programs: int, slots: int, fill: float) -> int:
+    """2 where a grid of `programs` (one partition a context) runs more than one wave of
+    `slots` resident programs and its last wave is under `fill` full, else 1: splitting in two
+    then evens out the waves (the tail wave otherwise leaves most SMs idle)."""
+    if slots <= 0 or programs <= slots:
+        return 1
+    return 2 if (programs % slots) / slots < fill else 1
 
 
 def plan_decode_splits(num_seqs, programs_per_seq, max_ctx, device, num_splits=None,
                        programs_per_sm=4, min_partition=_MIN_PARTITION, small_per_sm=None,
-                       small_programs=0):
+                       small_programs=0, resident_per_sm=None, wave_fill=0.0):
     """Context partitions per sequence, from shapes only (CUDA-graph safe): enough programs for
     `programs_per_sm` per SM (8 programs on the interpreter; `small_per_sm` instead when
     num_seqs * programs_per_seq <= `small_programs`), at most one per `min_partition`
     tokens of `max_ctx` (the most a block-table row can address) and `_MAX_SPLITS`.
-    `num_splits` forces a count. Each sequence's partition length is then derived in the kernel
-    from its own length (`_split_part`), so the work is even whatever the table width."""
+    `num_splits` forces a count. Where that gives one partition, `resident_per_sm` and
+    `wave_fill` may make it two (`wave_splits`; CUDA only). Each sequence's partition length is
+    then derived in the kernel from its own length (`_split_part`), so the work is even whatever
+    the table width."""
     if num_splits is None:
         if small_per_sm and num_seqs * programs_per_seq <= small_programs:
             programs_per_sm = small_per_sm
         target = 8 if device.type != "cuda" else programs_per_sm * _sm_count(device)
-        num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)),
-                         triton.cdiv(max(max_ctx, 1), min_partition), _MAX_SPLITS)
+        by_ctx = triton.cdiv(max(max_ctx, 1), min_partition)
+        num_splits = min(triton.cdiv(target, max(num_seqs * programs_per_seq, 1)), by_ctx, _MAX_SPLITS)
+        if num_splits == 1 and resident_per_sm and device.type == "cuda" and wave_splits_enabled():
+            num_splits = min(wave_splits(num_seqs * programs_per_seq, resident_per_sm * _sm_count(device),
+                                         wave_fill), by_ctx)
     return max(1, int(num_splits))
+
+
+def wave_splits_enabled() -> bool:
+    """False when `INFER_CLUSTER_DECODE_WAVES=0` (A/B of `wave_splits`)."""
+    return env_switch("INFER_CLUSTER_DECODE_WAVES")
 
 
 def preload_enabled() -> bool:

@@ -280,7 +280,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     splits = plan_decode_splits(triton.cdiv(num_seqs, rows) if chunks else num_seqs, num_kv_heads,
                                 block_tables.shape[1] * page_size,
                                 q.device, num_splits, per_sm, cfg["min_partition"],
-                                cfg.get("small_per_sm"), cfg.get("small_programs", 0))
+                                cfg.get("small_per_sm"), cfg.get("small_programs", 0),
+                                None if grouped else cfg.get("resident_per_sm"), cfg.get("wave_fill", 0.0))
     if splits > 1:
         n_out = num_seqs * num_heads * splits * head_dim
         scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,

@@ -70,6 +70,12 @@ PREFILL_SPLITS = 8
 PREFILL_PACK_GQA = env_switch("INFER_CLUSTER_PREFILL_PACK")
 
 
+# Dense grids (one prompt, a few chunks) start their longest programs first (`_prefill_kernel`'s
+# LONGEST_FIRST). `INFER_CLUSTER_PREFILL_LONGEST_FIRST=0` keeps the grid's own order (read once
+# at import, for A/B).
+PREFILL_LONGEST_FIRST = env_switch("INFER_CLUSTER_PREFILL_LONGEST_FIRST")
+
+
 def prefill_splits(max_query_len: int) -> int:
     return PREFILL_SPLITS if max_query_len <= PREFILL_SPLIT_MAX_Q else 1
 
@@ -168,16 +174,28 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWP: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
                     OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
-                    PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 128):
+                    PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 128,
+                    LONGEST_FIRST: tl.constexpr = False):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
     split = tl.program_id(2)
-    kvh = (hid * PACK) // GROUP
     if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
-        seq = tl.program_id(0) // dense_blocks
-        mblk = tl.program_id(0) % dense_blocks
+        if LONGEST_FIRST:
+            # Programs start in launch order, the first axis fastest. Deal the query blocks
+            # out last-first over every sequence and head: a chunk's last blocks see the most
+            # keys, so the longest programs run in the first wave and short ones fill in.
+            heads_n = tl.num_programs(1)
+            lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+            per_blk = (tl.num_programs(0) // dense_blocks) * heads_n
+            mblk = dense_blocks - 1 - lin // per_blk
+            seq = (lin % per_blk) // heads_n
+            hid = lin % heads_n
+        else:
+            seq = tl.program_id(0) // dense_blocks
+            mblk = tl.program_id(0) % dense_blocks
     else:
         seq, mblk = _tile_owner(qsl_ptr, num_seqs, tl.program_id(0), PACK, BLOCK_M, SEQ_CHUNK)
+    kvh = (hid * PACK) // GROUP
     owned = seq < num_seqs  # tiles past the step's last are empty programs
     seq = tl.minimum(seq, num_seqs - 1)
     row0 = tl.load(qsl_ptr + seq)
@@ -324,14 +342,15 @@ def _tiles(q, block_d, kv_int8=False, mean_query=0):
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
-                      pack_gqa=None, tiles=None):
+                      pack_gqa=None, tiles=None, longest_first=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
     default `prefill_splits(max_query_len)`) slices each query's keys (split KV). `pack_gqa`
     (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program.
     `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces `_tiles`' choice (benches'
-    sweeps: bench/int8_prefill.py --tiles)."""
+    sweeps: bench/int8_prefill.py --tiles). `longest_first` (default `PREFILL_LONGEST_FIRST`)
+    orders a dense grid's programs longest first."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -367,7 +386,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         block_tables.stride(0), *out.stride(), *p_strides, GROUP=group, PACK=pack,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,
-        NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages)
+        NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
+        LONGEST_FIRST=bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first) and dense_blocks > 0)
     if splits > 1:
         _split_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, *p_strides, *out.stride(), HEAD_DIM=head_dim, NUM_SPLITS=splits,

@@ -100,6 +100,19 @@ def test_decode_long_context_plans_a_split(device):
     check(batch, torch.float32, max_query_len=1)
 
 
+def test_wave_splits_even_out_a_short_last_wave():
+    """Two partitions only where one gives more than a wave and a last wave under the fill."""
+    from infer_cluster.kernels.attention_decode_plan import wave_splits
+
+    slots = 3 * 132
+    assert wave_splits(384, slots, 0.6) == 1           # one wave (batch 48 x 8 KV heads)
+    assert wave_splits(512, slots, 0.6) == 2           # 1.29 waves (batch 64)
+    assert wave_splits(768, slots, 0.6) == 1           # 1.94 waves (batch 96)
+    assert wave_splits(2048, slots, 0.6) == 2          # 5.17 waves (batch 256)
+    assert wave_splits(2048, slots, 0.1) == 1          # a lower fill keeps one
+    assert wave_splits(2048, 0, 0.6) == 1
+
+
 def test_split_plan_uses_shapes_only():
     cpu = torch.device("cpu")
     assert plan_decode_splits(256, 8, 4096, cpu) == 1            # the batch fills the device
@@ -205,6 +218,25 @@ def test_prefill_gqa_packing_matches_ref(device, pack_gqa, num_splits, case):
     prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5, max(q_lens), out,
                       num_splits=num_splits, pack_gqa=pack_gqa)
     ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, dim ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("longest_first", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_prefill_longest_first_covers_every_tile(device, longest_first, num_splits):
+    """A dense grid (two chunks over cached prefixes, two head groups, several query blocks)
+    dealt out last block first: every row is written once and equals the reference."""
+    from infer_cluster.kernels.attention_prefill_triton import _tiles, prefill_attention, prefill_tiles
+
+    q_lens, ctx_lens = [20, 37], [50, 60]
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
+        device, torch.float32, q_lens, ctx_lens, 4, 2, 32, 16)
+    block_m = _tiles(q, 32)[0]
+    assert prefill_tiles(2, q.shape[0], max(q_lens), 2, block_m)[1] > 1  # dense, several blocks
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 32 ** -0.5, max(q_lens), out,
+                      num_splits=num_splits, longest_first=longest_first)
+    ref = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, seq_lens, 32 ** -0.5)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
