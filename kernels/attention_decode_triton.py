@@ -93,7 +93,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
         ctx_low = tl.min(tl.where(g_mask, ctx_rows, ctx), axis=0)
     else:
         row = tl.load(qsl_ptr + seq)
-        has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+        # exactly one row: in a mixed step the prefill kernel takes the longer queries
+        has_query = (tl.load(qsl_ptr + seq + 1) - row) == 1
         ctx = tl.where(has_query, tl.load(lens_ptr + seq), 0)
         g_mask = offs_g < GROUP
         heads = kvh * GROUP + offs_g
@@ -212,7 +213,7 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
-    has_query = (tl.load(qsl_ptr + seq + 1) - row) > 0
+    has_query = (tl.load(qsl_ptr + seq + 1) - row) == 1
     if GROUPED:  # the partitions of the row's chunk: by the chunk's longest context
         _, first, count = _run_chunk(span_ptr, seq, ROWS)
         offs_r = tl.arange(0, BLOCK_R)
@@ -245,7 +246,9 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
                      num_splits=None, config=None, k_scale=None, v_scale=None, row_span=None):
-    """Decode kernel (every sequence has at most one query row) writing into `out`.
+    """Decode kernel writing into `out` the rows of the sequences that have exactly one query
+    row (every sequence of a decode step; a mixed step's decode rows, its longer queries left
+    to the prefill kernel).
     `num_splits` forces the split count; `config` overrides keys of `decode_config`;
     `k_scale`/`v_scale` go with an int8 cache.
 

@@ -142,11 +142,12 @@ def _attend_tile(acc, m_i, l_i, q, q_scl, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, 
 
 @triton.jit
 def _tile_owner(qsl_ptr, num_seqs, tile, PACK: tl.constexpr, BLOCK_M: tl.constexpr,
-                SEQ_CHUNK: tl.constexpr):
+                SEQ_CHUNK: tl.constexpr, SKIP_SINGLE: tl.constexpr = False):
     """(sequence, query block) of the step's `tile`-th query tile, tiles numbered sequence by
     sequence (sequence i has cdiv(q_len_i * PACK, BLOCK_M) of them). A tile past the last
     gives a sequence of num_seqs. Scans the query starts SEQ_CHUNK sequences at a time: a
-    prefix sum of the tile counts, and the sequences whose tiles all come before `tile`."""
+    prefix sum of the tile counts, and the sequences whose tiles all come before `tile`.
+    SKIP_SINGLE: one-row sequences have no tiles (the decode kernel takes them)."""
     before = 0   # sequences whose tiles end at or before `tile`
     start = 0    # the first tile of the sequence that holds `tile`
     carry = 0    # tiles of the chunks scanned so far
@@ -155,7 +156,10 @@ def _tile_owner(qsl_ptr, num_seqs, tile, PACK: tl.constexpr, BLOCK_M: tl.constex
         valid = offs < num_seqs
         lo = tl.load(qsl_ptr + offs, mask=valid, other=0)
         hi = tl.load(qsl_ptr + offs + 1, mask=valid, other=0)
-        count = tl.where(valid, (hi - lo) * PACK + BLOCK_M - 1, 0) // BLOCK_M
+        rows = hi - lo
+        if SKIP_SINGLE:
+            rows = tl.where(rows == 1, 0, rows)
+        count = tl.where(valid, rows * PACK + BLOCK_M - 1, 0) // BLOCK_M
         ends = tl.cumsum(count, 0) + carry  # one past each sequence's last tile
         done = valid & (ends <= tile)
         before += tl.sum(done.to(tl.int32), 0)
@@ -175,7 +179,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
                     DOT_DTYPE: tl.constexpr, KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0,
                     OP_V: tl.constexpr = 0, ASM: tl.constexpr = False, NUM_SPLITS: tl.constexpr = 1,
                     PACK: tl.constexpr = 1, SEQ_CHUNK: tl.constexpr = 128,
-                    LONGEST_FIRST: tl.constexpr = False):
+                    LONGEST_FIRST: tl.constexpr = False, SKIP_SINGLE: tl.constexpr = False):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
     split = tl.program_id(2)
@@ -194,12 +198,15 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
             seq = tl.program_id(0) // dense_blocks
             mblk = tl.program_id(0) % dense_blocks
     else:
-        seq, mblk = _tile_owner(qsl_ptr, num_seqs, tl.program_id(0), PACK, BLOCK_M, SEQ_CHUNK)
+        seq, mblk = _tile_owner(qsl_ptr, num_seqs, tl.program_id(0), PACK, BLOCK_M, SEQ_CHUNK,
+                                SKIP_SINGLE)
     kvh = (hid * PACK) // GROUP
     owned = seq < num_seqs  # tiles past the step's last are empty programs
     seq = tl.minimum(seq, num_seqs - 1)
     row0 = tl.load(qsl_ptr + seq)
     q_len = tl.where(owned, tl.load(qsl_ptr + seq + 1) - row0, 0)
+    if SKIP_SINGLE:  # one-row sequences are the decode kernel's
+        q_len = tl.where(q_len == 1, 0, q_len)
     ctx = tl.load(lens_ptr + seq)
     # Packed rows: row r of the tile is query position r // PACK of head hid * PACK + r % PACK,
     # so the PACK heads that share a KV head read each K/V tile once.
@@ -342,7 +349,7 @@ def _tiles(q, block_d, kv_int8=False, mean_query=0):
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
-                      pack_gqa=None, tiles=None, longest_first=None):
+                      pack_gqa=None, tiles=None, longest_first=None, skip_single=False):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
@@ -350,7 +357,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     (default `PREFILL_PACK_GQA`) puts the query heads that share a KV head into one program.
     `tiles` (BLOCK_M, BLOCK_N, num_warps, num_stages) replaces `_tiles`' choice (benches'
     sweeps: bench/int8_prefill.py --tiles). `longest_first` (default `PREFILL_LONGEST_FIRST`)
-    orders a dense grid's programs longest first."""
+    orders a dense grid's programs longest first. `skip_single`: sequences of one query row are
+    left alone (a mixed step's decode rows, which `paged_attention_triton` gives the decode
+    kernel); with split KV their rows still receive the merge of empty partials."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -387,7 +396,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,
         NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
-        LONGEST_FIRST=bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first) and dense_blocks > 0)
+        LONGEST_FIRST=bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first) and dense_blocks > 0,
+        SKIP_SINGLE=bool(skip_single))
     if splits > 1:
         _split_reduce_kernel[(q.shape[0], num_heads)](
             part_out, part_lse, out, *p_strides, *out.stride(), HEAD_DIM=head_dim, NUM_SPLITS=splits,

@@ -7,7 +7,9 @@ padded with junk ids) and never sync with the host when `max_query_len` is given
 path can be captured in a CUDA graph.
 
 Modules:
-- here: `_check` (shapes, dtypes, head_dim <= 256) and the choice of kernel.
+- here: `_check` (shapes, dtypes, head_dim <= 256) and the choice of kernel: decode for steps
+  of one query row a sequence; prefill for the rest, where a mixed step's one-row sequences go
+  to the decode kernel (`MIXED_DECODE`).
 - `attention_decode_triton`: max_query_len == 1. Split-K decode kernel, its reduce, the split
   planning and launch config (`decode_attention`, `plan_decode_splits`, `decode_config`,
   `DECODE_TUNED`, `DECODE_INT8`; `CVT_MODES` from `attention_int8_triton`).
@@ -40,12 +42,19 @@ from .attention_decode_triton import (DECODE_INT8, DECODE_TUNED, decode_attentio
                                       decode_config, plan_decode_splits)
 from .attention_int8_triton import CVT_MODES, OP_MMA, cvt_ops
 from .attention_prefill_triton import prefill_attention, prefill_int8_cvt
+from .dispatch import env_switch
 from .kv_append import check_int8_scales
 
 __all__ = ["paged_attention_triton", "decode_attention", "prefill_attention", "decode_config",
            "plan_decode_splits", "DECODE_TUNED", "DECODE_INT8", "CVT_MODES", "int8_quantizes_q"]
 
 _MAX_HEAD_DIM = 256
+
+# Steps of several sequences with more than one query row somewhere (mixed prefill + decode)
+# run their one-row sequences through the decode kernel, the rest through the prefill kernel
+# (`paged_attention_triton`). `INFER_CLUSTER_MIXED_DECODE=0` keeps every row in the prefill
+# kernel (read once at import, for A/B).
+MIXED_DECODE = env_switch("INFER_CLUSTER_MIXED_DECODE")
 
 
 def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale=None,
@@ -93,9 +102,15 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
     if max_query_len == 1:
         decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
                          k_scale=k_scale, v_scale=v_scale, row_span=row_span)
-    else:
-        prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                          max_query_len, out, k_scale=k_scale, v_scale=v_scale)
+        return out
+    # A mixed step (decode rows beside prompts): the prefill kernel leaves one-row sequences to
+    # the decode kernel, launched after it (its merge of split KV writes every row).
+    mixed = MIXED_DECODE and seq_lens.shape[0] > 1
+    prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                      max_query_len, out, k_scale=k_scale, v_scale=v_scale, skip_single=mixed)
+    if mixed:
+        decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                         k_scale=k_scale, v_scale=v_scale)
     return out
 
 
