@@ -12,7 +12,9 @@ tile is read once for the whole group instead of once per query head; a 10-token
 num_heads. The query tiles are numbered sequence by sequence (`prefill_tiles` sizes the axis from
 shapes; `_tile_owner` finds a program's sequence and query block from the query starts), so a
 sequence with no queries (a CUDA-graph bucket's padding, a decode row's extra blocks) costs no
-program; where that saves nothing (one prompt), the axis is (sequence, query block) as before.
+program; where that saves nothing (one prompt), the axis is (sequence, query block) as before,
+its programs dealt out last query block first (`PREFILL_LONGEST_FIRST`). In a mixed step the
+one-row sequences are the decode kernel's (`skip_single`, `kernels.attention_triton`).
 Flash-attention online softmax over K/V tiles gathered through the block table (`_attend_tile`);
 tiles entirely before the block's first query position skip the causal mask, the remaining
 diagonal tiles apply it. Must never read KV positions >= seq_lens[i] (block tables may be padded
