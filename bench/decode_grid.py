@@ -11,6 +11,8 @@ KV is copied until a cell streams at least 256 MB a replay, so a small batch can
 cell is checked against `paged_attention_ref` before it is timed.
 
   python bench/decode_grid.py [--batch 64 128 256] [--context 128 512 1024 2048] [--out ...]
+  --splits 1 2: each cell also with these split counts forced (`decode_attention(num_splits=)`),
+    against the default plan (how the wave rule in kernels/attention_decode_plan.py was chosen).
   --smoke: CPU interpreter, tiny cells (checks the script only; times meaningless).
 """
 
@@ -41,10 +43,12 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=10, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/decode_grid.json")
+    ap.add_argument("--splits", type=int, nargs="*", default=[],
+                    help="also time each cell with these split counts forced")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny cells")
     args = ap.parse_args(argv)
-    if any(b < 1 for b in args.batch) or any(c < 1 for c in args.context):
-        ap.error("--batch and --context values must be positive")
+    if any(b < 1 for b in args.batch) or any(c < 1 for c in args.context) or any(n < 1 for n in args.splits):
+        ap.error("--batch, --context and --splits values must be positive")
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     import torch
@@ -65,7 +69,8 @@ def main(argv=None):
     scale = tc.D ** -0.5
     copy = 0.0 if args.smoke else tc.copy_bandwidth()
     print(f"copy bandwidth {copy:.0f} GB/s; GB/s = bytes the kernel must read / time")
-    print(f"{'batch':>5} {'context':>7} {'kv':>5} {'ms':>8} {'GB/s':>6} {'of copy':>8} {'vs bf16':>8} {'max err':>8}")
+    print(f"{'batch':>5} {'context':>7} {'kv':>5} {'splits':>7} {'ms':>8} {'GB/s':>6} {'of copy':>8} "
+          f"{'vs bf16':>8} {'max err':>8}")
     rows = []
     for bi, batch in enumerate(batches):
         for ci, context in enumerate(contexts):
@@ -82,28 +87,35 @@ def main(argv=None):
                     ref = paged_attention_ref(*case["batches"][0], scale)
                     work = case["work"]
 
-                    def fn(b, o):
-                        decode_attention(*b, scale, o)
+                    def fn(b, o, n=None):
+                        decode_attention(*b, scale, o, num_splits=n)
                 else:
                     run_case = dict(case, batches=_int8_batches(case))
                     q, kc, vc, bt, qsl, ln, ks, vs = run_case["batches"][0]
                     ref = paged_attention_ref(q, kc, vc, bt, qsl, ln, scale, k_scale=ks, v_scale=vs)
                     work = int8_bytes(sum(lens), batch)
 
-                    def fn(b, o):
-                        decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7])
-                err, ok = tc.check(fn, run_case, ref)
-                ms = tc.time_graph(fn, run_case, outs, reps, iters)[0]
-                base = ms if kv == "bf16" else base
-                gbs = work / (ms * 1e-3) / 1e9
-                row = dict(batch=batch, context=context, context_total=sum(lens), kv=kv, ms=ms,
-                           bytes=work, gbs=gbs, of_copy=gbs / copy if copy else None,
-                           vs_bf16=base / ms if base else None, max_err=err, ok=ok, copies=copies)
-                rows.append(row)
-                share = f"{row['of_copy']:.0%}" if copy else "-"
-                speed = f"{row['vs_bf16']:.2f}x" if row["vs_bf16"] else "-"
-                print(f"{batch:>5} {context:>7} {kv:>5} {ms:>8.4f} {gbs:>6.0f} {share:>8} {speed:>8} "
-                      f"{err:>8.1e}{'' if ok else '  WRONG (vs reference)'}", flush=True)
+                    def fn(b, o, n=None):
+                        decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7], num_splits=n)
+                for n in [None, *args.splits]:  # the default plan, then each forced count
+                    def run(b, o, n=n):
+                        fn(b, o, n)
+                    err, ok = tc.check(run, run_case, ref)
+                    ms = tc.time_graph(run, run_case, outs, reps, iters)[0]
+                    if n is None:
+                        base = ms if kv == "bf16" else base
+                    gbs = work / (ms * 1e-3) / 1e9
+                    row = dict(batch=batch, context=context, context_total=sum(lens), kv=kv,
+                               splits=n or "default", ms=ms, bytes=work, gbs=gbs,
+                               of_copy=gbs / copy if copy else None,
+                               vs_bf16=base / ms if base and n is None else None, max_err=err, ok=ok,
+                               copies=copies)
+                    rows.append(row)
+                    share = f"{row['of_copy']:.0%}" if copy else "-"
+                    speed = f"{row['vs_bf16']:.2f}x" if row["vs_bf16"] else "-"
+                    print(f"{batch:>5} {context:>7} {kv:>5} {str(row['splits']):>7} {ms:>8.4f} {gbs:>6.0f} "
+                          f"{share:>8} {speed:>8} {err:>8.1e}{'' if ok else '  WRONG (vs reference)'}",
+                          flush=True)
             del case, outs
             if not args.smoke:
                 torch.cuda.empty_cache()

@@ -1,8 +1,8 @@
-"""One batch-1 decode step as the GPU runs it in the CUDA graph: every kernel in order, its time
-and the idle gap before it.
+"""One decode step as the GPU runs it in the CUDA graph: every kernel in order, its time and the
+idle gap before it.
 
 Starts the offline engine with CUDA graphs (Qwen3-0.6B shape, dummy bf16 weights), runs one
-request to a steady decode, profiles `--steps` steps with `torch.profiler` (CUPTI records the
+request (`--batch N`: N requests, each a `--prompt-len` prompt) to a steady decode, profiles `--steps` steps with `torch.profiler` (CUPTI records the
 kernels inside graph replays), and prints per step: kernels, GPU busy time, idle gaps, span and
 period (steps are cut before each step's upload kernel, so the period is the time per token,
 the gap at the step boundary included; `--copies` shows the memcpys there too); then
@@ -11,6 +11,7 @@ one step (`--show`). bench/decode_kernels.py profiles the same step eagerly (lau
 this one shows what the graph replay leaves between kernels, the part no single kernel owns.
 
   python bench/decode_timeline.py --steps 10 --out bench/results/decode_timeline.json
+  python bench/decode_timeline.py --batch 256 --prompt-len 350   # a workload-A-sized step
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b-shape")
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="requests decoding together (each a prompt of --prompt-len tokens): the step at "
+                         "a workload-A batch, e.g. --batch 256 --prompt-len 350")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--step-gap-us", type=float, default=15.0,
                     help="an idle gap at least this long separates two steps")
@@ -102,10 +106,18 @@ def main(argv=None):
         return 0
     from infer_cluster.worker import LLM
 
-    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=8, num_kv_blocks=1024,
-              max_model_len=4096)
-    rid = llm.add_request(list(range(10, 10 + args.prompt_len)),
-                          sampling_params(args.sampling, [64 + 4 * args.steps], seed=0)[0])
+    if args.batch < 1:
+        ap.error("--batch must be positive")
+    max_tokens = 64 + 4 * args.steps
+    blocks = args.batch * -(-(args.prompt_len + max_tokens + 16) // 16) + 64
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=max(8, args.batch),
+              num_kv_blocks=max(1024, blocks), max_model_len=4096)
+    params = sampling_params(args.sampling, [max_tokens] * args.batch, seed=0)
+    rids = [llm.add_request([10 + (i * 7 + t) % 30000 for t in range(args.prompt_len)], p)
+            for i, p in enumerate(params)]
+    sched = llm.engine.scheduler
+    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
+        llm.step()  # every prompt prefilled
     for _ in range(32):
         llm.step()
     torch.cuda.synchronize()
@@ -116,7 +128,8 @@ def main(argv=None):
     kernels = sorted((e.time_range.start, e.time_range.end, short(e.name)) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA
                      and (args.copies or ("Memcpy" not in e.name and "Memset" not in e.name)))
-    llm.abort(rid)
+    for rid in rids:
+        llm.abort(rid)
     llm.close()
     steps = [s for s in split_steps(kernels, args.step_gap_us, args.first_kernel)
              if len(s) > 50]  # decode steps only
@@ -157,7 +170,8 @@ def main(argv=None):
             print(f"{seq[-1][0]:9.1f} {seq[-1][1]:7.2f} {seq[-1][2]:6.2f}  {name}")
             prev_end = max(prev_end, e)
         sequences.append(seq)
-    write_json(args.out, {"model": args.model, "sampling": args.sampling, "prompt_len": args.prompt_len, "steps": rows,
+    write_json(args.out, {"model": args.model, "sampling": args.sampling, "prompt_len": args.prompt_len,
+                          "batch": args.batch, "steps": rows,
                           "median": med, "per_kernel": {k: v for k, v in table}, "sequences": sequences,
                           "copies": args.copies, "first_kernel": args.first_kernel,
                           "device": torch.cuda.get_device_name()})

@@ -83,6 +83,10 @@ def main(argv=None):
                     help="int8 operand methods to time (CVT_MODES names)")
     ap.add_argument("--tiles", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES", type=_tile_set,
                     help="bf16 variants with these prefill tiles (the default tiles are `_tiles`')")
+    ap.add_argument("--entry", action="store_true",
+                    help="also time each case through `paged_attention_triton` (bf16 and int8), whose "
+                         "mixed steps give their decode rows to the decode kernel "
+                         "(INFER_CLUSTER_MIXED_DECODE=0 for the other side of the A/B)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_prefill.json")
@@ -97,6 +101,7 @@ def main(argv=None):
     from infer_cluster.kernels.attention import paged_attention_ref
     from infer_cluster.kernels.attention_prefill_triton import PREFILL_INT8_CVT, prefill_attention
     from infer_cluster.kernels.attention_int8_triton import CVT_MODES, OP_MMA
+    from infer_cluster.kernels.attention_triton import int8_quantizes_q
     from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
@@ -137,6 +142,19 @@ def main(argv=None):
             rows.append(dict(case=name, variant="bf16 {}x{} w{} s{}".format(*tiles), ms=ms,
                              speedup=base / ms, max_err=err, ok=ok))
         int8 = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs)])
+        entries = []
+        if args.entry:
+            from infer_cluster.kernels.attention_triton import paged_attention_triton
+            ref8 = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q))
+                                       if int8_quantizes_q(q, kc, mq) else q, kc, vc, bt, qsl, lens,
+                                       scale, k_scale=ks, v_scale=vs)
+            for label, case, r in (("bf16 entry", bf16, paged_attention_ref(q, k, v, bt, qsl, lens, scale)),
+                                   ("int8 entry", int8, ref8)):
+                def fn(b, o):
+                    o.copy_(paged_attention_triton(*b[:6], scale, mq, *b[6:]))
+                err, ok = tc.check(fn, case, r)
+                ms = tc.time_graph(fn, case, out, args.reps, iters)[0] if ok else float("inf")
+                entries.append(dict(case=name, variant=label, ms=ms, speedup=base / ms, max_err=err, ok=ok))
         refs = {}  # per q: int8-MMA modes quantize q, their reference does too
         for cvt in cvts:
             mma = CVT_MODES[cvt][0] == OP_MMA
@@ -151,7 +169,8 @@ def main(argv=None):
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
-        for r in rows[-len(cvts) - len(tile_sets) - 1:]:
+        rows += entries
+        for r in rows[-len(cvts) - len(tile_sets) - len(entries) - 1:]:
             r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
             r["of_peak"] = r["tflops"] / peak if peak else None
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")
