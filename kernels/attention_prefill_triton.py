@@ -1,7 +1,8 @@
 """Triton paged prefill attention: the varlen causal kernel for everything but pure decode.
 
 Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed prefill+decode
-batches) and its tiles (`_tiles`). `kernels.attention_triton` calls it when max_query_len > 1 and
+batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`,
+re-exported here). `kernels.attention_triton` calls it when max_query_len > 1 and
 re-exports it.
 
 `_prefill_kernel`: grid (query tiles, num_kv_heads, NUM_SPLITS) with GQA packing
@@ -34,7 +35,8 @@ decode kernel (see `attention_common_triton`).
 
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_attend_tile`, loop bounds into `_prefill_kernel`; keep `_decode_tile` (decode) and the
-reference in step. New tile sizes go into `_tiles`, checked for register spills (docs/kernels.md).
+reference in step. New tile sizes go into `attention_prefill_plan._tiles`, checked for register
+spills (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
+from .attention_prefill_plan import WIDE_MIN_QUERY, PREFILL_WIDE, _tiles, prefill_tiles  # noqa: F401
 
 # How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
 # (2026-11-25), int8 vs bf16 prefill for 16 fresh prompts / 4 chunks of 512 over 2,048-token
@@ -295,58 +298,6 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
     out = tl.sum(w[:, None] * o, axis=0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + row * so_t + head * so_h + offs_d * so_d, out.to(out_ptr.dtype.element_ty),
              mask=d_mask)
-
-
-def prefill_tiles(num_seqs: int, num_tokens: int, max_query_len: int, pack: int,
-                  block_m: int) -> tuple[int, int]:
-    """(programs along the grid's first axis, `dense_blocks`). The step's query tiles, numbered
-    sequence by sequence (`_tile_owner`): sequence i has cdiv(q_len_i * pack, block_m) of them,
-    so there are at most cdiv(num_tokens * pack, block_m) + num_seqs (one partial tile a
-    sequence). Where a grid over (sequence, query block) is no larger (one prompt, a few
-    chunks), that grid is used instead (`dense_blocks` = blocks a sequence; 0 otherwise), and a
-    program finds its tile without the scan. From shapes and the host's max_query_len only, as
-    CUDA graphs need. Why: the grid was always (sequence, query block), and a mixed-step graph
-    bucket of 512 tokens over 256 mostly padded sequences launched 32,768 programs per head
-    group for one 300-token prompt: 0.50 ms a layer on the H200, where the prompt's own work
-    takes microseconds."""
-    per_seq = triton.cdiv(max_query_len * pack, block_m)
-    tiles = triton.cdiv(num_tokens * pack, block_m) + num_seqs
-    if num_seqs * per_seq <= tiles:
-        return num_seqs * per_seq, per_seq
-    return tiles, 0
-
-
-# Wide tiles for steps of long queries (`_tiles`): BLOCK_M 128, 8 warps (two warpgroups), 4
-# stages, where a step averages at least WIDE_MIN_QUERY tokens a sequence. H200, 2026-11-30
-# (bench/int8_prefill.py --tiles, bf16, Qwen3-0.6B heads), against 64 x 64 / 4 warps / 3 stages:
-# two 1k-token chunks over 2k cached tokens 1.19x (174 -> 208 TFLOP/s), four 512-token chunks
-# 1.16x, 16 fresh prompts of 100-1,024 tokens 1.09x; 128 x 128 / 3 stages gave 1.27x / 1.23x but
-# 1.02x on fresh prompts. A mixed step of 192 decode rows beside 8 prompts ran 0.73x with them (a
-# decode row fills a tile of 128 rows for 2), hence the average. `INFER_CLUSTER_PREFILL_WIDE=0`
-# keeps 64 x 64 (read once at import, for A/B). Head dim 128 only: others were not measured.
-WIDE_MIN_QUERY = 256
-PREFILL_WIDE = env_switch("INFER_CLUSTER_PREFILL_WIDE")
-
-
-def _tiles(q, block_d, kv_int8=False, mean_query=0):
-    """Prefill (BLOCK_M, BLOCK_N, num_warps, num_stages), checked against sm_90 ptxas for no
-    register spills at head_dim 64/128/256. float32 dots run without tensor cores and hold their
-    operands in registers, hence the narrower tiles and 8 warps. An int8 cache converts its
-    tiles in registers: at head_dim 256 the float tile spills (255 registers), 32x32 does not
-    (128). 16-bit queries of a step averaging `WIDE_MIN_QUERY` tokens or more a sequence
-    (`mean_query`, from shapes) at head_dim 128 take the wide tiles above. On the interpreter
-    small tiles keep several tiles per test case, exercising the boundaries."""
-    if not q.is_cuda:
-        return 16, 16, 4, 1
-    if q.dtype == torch.float32:
-        return 32, 16, 8, 2
-    if block_d <= 128:
-        if PREFILL_WIDE and block_d == 128 and not kv_int8 and mean_query >= WIDE_MIN_QUERY:
-            return 128, 64, 8, 4
-        return 64, 64, 4, 3
-    if kv_int8:
-        return 32, 32, 8, 2
-    return 64, 32, 8, 2
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,

@@ -14,6 +14,7 @@ Modules:
   planning and launch config (`decode_attention`, `plan_decode_splits`, `decode_config`,
   `DECODE_TUNED`, `DECODE_INT8`; `CVT_MODES` from `attention_int8_triton`).
 - `attention_decode_plan`: the decode kernel's launch config and split count, from shapes only.
+- `attention_prefill_plan`: the prefill kernel's tiles and grid, from shapes only.
 - `attention_prefill_triton`: everything else (prefill, chunked prefill, mixed batches).
   Varlen causal kernel (`prefill_attention`).
 - `attention_common_triton`: what both use (`_dot`, the dtype policy, numerics notes).
