@@ -113,6 +113,23 @@ def test_wave_splits_even_out_a_short_last_wave():
     assert wave_splits(2048, 0, 0.6) == 1
 
 
+def test_split_plan_applies_the_wave_rule(monkeypatch):
+    """On a CUDA device of 132 SMs (its SM count cached, so no GPU is needed) the plan gives two
+    partitions exactly where `wave_splits` does, only with the rule's keys, and not with
+    `INFER_CLUSTER_DECODE_WAVES=0`."""
+    from infer_cluster.kernels import attention_decode_plan as plan
+
+    monkeypatch.setitem(plan._sm_counts, 0, 132)
+    cuda = torch.device("cuda", 0)
+    rule = dict(resident_per_sm=3, wave_fill=0.6)
+    got = {b: plan.plan_decode_splits(b, 8, 4096, cuda, None, 2, 256, **rule) for b in (48, 64, 96, 256)}
+    assert got == {48: 1, 64: 2, 96: 1, 256: 2}
+    assert plan.plan_decode_splits(64, 8, 4096, cuda, None, 2, 256) == 1  # no rule keys (int8)
+    assert plan.plan_decode_splits(64, 8, 200, cuda, None, 2, 256, **rule) == 1  # < 2 partitions of tokens
+    monkeypatch.setenv("INFER_CLUSTER_DECODE_WAVES", "0")
+    assert plan.plan_decode_splits(64, 8, 4096, cuda, None, 2, 256, **rule) == 1
+
+
 def test_split_plan_uses_shapes_only():
     cpu = torch.device("cpu")
     assert plan_decode_splits(256, 8, 4096, cpu) == 1            # the batch fills the device
