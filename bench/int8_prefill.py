@@ -128,8 +128,15 @@ def main(argv=None):
         base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o), bf16, out,
                              args.reps, iters)[0]
         rows.append(dict(case=name, variant="bf16", ms=base, speedup=1.0, max_err=None, ok=True))
-        if tile_sets:
+        if tile_sets or args.entry:
             ref = paged_attention_ref(q, k, v, bt, qsl, lens, scale)
+        refs = {}  # per q: int8-MMA modes quantize q, their reference does too
+
+        def int8_ref(mma):
+            if mma not in refs:
+                refs[mma] = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q)) if mma else q,
+                                                kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
+            return refs[mma]
         for tiles in tile_sets:
             def fn(b, o, tiles=tiles):
                 prefill_attention(*b, scale, mq, o, tiles=tiles)
@@ -145,27 +152,17 @@ def main(argv=None):
         entries = []
         if args.entry:
             from infer_cluster.kernels.attention_triton import paged_attention_triton
-            ref8 = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q))
-                                       if int8_quantizes_q(q, kc, mq) else q, kc, vc, bt, qsl, lens,
-                                       scale, k_scale=ks, v_scale=vs)
-            for label, case, r in (("bf16 entry", bf16, paged_attention_ref(q, k, v, bt, qsl, lens, scale)),
-                                   ("int8 entry", int8, ref8)):
+            for label, case, r in (("bf16 entry", bf16, ref),
+                                   ("int8 entry", int8, int8_ref(int8_quantizes_q(q, kc, mq)))):
                 def fn(b, o):
                     o.copy_(paged_attention_triton(*b[:6], scale, mq, *b[6:]))
                 err, ok = tc.check(fn, case, r)
                 ms = tc.time_graph(fn, case, out, args.reps, iters)[0] if ok else float("inf")
                 entries.append(dict(case=name, variant=label, ms=ms, speedup=base / ms, max_err=err, ok=ok))
-        refs = {}  # per q: int8-MMA modes quantize q, their reference does too
         for cvt in cvts:
-            mma = CVT_MODES[cvt][0] == OP_MMA
-            if mma not in refs:
-                refs[mma] = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q))
-                                                if mma else q, kc, vc, bt, qsl, lens, scale,
-                                                k_scale=ks, v_scale=vs)
-
             def fn(b, o, cvt=cvt):
                 prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], cvt=cvt)
-            err, ok = tc.check(fn, int8, refs[mma])
+            err, ok = tc.check(fn, int8, int8_ref(CVT_MODES[cvt][0] == OP_MMA))
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))

@@ -131,8 +131,8 @@ def variants():
     import triton.language as tl
 
     from infer_cluster.kernels.attention_decode_triton import DECODE_INT8, DECODE_TUNED
-    from infer_cluster.kernels.attention_prefill_triton import (PREFILL_INT8_CVT, WIDE_MIN_QUERY,
-                                                                _prefill_kernel, _tiles)
+    from infer_cluster.kernels.attention_prefill_plan import WIDE_MIN_QUERY, _tiles
+    from infer_cluster.kernels.attention_prefill_triton import PREFILL_INT8_CVT, _prefill_kernel
     from infer_cluster.kernels.kv_append_triton import _kv_append_int8_kernel
     rows = []
     for int8 in (False, True):
@@ -155,7 +155,8 @@ def variants():
             for cvt in (tuple(dict.fromkeys((PREFILL_INT8_CVT, "prmt_load", "add", "mma_k"))) if int8 else ("-",)):
                 consts = dict(GROUP=H // HK, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
                               LOWP=True, DOT_DTYPE=dot, KV_INT8=int8, OP_K=0, OP_V=0, ASM=True,
-                              PACK=H // HK, SEQ_CHUNK=128)  # GQA packing, the default
+                              PACK=H // HK, SEQ_CHUNK=128,  # GQA packing, the default
+                              LONGEST_FIRST=True, SKIP_SINGLE=False)  # a dense grid (one prompt)
                 if int8:
                     consts.update(_cvt_consts(dict(cvt=cvt)))
                 name = f"prefill {kv[1:]} d{d} {bm}x{bn} w{warps} s{stages}" + (f" {cvt}" if int8 else "")

@@ -1,8 +1,7 @@
 """Triton paged prefill attention: the varlen causal kernel for everything but pure decode.
 
 Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed prefill+decode
-batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`,
-re-exported here). `kernels.attention_triton` calls it when max_query_len > 1 and
+batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`). `kernels.attention_triton` calls it when max_query_len > 1 and
 re-exports it.
 
 `_prefill_kernel`: grid (query tiles, num_kv_heads, NUM_SPLITS) with GQA packing
@@ -48,7 +47,7 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
-from .attention_prefill_plan import WIDE_MIN_QUERY, PREFILL_WIDE, _tiles, prefill_tiles  # noqa: F401
+from .attention_prefill_plan import _tiles, prefill_tiles
 
 # How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
 # (2026-11-25), int8 vs bf16 prefill for 16 fresh prompts / 4 chunks of 512 over 2,048-token
@@ -312,7 +311,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     sweeps: bench/int8_prefill.py --tiles). `longest_first` (default `PREFILL_LONGEST_FIRST`)
     orders a dense grid's programs longest first. `skip_single`: sequences of one query row are
     left alone (a mixed step's decode rows, which `paged_attention_triton` gives the decode
-    kernel); with split KV their rows still receive the merge of empty partials."""
+    kernel); with split KV the merge still writes their rows from scratch no program filled,
+    so the decode kernel must run after it."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

@@ -257,7 +257,8 @@ def test_mixed_step_decode_rows(device, monkeypatch, mixed_decode, q_lens):
 def test_prefill_longest_first_covers_every_tile(device, longest_first, num_splits):
     """A dense grid (two chunks over cached prefixes, two head groups, several query blocks)
     dealt out last block first: every row is written once and equals the reference."""
-    from infer_cluster.kernels.attention_prefill_triton import _tiles, prefill_attention, prefill_tiles
+    from infer_cluster.kernels.attention_prefill_plan import _tiles, prefill_tiles
+    from infer_cluster.kernels.attention_prefill_triton import prefill_attention
 
     q_lens, ctx_lens = [20, 37], [50, 60]
     q, k_cache, v_cache, block_tables, qsl, seq_lens = make_batch(
@@ -277,7 +278,8 @@ def test_prefill_over_a_padded_graph_bucket(device, num_splits):
     most of them empty (query length 0), the real ones at both ends, a max_query_len far above
     any query, and padding tokens after the last query that belong to no sequence. The real rows
     equal the reference; the grid has one program per query tile, not per (sequence, block)."""
-    from infer_cluster.kernels.attention_prefill_triton import prefill_attention, prefill_tiles
+    from infer_cluster.kernels.attention_prefill_plan import prefill_tiles
+    from infer_cluster.kernels.attention_prefill_triton import prefill_attention
 
     q_lens = [5, 0, 1] + [0] * 140 + [12, 1, 0]
     ctx_lens = [9, 0, 20] + [0] * 140 + [12, 33, 0]
@@ -368,7 +370,7 @@ def test_gpu_prefill_large(gpu_device, dtype, head_dim):
 def test_gpu_prefill_wide_tiles(gpu_device, dtype):
     """Steps of long queries (a mean of `WIDE_MIN_QUERY` tokens a sequence or more) take the wide
     tiles: chunks over cached prefixes, a fresh prompt, a one-token row, odd lengths."""
-    from infer_cluster.kernels.attention_prefill_triton import WIDE_MIN_QUERY, _tiles
+    from infer_cluster.kernels.attention_prefill_plan import WIDE_MIN_QUERY, _tiles
     q_lens = [1000, 1, 300, 257, 700]
     ctx_lens = [3000, 1500, 300, 2000, 701]
     assert sum(q_lens) // len(q_lens) >= WIDE_MIN_QUERY
@@ -382,7 +384,7 @@ def test_prefill_tiles_follow_the_mean_query():
     sequences average `WIDE_MIN_QUERY` tokens or more; 64 x 64 otherwise."""
     import types
 
-    from infer_cluster.kernels.attention_prefill_triton import WIDE_MIN_QUERY, _tiles
+    from infer_cluster.kernels.attention_prefill_plan import WIDE_MIN_QUERY, _tiles
     bf16 = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
     assert _tiles(bf16, 128, False, WIDE_MIN_QUERY) == (128, 64, 8, 4)
     assert _tiles(bf16, 128, False, WIDE_MIN_QUERY - 1) == (64, 64, 4, 3)

@@ -10,10 +10,11 @@ Owns: static input buffers for up to `max_tokens` tokens and `max_seqs` sequence
 per token bucket (16, 32, 64, ... 512, then 768, 1024, ... up to `max_tokens`), and `run()`,
 which copies a step's inputs into the buffers, pads them to the bucket and replays. Each bucket
 is captured for `min(bucket, max_seqs)` sequences with `max_query_len = bucket`; the prefill
-attention kernel's grid is the step's query tiles (kernels/attention_prefill_triton.py
+attention kernel's grid is the step's query tiles (kernels/attention_prefill_plan.py
 `prefill_tiles`), so padded sequences (empty queries: `query_start_loc` repeats the token count)
-launch no programs of their own. Every bucket leaves its sampled rows' logits in the first rows
-of one buffer, the largest bucket's output (a copy inside each smaller graph): held per bucket,
+launch no prefill programs (the decode kernel, which takes a step's one-row sequences, gives them
+programs that exit at once). Every bucket leaves its sampled rows' logits in the first rows of one
+buffer, the largest bucket's output (a copy inside each smaller graph). Held per bucket instead,
 `min(bucket, max_seqs) x vocab` each for the pool's life, 36 buckets (8,192 tokens, 256
 sequences, a 152k vocabulary) held 1.7 GiB more than 12 did (H200, 2026-11-30). Padding tokens
 belong to no sequence, write no KV (slot -1) and are never sampled (padding sample rows read row
