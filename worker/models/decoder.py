@@ -22,9 +22,6 @@ from torch import nn
 
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
-from infer_cluster.kernels.norm import add_rms_norm
-from infer_cluster.kernels.proj_epilogue import (SILU_BLOCK_N, gate_up_silu, proj_epilogue_enabled, qkv_proj_prep,
-                                                 use_proj_epilogue)
 
 from infer_cluster.worker.models.parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
@@ -149,43 +146,24 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
-        self.use_epilogue = proj_epilogue_enabled()  # kernels/proj_epilogue.py
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
 
-    def _prep_args(self, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        k_cache, v_cache, k_scale, v_scale = kv_cache
-        qn, kn = self.q_norm, self.k_norm
-        norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
-        return ((positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args, k_scale,
-                 v_scale),
-                dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                     head_dim=self.head_dim))
-
     def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         """Everything after the qkv projection: prep, attention, o_proj."""
-        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
-        args, shape = self._prep_args(positions, meta, kv_cache, rope_cache)
-        return self._attend_q(qkv_prep(qkv, *args, **shape), meta, kv_cache)
-
-    def epilogue_applies(self, x: torch.Tensor) -> bool:
-        """Whether rows like `x` take the projection with the prep in its epilogue."""
-        return use_proj_epilogue(self.use_epilogue, x, self.qkv_proj.weight, self.qkv_proj.bias,
-                                 self.head_dim)
-
-    def attend_normed(self, h, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        """`attend(qkv_proj(h), ...)` with the projection and the prep in one launch."""
-        args, shape = self._prep_args(positions, meta, kv_cache, rope_cache)
-        return self._attend_q(qkv_proj_prep(h, self.qkv_proj.weight, *args, **shape), meta,
-                              kv_cache)
-
-    def _attend_q(self, q, meta: AttentionMetadata, kv_cache):
+        n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
+        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
+        qn, kn = self.q_norm, self.k_norm
+        norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
+        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
+                     k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                     head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
                               meta.row_span)
-        return self.o_proj(out.reshape(q.shape[0], self.q_size))
+        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -197,19 +175,9 @@ class MLP(nn.Module):
         # rank only (its float32 sums are the layer's output, with no all-reduce between).
         self.fuse = (ps.tp_size == 1 and fused_mlp_enabled() and self.gate_up_proj.fuse_norm
                      and self.gate_up_proj.use_gemv)
-        self.use_epilogue = proj_epilogue_enabled()
 
     def forward(self, x):
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
-
-    def epilogue_applies(self, x: torch.Tensor) -> bool:
-        """Whether rows like `x` take the gate/up projection with SiLU-and-mul in its epilogue."""
-        w = self.gate_up_proj.weight
-        return (use_proj_epilogue(self.use_epilogue, x, w, self.gate_up_proj.bias)
-                and (w.shape[0] // 2) % SILU_BLOCK_N == 0)
-
-    def forward_normed_epilogue(self, h):
-        return self.down_proj(gate_up_silu(h, self.gate_up_proj.weight))
 
     def fused_applies(self, x: torch.Tensor) -> bool:
         """Whether a step of rows like `x` runs the fused MLP (`forward_fused`)."""
@@ -237,17 +205,10 @@ class DecoderLayer(nn.Module):
         # add + norm rounds.
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        if attn.epilogue_applies(x):  # 17-256 rows: projection + prep in one launch
-            hn, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps)
-            h = attn.attend_normed(hn, positions, meta, kv_cache, rope_cache)
-        else:
-            qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
-            h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
+        qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
-        if mlp.epilogue_applies(h):
-            hn, residual = add_rms_norm(h, residual, norm2.weight, norm2.eps)
-            return mlp.forward_normed_epilogue(hn), residual
         gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
         return mlp.down_proj.forward_silu_mul(gate_up), residual
 
