@@ -19,6 +19,7 @@ cell is checked against `paged_attention_ref` before it is timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -98,8 +99,7 @@ def main(argv=None):
                     def fn(b, o, n=None):
                         decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7], num_splits=n)
                 for n in [None, *args.splits]:  # the default plan, then each forced count
-                    def run(b, o, n=n):
-                        fn(b, o, n)
+                    run = functools.partial(fn, n=n)
                     err, ok = tc.check(run, run_case, ref)
                     ms = tc.time_graph(run, run_case, outs, reps, iters)[0]
                     if n is None:

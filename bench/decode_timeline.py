@@ -2,13 +2,14 @@
 idle gap before it.
 
 Starts the offline engine with CUDA graphs (Qwen3-0.6B shape, dummy bf16 weights), runs one
-request (`--batch N`: N requests, each a `--prompt-len` prompt) to a steady decode, profiles `--steps` steps with `torch.profiler` (CUPTI records the
-kernels inside graph replays), and prints per step: kernels, GPU busy time, idle gaps, span and
-period (steps are cut before each step's upload kernel, so the period is the time per token,
-the gap at the step boundary included; `--copies` shows the memcpys there too); then
-per kernel name the count per step, mean time and mean gap before it; and the kernel sequence of
-one step (`--show`). bench/decode_kernels.py profiles the same step eagerly (launch by launch);
-this one shows what the graph replay leaves between kernels, the part no single kernel owns.
+request (`--batch N`: N requests, each a `--prompt-len` prompt) to a steady decode, profiles
+`--steps` steps with `torch.profiler` (CUPTI records the kernels inside graph replays), and
+prints per step: kernels, GPU busy time, idle gaps, span and period (steps are cut before each
+step's upload kernel, so the period is the time per token, the gap at the step boundary
+included; `--copies` shows the memcpys there too); then per kernel name the count per step, mean
+time and mean gap before it; and the kernel sequence of one step (`--show`).
+bench/decode_kernels.py profiles the same step eagerly (launch by launch); this one shows what
+the graph replay leaves between kernels, the part no single kernel owns.
 
   python bench/decode_timeline.py --steps 10 --out bench/results/decode_timeline.json
   python bench/decode_timeline.py --batch 256 --prompt-len 350   # a workload-A-sized step

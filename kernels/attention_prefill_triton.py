@@ -1,8 +1,8 @@
 """Triton paged prefill attention: the varlen causal kernel for everything but pure decode.
 
 Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed prefill+decode
-batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`). `kernels.attention_triton` calls it when max_query_len > 1 and
-re-exports it.
+batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`).
+`kernels.attention_triton` calls it when max_query_len > 1 and re-exports it.
 
 `_prefill_kernel`: grid (query tiles, num_kv_heads, NUM_SPLITS) with GQA packing
 (`PREFILL_PACK_GQA`, the default): a tile's rows are the GROUP query heads that share one KV

@@ -20,9 +20,10 @@ in flight already used: `Scheduler.rewind`). Pipeline micro-batches (`pipeline_d
 worker/sched/microbatch.py): up to P steps in flight on disjoint groups of the batch.
 Speculative decoding (worker/spec_decode/): before the schedule the decoder decides whether the
 step verifies proposals (`_propose`); where a verify step or a plain step of plain greedy rows
-is in flight, the next verify step may be chained to it instead (`_chain`: worker/engine/chaining.py, and
-worker/spec_decode/chain.py; launched first, its rows written on the device from the step in
-flight, which is collected after); a draft model's runner is built here (worker/engine/draft.py).
+is in flight, the next verify step may be chained to it instead (`_chain`:
+worker/engine/chaining.py, and worker/spec_decode/chain.py; launched first, its rows written on
+the device from the step in flight, which is collected after); a draft model's runner is built
+here (worker/engine/draft.py).
 Per-request sampling state lives in the `Sampler`, released when a request ends. Text is made by
 a `TextStage` (worker/text/text_stage.py): inline for the offline `LLM`, or on the replica's text
 thread. Scheduling and blocks live in `Scheduler` /
