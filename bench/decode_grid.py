@@ -2,8 +2,10 @@
 
 Owns: the grid (batch 64 / 128 / 256 x context ~128 / 512 / 1,024 / 2,048 tokens: workload A's
 decode batches), one table and a JSON file. Each cell times the engine's default launch (the
-tuned `decode_attention` for bf16, `DECODE_INT8` for int8, graph-width block tables as the CUDA
-graphs have them) in CUDA-graph replays, and reports the bytes the kernel must read (K and V of
+tuned `decode_attention` for bf16, `DECODE_INT8` for int8 with V token-major as the engine stores
+it; `int8-rowv`: V row-major, which reads it as fp16 operands; `--config` overrides int8 launch
+keys, e.g. '{"pv_lo": false}'; graph-width block tables as the CUDA graphs have them) in
+CUDA-graph replays, and reports the bytes the kernel must read (K and V of
 every context token, q and the output; for int8 the codes and their per-token scales) over the
 time, as GB/s and as a share of the device's copy bandwidth measured in the same run. The cases'
 KV is copied until a cell streams at least 256 MB a replay, so a small batch cannot sit in the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import random
 import sys
@@ -40,7 +43,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--context", type=int, nargs="+", default=[128, 512, 1024, 2048])
-    ap.add_argument("--kv", nargs="+", choices=["bf16", "int8"], default=["bf16", "int8"])
+    ap.add_argument("--kv", nargs="+", choices=["bf16", "int8", "int8-rowv"], default=["bf16", "int8"])
+    ap.add_argument("--config", type=json.loads, default=None,
+                    help="JSON object of decode_config keys for the int8 kinds")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=10, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/decode_grid.json")
@@ -58,7 +63,8 @@ def main(argv=None):
     from bench.int8_decode import _int8_batches, int8_bytes
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
-    from infer_cluster.kernels.attention_triton import decode_attention
+    from infer_cluster.kernels.attention_triton import decode_attention, int8_quantizes_q
+    from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 
     tc.SMOKE = args.smoke
     if not args.smoke and not torch.cuda.is_available():
@@ -91,13 +97,16 @@ def main(argv=None):
                     def fn(b, o, n=None):
                         decode_attention(*b, scale, o, num_splits=n)
                 else:
-                    run_case = dict(case, batches=_int8_batches(case))
+                    run_case = dict(case, batches=_int8_batches(case, v_token_major=kv == "int8"))
                     q, kc, vc, bt, qsl, ln, ks, vs = run_case["batches"][0]
+                    if int8_quantizes_q(q, kc, 1):
+                        q = dequantize_int8_ref(*quantize_int8_ref(q))  # as the kernel rounds it
                     ref = paged_attention_ref(q, kc, vc, bt, qsl, ln, scale, k_scale=ks, v_scale=vs)
                     work = int8_bytes(sum(lens), batch)
 
                     def fn(b, o, n=None):
-                        decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7], num_splits=n)
+                        decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7], num_splits=n,
+                                         config=args.config)
                 for n in [None, *args.splits]:  # the default plan, then each forced count
                     run = functools.partial(fn, n=n)
                     err, ok = tc.check(run, run_case, ref)
@@ -120,7 +129,7 @@ def main(argv=None):
             if not args.smoke:
                 torch.cuda.empty_cache()
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
-                torch=torch.__version__, copy_gbs=copy, reps=reps, iters=iters)
+                torch=torch.__version__, copy_gbs=copy, reps=reps, iters=iters, config=args.config)
     write_json(args.out, dict(meta=meta, rows=rows))
     return rows
 
