@@ -2,10 +2,9 @@
 
 Owns: the grid (batch 64 / 128 / 256 x context ~128 / 512 / 1,024 / 2,048 tokens: workload A's
 decode batches), one table and a JSON file. Each cell times the engine's default launch (the
-tuned `decode_attention` for bf16, `DECODE_INT8` for int8 with V token-major as the engine stores
-it; `int8-rowv`: V row-major, which reads it as fp16 operands; `--config` overrides int8 launch
-keys, e.g. '{"pv_lo": false}'; graph-width block tables as the CUDA graphs have them) in
-CUDA-graph replays, and reports the bytes the kernel must read (K and V of
+tuned `decode_attention` for bf16, `DECODE_INT8` for int8 (`--config` overrides its keys, e.g.
+'{"cvt": "prmt_load"}'), graph-width block tables as the CUDA graphs have them) in CUDA-graph
+replays, and reports the bytes the kernel must read (K and V of
 every context token, q and the output; for int8 the codes and their per-token scales) over the
 time, as GB/s and as a share of the device's copy bandwidth measured in the same run. The cases'
 KV is copied until a cell streams at least 256 MB a replay, so a small batch cannot sit in the
@@ -43,9 +42,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--context", type=int, nargs="+", default=[128, 512, 1024, 2048])
-    ap.add_argument("--kv", nargs="+", choices=["bf16", "int8", "int8-rowv"], default=["bf16", "int8"])
+    ap.add_argument("--kv", nargs="+", choices=["bf16", "int8"], default=["bf16", "int8"])
     ap.add_argument("--config", type=json.loads, default=None,
-                    help="JSON object of decode_config keys for the int8 kinds")
+                    help="JSON object of decode_config keys for the int8 runs")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=10, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/decode_grid.json")
@@ -63,7 +62,8 @@ def main(argv=None):
     from bench.int8_decode import _int8_batches, int8_bytes
     from bench.report import write_json
     from infer_cluster.kernels.attention import paged_attention_ref
-    from infer_cluster.kernels.attention_triton import decode_attention, int8_quantizes_q
+    from infer_cluster.kernels.attention_int8_triton import OP_MMA, cvt_ops
+    from infer_cluster.kernels.attention_triton import decode_attention, decode_config
     from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 
     tc.SMOKE = args.smoke
@@ -97,10 +97,11 @@ def main(argv=None):
                     def fn(b, o, n=None):
                         decode_attention(*b, scale, o, num_splits=n)
                 else:
-                    run_case = dict(case, batches=_int8_batches(case, v_token_major=kv == "int8"))
+                    run_case = dict(case, batches=_int8_batches(case))
                     q, kc, vc, bt, qsl, ln, ks, vs = run_case["batches"][0]
-                    if int8_quantizes_q(q, kc, 1):
-                        q = dequantize_int8_ref(*quantize_int8_ref(q))  # as the kernel rounds it
+                    cvt = (args.config or {}).get("cvt") or decode_config(q, torch.int8)["cvt"]
+                    if cvt_ops(cvt, kc, vc)[0] == OP_MMA:  # the kernel rounds q to int8: so does the reference
+                        q = dequantize_int8_ref(*quantize_int8_ref(q))
                     ref = paged_attention_ref(q, kc, vc, bt, qsl, ln, scale, k_scale=ks, v_scale=vs)
                     work = int8_bytes(sum(lens), batch)
 

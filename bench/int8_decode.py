@@ -37,18 +37,15 @@ def int8_bytes(ctx_total: int, num_seqs: int) -> int:
     return ctx_total * HK * (D + 4) * 2 + 2 * 2 * num_seqs * H * D
 
 
-def _int8_batches(case, v_token_major=False):
-    """The case's batches with the caches quantized once (codes, scales) by the append rule;
-    `v_token_major`: V codes laid out as the engine stores them (`kv_append.token_major_zeros`)."""
-    from infer_cluster.kernels.kv_append import as_token_major, quantize_int8_ref
+def _int8_batches(case):
+    """The case's batches with the caches quantized once (codes, scales) by the append rule."""
+    from infer_cluster.kernels.kv_append import quantize_int8_ref
     k, v = case["batches"][0][1], case["batches"][0][2]
     quant = []
     for cache in (k, v):
         codes, scale = quantize_int8_ref(cache)
         quant.append((codes, scale.transpose(1, 2).contiguous()))
     (kc, ks), (vc, vs) = quant
-    if v_token_major:
-        vc = as_token_major(vc)
     return [(q, kc, vc, bt, qsl, lens, ks, vs) for q, _, _, bt, qsl, lens in case["batches"]]
 
 

@@ -9,8 +9,7 @@ decode rows (contexts U[100, 1500]) beside 8 whole prompts, as in workload A's p
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
-cores), over V codes laid out token-major as the engine stores them (`--v-row-major`: row-major).
-Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
+cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
 its attention TFLOP/s (`attention_flops`: the causal score and value products actually needed)
 and its share of the bf16 matmul peak measured in the same run (`bench/roofline.measure_device`):
 the `chunk1k` case, two 1,024-token chunks over 2,048 cached tokens each, is issue 44's "1k-token
@@ -88,8 +87,6 @@ def main(argv=None):
                     help="also time each case through `paged_attention_triton` (bf16 and int8), whose "
                          "mixed steps give their decode rows to the decode kernel "
                          "(INFER_CLUSTER_MIXED_DECODE=0 for the other side of the A/B)")
-    ap.add_argument("--v-row-major", action="store_true",
-                    help="int8 V row-major (default: token-major, as the engine stores it)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=5, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/int8_prefill.json")
@@ -105,7 +102,7 @@ def main(argv=None):
     from infer_cluster.kernels.attention_prefill_triton import PREFILL_INT8_CVT, prefill_attention
     from infer_cluster.kernels.attention_int8_triton import CVT_MODES, OP_MMA
     from infer_cluster.kernels.attention_triton import int8_quantizes_q
-    from infer_cluster.kernels.kv_append import as_token_major, dequantize_int8_ref, quantize_int8_ref
+    from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
     tc.SMOKE = args.smoke
     device = "cpu" if args.smoke else "cuda"
     iters = 2 if args.smoke else args.iters
@@ -126,8 +123,6 @@ def main(argv=None):
         flops = attention_flops(q_lens, ctx_lens, tc.H, tc.D)
         (kc, ks), (vc, vs) = [(c, s.transpose(1, 2).contiguous())
                               for c, s in map(quantize_int8_ref, (k, v))]
-        if not args.v_row_major:
-            vc = as_token_major(vc)
         out = [torch.empty_like(q)]
         bf16 = dict(batches=[(q, k, v, bt, qsl, lens)])
         base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o), bf16, out,

@@ -64,12 +64,10 @@ def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
     kv = "*i8" if int8 else "*bf16"
     ints = dict(_strides(128, int8), spo_s=0, spo_h=0, spo_p=128 if split else 0,
                 spl_s=0, spl_h=0)
-    if dict(extra).get("OP_V") == 6:  # OP_MMA_V reads V token-major, as the engine stores it
-        ints.update(sv_s=1, sv_h=128 * PAGE, sv_d=PAGE)
     consts = dict(GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE, BLOCK_G=16, BLOCK_D=128,
                   BLOCK_N=block_n, SPLIT=split, LOWP=True,
                   DOT_DTYPE=tl.float16 if int8 else tl.bfloat16, KV_INT8=int8, OP_K=0, OP_V=0,
-                  ASM=True, PRELOAD=False, GROUPED=False, ROWS=1, PV_LO=True)
+                  ASM=True, PRELOAD=False, GROUPED=False, ROWS=1)
     consts.update(extra)
     return (name, _decode_kernel, _decode_ptrs(kv), ints, consts,
             dict(num_warps=warps, num_stages=stages), DECODE_DNS)

@@ -52,7 +52,7 @@ DECODE_WAVES_128 = dict(resident_per_sm=3, wave_fill=0.6)
 # "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
 # Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
-DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_kv", small_per_sm=None, small_programs=0)
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
 
 # Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
 # 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a

@@ -10,7 +10,7 @@ a tile), `_split_part` (a partition's length from a sequence's own length) and `
 (a row's place in its run chunk, from `row_span`).
 
 Must never read KV positions at or past a row's context, or read the block table for a masked
-lane; the one exception is OP_MMA_V's V codes (in-bounds reads whose probability codes are 0). To extend (sliding window, fp8 KV): change `_decode_tile`, and keep prefill's
+lane. To extend (sliding window, fp8 KV): change `_decode_tile`, and keep prefill's
 `_attend_tile` and the reference in step.
 """
 
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _dot
-from .attention_int8_triton import _kv_operand, _load_scales, _mma_pv, _mma_scores
+from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores
 
 
 @triton.jit
@@ -102,14 +102,11 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
                  MASKED: tl.constexpr, EVEN_D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK_N: tl.constexpr, LOWP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                  KV_INT8: tl.constexpr, OP_K: tl.constexpr, OP_V: tl.constexpr,
-                 ASM: tl.constexpr, row_hi=0, ROW_MASK: tl.constexpr = False,
-                 PV_LO: tl.constexpr = True):
+                 ASM: tl.constexpr, row_hi=0, ROW_MASK: tl.constexpr = False):
     """Fold KV positions [start, start+BLOCK_N) (MASKED: clipped to `hi`) into the running softmax
     state of the group's query rows. K/V tiles are [BLOCK_N, BLOCK_D]; int8 codes become fp16
-    operands as OP_K / OP_V say (`_kv_operand`), or stay int8 for the int8 MMAs (OP_MMA,
-    OP_MMA_V: then V is token-major, read PAGE tokens at a time, and PV_LO is `_mma_pv`'s LO).
-    ROW_MASK (with MASKED): query row r sees the positions below `row_hi[r]` only (the rows of
-    a run)."""
+    operands as OP_K / OP_V say (`_kv_operand`). ROW_MASK (with MASKED): query row r sees the
+    positions below `row_hi[r]` only (the rows of a run)."""
     offs_t = tl.arange(0, BLOCK_N)
     if PAGE % BLOCK_N == 0:
         # The tile lies inside one page: one block-table entry, contiguous token rows.
@@ -148,22 +145,8 @@ def _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head, v
         if MASKED:
             s = tl.where(n_mask[None, :], s, float("-inf"))
         p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
-    v_rows = v_head + blk * sv_b + pos * sv_s
-    if KV_INT8 and OP_V == 6:
-        # Token-major V: each (block, d) holds its tokens side by side, from a tile-aligned start.
-        # Loaded without the token mask (a mask varying along the tokens would cut the loads to
-        # single bytes): a masked lane reads its page's tail or block 0 (the table lookup's
-        # `other`), in bounds, and its probability codes are exactly 0.
-        RUN: tl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N
-        v_rows = tl.max_contiguous(tl.multiple_of(v_rows, RUN), RUN)
-        v = _kv_operand(v_rows, offs_d, n_mask, d_mask[None, :], sv_d, False, EVEN_D, LOWP,
-                        KV_INT8, OP_V, ASM)
-    else:
-        v = _kv_operand(v_rows, offs_d, n_mask, kv_mask, sv_d, MASKED, EVEN_D, LOWP, KV_INT8,
-                        OP_V, ASM)
-    if KV_INT8 and OP_V == 6:
-        v_scale = _load_scales(vs_head + blk * svs_b + pos * svs_s, n_mask, MASKED)
-        return acc * alpha[:, None] + _mma_pv(p, v, v_scale, PV_LO), m_new, l_i
+    v = _kv_operand(v_head + blk * sv_b + pos * sv_s, offs_d, n_mask, kv_mask, sv_d, MASKED,
+                    EVEN_D, LOWP, KV_INT8, OP_V, ASM)
     if KV_INT8:
         p = p * _load_scales(vs_head + blk * svs_b + pos * svs_s, n_mask, MASKED)[None, :]
     acc = acc * alpha[:, None] + _dot(p, v, LOWP, DOT_DTYPE)

@@ -64,7 +64,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False,
                    PRELOAD: tl.constexpr = False, GROUPED: tl.constexpr = False,
-                   ROWS: tl.constexpr = 1, PV_LO: tl.constexpr = True):
+                   ROWS: tl.constexpr = 1):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
     append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
@@ -165,13 +165,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      False, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
-                                     OP_V, ASM, PV_LO=PV_LO)
+                                     OP_V, ASM)
     for start in range(full_hi, hi, BLOCK_N):
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, scale_log2, q_scl, k_head, v_head, ks_head,
                                      vs_head, bt_row, start, hi, offs_d, d_mask, sk_b, sk_s, sk_d,
                                      sv_b, sv_s, sv_d, sks_b, sks_s, svs_b, svs_s,
                                      True, EVEN_D, PAGE, BLOCK_N, LOWP, DOT_DTYPE, KV_INT8, OP_K,
-                                     OP_V, ASM, row_hi, GROUPED, PV_LO)
+                                     OP_V, ASM, row_hi, GROUPED)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if SPLIT and GROUPED:
@@ -297,7 +297,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         po_strides, pl_strides = (0, 0, 0), (0, 0)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
-    op_k, op_v = cvt_ops(cfg["cvt"], k_cache, v_cache, pv_mma=block_n >= 32)
+    op_k, op_v = cvt_ops(cfg["cvt"], k_cache, v_cache)
     if kv_int8:
         scales, s_strides = (k_scale, v_scale), (*k_scale.stride(), *v_scale.stride())
     else:  # never read: KV_INT8 is off
@@ -315,7 +315,6 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
         OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, GROUPED=grouped, ROWS=rows,
-        PV_LO=cfg.get("pv_lo", True),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:

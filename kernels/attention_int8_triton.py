@@ -36,9 +36,6 @@ OP_PRMT_LOAD = 3  # OP_PRMT kept in the tile's load layout (asm marked impure so
 OP_WORDS = 4      # the tile read as int32 words and converted whole (`_load_words`)
 OP_MMA = 5        # K only: codes stay int8; q is quantized to int8 per row (`_quant_rows`) and
 #                   q @ K^T runs on int8 tensor cores with int32 accumulation (`_mma_scores`)
-OP_MMA_V = 6      # V only, decode only, token-major V caches (`token_major`): codes stay int8; the
-#                   probabilities (times the V scales) become two int8 codes per element, and P@V
-#                   runs as two int8 MMAs into int32 (`_mma_pv`)
 
 # "cvt" -> (K method, V method). Pairs mix methods per operand: K is not transposed for
 # q @ K^T (its codes are contiguous along the reduction axis), V is.
@@ -47,36 +44,25 @@ CVT_MODES = {"add": (OP_ADD, OP_ADD), "prmt": (OP_PRMT, OP_PRMT), "cast": (OP_CA
              "words": (OP_WORDS, OP_WORDS), "words_v": (OP_PRMT, OP_WORDS),
              "words_k": (OP_WORDS, OP_PRMT_LOAD), "load_k_words_v": (OP_PRMT_LOAD, OP_WORDS),
              "add_k_words_v": (OP_ADD, OP_WORDS),
-             "mma_k": (OP_MMA, OP_PRMT_LOAD), "mma_k_words_v": (OP_MMA, OP_WORDS),
-             "mma_kv": (OP_MMA, OP_MMA_V)}
+             "mma_k": (OP_MMA, OP_PRMT_LOAD), "mma_k_words_v": (OP_MMA, OP_WORDS)}
 
 
 # An int8 tl.dot needs a reduction of at least 32: q @ K^T reduces over the (padded) head dim.
 MMA_MIN_HEAD_DIM = 32
 
 
-def cvt_ops(cvt, k_cache, v_cache, pv_mma=False):
+def cvt_ops(cvt, k_cache, v_cache):
     """(OP_K, OP_V) for a config's "cvt"; OP_WORDS falls back to OP_ADD for a cache whose rows
     cannot be read as int32 words, OP_MMA to OP_PRMT_LOAD for heads narrower than
-    `MMA_MIN_HEAD_DIM` (after padding to a power of two), OP_MMA_V to OP_PRMT_LOAD unless the
-    caller runs it (`pv_mma`: the decode kernel) and V is `token_major`. Raises ValueError for
-    an unknown name."""
+    `MMA_MIN_HEAD_DIM` (after padding to a power of two). Raises ValueError for an unknown name."""
     if cvt not in CVT_MODES:
         raise ValueError(f"int8 cvt={cvt!r}: expected one of {sorted(CVT_MODES)}")
     op_k, op_v = CVT_MODES[cvt]
     if op_k == OP_MMA and triton.next_power_of_2(k_cache.shape[-1]) < MMA_MIN_HEAD_DIM:
         op_k = OP_PRMT_LOAD
-    if op_v == OP_MMA_V and not (pv_mma and token_major(v_cache)):
-        op_v = OP_PRMT_LOAD
     op_k = OP_ADD if op_k == OP_WORDS and not word_rows(k_cache) else op_k
     op_v = OP_ADD if op_v == OP_WORDS and not word_rows(v_cache) else op_v
     return op_k, op_v
-
-
-def token_major(cache) -> bool:
-    """Whether a `[blocks, block_size, kv_heads, head_dim]` cache stores each (block, head, d)
-    as its block_size tokens side by side (`kv_append.token_major_zeros`)."""
-    return cache.stride(1) == 1 and cache.stride(3) == cache.shape[1]
 
 
 def word_rows(cache) -> bool:
@@ -188,7 +174,7 @@ def _kv_operand(rows, offs_d, n_mask, kv_mask, s_d, MASKED: tl.constexpr, EVEN_D
         x = _load_words(rows, n_mask, MASKED, offs_d.shape[0], ASM)
     else:
         x = _load_masked(rows[:, None] + offs_d[None, :] * s_d, kv_mask, HAS_MASK)
-        if KV_INT8 and OP != 5 and OP != 6:  # OP_MMA(_V): the codes go to the int8 MMA as they are
+        if KV_INT8 and OP != 5:  # OP_MMA: the codes go to the int8 MMA as they are
             x = _int8_operand(x, LOWP, OP, ASM)
     return x
 
@@ -216,26 +202,6 @@ def _mma_scores(q_codes, k_codes, row_scale, k_scale):
     k_scale[None, :] (per-token K scales) in float32."""
     s = tl.dot(q_codes, tl.trans(k_codes), out_dtype=tl.int32)
     return s.to(tl.float32) * row_scale[:, None] * k_scale[None, :]
-
-
-@triton.jit
-def _mma_pv(p, v_codes, v_scale, LO: tl.constexpr):
-    """OP_MMA_V: probabilities p [M, N] (float32, >= 0) @ int8 V codes [N, D] with per-token V
-    scales [N], on int8 tensor cores. pv = p * v_scale is coded per row against its max r:
-    a = pv * 127 / r in [0, 127], hi = round(a), and (LO) lo = round((a - hi) * 254) in
-    [-127, 127]; pv ~= r / 127 * (hi + lo / 254), off by at most r * 1.6e-5 (r / 254 without
-    LO). Each code set is one int8 MMA with exact int32 sums; only the [M, D] results become
-    float32, so V is never converted."""
-    pv = p * v_scale[None, :]
-    r = tl.max(pv, axis=1)
-    inv = tl.where(r > 0.0, 127.0 / tl.where(r > 0.0, r, 1.0), 0.0)
-    a = pv * inv[:, None]
-    hi = tl.floor(a + 0.5)
-    out = tl.dot(hi.to(tl.int8), v_codes, out_dtype=tl.int32).to(tl.float32)
-    if LO:
-        lo = tl.floor((a - hi) * 254.0 + 0.5)
-        out += tl.dot(lo.to(tl.int8), v_codes, out_dtype=tl.int32).to(tl.float32) * (1.0 / 254.0)
-    return out * (r * (1.0 / 127.0))[:, None]
 
 
 @triton.jit

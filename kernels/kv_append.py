@@ -10,9 +10,6 @@ symmetrically on write, `scale = max|x| / 127`, `code = clamp(floor(x * (127 / m
 `k_scale`/`v_scale` `[num_blocks, num_kv_heads, block_size]` (per-head scales of one page are
 contiguous, which is how the attention kernels read them). Readers dequantize as
 `code * scale`. `quantize_int8_ref` is that rule, shared by the reference and the tests.
-The engine stores int8 V token-major (`token_major_zeros`: the same shape, strides that put each
-(block, head, d)'s tokens side by side), which the decode kernel's int8 P@V reads (the "mma_kv"
-method, kernels/attention_int8_triton.py); every kernel here and the references take any strides.
 """
 
 from __future__ import annotations
@@ -35,20 +32,6 @@ def quantize_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_int8_ref(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 values of int8 codes `[..., D]` with per-row scales `[...]`."""
     return codes.float() * scale[..., None]
-
-
-def token_major_zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> torch.Tensor:
-    """A zeroed cache of shape `[num_blocks, block_size, num_kv_heads, head_dim]` stored as
-    `[num_blocks, num_kv_heads, head_dim, block_size]`: each block is still one dense chunk."""
-    raw = torch.zeros(num_blocks, num_kv_heads, head_dim, block_size, dtype=dtype, device=device)
-    return raw.permute(0, 3, 1, 2)
-
-
-def as_token_major(cache: torch.Tensor) -> torch.Tensor:
-    """A token-major copy of a `[num_blocks, block_size, num_kv_heads, head_dim]` cache."""
-    out = token_major_zeros(*cache.shape, cache.dtype, cache.device)
-    out.copy_(cache)
-    return out
 
 
 def check_int8_scales(k_cache, k_scale, v_scale) -> None:

@@ -3,11 +3,10 @@ in one call: the reference here, the Triton kernel in `kv_swap_triton.py`.
 
 Layouts (`SwapLayout` checks them once, when a pool is built):
   * device: per layer a tuple of fields (K, V, and for an int8 cache k_scale, v_scale), each
-    `[num_device_blocks, *per-block shape]`, one dense row per block (`dense_rows`: contiguous,
-    or a block laid out in another dimension order, as the int8 cache's token-major V);
-  * host: per field ONE tensor `[num_host_blocks, num_layers, *per-block shape]`, dense rows laid
-    out as the device field's (`with_block_strides`), all fields views of one storage (one
-    page-locked registration on CUDA, so a single mapped base pointer reaches every field).
+    `[num_device_blocks, *per-block shape]`, contiguous (one block of one field = one row);
+  * host: per field ONE tensor `[num_host_blocks, num_layers, *per-block shape]`, contiguous, all
+    fields views of one storage (one page-locked registration on CUDA, so a single mapped base
+    pointer reaches every field).
 `kv_swap(layout, host_blocks, device_blocks, to_host)` copies, for every i, host block
 `host_blocks[i]` <-> device block `device_blocks[i]` for every layer and field (to the host when
 `to_host`, else to the device). Indices are int tensors of equal length; on CUDA they live on the
@@ -29,27 +28,6 @@ import torch
 from .dispatch import use_triton
 
 
-def dense_rows(t: torch.Tensor, lead: int) -> bool:
-    """Whether `t` is contiguous over its first `lead` dims and each index of them holds one
-    dense chunk of memory (the remaining dims in any order)."""
-    size = 1
-    for st, n in sorted((st, n) for st, n in zip(t.stride()[lead:], t.shape[lead:]) if n > 1):
-        if st != size:
-            return False
-        size *= n
-    for d in range(lead - 1, -1, -1):
-        if t.shape[d] > 1 and t.stride(d) != size:
-            return False
-        size *= t.shape[d]
-    return True
-
-
-def with_block_strides(t: torch.Tensor, like: torch.Tensor, lead: int) -> torch.Tensor:
-    """Contiguous `t` (`lead` leading dims, then `like`'s per-block shape) re-viewed so each of its
-    rows is laid out as `like`'s blocks are (`like`: a device field, one dense row per block)."""
-    return t.as_strided(t.shape, t.stride()[:lead] + like.stride()[1:])
-
-
 class SwapLayout:
     """The device pool's fields (`device[layer][field]`) and the host pool's (`host[field]`),
     checked once; `kv_swap` and the Triton kernel read their geometry from here."""
@@ -62,9 +40,9 @@ class SwapLayout:
         self.num_layers, self.num_fields = len(self.device), len(self.host)
         storage = self.host[0].untyped_storage().data_ptr()
         for j, h in enumerate(self.host):
-            if h.dim() < 3 or h.shape[1] != self.num_layers or not dense_rows(h, 2):
-                raise ValueError(f"host field {j} must be dense rows [num_host_blocks, {self.num_layers}, "
-                                 f"*block], got {tuple(h.shape)} strides {h.stride()}")
+            if h.dim() < 3 or h.shape[1] != self.num_layers or not h.is_contiguous():
+                raise ValueError(f"host field {j} must be contiguous [num_host_blocks, {self.num_layers}, "
+                                 f"*block], got {tuple(h.shape)}")
             if h.shape[0] != self.host[0].shape[0]:
                 raise ValueError(f"host fields hold different block counts: {h.shape[0]} vs {self.host[0].shape[0]}")
             if h.untyped_storage().data_ptr() != storage:
@@ -73,11 +51,9 @@ class SwapLayout:
             if len(fields) != self.num_fields:
                 raise ValueError(f"layer {layer} has {len(fields)} fields, the host pool {self.num_fields}")
             for j, (d, h) in enumerate(zip(fields, self.host)):
-                if (d.dtype != h.dtype or d.shape[1:] != h.shape[2:] or not dense_rows(d, 1)
-                        or d.stride()[1:] != h.stride()[2:]):
+                if d.dtype != h.dtype or d.shape[1:] != h.shape[2:] or not d.is_contiguous():
                     raise ValueError(f"layer {layer} field {j}: device {d.dtype} {tuple(d.shape)} does not "
-                                     f"match host {h.dtype} {tuple(h.shape)} (or its blocks are laid "
-                                     f"out differently: strides {d.stride()} and {h.stride()})")
+                                     f"match host {h.dtype} {tuple(h.shape)} (or is not contiguous)")
                 if d.device != self.device[0][0].device or d.shape[0] != self.device[0][0].shape[0]:
                     raise ValueError(f"layer {layer} field {j}: every device field must share one device "
                                      f"and block count")

@@ -13,13 +13,12 @@ import triton.language as tl
 
 from infer_cluster.kernels import attention_decode_triton, attention_prefill_triton
 from infer_cluster.kernels.attention import paged_attention_ref
-from infer_cluster.kernels.attention_int8_triton import (OP_ADD, OP_CAST, OP_MMA, OP_MMA_V, OP_PRMT,
-                                                         OP_PRMT_LOAD, _int8_operand, _quant_rows,
-                                                         cvt_ops, token_major)
+from infer_cluster.kernels.attention_int8_triton import (OP_ADD, OP_CAST, OP_MMA, OP_PRMT,
+                                                         OP_PRMT_LOAD, _int8_operand, _quant_rows)
 from infer_cluster.kernels.attention_triton import CVT_MODES
 from infer_cluster.kernels.attention_triton import (decode_attention, int8_quantizes_q,
                                                     paged_attention_triton)
-from infer_cluster.kernels.kv_append import as_token_major, dequantize_int8_ref, quantize_int8_ref
+from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
 from tests.kernels.conftest import INTERPRET, tol
 from tests.kernels.test_attention import DECODE_CASES, PREFILL_CASES, make_batch
 
@@ -440,78 +439,3 @@ def test_mma_k_needs_a_reduction_of_32(head_dim, mma):
     cache = torch.zeros(2, 16, 1, head_dim, dtype=torch.int8)
     assert cvt_ops("mma_k", cache, cache)[0] == (OP_MMA if mma else OP_PRMT_LOAD)
     assert cvt_ops("words_k", cache, cache)[0] != OP_MMA
-
-
-# OP_MMA_V ("mma_kv"): V stored token-major, P (times the V scales) coded as int8 per row, P@V on
-# int8 tensor cores. Its error over the q-quantized reference: each coded probability is off by
-# at most r * 1.6e-5 with the low codes (r / 254 without), r the row's largest p * v_scale.
-def pv_bound(vc, vs, ctx_max, lo=True):
-    v = torch.nan_to_num(_dequantized(vc, vs).float()).abs().max()
-    return ctx_max * v * (1.6e-5 if lo else 1 / 254)
-
-
-def check_mma_v(batch, dtype, num_splits=None, block_n=None, pv_lo=True):
-    q, kc, vc, ks, vs, block_tables, qsl, seq_lens = batch
-    vt = as_token_major(vc)
-    assert token_major(vt) and not token_major(vc) and torch.equal(vt, vc)
-    assert cvt_ops("mma_kv", kc, vt, pv_mma=True) == (OP_MMA, OP_MMA_V)
-    out = torch.full_like(q, float("nan"))
-    cfg = dict(cvt="mma_kv", pv_lo=pv_lo, **({} if block_n is None else dict(block_n=block_n)))
-    decode_attention(q, kc, vt, block_tables, qsl, seq_lens, q.shape[-1] ** -0.5, out,
-                     num_splits=num_splits, config=cfg, k_scale=ks, v_scale=vs)
-    assert not torch.isnan(out).any(), "read KV past seq_lens (NaN trap)"
-    ref = paged_attention_ref(quantized_q(q), kc, vc, block_tables, qsl, seq_lens,
-                              q.shape[-1] ** -0.5, k_scale=ks, v_scale=vs).float()
-    atol, _ = tol(dtype)
-    err = (out.float() - ref).abs()
-    assert err.max() <= pv_bound(vc, vs, int(seq_lens.max()), pv_lo) + atol, f"P@V error {err.max():.3g}"
-    return err
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32, 128])
-@pytest.mark.parametrize("group", [1, 2, 4])
-def test_decode_int8_mma_v(device, dtype, group, block_size):
-    # GQA groups, tiles across pages and inside one, masked tails, an empty row; one split and three.
-    ctx = [1, 37, 130, 9, 300]
-    batch = make_batch(device, dtype, [1, 1, 1, 0, 1], ctx, 2 * group, 2, 64, block_size)
-    for num_splits in (1, 3):
-        err = check_mma_v(int8_batch(batch), dtype, num_splits, block_n=32 if device == "cpu" else None)
-        if dtype == torch.float32:  # 2.6e-6 to 5.5e-6; low codes weighted 1/250: ~1.2e-5
-            assert err.mean() < 8e-6, f"mean P@V error {err.mean():.3g}"
-
-
-def test_decode_int8_mma_v_without_low_codes(device):
-    # One code per probability: coarser (r / 254), still bounded; the low codes cut the error.
-    batch = int8_batch(make_batch(device, torch.float32, [1] * 4, [40, 300, 7, 130], 4, 2, 64, 16))
-    coarse = check_mma_v(batch, torch.float32, block_n=32, pv_lo=False)
-    fine = check_mma_v(batch, torch.float32, block_n=32)
-    assert fine.mean() < coarse.mean() / 50  # ~280x apart
-
-
-def test_mma_kv_falls_back_unless_decode_and_token_major():
-    # The prefill kernel and a row-major V convert V to fp16 instead (`cvt_ops`).
-    cache = torch.zeros(2, 16, 1, 64, dtype=torch.int8)
-    vt = as_token_major(cache)
-    assert cvt_ops("mma_kv", cache, vt, pv_mma=True) == (OP_MMA, OP_MMA_V)
-    assert cvt_ops("mma_kv", cache, cache, pv_mma=True)[1] == OP_PRMT_LOAD
-    assert cvt_ops("mma_kv", cache, vt)[1] == OP_PRMT_LOAD
-
-
-@pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_int8_token_major_v_matches_ref(device, kind):
-    # Every method reads a token-major V by its strides (the prefill kernel converts it).
-    q_lens = [1, 1, 1] if kind == "decode" else [13, 1, 4]
-    batch = make_batch(device, torch.float32, q_lens, [50, 17, 33], 8, 2, 64, 16)
-    q, kc, vc, ks, vs, bt, qsl, lens = int8_batch(batch)
-    check_int8((q, kc, as_token_major(vc), ks, vs, bt, qsl, lens), torch.float32, max(q_lens))
-
-
-@pytest.mark.parametrize("shape", [(16, 8, 128), (16, 16, 64), (32, 8, 128)],
-                         ids=lambda s: f"h{s[0]}/{s[1]}-d{s[2]}")
-def test_gpu_int8_mma_v(gpu_device, shape):
-    heads, kv_heads, dim = shape
-    ctx = [1, 17, 600, 611, 4097, 100, 2000, 129]
-    batch = make_batch(gpu_device, torch.bfloat16, [1] * 8, ctx, heads, kv_heads, dim, 16)
-    for num_splits in (1, 5):
-        check_mma_v(int8_batch(batch), torch.bfloat16, num_splits)

@@ -6,8 +6,7 @@ zero-copy path)."""
 import pytest
 import torch
 
-from infer_cluster.kernels.kv_append import as_token_major
-from infer_cluster.kernels.kv_swap import SwapLayout, dense_rows, kv_swap_ref, with_block_strides
+from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap_ref
 from infer_cluster.kernels.kv_swap_triton import kv_swap_triton
 from infer_cluster.worker.device.host_memory import HostBuffer
 
@@ -81,48 +80,6 @@ def test_matches_reference(device, dtype, head_dim, chunk_bytes, pairs, to_host)
         for layer in range(NUM_LAYERS):
             for j, t in enumerate(buf.tensors):
                 assert torch.equal(t[h, layer], layers[layer][j][d].cpu())
-
-
-def _token_major_v(layers, buf):
-    """The pools with V (field 1) token-major, as the engine stores an int8 cache's V."""
-    layers = [[t if j != 1 else as_token_major(t) for j, t in enumerate(layer)] for layer in layers]
-    host = [with_block_strides(h, layers[0][j], 2) for j, h in enumerate(buf.tensors)]
-    return layers, host
-
-
-@pytest.mark.parametrize("to_host", [False, True])
-def test_token_major_v_matches_reference(device, to_host):
-    # Rows copied as bytes keep their values when host rows are laid out as the device blocks.
-    layers, buf = _pools(device, torch.int8, block_size=4, num_kv_heads=2, head_dim=12)
-    layers, host = _token_major_v(layers, buf)
-    ref_layers = [[t.clone() for t in layer] for layer in layers]
-    ref_host = [with_block_strides(h, layers[0][j], 2) for j, h in
-                enumerate(HostBuffer([(t.shape, t.dtype) for t in buf.tensors], pin=False).tensors)]
-    for a, b in zip(ref_host, host):
-        a.copy_(b)
-    assert ref_host[1].stride() == host[1].stride() and not host[1].is_contiguous()
-    hb, db = [5, 0, 3], [2, 7, 4]
-    kv_swap_triton(SwapLayout(layers, host), torch.tensor(hb, device=device, dtype=torch.int32),
-                   torch.tensor(db, device=device, dtype=torch.int32), to_host, 128)
-    kv_swap_ref(SwapLayout(ref_layers, ref_host), torch.tensor(hb), torch.tensor(db), to_host)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    for la, lb in zip(layers, ref_layers):
-        for x, y in zip(la, lb):
-            assert torch.equal(x.cpu(), y.cpu())
-    for x, y in zip(host, ref_host):
-        assert torch.equal(x, y)
-    for layer in range(NUM_LAYERS):  # values, not bytes: host block 5 is device block 2
-        assert torch.equal(host[1][5, layer], layers[layer][1][2].cpu())
-
-
-def test_dense_rows_and_block_strides():
-    v = as_token_major(torch.zeros(3, 4, 2, 8, dtype=torch.int8))
-    assert dense_rows(v, 1) and not v.is_contiguous() and not dense_rows(v[:, :2], 1)
-    host = HostBuffer([((5, 2, 4, 2, 8), torch.int8)] * 2, pin=False).tensors
-    assert with_block_strides(host[1], v, 2).stride()[2:] == v.stride()[1:]
-    with pytest.raises(ValueError, match="laid out differently"):
-        SwapLayout([[torch.zeros(3, 4, 2, 8, dtype=torch.int8), v]] * 2, host)
 
 
 def test_odd_rows_copy_byte_by_byte(device):

@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap, with_block_strides
+from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
 
 from infer_cluster.worker.device.host_memory import HostBuffer
 from infer_cluster.worker.kv.copy_dma import StagedCopier, block_ids_on
@@ -79,8 +79,7 @@ class HostKVPool:
         self.num_staging = num_staging_blocks
         shapes = [((num_blocks, len(kv_caches)) + tuple(first[f].shape[1:]), first[f].dtype) for f in self.fields]
         self._buffer = HostBuffer(shapes, pin)
-        # each host row laid out as its device field's blocks (the int8 cache's V is token-major)
-        self.host = [with_block_strides(h, first[f], 2) for h, f in zip(self._buffer.tensors, self.fields)]
+        self.host = self._buffer.tensors
         self._kv_caches = kv_caches
         self.layout = self._layout(kv_caches)
         self.copy_stream = torch.cuda.Stream(self.device) if pin else None  # swap-ins (loads)

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap, with_block_strides
+from infer_cluster.kernels.kv_swap import SwapLayout, kv_swap
 
 from infer_cluster.worker.device.host_memory import HostBuffer
 
@@ -50,16 +50,13 @@ class StagedCopier:
         size = sum(-(-_nbytes(s, d) // 4096) * 4096 for s, d in specs)
         raw = torch.empty(size, dtype=torch.uint8, device=dev)
         self.dev_stage, off = [], 0
-        # rows laid out as the device fields' blocks (`with_block_strides`), as the host pool's are
-        fields = layout.device[0]
-        for (shape, dtype), like in zip(specs, fields):  # one device allocation, like the host pool
+        for shape, dtype in specs:  # one device allocation, like the host pool: one SwapLayout
             n = _nbytes(shape, dtype)
-            self.dev_stage.append(with_block_strides(raw[off:off + n].view(dtype).view(shape), like, 2))
+            self.dev_stage.append(raw[off:off + n].view(dtype).view(shape))
             off += -(-n // 4096) * 4096
         self._dev_raw = raw
         self.stage_layout = SwapLayout(layout.device, self.dev_stage)
-        self.host_stage = ([with_block_strides(h, like, 2) for h, like in
-                            zip(HostBuffer(specs, pin=dev.type == "cuda").tensors, fields)] if gather else None)
+        self.host_stage = (HostBuffer(specs, pin=dev.type == "cuda").tensors if gather else None)
         # How "runs" swap-outs send their device block ids (default `block_ids_on`, a DMA): the
         # pool gives a zero-copy upload (worker/device/upload.py), since on the swap-out stream a
         # DMA would queue behind the loads and the step waits for the swap-outs.

@@ -4,8 +4,7 @@ conversion of a `SchedulerOutput` into the per-step tensors the model reads.
 Owns: KV tensors per layer (`LayerKV`): `[num_blocks, block_size, num_kv_heads, head_dim]` for
 K and V in the model dtype, or int8 plus float32 scales `[num_blocks, num_kv_heads, block_size]`
 for K and V (`kv_cache_dtype="int8"`; the scales sit beside the blocks under the same block ids,
-so prefix caching and preemption need nothing extra; V then token-major, `token_major_zeros`),
-their size per block, and
+so prefix caching and preemption need nothing extra), their size per block, and
 `prepare()`, which builds input ids, positions and `AttentionMetadata` (slot mapping, block
 tables, sequence lengths, query start offsets) plus the rows whose logits are sampled, from the
 token-level rows of worker/runner/step_rows.py. Host
@@ -23,7 +22,6 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from infer_cluster.kernels.kv_append import token_major_zeros
 from infer_cluster.worker.kv.block_table import BlockTableMirror
 from infer_cluster.worker.models.decoder import AttentionMetadata, LayerKV
 from infer_cluster.worker.sched.output import SchedulerOutput
@@ -51,12 +49,10 @@ class DynamicContext:
         scale_shape = (num_blocks, num_kv_heads, block_size)
 
         def layer() -> LayerKV:
-            if dtype != torch.int8:
-                return LayerKV(*[torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)])
-            # int8 V is token-major (the decode kernel's int8 P@V reads each (block, head, d)'s
-            # tokens as one run; kernels/kv_append.py), K row-major as float caches are.
-            return LayerKV(torch.zeros(shape, dtype=dtype, device=device), token_major_zeros(*shape, dtype, device),
-                           *[torch.zeros(scale_shape, dtype=torch.float32, device=device) for _ in range(2)])
+            kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+            if dtype == torch.int8:
+                kv += [torch.zeros(scale_shape, dtype=torch.float32, device=device) for _ in range(2)]
+            return LayerKV(*kv)
 
         self.kv_caches = [layer() for _ in range(num_layers)]
         self.block_mirror = BlockTableMirror()  # step block tables from what changed since the last
