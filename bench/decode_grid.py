@@ -2,18 +2,24 @@
 
 Owns: the grid (batch 64 / 128 / 256 x context ~128 / 512 / 1,024 / 2,048 tokens: workload A's
 decode batches), one table and a JSON file. Each cell times the engine's default launch (the
-tuned `decode_attention` for bf16, `DECODE_INT8` for int8 (`--config` overrides its keys, e.g.
-'{"cvt": "prmt_load"}'), graph-width block tables as the CUDA graphs have them) in CUDA-graph
-replays, and reports the bytes the kernel must read (K and V of
+tuned `decode_attention` for bf16, `DECODE_INT8` for int8, graph-width block tables as the CUDA
+graphs have them) in CUDA-graph replays, and reports the bytes the kernel must read (K and V of
 every context token, q and the output; for int8 the codes and their per-token scales) over the
 time, as GB/s and as a share of the device's copy bandwidth measured in the same run. The cases'
 KV is copied until a cell streams at least 256 MB a replay, so a small batch cannot sit in the
 50 MB L2. Batches, timers and the correctness check come from bench/tune_decode_cases.py; every
 cell is checked against `paged_attention_ref` before it is timed.
 
+A cell's contexts spread over +-25% of its bucket by default. Workload A's spread is wider
+(prompts of 100-1,024 tokens), and there the last-started long contexts set a launch's end, so
+a launch config that wins here can lose in the engine: `--spread 0.9` gives that mix, and
+`--longest-first` launches it as decode steps do (`kernels.attention.decode_order`).
+
   python bench/decode_grid.py [--batch 64 128 256] [--context 128 512 1024 2048] [--out ...]
   --splits 1 2: each cell also with these split counts forced (`decode_attention(num_splits=)`),
     against the default plan (how the wave rule in kernels/attention_decode_plan.py was chosen).
+  --config / --bf16-config JSON: override `decode_config` keys of the int8 / bf16 launches,
+    e.g. '{"num_warps": 2}'.
   --smoke: CPU interpreter, tiny cells (checks the script only; times meaningless).
 """
 
@@ -32,10 +38,11 @@ _MIN_STREAM = 256 << 20  # bytes of KV a replay streams at least (copies of the 
 _MAX_COPIES = 16
 
 
-def _lengths(batch: int, context: int, seed: int) -> list:
-    """`batch` context lengths spread over [0.75, 1.25] x `context` (at least 1 token)."""
+def _lengths(batch: int, context: int, seed: int, spread: float = 0.25) -> list:
+    """`batch` context lengths spread over [1 - spread, 1 + spread] x `context` (at least 1)."""
     rng = random.Random(seed)
-    return [max(1, rng.randint(int(0.75 * context), int(1.25 * context))) for _ in range(batch)]
+    return [max(1, rng.randint(int((1 - spread) * context), int((1 + spread) * context)))
+            for _ in range(batch)]
 
 
 def main(argv=None):
@@ -45,6 +52,12 @@ def main(argv=None):
     ap.add_argument("--kv", nargs="+", choices=["bf16", "int8"], default=["bf16", "int8"])
     ap.add_argument("--config", type=json.loads, default=None,
                     help="JSON object of decode_config keys for the int8 runs")
+    ap.add_argument("--bf16-config", type=json.loads, default=None,
+                    help="JSON object of decode_config keys for the bf16 runs")
+    ap.add_argument("--spread", type=float, default=0.25,
+                    help="contexts uniform over (1 +- spread) x the bucket (workload A's: ~0.9)")
+    ap.add_argument("--longest-first", action="store_true",
+                    help="pass decode_attention the sequences longest first (`order`)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=10, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/decode_grid.json")
@@ -81,12 +94,15 @@ def main(argv=None):
     rows = []
     for bi, batch in enumerate(batches):
         for ci, context in enumerate(contexts):
-            lens = _lengths(batch, context, seed=1000 * bi + ci)
+            lens = _lengths(batch, context, seed=1000 * bi + ci, spread=args.spread)
             kv_bytes = 2 * sum(lens) * tc.HK * tc.D * 2
             copies = 1 if args.smoke else min(_MAX_COPIES, max(1, -(-_MIN_STREAM // kv_bytes)))
             case = tc.build_case(f"b{batch} c{context}", lens, copies, 0 if args.smoke else tc.GRAPH_WIDTH,
                                  device, torch.bfloat16, seed=bi * 10 + ci)
             outs = [torch.empty_like(b[0]) for b in case["batches"]]
+            order = None
+            if args.longest_first:  # every copy of the case has the same lengths
+                order = torch.argsort(case["batches"][0][5], descending=True).to(torch.int32)
             base = None
             for kv in args.kv:
                 if kv == "bf16":
@@ -95,7 +111,8 @@ def main(argv=None):
                     work = case["work"]
 
                     def fn(b, o, n=None):
-                        decode_attention(*b, scale, o, num_splits=n)
+                        decode_attention(*b, scale, o, num_splits=n, config=args.bf16_config,
+                                         order=order)
                 else:
                     run_case = dict(case, batches=_int8_batches(case))
                     q, kc, vc, bt, qsl, ln, ks, vs = run_case["batches"][0]
@@ -107,7 +124,7 @@ def main(argv=None):
 
                     def fn(b, o, n=None):
                         decode_attention(*b[:6], scale, o, k_scale=b[6], v_scale=b[7], num_splits=n,
-                                         config=args.config)
+                                         config=args.config, order=order)
                 for n in [None, *args.splits]:  # the default plan, then each forced count
                     run = functools.partial(fn, n=n)
                     err, ok = tc.check(run, run_case, ref)
@@ -130,7 +147,8 @@ def main(argv=None):
             if not args.smoke:
                 torch.cuda.empty_cache()
     meta = dict(device=torch.cuda.get_device_name() if not args.smoke else "cpu (interpreter)",
-                torch=torch.__version__, copy_gbs=copy, reps=reps, iters=iters, config=args.config)
+                torch=torch.__version__, copy_gbs=copy, reps=reps, iters=iters, config=args.config,
+                bf16_config=args.bf16_config)
     write_json(args.out, dict(meta=meta, rows=rows))
     return rows
 

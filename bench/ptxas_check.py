@@ -54,7 +54,7 @@ def _decode_ptrs(kv):
     int8 = kv == "*i8"
     return dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ks_ptr="*fp32" if int8 else kv,
                 vs_ptr="*fp32" if int8 else kv, bt_ptr="*i32", qsl_ptr="*i32",
-                lens_ptr="*i32", span_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
+                lens_ptr="*i32", span_ptr="*i32", order_ptr="*i32", out_ptr="*bf16", po_ptr="*fp32", plse_ptr="*fp32")
 
 
 def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
@@ -67,7 +67,7 @@ def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
     consts = dict(GROUP=H // HK, HEAD_DIM=128, PAGE=PAGE, BLOCK_G=16, BLOCK_D=128,
                   BLOCK_N=block_n, SPLIT=split, LOWP=True,
                   DOT_DTYPE=tl.float16 if int8 else tl.bfloat16, KV_INT8=int8, OP_K=0, OP_V=0,
-                  ASM=True, PRELOAD=False, GROUPED=False, ROWS=1)
+                  ASM=True, PRELOAD=False, GROUPED=False, ROWS=1, ORDERED=False)
     consts.update(extra)
     return (name, _decode_kernel, _decode_ptrs(kv), ints, consts,
             dict(num_warps=warps, num_stages=stages), DECODE_DNS)
@@ -144,6 +144,10 @@ def variants():
             rows.append(_decode_row(f"decode {kv[1:]} split={split} d128 n{cfg['block_n']}",
                                     int8, split, cfg["block_n"], cfg["num_warps"],
                                     cfg["num_stages"], _cvt_consts(cfg) if int8 else {}))
+            # a decode step's launch: sequences longest first (`decode_order`)
+            rows.append(_decode_row(f"decode {kv[1:]} ordered split={split} d128 n{cfg['block_n']}",
+                                    int8, split, cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
+                                    dict(_cvt_consts(cfg) if int8 else {}, ORDERED=True)))
             # a verify step's runs (`row_span`): 16 // GROUP rows of one request a program
             rows.append(_decode_row(f"decode {kv[1:]} runs split={split} d128 n{cfg['block_n']}",
                                     int8, split, cfg["block_n"], cfg["num_warps"], cfg["num_stages"],

@@ -101,14 +101,24 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_
     return out
 
 
+def decode_order(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The sequences longest context first (int32 `[num_seqs]`), for the decode kernel's launch
+    order (`paged_attention(order=...)`): the long contexts start in the first wave and the short
+    ones fill in behind, instead of a long one starting last. One sort a step, shared by every
+    layer; it changes which program runs when, never what a program computes."""
+    return torch.argsort(seq_lens, descending=True).to(torch.int32)
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    max_query_len=None, k_scale=None, v_scale=None, row_span=None):
+                    max_query_len=None, k_scale=None, v_scale=None, row_span=None, order=None):
     """Dispatch: Triton on CUDA, the reference elsewhere. `max_query_len` (host int) lets the
     Triton path pick the decode kernel when every sequence has one query token. `k_scale`/
-    `v_scale` only with int8 caches."""
+    `v_scale` only with int8 caches. `order` (`decode_order`, optional): the decode kernel's
+    launch order of the sequences."""
     if use_triton(q):
         from .attention_triton import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc,
-                                      seq_lens, scale, max_query_len, k_scale, v_scale, row_span)
+                                      seq_lens, scale, max_query_len, k_scale, v_scale, row_span,
+                                      order)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                k_scale=k_scale, v_scale=v_scale)

@@ -120,6 +120,11 @@ def wave_splits_enabled() -> bool:
     return env_switch("INFER_CLUSTER_DECODE_WAVES")
 
 
+def longest_first_enabled() -> bool:
+    """False when `INFER_CLUSTER_DECODE_LONGEST_FIRST=0` (A/B of `decode_order`)."""
+    return env_switch("INFER_CLUSTER_DECODE_LONGEST_FIRST")
+
+
 def preload_enabled() -> bool:
     """False when `INFER_CLUSTER_DECODE_PRELOAD=0` (A/B of the K/V tile loaded before the PDL wait)."""
     return env_switch("INFER_CLUSTER_DECODE_PRELOAD")

@@ -53,8 +53,8 @@ from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 
 @triton.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
-def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, po_ptr,
-                   plse_ptr, scale_log2,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr, span_ptr, order_ptr,
+                   out_ptr, po_ptr, plse_ptr, scale_log2,
                    sq_t, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                    sks_b, sks_h, sks_s, svs_b, svs_h, svs_s, s_bt,
                    so_t, so_h, so_d, spo_s, spo_h, spo_p, spl_s, spl_h,
@@ -64,7 +64,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
                    KV_INT8: tl.constexpr, OP_K: tl.constexpr = 0, OP_V: tl.constexpr = 0,
                    ASM: tl.constexpr = False, PDL: tl.constexpr = False,
                    PRELOAD: tl.constexpr = False, GROUPED: tl.constexpr = False,
-                   ROWS: tl.constexpr = 1):
+                   ROWS: tl.constexpr = 1, ORDERED: tl.constexpr = False):
     """One program: all query heads of one KV head (rows padded to BLOCK_G >= 16 for tl.dot) of
     one sequence, over one partition of its context. PDL: launched early, waits for the KV
     append before it (kernels/pdl.py). PRELOAD (float caches): the partition's first K/V tile is
@@ -76,8 +76,15 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_pt
     if not PRELOAD:
         pdl_wait(PDL)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if ORDERED:
+        # Programs in launch order take sequences in `order` (longest first), all KV heads of
+        # one before the next, so the long contexts start in the first wave.
+        lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+        seq = tl.load(order_ptr + lin // tl.num_programs(1))
+        kvh = lin % tl.num_programs(1)
+    else:
+        seq = tl.program_id(0)
+        kvh = tl.program_id(1)
     split = tl.program_id(2)
     offs_g = tl.arange(0, BLOCK_G)
     if GROUPED:
@@ -245,7 +252,8 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                     num_splits=None, config=None, k_scale=None, v_scale=None, row_span=None):
+                     num_splits=None, config=None, k_scale=None, v_scale=None, row_span=None,
+                     order=None):
     """Decode kernel writing into `out` the rows of the sequences that have exactly one query
     row (every sequence of a decode step; a mixed step's decode rows, its longer queries left
     to the prefill kernel).
@@ -258,7 +266,11 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     run's start; single sequences are runs of 1. A run's sequences must share one block table
     (the first one's is read) and have one query row each. Their outputs are the same; each
     program then serves several of a run's sequences (config "run_block_g" query rows, 16 by
-    default: 16 // GROUP sequences), so each K/V tile is read once for them, not once each."""
+    default: 16 // GROUP sequences), so each K/V tile is read once for them, not once each.
+
+    `order` (int32 `[num_seqs]`, a permutation, optional; ignored with `row_span`): the order in
+    which programs take sequences (`kernels.attention.decode_order`: longest context first), all
+    KV heads of one before the next."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -308,13 +320,16 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         preload = pdl and preload_enabled() and num_seqs * num_kv_heads * splits <= _one_wave(cfg, q.device)
     preload = bool(preload) and not kv_int8 and not grouped
     span = row_span if grouped else seq_lens  # never read when not grouped
+    ordered = order is not None and not grouped
+    order_arg = order if ordered else seq_lens  # never read when not ordered
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
-        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, out, part_out,
+        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, order_arg, out, part_out,
         part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
         block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
         OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, GROUPED=grouped, ROWS=rows,
+        ORDERED=ordered,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:

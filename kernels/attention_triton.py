@@ -87,11 +87,13 @@ def _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                           max_query_len=None, k_scale=None, v_scale=None, row_span=None):
+                           max_query_len=None, k_scale=None, v_scale=None, row_span=None,
+                           order=None):
     _check(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
-    if row_span is not None and (row_span.shape != seq_lens.shape or row_span.dtype != torch.int32):
-        raise ValueError(f"row_span must be int32 [{seq_lens.shape[0]}], got {row_span.dtype} "
-                         f"{tuple(row_span.shape)}")
+    for name, t in (("row_span", row_span), ("order", order)):
+        if t is not None and (t.shape != seq_lens.shape or t.dtype != torch.int32):
+            raise ValueError(f"{name} must be int32 [{seq_lens.shape[0]}], got {t.dtype} "
+                             f"{tuple(t.shape)}")
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if seq_lens.shape[0] == 0 or q.shape[0] == 0:
         return out
@@ -102,7 +104,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
         return out
     if max_query_len == 1:
         decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                         k_scale=k_scale, v_scale=v_scale, row_span=row_span)
+                         k_scale=k_scale, v_scale=v_scale, row_span=row_span, order=order)
         return out
     # A mixed step (decode rows beside prompts): the prefill kernel leaves one-row sequences to
     # the decode kernel, launched after it (its merge of split KV writes every row).
@@ -111,7 +113,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, s
                       max_query_len, out, k_scale=k_scale, v_scale=v_scale, skip_single=mixed)
     if mixed:
         decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                         k_scale=k_scale, v_scale=v_scale)
+                         k_scale=k_scale, v_scale=v_scale, order=order)
     return out
 
 

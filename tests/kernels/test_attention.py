@@ -93,6 +93,34 @@ def test_decode_split_k_matches_ref(device, dtype, num_splits, heads, kv_heads, 
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_longest_first_matches_row_order(device, num_splits):
+    # The launch order moves which program takes which sequence, never what it computes: the
+    # output equals the row-order launch bit for bit, empty and padded rows included, for the
+    # longest-first order and for a scrambled one.
+    from infer_cluster.kernels.attention import decode_order
+    batch = make_batch(device, torch.float32, [1, 1, 0, 1, 1], [130, 20, 9, 75, 1], 4, 2, 64, 16)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    order = decode_order(seq_lens)
+    assert order.tolist() == [0, 3, 1, 2, 4] and order.dtype == torch.int32
+    want = torch.full_like(q, 7.0)
+    decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, want, num_splits=num_splits)
+    for perm in (order, torch.tensor([4, 2, 0, 1, 3], dtype=torch.int32, device=device)):
+        got = torch.full_like(q, 7.0)
+        paged_attention_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, 1, order=perm)
+        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, got,
+                         num_splits=num_splits, order=perm)
+        assert torch.equal(got, want)
+    if num_splits == 1:  # and it is read: an order naming sequence 0 only leaves the rest unwritten
+        got = torch.full_like(q, 7.0)
+        decode_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, got,
+                         num_splits=1, order=torch.zeros_like(order))
+        assert torch.equal(got[0], want[0]) and (got[1:] == 7.0).all()
+    with pytest.raises(ValueError, match="order must be int32"):
+        paged_attention_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.1, 1,
+                               order=order.long())
+
+
 def test_decode_long_context_plans_a_split(device):
     # Through the public entry: a few programs and a long context must split (flash-decoding).
     batch = make_batch(device, torch.float32, [1], [601], 4, 2, 32, 32)

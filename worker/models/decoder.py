@@ -12,6 +12,7 @@ its checkpoint names differ, `_checkpoint_target`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ import torch
 from torch import nn
 
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
+from infer_cluster.kernels.attention import decode_order
+from infer_cluster.kernels.attention_decode_plan import longest_first_enabled
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
 
 from infer_cluster.worker.models.parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
@@ -41,6 +44,19 @@ class AttentionMetadata:
     # [num_seqs] int32 or None: runs of rows that are one request's positions (a verify step as
     # decode rows, `step_rows.row_spans`), so decode attention reads their KV once per chunk
     row_span: Optional[torch.Tensor] = None
+    # [num_seqs] int32 or None: the decode kernel's launch order (longest context first), set by
+    # the model once a step for decode steps (`kernels.attention.decode_order`)
+    decode_order: Optional[torch.Tensor] = None
+
+
+def with_decode_order(meta: AttentionMetadata, hidden: torch.Tensor) -> AttentionMetadata:
+    """`meta` with its decode launch order (longest context first, one sort for all layers) on a
+    CUDA decode step without runs; as it is otherwise (`INFER_CLUSTER_DECODE_LONGEST_FIRST=0`
+    keeps the sequences in row order)."""
+    if (meta.decode_order is not None or meta.max_query_len != 1 or meta.row_span is not None
+            or not hidden.is_cuda or not longest_first_enabled()):
+        return meta
+    return dataclasses.replace(meta, decode_order=decode_order(meta.seq_lens))
 
 
 class LayerKV(NamedTuple):
@@ -162,7 +178,7 @@ class Attention(nn.Module):
                      head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
-                              meta.row_span)
+                              meta.row_span, meta.decode_order)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -253,6 +269,7 @@ class DecoderModel(nn.Module):
         (rows selected alike), which runs the final add + norm inside the LM head's GEMV."""
         if self.is_first:
             hidden = self.embed_tokens(input_ids)
+        meta = with_decode_order(meta, hidden)
         sums = self._mlp_sums(hidden)
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
