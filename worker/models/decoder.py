@@ -51,10 +51,10 @@ class AttentionMetadata:
 
 def with_decode_order(meta: AttentionMetadata, hidden: torch.Tensor) -> AttentionMetadata:
     """`meta` with its decode launch order (longest context first, one sort for all layers) on a
-    CUDA decode step without runs; as it is otherwise (`INFER_CLUSTER_DECODE_LONGEST_FIRST=0`
-    keeps the sequences in row order)."""
+    CUDA decode step of several sequences without runs; as it is otherwise (one sequence has
+    nothing to order; `INFER_CLUSTER_DECODE_LONGEST_FIRST=0` keeps the row order)."""
     if (meta.decode_order is not None or meta.max_query_len != 1 or meta.row_span is not None
-            or not hidden.is_cuda or not longest_first_enabled()):
+            or meta.seq_lens.shape[0] < 2 or not hidden.is_cuda or not longest_first_enabled()):
         return meta
     return dataclasses.replace(meta, decode_order=decode_order(meta.seq_lens))
 
