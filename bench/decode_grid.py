@@ -57,7 +57,7 @@ def main(argv=None):
     ap.add_argument("--spread", type=float, default=0.25,
                     help="contexts uniform over (1 +- spread) x the bucket (workload A's: ~0.9)")
     ap.add_argument("--longest-first", action="store_true",
-                    help="pass decode_attention the sequences longest first (`order`)")
+                    help="launch the sequences longest first, as decode steps do (`decode_order`)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reps", type=int, default=10, help="kernel calls per captured graph")
     ap.add_argument("--out", default="bench/results/decode_grid.json")
@@ -74,7 +74,7 @@ def main(argv=None):
     from bench import tune_decode_cases as tc
     from bench.int8_decode import _int8_batches, int8_bytes
     from bench.report import write_json
-    from infer_cluster.kernels.attention import paged_attention_ref
+    from infer_cluster.kernels.attention import decode_order, paged_attention_ref
     from infer_cluster.kernels.attention_int8_triton import OP_MMA, cvt_ops
     from infer_cluster.kernels.attention_triton import decode_attention, decode_config
     from infer_cluster.kernels.kv_append import dequantize_int8_ref, quantize_int8_ref
@@ -102,7 +102,7 @@ def main(argv=None):
             outs = [torch.empty_like(b[0]) for b in case["batches"]]
             order = None
             if args.longest_first:  # every copy of the case has the same lengths
-                order = torch.argsort(case["batches"][0][5], descending=True).to(torch.int32)
+                order = decode_order(case["batches"][0][5])
             base = None
             for kv in args.kv:
                 if kv == "bf16":
