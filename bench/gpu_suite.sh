@@ -38,6 +38,7 @@ stages outside the suites (run by name; environment variables set their runs):
   decode_timeline    one batch-1 decode step's kernels and gaps      TIMELINE_FLAGS
   decode_kernels     kernels of one batch-1 decode step, eager
   step_kernels       a workload-A decode step's GPU time by kernel family, bf16 and int8 KV
+  decode_ncu         decode attention under ncu's counters, bf16 and int8 KV   NCU_CELL="--batch 256 --context 1024"
   sampler            the sampler alone per request kind (ms per call, profiler table)
   mixed_step         host launch vs GPU time per step kind
   prepare_cost       a decode step's input preparation on the GPU
@@ -361,6 +362,16 @@ stage_decode_kernels() {
   timeout "$(lim 120)" "$PY" bench/decode_kernels.py --steps 10 > "$OUT/decode_kernels.log" 2>&1
   local st=$?
   sed -n 1,40p "$OUT/decode_kernels.log"
+  return $st
+}
+stage_decode_ncu() {  # one decode attention launch per KV dtype under Nsight Compute (bench/ncu_profile.py)
+  local st=0 kv
+  for kv in bf16 int8; do
+    echo "--- $kv: ${NCU_CELL:=--batch 256 --context 1024}"
+    timeout "$(lim 300)" "$PY" bench/ncu_profile.py --kernel _decode_kernel --out "$OUT/ncu" --name "decode_$kv" \
+      -- "$PY" bench/decode_grid.py $NCU_CELL --kv $kv --spread 0.9 --longest-first --iters 2 --reps 1 \
+      --out "$OUT/ncu/grid_$kv.json" 2>&1 | tail -50 || st=1
+  done
   return $st
 }
 stage_step_kernels() {

@@ -35,8 +35,8 @@ DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
 # The wave rule's keys for DECODE_TUNED at head_dim 128 ("resident_per_sm" / "wave_fill",
 # `wave_splits`): where the split rule gives one partition, a grid of more than one wave
 # (resident programs x SMs) whose last wave would be under `wave_fill` full splits each context
-# in two. Three such programs fit a SM (64 KB of shared memory each: 2 stages of 64-token K and
-# V tiles). H200, 2026-11-30 (forced split counts, CUDA-graph replays, 4,096-token tables,
+# in two. Three a SM is what the wave edges measured below say (the unsplit build under ncu:
+# 116 registers and 38.9 KB of shared memory, one K/V buffer; `gpu_suite.sh decode_ncu`). H200, 2026-11-30 (forced split counts, CUDA-graph replays, 4,096-token tables,
 # contexts +-25% around 512 / 1,024 / 2,048), two partitions against one: batch 64 (512
 # programs, 1.29 waves) 1.09x / 1.16x / 1.18x; batch 128 (2.59 waves) 1.00x / 1.03x / 1.05x;
 # batch 160 1.01x / 1.05x / 1.07x; batch 256 (5.17 waves) 0.99x / 1.01x / 1.03x; batches 48,
