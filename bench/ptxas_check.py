@@ -73,6 +73,23 @@ def _decode_row(name, int8, split, block_n, warps, stages, extra=()):
             dict(num_warps=warps, num_stages=stages), DECODE_DNS)
 
 
+def gluon_decode_variants():
+    """The Gluon build of the int8 decode kernel (`_decode_int8_gluon_kernel`) as the engine
+    launches it: 128-token tiles, 4 warps, PDL, sequences longest first, one partition or split."""
+    from infer_cluster.kernels.attention_decode_gluon import _decode_int8_gluon_kernel
+    ptrs = _decode_ptrs("*i8")
+    ptrs.pop("span_ptr")
+    s = _strides(128, True)
+    ints = {k: v for k, v in s.items() if not k.endswith("_d") and k != "sks_s" and k != "svs_s"}
+    rows = []
+    for split in (False, True):
+        rows.append((f"decode i8 gluon split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
+                     dict(ints, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0),
+                     dict(GROUP=H // HK, PAGE=PAGE, BLOCK_N=128, SPLIT=split, ORDERED=True,
+                          PDL=True), dict(num_warps=4), DECODE_DNS))
+    return rows
+
+
 def _cvt_consts(cfg):
     from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     op_k, op_v = CVT_MODES[cfg["cvt"]]
@@ -178,7 +195,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
+    return rows + gluon_decode_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():
@@ -361,7 +378,10 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
             sig[name] = "i32"
             if name not in dns and ints[name] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(kernel, sig, values, attrs),
+    source = ASTSource
+    if type(kernel).__name__ == "GluonJITFunction":  # Gluon kernels build from their own source
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(kernel, sig, values, attrs),
                           target=GPUTarget("cuda", 90, 32), options=opts)
 
 

@@ -78,7 +78,9 @@ def decode_config(q, kv_dtype=None):
         return dict(block_n=32, num_warps=8, num_stages=2, programs_per_sm=4,
                     min_partition=_MIN_PARTITION, reduce_warps=4, cvt="add")
     if kv_dtype == torch.int8:
-        return dict(DECODE_INT8)
+        # "gluon": the Gluon build of the mma_k kernel where it applies (`decode_attention`);
+        # INFER_CLUSTER_DECODE_GLUON=0 keeps the Triton kernel (A/B)
+        return dict(DECODE_INT8, gluon=env_switch("INFER_CLUSTER_DECODE_GLUON"))
     waves = DECODE_WAVES_128 if q.shape[2] == 128 else {}  # measured there only
     return dict(DECODE_TUNED, cvt="add", **waves)
 

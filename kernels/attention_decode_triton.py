@@ -44,8 +44,9 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot_mode
+from .attention_decode_gluon import _decode_int8_gluon_kernel, gluon_available
 from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_tile, _run_chunk, _split_part
-from .attention_int8_triton import _quant_rows, cvt_ops
+from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
                                     _one_wave, _reg_cap, decode_config, plan_decode_splits,
                                     preload_enabled)
@@ -251,6 +252,15 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
              out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
 
+def _gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out, block_n) -> bool:
+    """Whether `_decode_int8_gluon_kernel` covers this call: CUDA sm_80+, head_dim 128,
+    128-token tiles, unit strides along the head dim (its layouts are written for that)."""
+    return (q.is_cuda and gluon_available() and torch.cuda.get_device_capability(q.device)[0] >= 8
+            and q.shape[2] == 128 and block_n == 128
+            and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1
+            and k_scale.stride(2) == v_scale.stride(2) == 1)
+
+
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
                      num_splits=None, config=None, k_scale=None, v_scale=None, row_span=None,
                      order=None):
@@ -322,16 +332,28 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     span = row_span if grouped else seq_lens  # never read when not grouped
     ordered = order is not None and not grouped
     order_arg = order if ordered else seq_lens  # never read when not ordered
-    _decode_kernel[(num_seqs, num_kv_heads, splits)](
-        q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, order_arg, out, part_out,
-        part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
-        block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
-        GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
-        BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
-        OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, GROUPED=grouped, ROWS=rows,
-        ORDERED=ordered,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
+    if (cfg.get("gluon") and kv_int8 and not grouped and op_k == OP_MMA
+            and _gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out, block_n)):
+        _decode_int8_gluon_kernel[(num_seqs, num_kv_heads, splits)](
+            q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, order_arg, out,
+            part_out, part_lse, scale * _LOG2E, q.stride(0), q.stride(1), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), k_scale.stride(0), k_scale.stride(1), v_scale.stride(0),
+            v_scale.stride(1), block_tables.stride(0), out.stride(0), out.stride(1), *po_strides,
+            *pl_strides, GROUP=group, PAGE=page_size, BLOCK_N=block_n, SPLIT=splits > 1,
+            ORDERED=ordered, PDL=pdl, num_warps=4,
+            **pdl_launch(pdl))
+    else:
+        _decode_kernel[(num_seqs, num_kv_heads, splits)](
+            q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, order_arg, out, part_out,
+            part_lse, scale * _LOG2E, *q.stride(), *k_cache.stride(), *v_cache.stride(), *s_strides,
+            block_tables.stride(0), *out.stride(), *po_strides, *pl_strides,
+            GROUP=group, HEAD_DIM=head_dim, PAGE=page_size, BLOCK_G=block_g, BLOCK_D=block_d,
+            BLOCK_N=block_n, SPLIT=splits > 1, LOWP=lowp, DOT_DTYPE=dot_dtype, KV_INT8=kv_int8,
+            OP_K=op_k, OP_V=op_v, ASM=q.is_cuda, PDL=pdl, PRELOAD=preload, GROUPED=grouped, ROWS=rows,
+            ORDERED=ordered,
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
