@@ -21,6 +21,8 @@ a row's context (masked copies read nothing) or the block table for a masked lan
 
 from __future__ import annotations
 
+from .attention_int8_triton import CODES_F16_ASM
+
 try:  # Triton >= 3.6 ships Gluon; the entry point falls back to the Triton kernel without it
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -40,18 +42,10 @@ if _HAVE_GLUON:
 
     @gluon.jit
     def _codes_f16(codes):
-        """fp16 values of int8 codes, 4 per asm instance (as `_codes_prmt`)."""
-        return gl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 u, c;
-            xor.b32 u, $2, 0x80808080;
-            mov.b32 c, 0x64806480;
-            prmt.b32 $0, u, 0x64646464, 0x5140;
-            prmt.b32 $1, u, 0x64646464, 0x7362;
-            sub.f16x2 $0, $0, c;
-            sub.f16x2 $1, $1, c;
-            }""",
-            constraints="=r,=r,r", args=[codes], dtype=gl.float16, is_pure=False, pack=4)
+        """fp16 values of int8 codes, 4 per asm instance (`CODES_F16_ASM`), in the layout the
+        codes arrive in."""
+        return gl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
+                                         dtype=gl.float16, is_pure=False, pack=4)
 
     @gluon.jit
     def _pdl(ENABLED: gl.constexpr, WAIT: gl.constexpr):

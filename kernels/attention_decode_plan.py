@@ -68,7 +68,8 @@ def decode_config(q, kv_dtype=None):
     `plan_decode_splits`), reduce_warps, cvt (int8 codes to operands, `CVT_MODES`; float caches
     ignore it); optional: "maxnreg" caps registers per thread, "small_per_sm" / "small_programs"
     a second split rule for small batches, "resident_per_sm" / "wave_fill" the wave rule
-    (`plan_decode_splits`). `decode_attention(config=...)`
+    (`plan_decode_splits`), "gluon" (int8: the Gluon kernel where it applies,
+    kernels/attention_decode_gluon.py). `decode_attention(config=...)`
     overrides any of them (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
         return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,

@@ -28,7 +28,11 @@ the codes and the tile's per-token scales, folds the K scales into the score col
 scales into the probability columns before P@V (see `attention_common_triton`). How codes
 become fp16 operands is chosen per operand (OP_K, OP_V from the config's "cvt"): V is the
 transposed operand of P@V, and where it is converted decides whether the MMA gets it from
-shared memory byte by byte or as fp16 through ldmatrix.trans (docs/kernels.md).
+shared memory byte by byte or as fp16 through ldmatrix.trans (docs/kernels.md). Where the
+config's "gluon" is on (the int8 default) and `_gluon_fits` (CUDA sm_80+, head_dim 128, 128-token
+tiles, method `mma_k`, no runs), `decode_attention` launches the Gluon build of that kernel
+instead (kernels/attention_decode_gluon.py: same arguments, grid and numerics, its copies
+issued as soon as their buffer is free); the reduce is shared.
 
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_decode_tile` (kernels/attention_decode_tile_triton.py, with the other per-tile pieces), loop

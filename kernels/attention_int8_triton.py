@@ -71,14 +71,11 @@ def word_rows(cache) -> bool:
     return st[3] == 1 and all(x % 4 == 0 for x in st[:3]) and cache.data_ptr() % 4 == 0
 
 
-@triton.jit
-def _codes_prmt(codes, PURE: tl.constexpr):
-    """fp16 values of int8 codes, 4 per asm instance: code ^ 0x80 is the byte code + 128; two
-    PRMTs put each byte under a 0x64 high byte (the fp16 1024 + code + 128, exact: spacing 1 in
-    [1024, 2048)) and one packed subtract per pair removes 1152. PURE False pins the conversion
-    to the layout the codes arrive in (see OP_PRMT_LOAD). CUDA only (no interpreter)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
+# PTX for 4 int8 codes (one 32-bit register in, two out) to their fp16 values: code ^ 0x80 is
+# the byte code + 128; two PRMTs put each byte under a 0x64 high byte (the fp16 1024 + code +
+# 128, exact: spacing 1 in [1024, 2048)) and one packed subtract per pair removes 1152. Shared
+# with the Gluon decode kernel (kernels/attention_decode_gluon.py).
+CODES_F16_ASM = tl.constexpr("""{
         .reg .b32 u, c;
         xor.b32 u, $2, 0x80808080;
         mov.b32 c, 0x64806480;
@@ -86,8 +83,16 @@ def _codes_prmt(codes, PURE: tl.constexpr):
         prmt.b32 $1, u, 0x64646464, 0x7362;
         sub.f16x2 $0, $0, c;
         sub.f16x2 $1, $1, c;
-        }""",
-        constraints="=r,=r,r", args=[codes], dtype=tl.float16, is_pure=PURE, pack=4)
+        }""")
+
+
+@triton.jit
+def _codes_prmt(codes, PURE: tl.constexpr):
+    """fp16 values of int8 codes, 4 per asm instance (`CODES_F16_ASM`). PURE False pins the
+    conversion to the layout the codes arrive in (see OP_PRMT_LOAD). CUDA only (no
+    interpreter)."""
+    return tl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
+                                     dtype=tl.float16, is_pure=PURE, pack=4)
 
 
 @triton.jit
