@@ -11,7 +11,8 @@ but each tile's copies are issued as soon as the previous tile has left its buff
 q @ K(i)^T has read K(i), V(i+1) after V(i) has been read for its conversion. So each load has
 about one tile's compute to land in, with the shared memory (and so the programs a SM) of the
 Triton kernel. Gluon (`triton.experimental.gluon`) states the layouts, copies and barriers
-that Triton chooses itself; the layouts below are the ones Triton picks for `_decode_kernel`.
+that Triton chooses itself; the layouts below are the ones Triton picks for `_decode_kernel`,
+except V's conversion layout, chosen to avoid the bank conflicts of Triton's.
 
 Numerics: the Triton kernel's `mma_k` method exactly (q quantized per row by the KV append's
 rule, int8 q @ K^T on int8 tensor cores, V codes to fp16 by the 0x6480 trick, V scales on the
