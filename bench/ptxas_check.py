@@ -1,18 +1,17 @@
 """Register and spill check of the paged attention, int8 append and small-batch linear kernels for
 sm_90, without a GPU.
 
-Owns: ahead-of-time compilation (Triton's `triton.compile` with an sm_90 target) of
-`_decode_kernel`, `_prefill_kernel` and `_kv_append_int8_kernel` at the Qwen3-0.6B head shape
-(16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256), of `_gemv_kernel` at
-the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up also with the
-add + RMSNorm prologue; one-chunk builds where the K slice is one chunk), and of the fused
-`_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), and of the sampler's kernels
-(`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state) and of the
-split argmax (`argmax_variants`), with the launch tiles the entry points pick, specialised as
-the JIT would for contiguous caches (strides equal to 1 become constants, multiples of 16 carry
-the divisibility hint, 16-byte-aligned pointers), then Triton's
-bundled `ptxas -v` for registers and spill bytes, and a count of cp.async copies (pipelined
-loads). Prints one row per variant; exits 1 if any variant spills. Never runs a kernel.
+Owns: the variants, the kernels at the launches their entry points pick: `_decode_kernel` and
+its Gluon build (`gluon_decode_variants`), `_prefill_kernel` and `_kv_append_int8_kernel` at the
+Qwen3-0.6B head shape (16 query / 8 KV heads, page 16; prefill also at head_dim 64 and 256),
+`_gemv_kernel` at the Qwen3-0.6B weight shapes for M = 1..16 (`gemv_variants`; qkv and gate_up
+also with the add + RMSNorm prologue; one-chunk builds where the K slice is one chunk), the
+fused `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), the sampler's kernels
+(`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state) and the split
+argmax (`argmax_variants`); and the report: each built for sm_90 as the JIT would for
+contiguous caches (bench/sm90_build.py), its registers and spill bytes, and a count of cp.async
+copies (pipelined loads). Prints one row per variant; exits 1 if any variant spills. Never runs
+a kernel.
 
   python bench/ptxas_check.py            # bf16 and int8 caches
   python bench/ptxas_check.py --int8-variants   # int8 decode per `CVT_MODES` x tile/warps, with
@@ -24,15 +23,13 @@ launch options).
 
 from __future__ import annotations
 
-import inspect
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.sm90_build import SASS_KINDS, compile_sm90, ptxas_info, sass_counts  # noqa: E402
 
 H, HK, PAGE = 16, 8, 16
 DECODE_DNS = ("s_bt", "spo_s", "spo_h", "spl_s", "spl_h")  # the kernel's do_not_specialize
@@ -355,75 +352,6 @@ def _qkv_prep_variants():
                      dict(num_warps=4 if block_h * block_d <= 2048 else 8,
                           enable_fp_fusion=False), ()))
     return rows
-
-
-def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    names = list(inspect.signature(kernel.fn).parameters)
-    if "PDL" in names:  # the CUDA entry points launch with PDL on sm_90 (kernels/pdl.py)
-        consts = {"PDL": True, **consts}
-    sig, values, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        if name in consts:
-            sig[name], values[(i,)] = "constexpr", consts[name]
-        elif name in ptrs:
-            sig[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
-        elif name in ("scale_log2", "eps"):
-            sig[name] = "fp32"
-        elif name not in dns and ints[name] == 1:
-            sig[name], values[(i,)] = "constexpr", 1
-        else:
-            sig[name] = "i32"
-            if name not in dns and ints[name] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource
-    if type(kernel).__name__ == "GluonJITFunction":  # Gluon kernels build from their own source
-        from triton.experimental.gluon._runtime import GluonASTSource as source
-    return triton.compile(source(kernel, sig, values, attrs),
-                          target=GPUTarget("cuda", 90, 32), options=opts)
-
-
-def ptxas_info(ptx: str) -> tuple[int, int]:
-    import triton
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o",
-                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
-                             check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", err).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", err).group(1))
-    return regs, spills
-
-
-SASS_KINDS = ("total", "LDS", "LDS.U8", "LDSM", "STS", "PRMT", "HADD2", "IMAD.MOV", "I2F", "HMMA", "IMMA")
-
-
-def sass_counts(cubin: bytes) -> dict:
-    """Static SASS instruction counts of a cubin (Triton's bundled nvdisasm) by opcode without
-    modifiers (LDS counts every LDS.*), plus "total", "LDS.U8" (byte loads from shared memory,
-    signed or not) and "IMAD.MOV" (register moves)."""
-    import collections
-
-    import triton
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        text = subprocess.run([tool, "-c", path], capture_output=True, text=True,
-                              check=True).stdout
-    line = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
-    ops = [m.group(1) for m in line.finditer(text)]
-    counts = collections.Counter(op.split(".")[0] for op in ops)
-    counts["total"] = len(ops)
-    counts["LDS.U8"] = sum(op in ("LDS.U8", "LDS.S8") for op in ops)
-    counts["IMAD.MOV"] = sum(op.startswith("IMAD.MOV") for op in ops)
-    return counts
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """int8 decode attention in Gluon, with the tile copies issued as soon as their buffer is free.
 
 Owns: `_decode_int8_gluon_kernel` (plain decode rows over int8 caches, head_dim 128, CUDA sm_80+;
-grid and arguments as `_decode_kernel`'s) and `gluon_available`.
+grid and arguments as `_decode_kernel`'s).
 
 Why: in the Triton kernel (`_decode_kernel`, KV_INT8) the compiler keeps one K/V buffer and
 issues the next tile's copies after the tile's last use, then waits for them in full at the top
@@ -22,202 +22,197 @@ a row's context (masked copies read nothing) or the block table for a masked lan
 
 from __future__ import annotations
 
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
 from .attention_int8_triton import CODES_F16_ASM
 
-try:  # Triton >= 3.6 ships Gluon; the entry point falls back to the Triton kernel without it
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-    _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # 3.7 / 3.6 name
-    _HAVE_GLUON = True
-except ImportError:  # pragma: no cover - older Triton
-    _HAVE_GLUON = False
+_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
 
 
-def gluon_available() -> bool:
-    return _HAVE_GLUON
+@gluon.jit
+def _codes_f16(codes):
+    """fp16 values of int8 codes, 4 per asm instance (`CODES_F16_ASM`), in the layout the
+    codes arrive in."""
+    return gl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
+                                     dtype=gl.float16, is_pure=False, pack=4)
 
 
-if _HAVE_GLUON:
-
-    @gluon.jit
-    def _codes_f16(codes):
-        """fp16 values of int8 codes, 4 per asm instance (`CODES_F16_ASM`), in the layout the
-        codes arrive in."""
-        return gl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
-                                         dtype=gl.float16, is_pure=False, pack=4)
-
-    @gluon.jit
-    def _pdl(ENABLED: gl.constexpr, WAIT: gl.constexpr):
-        """Programmatic dependent launch (kernels/pdl.py): WAIT, block until the previous kernel's
-        writes are visible; otherwise let the next kernel launch."""
-        if ENABLED:
-            if WAIT:
-                gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
-            else:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                          dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                     tok_l: gl.constexpr):
-        """The cache block of each token of tile [start, start+BLOCK_N) (0 past `hi`: the table
-        is not read there). Loaded a tile ahead of the copies that use it."""
-        tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
-        return gl.load(bt_row + tok // PAGE, mask=tok < hi, other=0)
-
-    @gluon.jit
-    def _issue_tile(smem, sc_smem, head, sc_head, blk, start, hi, s_b, s_s, sc_b,
-                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                    tok_l: gl.constexpr, tile_l: gl.constexpr):
-        """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales; `blk` their
-        blocks) into the tile's buffers, as one commit group; tokens at or past `hi` copy
-        nothing."""
-        tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
-        ok = tok < hi
-        pos = tok % PAGE
-        blk = blk.to(gl.int64)  # widened here, not at the load: no wait on the load a tile early
-        cp.async_copy_global_to_shared(sc_smem, sc_head + blk * sc_b + pos, mask=ok)
-        rows = gl.convert_layout(head + blk * s_b + pos * s_s, gl.SliceLayout(1, tile_l))
-        ok2 = gl.convert_layout(ok, gl.SliceLayout(1, tile_l))
-        d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, tile_l))
-        cp.async_copy_global_to_shared(smem, gl.expand_dims(rows, 1) + gl.expand_dims(d, 0),
-                                       mask=gl.expand_dims(ok2, 1) & gl.expand_dims(d < BLOCK_D, 0))
-        cp.commit_group()
-
-    @gluon.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
-    def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr,
-                                  order_ptr, out_ptr, po_ptr, plse_ptr, scale_log2,
-                                  sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
-                                  sks_b, sks_h, svs_b, svs_h, s_bt,
-                                  so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h,
-                                  GROUP: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                                  SPLIT: gl.constexpr, ORDERED: gl.constexpr, PDL: gl.constexpr = False):
-        """One program: the query heads of one KV head of one sequence over one partition of its
-        context (as `_decode_kernel`), 4 warps, 16 padded query rows, head_dim 128."""
-        BLOCK_G: gl.constexpr = 16
-        BLOCK_D: gl.constexpr = 128
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4],
-                                                      instr_shape=[16, 8])
-        a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-        b8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
-        a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        b16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        row_l: gl.constexpr = gl.SliceLayout(1, mma)
-        col_l: gl.constexpr = gl.SliceLayout(0, mma)
-        tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        tile_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-        q_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        # V's conversion layout: 16 threads read one 128-byte row of codes (one bank line, so no
-        # conflict whatever the swizzle) and each stores its 8 fp16 values as one 16-byte chunk
-        # of the staging row, 8 consecutive chunks a store wavefront: distinct bank groups.
-        v_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        code_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
-        half_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
-        sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-        _pdl(PDL, False)
-        _pdl(PDL, True)  # q and this step's K/V rows come from the kernel before
-        if ORDERED:
-            lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
-            seq = gl.load(order_ptr + lin // gl.num_programs(1))
-            kvh = lin % gl.num_programs(1)
+@gluon.jit
+def _pdl(ENABLED: gl.constexpr, WAIT: gl.constexpr):
+    """Programmatic dependent launch (kernels/pdl.py): WAIT, block until the previous kernel's
+    writes are visible; otherwise let the next kernel launch."""
+    if ENABLED:
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
         else:
-            seq = gl.program_id(0)
-            kvh = gl.program_id(1)
-        split = gl.program_id(2)
-        row = gl.load(qsl_ptr + seq)
-        has_query = (gl.load(qsl_ptr + seq + 1) - row) == 1
-        ctx = gl.where(has_query, gl.load(lens_ptr + seq), 0)
-        if SPLIT:
-            part = gl.maximum(gl.cdiv(gl.cdiv(ctx, gl.num_programs(2)), BLOCK_N), 1) * BLOCK_N
-            lo = split * part
-            hi = gl.maximum(gl.minimum(lo + part, ctx), lo)
-        else:
-            lo = 0
-            hi = ctx
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)
 
-        # q: int8 codes per row (the KV append's rule) and the rows' scales times the softmax's
-        g_q = gl.arange(0, BLOCK_G, layout=gl.SliceLayout(1, q_l))
-        d_q = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, q_l))
-        q_at = row.to(gl.int64) * sq_t + gl.expand_dims((kvh * GROUP + g_q) * sq_h, 1) + gl.expand_dims(d_q, 0)
-        q_ok = gl.expand_dims((g_q < GROUP) & has_query, 1) & gl.expand_dims(d_q < BLOCK_D, 0)
-        q = gl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(gl.float32)
-        amax = gl.max(gl.abs(q), axis=1)
-        inv = gl.div_rn(gl.full(amax.shape, 127.0, gl.float32, amax.type.layout), gl.where(amax > 0.0, amax, 1.0))
-        inv = gl.where(amax > 0.0, inv, 0.0)
-        r = gl.floor(q * gl.expand_dims(inv, 1) + 0.5)
-        q8 = gl.convert_layout(gl.minimum(gl.maximum(r, -127.0), 127.0).to(gl.int8), a8)
-        q_scl = gl.convert_layout(gl.div_rn(amax, gl.full(amax.shape, 127.0, gl.float32, amax.type.layout)),
-                                  row_l) * scale_log2
 
-        bt_row = bt_ptr + seq.to(gl.int64) * s_bt
-        k_head = k_ptr + kvh * sk_h
-        v_head = v_ptr + kvh * sv_h
-        ks_head = ks_ptr + kvh * sks_h
-        vs_head = vs_ptr + kvh * svs_h
-        k_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
-        v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
-        ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
-        vs_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
-        vh_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_D], half_sl)
-        blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
-        _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
+@gluon.jit
+def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                 tok_l: gl.constexpr):
+    """The cache block of each token of tile [start, start+BLOCK_N) (0 past `hi`: the table
+    is not read there). Loaded a tile ahead of the copies that use it."""
+    tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
+    return gl.load(bt_row + tok // PAGE, mask=tok < hi, other=0)
+
+
+@gluon.jit
+def _issue_tile(smem, sc_smem, head, sc_head, blk, start, hi, s_b, s_s, sc_b,
+                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                tok_l: gl.constexpr, tile_l: gl.constexpr):
+    """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales; `blk` their
+    blocks) into the tile's buffers, as one commit group; tokens at or past `hi` copy
+    nothing."""
+    tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
+    ok = tok < hi
+    pos = tok % PAGE
+    blk = blk.to(gl.int64)  # widened here, not at the load: no wait on the load a tile early
+    cp.async_copy_global_to_shared(sc_smem, sc_head + blk * sc_b + pos, mask=ok)
+    rows = gl.convert_layout(head + blk * s_b + pos * s_s, gl.SliceLayout(1, tile_l))
+    ok2 = gl.convert_layout(ok, gl.SliceLayout(1, tile_l))
+    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, tile_l))
+    cp.async_copy_global_to_shared(smem, gl.expand_dims(rows, 1) + gl.expand_dims(d, 0),
+                                   mask=gl.expand_dims(ok2, 1) & gl.expand_dims(d < BLOCK_D, 0))
+    cp.commit_group()
+
+
+@gluon.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
+def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr,
+                              order_ptr, out_ptr, po_ptr, plse_ptr, scale_log2,
+                              sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+                              sks_b, sks_h, svs_b, svs_h, s_bt,
+                              so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h,
+                              GROUP: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                              SPLIT: gl.constexpr, ORDERED: gl.constexpr, PDL: gl.constexpr = False):
+    """One program: the query heads of one KV head of one sequence over one partition of its
+    context (as `_decode_kernel`), 4 warps, 16 padded query rows, head_dim 128."""
+    BLOCK_G: gl.constexpr = 16
+    BLOCK_D: gl.constexpr = 128
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4],
+                                                  instr_shape=[16, 8])
+    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    b8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    tile_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    q_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    # V's conversion layout: 16 threads read one 128-byte row of codes (one bank line, so no
+    # conflict whatever the swizzle) and each stores its 8 fp16 values as one 16-byte chunk
+    # of the staging row, 8 consecutive chunks a store wavefront: distinct bank groups.
+    v_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    code_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
+    half_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    _pdl(PDL, False)
+    _pdl(PDL, True)  # q and this step's K/V rows come from the kernel before
+    if ORDERED:
+        lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+        seq = gl.load(order_ptr + lin // gl.num_programs(1))
+        kvh = lin % gl.num_programs(1)
+    else:
+        seq = gl.program_id(0)
+        kvh = gl.program_id(1)
+    split = gl.program_id(2)
+    row = gl.load(qsl_ptr + seq)
+    has_query = (gl.load(qsl_ptr + seq + 1) - row) == 1
+    ctx = gl.where(has_query, gl.load(lens_ptr + seq), 0)
+    if SPLIT:
+        part = gl.maximum(gl.cdiv(gl.cdiv(ctx, gl.num_programs(2)), BLOCK_N), 1) * BLOCK_N
+        lo = split * part
+        hi = gl.maximum(gl.minimum(lo + part, ctx), lo)
+    else:
+        lo = 0
+        hi = ctx
+
+    # q: int8 codes per row (the KV append's rule) and the rows' scales times the softmax's
+    g_q = gl.arange(0, BLOCK_G, layout=gl.SliceLayout(1, q_l))
+    d_q = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, q_l))
+    q_at = row.to(gl.int64) * sq_t + gl.expand_dims((kvh * GROUP + g_q) * sq_h, 1) + gl.expand_dims(d_q, 0)
+    q_ok = gl.expand_dims((g_q < GROUP) & has_query, 1) & gl.expand_dims(d_q < BLOCK_D, 0)
+    q = gl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(gl.float32)
+    amax = gl.max(gl.abs(q), axis=1)
+    inv = gl.div_rn(gl.full(amax.shape, 127.0, gl.float32, amax.type.layout), gl.where(amax > 0.0, amax, 1.0))
+    inv = gl.where(amax > 0.0, inv, 0.0)
+    r = gl.floor(q * gl.expand_dims(inv, 1) + 0.5)
+    q8 = gl.convert_layout(gl.minimum(gl.maximum(r, -127.0), 127.0).to(gl.int8), a8)
+    q_scl = gl.convert_layout(gl.div_rn(amax, gl.full(amax.shape, 127.0, gl.float32, amax.type.layout)),
+                              row_l) * scale_log2
+
+    bt_row = bt_ptr + seq.to(gl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
+    ks_head = ks_ptr + kvh * sks_h
+    vs_head = vs_ptr + kvh * svs_h
+    k_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
+    v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
+    ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
+    vs_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
+    vh_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_D], half_sl)
+    blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
+    _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
+                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+    _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, lo, hi, sv_b, sv_s, svs_b,
+                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+    blk = _tile_blocks(bt_row, lo + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
+
+    m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, row_l)
+    l_i = gl.full([BLOCK_G], 0.0, gl.float32, row_l)
+    acc = gl.full([BLOCK_G, BLOCK_D], 0.0, gl.float32, mma)
+    for start in range(lo, hi, BLOCK_N):
+        nxt = start + BLOCK_N
+        blk_nxt = blk
+        blk = _tile_blocks(bt_row, nxt + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
+        cp.wait_group(1)  # K(start) is in; V(start) may still be on its way
+        _barrier()
+        k_t = k_smem.permute([1, 0]).load(b8)
+        ks = ks_smem.load(col_l)
+        _barrier()  # every warp has K(start): its buffer takes K(nxt)
+        _issue_tile(k_smem, ks_smem, k_head, ks_head, blk_nxt, nxt, hi, sk_b, sk_s, sks_b,
                     PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-        _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, lo, hi, sv_b, sv_s, svs_b,
+        s = mma_v2(q8, k_t, gl.full([BLOCK_G, BLOCK_N], 0, gl.int32, mma))
+        tok_ok = (start + gl.arange(0, BLOCK_N, layout=col_l)) < hi
+        s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)
+        s = gl.where(gl.expand_dims(tok_ok, 0), s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        cp.wait_group(1)  # V(start) is in; K(nxt) may still be on its way
+        _barrier()
+        v8 = v_smem.load(v_l)
+        vs = vs_smem.load(col_l)
+        _barrier()  # every warp has V(start): its buffer takes V(nxt)
+        _issue_tile(v_smem, vs_smem, v_head, vs_head, blk_nxt, nxt, hi, sv_b, sv_s, svs_b,
                     PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-        blk = _tile_blocks(bt_row, lo + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
+        vh_smem.store(_codes_f16(v8))
+        p16 = gl.convert_layout((p * gl.expand_dims(gl.where(tok_ok, vs, 0.0), 0)).to(gl.float16), a16)
+        _barrier()
+        acc = mma_v2(p16, vh_smem.load(b16), acc * gl.expand_dims(alpha, 1))
+    cp.wait_group(0)
 
-        m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, row_l)
-        l_i = gl.full([BLOCK_G], 0.0, gl.float32, row_l)
-        acc = gl.full([BLOCK_G, BLOCK_D], 0.0, gl.float32, mma)
-        for start in range(lo, hi, BLOCK_N):
-            nxt = start + BLOCK_N
-            blk_nxt = blk
-            blk = _tile_blocks(bt_row, nxt + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
-            cp.wait_group(1)  # K(start) is in; V(start) may still be on its way
-            _barrier()
-            k_t = k_smem.permute([1, 0]).load(b8)
-            ks = ks_smem.load(col_l)
-            _barrier()  # every warp has K(start): its buffer takes K(nxt)
-            _issue_tile(k_smem, ks_smem, k_head, ks_head, blk_nxt, nxt, hi, sk_b, sk_s, sks_b,
-                        PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-            s = mma_v2(q8, k_t, gl.full([BLOCK_G, BLOCK_N], 0, gl.int32, mma))
-            tok_ok = (start + gl.arange(0, BLOCK_N, layout=col_l)) < hi
-            s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)
-            s = gl.where(gl.expand_dims(tok_ok, 0), s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            cp.wait_group(1)  # V(start) is in; K(nxt) may still be on its way
-            _barrier()
-            v8 = v_smem.load(v_l)
-            vs = vs_smem.load(col_l)
-            _barrier()  # every warp has V(start): its buffer takes V(nxt)
-            _issue_tile(v_smem, vs_smem, v_head, vs_head, blk_nxt, nxt, hi, sv_b, sv_s, svs_b,
-                        PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-            vh_smem.store(_codes_f16(v8))
-            p16 = gl.convert_layout((p * gl.expand_dims(gl.where(tok_ok, vs, 0.0), 0)).to(gl.float16), a16)
-            _barrier()
-            acc = mma_v2(p16, vh_smem.load(b16), acc * gl.expand_dims(alpha, 1))
-        cp.wait_group(0)
-
-        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / gl.expand_dims(l_safe, 1)
-        g = gl.arange(0, BLOCK_G, layout=row_l)
-        d = gl.arange(0, BLOCK_D, layout=col_l)
-        heads = kvh * GROUP + g
-        g_ok = g < GROUP
-        o_ok = gl.expand_dims(g_ok, 1) & gl.expand_dims(d < BLOCK_D, 0)
-        if SPLIT:
-            po = po_ptr + seq.to(gl.int64) * spo_s + split * spo_p
-            gl.store(po + gl.expand_dims(heads * spo_h, 1) + gl.expand_dims(d, 0), o, mask=o_ok & (lo < hi))
-            gl.store(plse_ptr + seq.to(gl.int64) * spl_s + heads * spl_h + split,
-                     m_i + gl.log2(l_safe), mask=g_ok & (lo < hi))
-        else:
-            dst = out_ptr + row.to(gl.int64) * so_t + gl.expand_dims(heads * so_h, 1) + gl.expand_dims(d, 0)
-            gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_ok & has_query)
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / gl.expand_dims(l_safe, 1)
+    g = gl.arange(0, BLOCK_G, layout=row_l)
+    d = gl.arange(0, BLOCK_D, layout=col_l)
+    heads = kvh * GROUP + g
+    g_ok = g < GROUP
+    o_ok = gl.expand_dims(g_ok, 1) & gl.expand_dims(d < BLOCK_D, 0)
+    if SPLIT:
+        po = po_ptr + seq.to(gl.int64) * spo_s + split * spo_p
+        gl.store(po + gl.expand_dims(heads * spo_h, 1) + gl.expand_dims(d, 0), o, mask=o_ok & (lo < hi))
+        gl.store(plse_ptr + seq.to(gl.int64) * spl_s + heads * spl_h + split,
+                 m_i + gl.log2(l_safe), mask=g_ok & (lo < hi))
+    else:
+        dst = out_ptr + row.to(gl.int64) * so_t + gl.expand_dims(heads * so_h, 1) + gl.expand_dims(d, 0)
+        gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_ok & has_query)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot_mode
-from .attention_decode_gluon import _decode_int8_gluon_kernel, gluon_available
+from .attention_decode_gluon import _decode_int8_gluon_kernel
 from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_tile, _run_chunk, _split_part
 from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
@@ -256,11 +256,13 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
              out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
 
-def _gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out, block_n) -> bool:
-    """Whether `_decode_int8_gluon_kernel` covers this call: CUDA sm_80+, head_dim 128,
-    128-token tiles, unit strides along the head dim (its layouts are written for that)."""
-    return (q.is_cuda and gluon_available() and torch.cuda.get_device_capability(q.device)[0] >= 8
-            and q.shape[2] == 128 and block_n == 128
+def _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out) -> bool:
+    """Whether `_decode_int8_gluon_kernel` takes this call: the config asks for it ("gluon"),
+    int8 caches read by `mma_k` (OP_MMA), no runs, CUDA sm_80+, head_dim 128, 128-token tiles,
+    unit strides along the head dim (its layouts are written for that)."""
+    return (bool(cfg.get("gluon")) and k_cache.dtype == torch.int8 and op_k == OP_MMA
+            and not grouped and q.is_cuda and q.shape[2] == 128 and cfg["block_n"] == 128
+            and torch.cuda.get_device_capability(q.device)[0] >= 8
             and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1
             and k_scale.stride(2) == v_scale.stride(2) == 1)
 
@@ -336,8 +338,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     span = row_span if grouped else seq_lens  # never read when not grouped
     ordered = order is not None and not grouped
     order_arg = order if ordered else seq_lens  # never read when not ordered
-    if (cfg.get("gluon") and kv_int8 and not grouped and op_k == OP_MMA
-            and _gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out, block_n)):
+    if _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out):
         _decode_int8_gluon_kernel[(num_seqs, num_kv_heads, splits)](
             q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, order_arg, out,
             part_out, part_lse, scale * _LOG2E, q.stride(0), q.stride(1), k_cache.stride(0),

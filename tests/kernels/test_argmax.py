@@ -52,7 +52,8 @@ def test_strided_rows_and_dispatch(device):
 from tests.kernels.conftest import sm90_check  # noqa: E402
 
 SM90_SPILLS = sm90_check("argmax_spills", """
-from bench.ptxas_check import argmax_variants, compile_sm90, ptxas_info
+from bench.ptxas_check import argmax_variants
+from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in argmax_variants():
     regs, spills = ptxas_info(compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"])
     print(name.replace(" ", "_"), regs, spills)

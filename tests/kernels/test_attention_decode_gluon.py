@@ -12,7 +12,8 @@ from tests.kernels.test_attention import make_batch
 from tests.kernels.test_attention_int8 import int8_batch, quantized_q
 
 BUILD = sm90_check("gluon_decode_build", """
-from bench.ptxas_check import compile_sm90, gluon_decode_variants, ptxas_info
+from bench.ptxas_check import gluon_decode_variants
+from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gluon_decode_variants():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
     regs, spills = ptxas_info(c.asm["ptx"])

@@ -233,7 +233,8 @@ def test_model_layers_take_the_small_path(monkeypatch):
 from tests.kernels.conftest import sm90_check  # noqa: E402
 
 SM90_GEMV_CHECK = sm90_check("gemv_picked_configs", """
-from bench.ptxas_check import gemv_variants, compile_sm90, ptxas_info
+from bench.ptxas_check import gemv_variants
+from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     ptx = compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"]
     regs, spills = ptxas_info(ptx)

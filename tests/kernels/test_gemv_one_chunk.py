@@ -127,7 +127,7 @@ def test_qwen3_batch1_shapes_on_gpu(gpu_device, monkeypatch, n, k):
 from tests.kernels.conftest import sm90_check  # noqa: E402
 
 SM90_REGISTERS = sm90_check("gemv_one_chunk_registers", """
-from bench.ptxas_check import compile_sm90, ptxas_info
+from bench.sm90_build import compile_sm90, ptxas_info
 from infer_cluster.kernels.gemv_triton import _gemv_kernel
 # qkv / gate_up of the Qwen3-0.6B shape at one row, fused norm, the table's 4 x 1024 tile
 ints = dict(M=1, N=6144, K=1024, k_per_split=1024, sxm=1024, swn=1024, som=6144, sos=0, srm=1024,

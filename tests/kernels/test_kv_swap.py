@@ -115,7 +115,7 @@ from tests.kernels.conftest import sm90_check  # noqa: E402
 
 SM90_PTX_COUNTS = sm90_check("kv_swap_ptx_counts", """
 import re
-from bench.ptxas_check import compile_sm90
+from bench.sm90_build import compile_sm90
 from infer_cluster.kernels.kv_swap_triton import _kv_swap_kernel
 ptrs = dict(dev_base="*i32", host_base="*i32", dev_off_ptr="*i64", host_off_ptr="*i64",
             host_idx_ptr="*i32", dev_idx_ptr="*i32")

@@ -24,7 +24,8 @@ def test_launch_option_only_when_on():
 
 
 PTX_ORDER = sm90_check("pdl_gemv_order", """
-from bench.ptxas_check import gemv_variants, compile_sm90
+from bench.ptxas_check import gemv_variants
+from bench.sm90_build import compile_sm90
 for name, kernel, ptrs, ints, consts, opts, dns in gemv_variants():
     if "norm" not in name or "fma" not in name:
         continue
@@ -47,7 +48,8 @@ def test_sm90_gemv_loads_weights_before_the_wait(sm90_builds):
 
 
 DECODE_ORDER = sm90_check("pdl_decode_order", """
-from bench.ptxas_check import _decode_row, compile_sm90
+from bench.ptxas_check import _decode_row
+from bench.sm90_build import compile_sm90
 from infer_cluster.kernels.attention_decode_triton import DECODE_TUNED as c
 for pre in (False, True):
     for split in (False, True):
@@ -72,7 +74,8 @@ def test_sm90_decode_reads_nothing_before_the_wait_unless_it_preloads(sm90_build
 
 
 PREP_ORDER = sm90_check("pdl_qkv_prep_order", """
-from bench.ptxas_check import _qkv_prep_variants, compile_sm90
+from bench.ptxas_check import _qkv_prep_variants
+from bench.sm90_build import compile_sm90
 for name, kernel, ptrs, ints, consts, opts, dns in _qkv_prep_variants():
     lines = [l.strip() for l in compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"].splitlines()]
     wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))

@@ -264,7 +264,8 @@ def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch, dtype, wi
 from tests.kernels.conftest import sm90_check  # noqa: E402
 
 SM90_SPILLS = sm90_check("sampler_spills", """
-from bench.ptxas_check import compile_sm90, ptxas_info, sampler_variants
+from bench.ptxas_check import sampler_variants
+from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in sampler_variants():
     regs, spills = ptxas_info(compile_sm90(kernel, ptrs, ints, consts, opts, dns).asm["ptx"])
     print(name.replace(" ", "_"), regs, spills)
