@@ -87,6 +87,22 @@ def gluon_decode_variants():
     return rows
 
 
+def gemm_variants():
+    """The Gluon mid-size GEMM (`_gemm_kernel`) at the Qwen3-0.6B qkv and o shapes, 256 rows:
+    one program a tile, and split-K with its in-kernel reduction."""
+    from bench.sm90_build import desc_sig
+    from infer_cluster.kernels.gemm_gluon import BLOCK_M, _gemm_kernel
+    rows = []
+    for (n, k), bn, stages, split in (((4096, 1024), 128, 4, 1), ((1024, 2048), 128, 4, 4),
+                                      ((6144, 1024), 256, 4, 2)):
+        ptrs = {"a_desc": desc_sig((256, k), (BLOCK_M, 64)), "w_desc": desc_sig((n, k), (bn, 64)),
+                "c_desc": desc_sig((256, n), (BLOCK_M, bn)), "ws_ptr": "*fp32", "tiles_ptr": "*i32"}
+        rows.append((f"gemm n{n} k{k} bn{bn} s{stages} split{split}", _gemm_kernel, ptrs,
+                     dict(n_m=4), dict(STEPS=k // (64 * split), STAGES=stages, SPLIT_K=split, num_warps=4),
+                     dict(num_warps=4), ("n_m",)))
+    return rows
+
+
 def _cvt_consts(cfg):
     from infer_cluster.kernels.attention_int8_triton import CVT_MODES
     op_k, op_v = CVT_MODES[cfg["cvt"]]
@@ -192,7 +208,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gluon_decode_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
+    return rows + gluon_decode_variants() + gemm_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():

@@ -29,8 +29,10 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
     for i, name in enumerate(names):
         if name in consts:
             sig[name], values[(i,)] = "constexpr", consts[name]
-        elif name in ptrs:
-            sig[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
+        elif name in ptrs:  # a pointer ("*bf16") or a TMA descriptor (`desc_sig`)
+            sig[name] = ptrs[name]
+            if not ptrs[name].startswith("tensordesc"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("scale_log2", "eps"):
             sig[name] = "fp32"
         elif name not in dns and ints[name] == 1:
@@ -44,6 +46,18 @@ def compile_sm90(kernel, ptrs, ints, consts, opts, dns):
         from triton.experimental.gluon._runtime import GluonASTSource as source
     return triton.compile(source(kernel, sig, values, attrs),
                           target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def desc_sig(shape, block, dtype="bf16") -> str:
+    """The signature string of a Gluon TMA descriptor argument (host `TensorDescriptor` of a
+    `shape` tensor in `block` tiles, the default NVMMA shared layout), as the JIT would mangle it."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+    tdt, gdt = {"bf16": (torch.bfloat16, gl.bfloat16), "fp16": (torch.float16, gl.float16)}[dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+    return mangle_type(TensorDescriptor.from_tensor(torch.empty(*shape, dtype=tdt), list(block), layout))
 
 
 def ptxas_info(ptx: str) -> tuple[int, int]:

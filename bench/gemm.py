@@ -1,0 +1,152 @@
+"""Mid-size decode GEMMs (17-256 rows): cuBLAS against the Gluon Hopper GEMM (kernels/gemm_gluon.py).
+
+Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS and
+prints the winners as `kernels/gemm_table.py` entries (None where cuBLAS stays ahead by less
+than `--margin`); and the layer chain (default), which times `--layers` layers of the four
+projections (qkv, o, gate_up, down) with cuBLAS and with what `kernels.gemm.linear_mid` picks,
+per M, in one CUDA graph each.
+Timing: each graph launches one op per layer over that layer's own weight copy (the 50 MB L2
+holds none of them across a replay, as in a decode step), PDL between the Gluon launches as in
+the engine; best of several replays (bench/graph_timing.py). The sweep checks each config's
+output against cuBLAS (relative max error) and drops a config that disagrees, printing it.
+Without CUDA it prints a note and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
+sys.path.insert(0, _ROOT)
+
+from bench.graph_timing import best_replay_s  # noqa: E402
+from bench.report import run_info, write_json  # noqa: E402
+
+SHAPES = {  # per model: layers and the four projections as (N, K)
+    "qwen3-0.6b": (28, {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
+                        "down": (1024, 3072)}),
+    "qwen3-0.6b-tp2": (28, {"qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (3072, 1024),
+                            "down": (1024, 1536)}),
+    "llama-3-8b": (32, {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                        "down": (4096, 14336)}),
+}
+_SMEM = 220 * 1024  # a program's shared memory budget (228 KB a SM, a little reserved)
+
+
+def candidates(m: int, n: int, k: int):
+    from infer_cluster.kernels.gemm_gluon import BLOCK_M, GemmConfig
+    out = []
+    for bn, stages, split in itertools.product((64, 128, 256), (3, 4, 6), (1, 2, 4, 8)):
+        cfg = GemmConfig(block_n=bn, block_k=64, stages=stages, split_k=split)
+        if not cfg.fits(m, n, k) or stages * (BLOCK_M + bn) * 64 * 2 > _SMEM:
+            continue
+        if k // (64 * split) < 2 or cfg.programs(m, n) > 4 * 132:
+            continue
+        out.append(cfg)
+    return out
+
+
+def _weights(n, k, layers, dtype, device):
+    import torch
+    return [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(layers)]
+
+
+def _time(op, ws, x, replays):
+    return best_replay_s(lambda i: op(x, ws[i]), len(ws), replays)
+
+
+def sweep(args, dev, dtype):
+    import torch
+    import torch.nn.functional as F
+
+    from infer_cluster.kernels.gemm_gluon import BLOCK_M, gemm_sm90
+    layers, shapes = SHAPES[args.model]
+    tiles = torch.zeros(4096, dtype=torch.int32, device=dev)
+    rows, table = [], {}
+    for name, (n, k) in shapes.items():
+        ws = _weights(n, k, layers, dtype, dev)
+        for m in args.m:
+            x = torch.randn(m, k, dtype=dtype, device=dev)
+            ref = F.linear(x, ws[0])
+            t_cublas = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
+            best = (t_cublas, None)
+            for cfg in candidates(m, n, k):
+                out = gemm_sm90(x, ws[0], cfg, tiles)
+                err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                if not err < 2e-2:
+                    print(f"  MISMATCH {name} m={m} {cfg}: rel err {err:.3g}", flush=True)
+                    continue
+                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c, tiles), ws, x, args.replays)
+                rows.append(dict(shape=name, n=n, k=k, m=m, cfg=vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
+                                 us=t * 1e6, cublas_us=t_cublas * 1e6))
+                if t < best[0]:
+                    best = (t, cfg)
+            t, cfg = best
+            print(f"{name:8s} N={n:5d} K={k:5d} M={m:3d}: cuBLAS {t_cublas * 1e6:6.2f} us, best "
+                  f"{t * 1e6:6.2f} us ({t_cublas / t:.2f}x) {cfg}", flush=True)
+            key = (n, k, -(-m // BLOCK_M))
+            keep = cfg if cfg is not None and t_cublas / t >= 1 + args.margin else None
+            if key not in table or table[key][1] > t:
+                table[key] = (keep, t)
+    print("\n# kernels/gemm_table.py entries (N, K, 64-row tiles): GemmConfig or None (cuBLAS)")
+    for key, (cfg, _) in sorted(table.items()):
+        text = "None" if cfg is None else (f"GemmConfig(block_n={cfg.block_n}, block_k={cfg.block_k}, "
+                                           f"stages={cfg.stages}, split_k={cfg.split_k})")
+        print(f"    {key}: {text},")
+    return rows
+
+
+def chain(args, dev, dtype):
+    import torch
+    import torch.nn.functional as F
+
+    from infer_cluster.kernels.gemm import gemm_config, linear_mid
+    layers, shapes = SHAPES[args.model]
+    ws = {name: _weights(n, k, layers, dtype, dev) for name, (n, k) in shapes.items()}
+    tiles = torch.zeros(4096, dtype=torch.int32, device=dev)
+    rows = []
+    for m in args.m:
+        xs = {name: torch.randn(m, k, dtype=dtype, device=dev) for name, (n, k) in shapes.items()}
+        picks = {name: gemm_config(m, n, k) for name, (n, k) in shapes.items()}
+
+        def layer_chain(fn):
+            def step(i):
+                for name in shapes:
+                    fn(xs[name], ws[name][i])
+            return step
+        t_cublas = best_replay_s(layer_chain(lambda x, w: F.linear(x, w)), layers, args.replays)
+        t_mid = best_replay_s(layer_chain(lambda x, w: linear_mid(x, w, tiles)), layers, args.replays)
+        print(f"M={m:3d}: a layer's four GEMMs cuBLAS {t_cublas * 1e6:6.2f} us, table "
+              f"{t_mid * 1e6:6.2f} us ({t_cublas / t_mid:.3f}x); picks "
+              + ", ".join(f"{k}={v}" for k, v in picks.items()), flush=True)
+        rows.append(dict(m=m, cublas_us=t_cublas * 1e6, table_us=t_mid * 1e6,
+                         picks={k: str(v) for k, v in picks.items()}))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen3-0.6b", choices=sorted(SHAPES))
+    p.add_argument("--m", type=int, nargs="+", default=[32, 64, 128, 192, 256])
+    p.add_argument("--sweep", action="store_true", help="time every config per shape and M; print the table")
+    p.add_argument("--margin", type=float, default=0.03, help="the table keeps cuBLAS unless a config is this much faster")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--out", default=os.path.join(_ROOT, "bench", "results", "gemm.json"))
+    args = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("bench/gemm.py needs a Hopper GPU (sm_90); nothing to time here")
+        return 0
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    rows = sweep(args, dev, dtype) if args.sweep else chain(args, dev, dtype)
+    write_json(args.out, {"run": run_info(), "model": args.model, "sweep": args.sweep, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
