@@ -2,9 +2,9 @@
 
 Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS and
 prints the winners as `kernels/gemm_table.py` entries (None where cuBLAS stays ahead by less
-than `--margin`); and the layer chain (default), which times `--layers` layers of the four
-projections (qkv, o, gate_up, down) with cuBLAS and with what `kernels.gemm.linear_mid` picks,
-per M, in one CUDA graph each.
+than `--margin`; with `--write`, rewrites that file); and the layer chain (default), which times
+a model's layers of the four projections (qkv, o, gate_up, down) with cuBLAS and with what
+`kernels.gemm.linear_mid` picks, per M, in one CUDA graph each.
 Timing: each graph launches one op per layer over that layer's own weight copy (the 50 MB L2
 holds none of them across a replay, as in a decode step), PDL between the Gluon launches as in
 the engine; best of several replays (bench/graph_timing.py). The sweep checks each config's
@@ -15,6 +15,7 @@ Without CUDA it prints a note and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import sys
@@ -39,15 +40,12 @@ _SMEM = 220 * 1024  # a program's shared memory budget (228 KB a SM, a little re
 
 
 def candidates(m: int, n: int, k: int):
-    from infer_cluster.kernels.gemm_gluon import BLOCK_M, GemmConfig
+    from infer_cluster.kernels.gemm_gluon import GemmConfig
     out = []
-    for bn, stages, split in itertools.product((64, 128, 256), (3, 4, 6), (1, 2, 4, 8)):
-        cfg = GemmConfig(block_n=bn, block_k=64, stages=stages, split_k=split)
-        if not cfg.fits(m, n, k) or stages * (BLOCK_M + bn) * 64 * 2 > _SMEM:
-            continue
-        if k // (64 * split) < 2 or cfg.programs(m, n) > 4 * 132:
-            continue
-        out.append(cfg)
+    for bn, bk, stages in itertools.product((64, 128, 256), (64, 128), (3, 4, 5, 6, 8)):
+        cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages)
+        if cfg.fits(m, n, k) and cfg.shared_bytes() <= _SMEM and k // bk >= 2:
+            out.append(cfg)
     return out
 
 
@@ -66,7 +64,6 @@ def sweep(args, dev, dtype):
 
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, gemm_sm90
     layers, shapes = SHAPES[args.model]
-    tiles = torch.zeros(4096, dtype=torch.int32, device=dev)
     rows, table = [], {}
     for name, (n, k) in shapes.items():
         ws = _weights(n, k, layers, dtype, dev)
@@ -76,14 +73,14 @@ def sweep(args, dev, dtype):
             t_cublas = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
             best = (t_cublas, None)
             for cfg in candidates(m, n, k):
-                out = gemm_sm90(x, ws[0], cfg, tiles)
+                out = gemm_sm90(x, ws[0], cfg)
                 err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not err < 2e-2:
                     print(f"  MISMATCH {name} m={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
-                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c, tiles), ws, x, args.replays)
-                rows.append(dict(shape=name, n=n, k=k, m=m, cfg=vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
-                                 us=t * 1e6, cublas_us=t_cublas * 1e6))
+                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c), ws, x, args.replays)
+                rows.append(dict(shape=name, n=n, k=k, m=m, cfg=dataclasses.asdict(cfg), us=t * 1e6,
+                                 cublas_us=t_cublas * 1e6))
                 if t < best[0]:
                     best = (t, cfg)
             t, cfg = best
@@ -91,14 +88,34 @@ def sweep(args, dev, dtype):
                   f"{t * 1e6:6.2f} us ({t_cublas / t:.2f}x) {cfg}", flush=True)
             key = (n, k, -(-m // BLOCK_M))
             keep = cfg if cfg is not None and t_cublas / t >= 1 + args.margin else None
-            if key not in table or table[key][1] > t:
-                table[key] = (keep, t)
-    print("\n# kernels/gemm_table.py entries (N, K, 64-row tiles): GemmConfig or None (cuBLAS)")
-    for key, (cfg, _) in sorted(table.items()):
+            note = f"{name} M={m}: {t * 1e6:.2f} us vs cuBLAS {t_cublas * 1e6:.2f} us"
+            # one entry per (N, K, tiles): the largest M swept for it (its slowest case) decides
+            if key not in table or table[key][2] < m:
+                table[key] = (keep, note, m)
+    lines = []
+    for key, (cfg, note, _) in sorted(table.items()):
         text = "None" if cfg is None else (f"GemmConfig(block_n={cfg.block_n}, block_k={cfg.block_k}, "
-                                           f"stages={cfg.stages}, split_k={cfg.split_k})")
-        print(f"    {key}: {text},")
+                                           f"stages={cfg.stages})")
+        lines.append(f"    {key}: {text},  # {note}")
+    print("\n# kernels/gemm_table.py entries (N, K, 64-row tiles): GemmConfig or None (cuBLAS)")
+    print("\n".join(lines))
+    if args.write:
+        _write_table(lines, args)
     return rows
+
+
+def _write_table(lines, args):
+    info = run_info()
+    path = os.path.join(_ROOT, "kernels", "gemm_table.py")
+    text = open(path).read()
+    head = text[:text.index("TABLE: dict = {")]
+    stamp = (f"# Written by `python bench/gemm.py --sweep --write --model {args.model} --m "
+             f"{' '.join(map(str, args.m))}`: {info.get('device_name')}, {info.get('date')}, "
+             f"commit {info.get('commit')}.\n")
+    head = "\n".join(l for l in head.rstrip("\n").split("\n") if not l.startswith("# Written by"))
+    with open(path, "w") as f:
+        f.write(head + "\n\n" + stamp + "TABLE: dict = {\n" + "\n".join(lines) + "\n}\n")
+    print(f"wrote {path}")
 
 
 def chain(args, dev, dtype):
@@ -108,7 +125,6 @@ def chain(args, dev, dtype):
     from infer_cluster.kernels.gemm import gemm_config, linear_mid
     layers, shapes = SHAPES[args.model]
     ws = {name: _weights(n, k, layers, dtype, dev) for name, (n, k) in shapes.items()}
-    tiles = torch.zeros(4096, dtype=torch.int32, device=dev)
     rows = []
     for m in args.m:
         xs = {name: torch.randn(m, k, dtype=dtype, device=dev) for name, (n, k) in shapes.items()}
@@ -120,7 +136,7 @@ def chain(args, dev, dtype):
                     fn(xs[name], ws[name][i])
             return step
         t_cublas = best_replay_s(layer_chain(lambda x, w: F.linear(x, w)), layers, args.replays)
-        t_mid = best_replay_s(layer_chain(lambda x, w: linear_mid(x, w, tiles)), layers, args.replays)
+        t_mid = best_replay_s(layer_chain(linear_mid), layers, args.replays)
         print(f"M={m:3d}: a layer's four GEMMs cuBLAS {t_cublas * 1e6:6.2f} us, table "
               f"{t_mid * 1e6:6.2f} us ({t_cublas / t_mid:.3f}x); picks "
               + ", ".join(f"{k}={v}" for k, v in picks.items()), flush=True)
@@ -134,6 +150,7 @@ def main(argv=None):
     p.add_argument("--model", default="qwen3-0.6b", choices=sorted(SHAPES))
     p.add_argument("--m", type=int, nargs="+", default=[32, 64, 128, 192, 256])
     p.add_argument("--sweep", action="store_true", help="time every config per shape and M; print the table")
+    p.add_argument("--write", action="store_true", help="with --sweep: rewrite kernels/gemm_table.py")
     p.add_argument("--margin", type=float, default=0.03, help="the table keeps cuBLAS unless a config is this much faster")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--out", default=os.path.join(_ROOT, "bench", "results", "gemm.json"))

@@ -88,18 +88,16 @@ def gluon_decode_variants():
 
 
 def gemm_variants():
-    """The Gluon mid-size GEMM (`_gemm_kernel`) at the Qwen3-0.6B qkv and o shapes, 256 rows:
-    one program a tile, and split-K with its in-kernel reduction."""
+    """The Gluon mid-size GEMM (`_gemm_kernel`) at three Qwen3-0.6B layer shapes, 256 rows."""
     from bench.sm90_build import desc_sig
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, _gemm_kernel
     rows = []
-    for (n, k), bn, stages, split in (((4096, 1024), 128, 4, 1), ((1024, 2048), 128, 4, 4),
-                                      ((6144, 1024), 256, 4, 2)):
-        ptrs = {"a_desc": desc_sig((256, k), (BLOCK_M, 64)), "w_desc": desc_sig((n, k), (bn, 64)),
-                "c_desc": desc_sig((256, n), (BLOCK_M, bn)), "ws_ptr": "*fp32", "tiles_ptr": "*i32"}
-        rows.append((f"gemm n{n} k{k} bn{bn} s{stages} split{split}", _gemm_kernel, ptrs,
-                     dict(n_m=4), dict(STEPS=k // (64 * split), STAGES=stages, SPLIT_K=split, num_warps=4),
-                     dict(num_warps=4), ("n_m",)))
+    for (n, k), bn, bk, stages in (((4096, 1024), 128, 64, 6), ((1024, 2048), 64, 128, 4),
+                                   ((6144, 1024), 256, 64, 4)):
+        ptrs = {"a_desc": desc_sig((256, k), (BLOCK_M, bk)), "w_desc": desc_sig((n, k), (bn, bk)),
+                "c_desc": desc_sig((256, n), (BLOCK_M, bn))}
+        rows.append((f"gemm n{n} k{k} bn{bn} bk{bk} s{stages}", _gemm_kernel, ptrs, dict(n_m=4),
+                     dict(STEPS=k // bk, STAGES=stages, num_warps=4), dict(num_warps=4), ("n_m",)))
     return rows
 
 

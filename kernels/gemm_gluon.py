@@ -1,22 +1,20 @@
 """Mid-size GEMMs on Hopper in Gluon: `y = x @ W^T` for the 17-256 rows of a decode step.
 
-Owns: `_gemm_kernel` and its launcher `gemm_sm90(x, weight, cfg, tiles)` (bf16 or fp16 `x
-[M, K]` and `weight [N, K]`, both contiguous; `cfg` a `GemmConfig`; `tiles` an int32 tensor of
-at least `tiles_needed` zeros that the split-K reduction counts in and leaves at zero).
+Owns: `_gemm_kernel` and its launcher `gemm_sm90(x, weight, cfg)` (bf16 or fp16 `x [M, K]` and
+`weight [N, K]`, both contiguous; `cfg` a `GemmConfig`).
 
 Why: at these rows cuBLAS runs a layer GEMM of the Qwen3-0.6B shape in 6-8 us, against 1.5-4.4
 us at the bf16 matmul peak spread over every SM: its tiles leave most SMs idle for the N = 1,024
 projections and it starts reading the weights only once the kernel before it has ended. Here
-each program owns a 64-row tile of x (one warpgroup, `wgmma` from shared memory), a BN-wide tile
-of W and a 1/SPLIT_K share of K, so the table (`gemm_table.py`, written by `bench/gemm.py`) can
-choose enough programs to fill the GPU per shape. Copies are TMA into a STAGES-deep ring; a
+each program owns a 64-row tile of x (one warpgroup, `wgmma` from shared memory) and a BN-wide
+tile of W, so the table (`gemm_table.py`, written by `bench/gemm.py --sweep`) can choose per shape
+how many programs fill the GPU. Copies are TMA into a STAGES-deep ring (each program's
+throughput is bounded by the bytes it keeps in flight, so deep rings and wide K steps win); a
 program issues its first STAGES weight tiles before it waits on the previous kernel (PDL,
 kernels/pdl.py: weights are never written during a step), then x's.
-
-Split-K stays deterministic: each program stores its float32 partial tile in `ws`, counts itself
-in `tiles[tile]`, and the last program of a tile sums the partials in split order, stores the
-result and resets the count; the sum does not depend on which program came last.
 OOB rows of x read as zero (TMA) and the output store clips them, so M needs no padding.
+(Split-K with an in-kernel reduction was measured and dropped: its float32 partials cost more
+than the programs it added saved; docs/kernels.md, "Tried and rejected".)
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .pdl import pdl_launch
 
-_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
 BLOCK_M = 64  # one warpgroup's wgmma rows
 
 
@@ -41,20 +38,17 @@ class GemmConfig:
     block_n: int = 128
     block_k: int = 64
     stages: int = 4
-    split_k: int = 1
 
     def fits(self, m: int, n: int, k: int) -> bool:
         """Whether this config tiles the shape exactly along N and K (rows may be ragged)."""
-        return (n % self.block_n == 0 and k % (self.block_k * self.split_k) == 0
-                and m > 0)
+        return m > 0 and n % self.block_n == 0 and k % self.block_k == 0
 
     def programs(self, m: int, n: int) -> int:
-        return -(-m // BLOCK_M) * (n // self.block_n) * self.split_k
+        return -(-m // BLOCK_M) * (n // self.block_n)
 
-
-def tiles_needed(m: int, n: int, cfg: GemmConfig) -> int:
-    """Entries of `tiles` a split-K launch counts in (one per output tile)."""
-    return -(-m // BLOCK_M) * (n // cfg.block_n)
+    def shared_bytes(self) -> int:
+        """The ring's shared memory (x and W tiles, bf16)."""
+        return self.stages * (BLOCK_M + self.block_n) * self.block_k * 2
 
 
 @gluon.jit
@@ -82,9 +76,9 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, w_desc, c_desc, ws_ptr, tiles_ptr, n_m,
-                 STEPS: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
-                 PDL: gl.constexpr, num_warps: gl.constexpr):
+def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
+                 STEPS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+                 num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -92,12 +86,9 @@ def _gemm_kernel(a_desc, w_desc, c_desc, ws_ptr, tiles_ptr, n_m,
     PRE: gl.constexpr = STAGES if STAGES < STEPS else STEPS
     _pdl(PDL, False)
 
-    pid = gl.program_id(0)
-    pid_k = pid % SPLIT_K
-    tile = pid // SPLIT_K
+    tile = gl.program_id(0)  # the programs of one W tile are adjacent: it is read once from HBM
     off_m = (tile % n_m) * BM
     off_n = (tile // n_m) * BN
-    k0 = pid_k * (STEPS * BK)
 
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
@@ -107,10 +98,10 @@ def _gemm_kernel(a_desc, w_desc, c_desc, ws_ptr, tiles_ptr, n_m,
     # The weights first: no kernel of the step writes them, so they load before the wait.
     for s in gl.static_range(PRE):
         mbarrier.expect(ready.index(s), NBYTES)
-        tma.async_copy_global_to_shared(w_desc, [off_n, k0 + s * BK], ready.index(s), w_smem.index(s))
+        tma.async_copy_global_to_shared(w_desc, [off_n, s * BK], ready.index(s), w_smem.index(s))
     _pdl(PDL, True)
     for s in gl.static_range(PRE):
-        tma.async_copy_global_to_shared(a_desc, [off_m, k0 + s * BK], ready.index(s), a_smem.index(s))
+        tma.async_copy_global_to_shared(a_desc, [off_m, s * BK], ready.index(s), a_smem.index(s))
 
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BN, 16])
@@ -126,29 +117,13 @@ def _gemm_kernel(a_desc, w_desc, c_desc, ws_ptr, tiles_ptr, n_m,
         if (i > 0) & (nxt < STEPS):
             sp = nxt % STAGES
             mbarrier.expect(ready.index(sp), NBYTES)
-            tma.async_copy_global_to_shared(w_desc, [off_n, k0 + nxt * BK], ready.index(sp), w_smem.index(sp))
-            tma.async_copy_global_to_shared(a_desc, [off_m, k0 + nxt * BK], ready.index(sp), a_smem.index(sp))
+            tma.async_copy_global_to_shared(w_desc, [off_n, nxt * BK], ready.index(sp), w_smem.index(sp))
+            tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(sp), a_smem.index(sp))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
 
-    if SPLIT_K == 1:
-        _store_tile(c_desc, acc, off_m, off_n)
-    else:
-        N = c_desc.shape[1]
-        rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_l))
-        cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_l))
-        part = ws_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(cols, 0)
-        plane = n_m * BM * N
-        gl.store(part + pid_k * plane, acc)
-        _barrier()  # every thread's partial is stored before the count (release below)
-        arrived = gl.atomic_add(tiles_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = gl.load(part, cache_modifier=".cg")
-            for j in gl.static_range(1, SPLIT_K):
-                total += gl.load(part + j * plane, cache_modifier=".cg")
-            _store_tile(c_desc, total, off_m, off_n)
-            gl.store(tiles_ptr + tile, 0)  # ready for the next launch that counts here
+    _store_tile(c_desc, acc, off_m, off_n)
 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -162,25 +137,17 @@ def gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device)[0] == 9)
 
 
-def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, tiles: torch.Tensor,
-              pdl: bool = True) -> torch.Tensor:
+def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, pdl: bool = True) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
     if not cfg.fits(m, n, k):
         raise ValueError(f"GemmConfig {cfg} does not tile a {m}x{n}x{k} GEMM")
-    if cfg.split_k > 1 and tiles.numel() < tiles_needed(m, n, cfg):
-        raise ValueError(f"tiles holds {tiles.numel()} counts, {tiles_needed(m, n, cfg)} needed")
     dt = _GL_DTYPES[x.dtype]
     bm, bn, bk = BLOCK_M, cfg.block_n, cfg.block_k
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], dt))
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], dt))
-    n_m = -(-m // bm)
-    ws = (torch.empty(cfg.split_k * n_m * bm * n, dtype=torch.float32, device=x.device)
-          if cfg.split_k > 1 else out)
-    grid = (cfg.programs(m, n),)
-    _gemm_kernel[grid](a_desc, w_desc, c_desc, ws, tiles, n_m,
-                       STEPS=k // (bk * cfg.split_k), STAGES=cfg.stages, SPLIT_K=cfg.split_k,
-                       PDL=pdl, num_warps=4, **pdl_launch(pdl))
+    _gemm_kernel[(cfg.programs(m, n),)](a_desc, w_desc, c_desc, -(-m // bm), STEPS=k // bk,
+                                        STAGES=cfg.stages, PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out

@@ -16,7 +16,10 @@ after the all-reduce) are the same either way. There, `ColumnParallelLinear.forw
 also runs the residual add + RMSNorm before the layer in the GEMV's prologue where
 `kernels.gemv.fused_norm_config` allows (batch 1; `kernels.gemv.rms_norm_linear_small`; the norm
 is over the full hidden, which every rank holds before a column-parallel linear);
-`INFER_CLUSTER_NORM_FUSE=0` keeps the norm a kernel of its own.
+`INFER_CLUSTER_NORM_FUSE=0` keeps the norm a kernel of its own. From 17 to 256 rows the
+unbiased layer linears take `kernels.gemm.linear_mid` where its table (written by
+`bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
+cuBLAS; `INFER_CLUSTER_GEMM=0`, read when a layer is built, keeps them all on cuBLAS.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infer_cluster.kernels import silu_and_mul
+from infer_cluster.kernels.gemm import gemm_enabled, linear_mid, mid_path
 from infer_cluster.kernels.norm import add_rms_norm
 from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
                                         silu_mul_linear_small, use_small_path)
@@ -90,6 +94,7 @@ class ColumnParallelLinear(nn.Module):
                             for size, r in zip(self.output_sizes, self.num_replicas)]
         out = sum(self.shard_sizes)
         self.use_gemv = gemv_enabled()
+        self.use_gemm = gemm_enabled() and not bias
         self.fuse_norm = norm_fuse_enabled()
         self.weight = nn.Parameter(torch.empty(out, input_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
@@ -109,6 +114,8 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_small_path(self.use_gemv, x):
             return linear_small(x, self.weight, self.bias)
+        if mid_path(self.use_gemm, x, self.weight):
+            return linear_mid(x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
     def forward_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
@@ -129,6 +136,7 @@ class RowParallelLinear(nn.Module):
         self.ps = ps
         self.shard_size = _divide(input_size, ps.tp_size, "input size")
         self.use_gemv = gemv_enabled()
+        self.use_gemm = gemm_enabled()  # the bias is added after the reduction, never in the GEMM
         self.weight = nn.Parameter(torch.empty(output_size, self.shard_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         if bias:  # added once, after the reduction
@@ -141,7 +149,12 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.ps.tp_rank * self.shard_size, self.shard_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear_small(x, self.weight) if use_small_path(self.use_gemv, x) else F.linear(x, self.weight)
+        if use_small_path(self.use_gemv, x):
+            y = linear_small(x, self.weight)
+        elif mid_path(self.use_gemm, x, self.weight):
+            y = linear_mid(x, self.weight)
+        else:
+            y = F.linear(x, self.weight)
         return self._reduce(y)
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
