@@ -56,7 +56,7 @@ PYTEST ?= python3 -m pytest
 GPU_KERNELS_ATTENTION := $(addprefix tests/kernels/,test_attention.py test_attention_int8.py \
 	test_attention_decode_gluon.py test_kv_append.py test_kv_swap.py test_mapped_read.py)
 GPU_KERNELS_MATMUL := $(addprefix tests/kernels/,test_gemv.py test_gemv_norm.py \
-	test_gemv_one_chunk.py test_mlp.py test_qkv_prep.py test_norm.py test_activation.py \
+	test_gemv_one_chunk.py test_gemm_gluon.py test_mlp.py test_qkv_prep.py test_norm.py test_activation.py \
 	test_rotary.py)
 GPU_PARTS := kernels-attention kernels-matmul kernels-other parity distributed engine
 GPU_PART_kernels-attention := $(GPU_KERNELS_ATTENTION)
@@ -67,7 +67,7 @@ GPU_PART_parity := tests/parity
 GPU_PART_distributed := tests/distributed
 GPU_PART_engine := tests --ignore=tests/kernels --ignore=tests/parity --ignore=tests/distributed
 GPU_ABOUT_kernels-attention := paged attention (float and int8 KV), KV append / swap / mapped reads
-GPU_ABOUT_kernels-matmul := GEMV (plain, norm-fused, one-chunk), fused MLP, QKV prep, norms, rotary
+GPU_ABOUT_kernels-matmul := GEMV (plain, norm-fused, one-chunk), the Gluon mid-size GEMM, fused MLP, QKV prep, norms, rotary
 GPU_ABOUT_kernels-other := the other kernel tests: sampling, argmax, penalties, row stats, PDL
 GPU_ABOUT_parity := whole models against HF and against themselves with each kernel switch
 GPU_ABOUT_distributed := tensor / pipeline parallel on real GPUs (2 GPUs, some tests 4)

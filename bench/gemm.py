@@ -33,6 +33,10 @@ SHAPES = {  # per model: layers and the four projections as (N, K)
                         "down": (1024, 3072)}),
     "qwen3-0.6b-tp2": (28, {"qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (3072, 1024),
                             "down": (1024, 1536)}),
+    "smollm2-135m": (30, {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),
+                          "down": (576, 1536)}),
+    "llama-3-8b-tp2": (32, {"qkv": (3072, 4096), "o": (4096, 2048), "gate_up": (14336, 4096),
+                            "down": (4096, 7168)}),
     "llama-3-8b": (32, {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                         "down": (4096, 14336)}),
 }
@@ -105,16 +109,33 @@ def sweep(args, dev, dtype):
 
 
 def _write_table(lines, args):
+    """Rewrite kernels/gemm_table.py: this sweep's entries, plus the file's entries for shapes this
+    sweep did not cover (other models), each with its own stamp line kept above it."""
+    import re
     info = run_info()
     path = os.path.join(_ROOT, "kernels", "gemm_table.py")
     text = open(path).read()
-    head = text[:text.index("TABLE: dict = {")]
-    stamp = (f"# Written by `python bench/gemm.py --sweep --write --model {args.model} --m "
-             f"{' '.join(map(str, args.m))}`: {info.get('device_name')}, {info.get('date')}, "
-             f"commit {info.get('commit')}.\n")
-    head = "\n".join(l for l in head.rstrip("\n").split("\n") if not l.startswith("# Written by"))
+    head, body = text.split("TABLE: dict = {", 1)
+    swept = {line.split(":")[0].strip() for line in lines}
+    kept = [line for line in body.rsplit("}", 1)[0].strip("\n").split("\n")
+            if line.strip() and (line.lstrip().startswith("#") or line.split(":")[0].strip() not in swept)]
+    kept = [line for line in kept if not line.lstrip().startswith(f"# {args.model}:")]
+    stamp = (f"    # {args.model}: `python bench/gemm.py --sweep --write --model {args.model} --m "
+             f"{' '.join(map(str, args.m))}`, {info.get('device_name')}, {info.get('date')}, "
+             f"commit {info.get('commit')}")
+    # drop stamp lines whose entries all moved to this sweep
+    out, pending = [], None
+    for line in kept:
+        if line.lstrip().startswith("#"):
+            pending = line
+            continue
+        if pending is not None:
+            out.append(pending)
+            pending = None
+        out.append(line)
+    head = re.sub(r"\n# Written by[^\n]*\n", "\n", head)
     with open(path, "w") as f:
-        f.write(head + "\n\n" + stamp + "TABLE: dict = {\n" + "\n".join(lines) + "\n}\n")
+        f.write(head + "TABLE: dict = {\n" + "\n".join(out + [stamp] + lines) + "\n}\n")
     print(f"wrote {path}")
 
 
