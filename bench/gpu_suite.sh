@@ -62,7 +62,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 declare -A SUITES=(
   [smoke]="env roofline parity_quick tpot workload_a"
   [tests]="kernel_tests parity_tests engine_tests distributed_tests"
-  [kernels]="kernel_micro gemv qkv_prep fused_mlp int8_attention verify_attention row_stats kv_swap"
+  [kernels]="kernel_micro gemv gemm qkv_prep fused_mlp int8_attention verify_attention row_stats kv_swap"
   [throughput]="workload_a_hf workload_a_kinds workload_a_llama8b kv_int8 async_sched host_tier"
   [latency]="tpot_kinds tpot_breakdown cold_start cold_start_empty"
   [parallel]="layouts_qwen3 layouts_llama8b dp_scaling allreduce"
@@ -170,6 +170,9 @@ stage_kernel_micro() {  # every Triton kernel vs its torch reference, then the i
 stage_gemv() {  # small-batch GEMV vs cuBLAS, per linear and per decode step (GEMV_TUNED: a sweep's JSON)
   timeout "$(lim 150)" "$PY" bench/gemv.py ${GEMV_TUNED:+--tuned "$GEMV_TUNED"} --out "$OUT/gemv.json" 2>&1 \
     | tee "$OUT/gemv.log" | tail -16
+}
+stage_gemm() {  # mid-size GEMMs: a layer's four projections, cuBLAS against kernels/gemm_table.py (GEMM_ARGS)
+  timeout "$(lim 90)" "$PY" bench/gemm.py ${GEMM_ARGS:-} --out "$OUT/gemm.json" 2>&1 | tail -10
 }
 stage_qkv_prep() { timeout "$(lim 120)" "$PY" bench/qkv_prep.py --out "$OUT/qkv_prep.json" 2>&1 | tail -12; }
 stage_fused_mlp() {  # per layer: four GEMV launches vs qkv + o + the fused MLP (FM_CONFIGS: launches)

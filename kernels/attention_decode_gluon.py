@@ -28,6 +28,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .attention_int8_triton import CODES_F16_ASM
+from .pdl_gluon import pdl_gluon
 
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
 
@@ -38,19 +39,6 @@ def _codes_f16(codes):
     codes arrive in."""
     return gl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
                                      dtype=gl.float16, is_pure=False, pack=4)
-
-
-@gluon.jit
-def _pdl(ENABLED: gl.constexpr, WAIT: gl.constexpr):
-    """Programmatic dependent launch (kernels/pdl.py): WAIT, block until the previous kernel's
-    writes are visible; otherwise let the next kernel launch."""
-    if ENABLED:
-        if WAIT:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -113,8 +101,8 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     half_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
-    _pdl(PDL, False)
-    _pdl(PDL, True)  # q and this step's K/V rows come from the kernel before
+    pdl_gluon(PDL, False)
+    pdl_gluon(PDL, True)  # q and this step's K/V rows come from the kernel before
     if ORDERED:
         lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
         seq = gl.load(order_ptr + lin // gl.num_programs(1))

@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .pdl import pdl_launch
+from .pdl_gluon import pdl_gluon
 
 BLOCK_M = 64  # one warpgroup's wgmma rows
 
@@ -52,19 +53,6 @@ class GemmConfig:
 
 
 @gluon.jit
-def _pdl(ENABLED: gl.constexpr, WAIT: gl.constexpr):
-    """Programmatic dependent launch (kernels/pdl.py): WAIT, block until the previous kernel's
-    writes are visible; otherwise let the next kernel launch."""
-    if ENABLED:
-        if WAIT:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _store_tile(c_desc, acc, off_m, off_n):
     """acc (float32, the wgmma layout) rounded to the output dtype and stored by TMA (rows past
     M clipped)."""
@@ -84,7 +72,7 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
     BN: gl.constexpr = w_desc.block_type.shape[0]
     NBYTES: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
     PRE: gl.constexpr = STAGES if STAGES < STEPS else STEPS
-    _pdl(PDL, False)
+    pdl_gluon(PDL, False)
 
     tile = gl.program_id(0)  # the programs of one W tile are adjacent: it is read once from HBM
     off_m = (tile % n_m) * BM
@@ -99,7 +87,7 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
     for s in gl.static_range(PRE):
         mbarrier.expect(ready.index(s), NBYTES)
         tma.async_copy_global_to_shared(w_desc, [off_n, s * BK], ready.index(s), w_smem.index(s))
-    _pdl(PDL, True)
+    pdl_gluon(PDL, True)
     for s in gl.static_range(PRE):
         tma.async_copy_global_to_shared(a_desc, [off_m, s * BK], ready.index(s), a_smem.index(s))
 
