@@ -1,10 +1,11 @@
 """Mid-size decode GEMMs (17-256 rows): cuBLAS against the Gluon Hopper GEMM (kernels/gemm_gluon.py).
 
-Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS and
-prints the winners as `kernels/gemm_table.py` entries (None where cuBLAS stays ahead by less
-than `--margin`; with `--write`, rewrites that file); and the layer chain (default), which times
-a model's layers of the four projections (qkv, o, gate_up, down) with cuBLAS and with what
-`kernels.gemm.linear_mid` picks, per M, in one CUDA graph each.
+Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS, and
+gate_up with SiLU-and-mul fused against the better unfused path, and prints the winners as
+`kernels/gemm_table.py` entries (None where the baseline stays ahead by less than `--margin`;
+with `--write`, rewrites that model's rows); and the layer chain (default), which times a model's
+layers of the four projections and the SiLU-and-mul with cuBLAS and the SiLU kernel, and with
+what `kernels.gemm` picks, per M, in one CUDA graph each.
 Timing: each graph launches one op per layer over that layer's own weight copy (the 50 MB L2
 holds none of them across a replay, as in a decode step), PDL between the Gluon launches as in
 the engine; best of several replays (bench/graph_timing.py). The sweep checks each config's
@@ -43,12 +44,14 @@ SHAPES = {  # per model: layers and the four projections as (N, K)
 _SMEM = 220 * 1024  # a program's shared memory budget (228 KB a SM, a little reserved)
 
 
-def candidates(m: int, n: int, k: int):
+def candidates(m: int, n: int, k: int, silu: bool = False):
+    """Configs for a (M, N, K) cell; with `silu`, N is the gate/up rows (output N / 2)."""
     from infer_cluster.kernels.gemm_gluon import GemmConfig
     out = []
+    n_out = n // 2 if silu else n
     for bn, bk, stages in itertools.product((64, 128, 256), (64, 128), (3, 4, 5, 6, 8)):
         cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages)
-        if cfg.fits(m, n, k) and cfg.shared_bytes() <= _SMEM and k // bk >= 2:
+        if cfg.fits(m, n_out, k) and cfg.shared_bytes(silu) <= _SMEM and k // bk >= 2:
             out.append(cfg)
     return out
 
@@ -62,42 +65,63 @@ def _time(op, ws, x, replays):
     return best_replay_s(lambda i: op(x, ws[i]), len(ws), replays)
 
 
+def _cells(shapes):
+    """(name, N, K, silu) per swept cell kind: each projection, and gate_up again with its
+    SiLU-and-mul fused (against the better of cuBLAS and the plain table row, each + the SiLU
+    kernel)."""
+    for name, (n, k) in shapes.items():
+        yield name, n, k, False
+        if name == "gate_up":
+            yield "gate_up+silu", n, k, True
+
+
 def sweep(args, dev, dtype):
     import torch
     import torch.nn.functional as F
 
+    from infer_cluster.kernels.activation import silu_and_mul
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, gemm_sm90
     layers, shapes = SHAPES[args.model]
-    rows, table = [], {}
-    for name, (n, k) in shapes.items():
+    rows, table, plain_best = [], {}, {}
+    for name, n, k, silu in _cells(shapes):
         ws = _weights(n, k, layers, dtype, dev)
         for m in args.m:
             x = torch.randn(m, k, dtype=dtype, device=dev)
             ref = F.linear(x, ws[0])
-            t_cublas = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
-            best = (t_cublas, None)
-            for cfg in candidates(m, n, k):
-                out = gemm_sm90(x, ws[0], cfg)
+            if silu:
+                ref = silu_and_mul(ref)
+                t_base = _time(lambda a, w: silu_and_mul(F.linear(a, w)), ws, x, args.replays)
+                if plain_best.get(m) is not None:
+                    t_base = min(t_base, _time(lambda a, w, c=plain_best[m]: silu_and_mul(gemm_sm90(a, w, c)),
+                                               ws, x, args.replays))
+            else:
+                t_base = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
+            best = (t_base, None)
+            for cfg in candidates(m, n, k, silu):
+                out = gemm_sm90(x, ws[0], cfg, silu=silu)
                 err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not err < 2e-2:
                     print(f"  MISMATCH {name} m={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
-                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c), ws, x, args.replays)
+                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c, silu=silu), ws, x, args.replays)
                 rows.append(dict(shape=name, n=n, k=k, m=m, cfg=dataclasses.asdict(cfg), us=t * 1e6,
-                                 cublas_us=t_cublas * 1e6))
+                                 baseline_us=t_base * 1e6))
                 if t < best[0]:
                     best = (t, cfg)
             t, cfg = best
-            print(f"{name:8s} N={n:5d} K={k:5d} M={m:3d}: cuBLAS {t_cublas * 1e6:6.2f} us, best "
-                  f"{t * 1e6:6.2f} us ({t_cublas / t:.2f}x) {cfg}", flush=True)
-            key = (n, k, -(-m // BLOCK_M))
-            keep = cfg if cfg is not None and t_cublas / t >= 1 + args.margin else None
-            note = f"{name} M={m}: {t * 1e6:.2f} us vs cuBLAS {t_cublas * 1e6:.2f} us"
-            # one entry per (N, K, tiles): the largest M swept for it (its slowest case) decides
+            if name == "gate_up":
+                plain_best[m] = cfg
+            base = "cuBLAS + SiLU" if silu else "cuBLAS"
+            print(f"{name:12s} N={n:5d} K={k:5d} M={m:3d}: {base} {t_base * 1e6:6.2f} us, best "
+                  f"{t * 1e6:6.2f} us ({t_base / t:.2f}x) {cfg}", flush=True)
+            key = (n, k, -(-m // BLOCK_M)) + (("silu",) if silu else ())
+            keep = cfg if cfg is not None and t_base / t >= 1 + args.margin else None
+            note = f"{name} M={m}: {t * 1e6:.2f} us vs {base} {t_base * 1e6:.2f} us"
+            # one entry per key: the largest M swept for it (its slowest case) decides
             if key not in table or table[key][2] < m:
                 table[key] = (keep, note, m)
     lines = []
-    for key, (cfg, note, _) in sorted(table.items()):
+    for key, (cfg, note, _) in sorted(table.items(), key=lambda kv: tuple(map(str, kv[0]))):
         text = "None" if cfg is None else (f"GemmConfig(block_n={cfg.block_n}, block_k={cfg.block_k}, "
                                            f"stages={cfg.stages})")
         lines.append(f"    {key}: {text},  # {note}")
@@ -140,25 +164,33 @@ def _write_table(lines, args):
 
 
 def chain(args, dev, dtype):
+    """A graph of the model's layers, each its four projections in order with gate_up's
+    SiLU-and-mul between (the down projection reads its output's shape): cuBLAS and the SiLU
+    kernel, against the table (`linear_mid`, `silu_linear_mid`)."""
     import torch
     import torch.nn.functional as F
 
-    from infer_cluster.kernels.gemm import gemm_config, linear_mid
+    from infer_cluster.kernels.activation import silu_and_mul
+    from infer_cluster.kernels.gemm import gemm_config, linear_mid, silu_linear_mid
     layers, shapes = SHAPES[args.model]
     ws = {name: _weights(n, k, layers, dtype, dev) for name, (n, k) in shapes.items()}
     rows = []
     for m in args.m:
         xs = {name: torch.randn(m, k, dtype=dtype, device=dev) for name, (n, k) in shapes.items()}
         picks = {name: gemm_config(m, n, k) for name, (n, k) in shapes.items()}
+        picks["gate_up+silu"] = gemm_config(m, *shapes["gate_up"], silu=True)
 
-        def layer_chain(fn):
+        def layer_chain(linear, gate_up_silu):
             def step(i):
-                for name in shapes:
-                    fn(xs[name], ws[name][i])
+                linear(xs["qkv"], ws["qkv"][i])
+                linear(xs["o"], ws["o"][i])
+                gate_up_silu(xs["gate_up"], ws["gate_up"][i])
+                linear(xs["down"], ws["down"][i])
             return step
-        t_cublas = best_replay_s(layer_chain(lambda x, w: F.linear(x, w)), layers, args.replays)
-        t_mid = best_replay_s(layer_chain(linear_mid), layers, args.replays)
-        print(f"M={m:3d}: a layer's four GEMMs cuBLAS {t_cublas * 1e6:6.2f} us, table "
+        t_cublas = best_replay_s(layer_chain(lambda x, w: F.linear(x, w),
+                                             lambda x, w: silu_and_mul(F.linear(x, w))), layers, args.replays)
+        t_mid = best_replay_s(layer_chain(linear_mid, silu_linear_mid), layers, args.replays)
+        print(f"M={m:3d}: a layer's four GEMMs and SiLU: cuBLAS {t_cublas * 1e6:6.2f} us, table "
               f"{t_mid * 1e6:6.2f} us ({t_cublas / t_mid:.3f}x); picks "
               + ", ".join(f"{k}={v}" for k, v in picks.items()), flush=True)
         rows.append(dict(m=m, cublas_us=t_cublas * 1e6, table_us=t_mid * 1e6,

@@ -1,10 +1,12 @@
 """Mid-size linear layers (17-256 rows, the decode batches past the GEMVs): dispatch.
 
-Owns: `gemm_config(m, n, k)` (the table's entry for a shape: a `GemmConfig` for the Gluon Hopper
-GEMM, or None for cuBLAS), `linear_mid(x, weight)` (= `F.linear(x, weight)` through whichever the
-table names), `mid_path(enabled, x, weight)`, the one rule the model layers use to ask for it,
-and `gemm_enabled()` (`INFER_CLUSTER_GEMM=0` keeps every layer on cuBLAS; read once, when a
-layer is built). No state here.
+Owns: `gemm_config(m, n, k, silu)` (the table's entry for a shape: a `GemmConfig` for the Gluon
+Hopper GEMM, or None for cuBLAS), `linear_mid(x, weight)` (= `F.linear(x, weight)` through
+whichever the table names), `silu_linear_mid(x, weight)` (= `silu_and_mul(F.linear(x, weight))`
+for a gate/up weight, in one launch where the table has a "silu" row for it),
+`mid_path(enabled, x, weight, silu)`, the one rule the model layers use to ask for either, and
+`gemm_enabled()` (`INFER_CLUSTER_GEMM=0` keeps every layer on cuBLAS; read once, when a layer is
+built). No state here.
 
 To tune: `python bench/gemm.py --sweep --write` on an H200 rewrites `gemm_table.py`.
 """
@@ -25,21 +27,24 @@ def gemm_enabled() -> bool:
     return env_switch("INFER_CLUSTER_GEMM")
 
 
-def gemm_config(m: int, n: int, k: int):
-    """The table's GemmConfig for (N, K, 64-row tiles of M), None (cuBLAS) when unlisted."""
+def gemm_config(m: int, n: int, k: int, silu: bool = False):
+    """The table's GemmConfig for (N, K, 64-row tiles of M) (with "silu" last: the gate/up GEMM
+    with SiLU-and-mul fused, N its weight's rows), None (cuBLAS) when unlisted."""
     from .gemm_gluon import BLOCK_M
     from .gemm_table import TABLE
-    cfg = TABLE.get((n, k, -(-m // BLOCK_M)))
-    return cfg if cfg is not None and cfg.fits(m, n, k) else None
+    key = (n, k, -(-m // BLOCK_M))
+    cfg = TABLE.get(key + ("silu",) if silu else key)
+    n_out = n // 2 if silu else n
+    return cfg if cfg is not None and n % (2 if silu else 1) == 0 and cfg.fits(m, n_out, k) else None
 
 
-def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor) -> bool:
+def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> bool:
     """The layers' rule: switch on, GEMV_MAX_M < rows <= MID_MAX_M, a table entry, and inputs
     the kernel takes (CUDA sm_90, bf16/fp16, contiguous)."""
     if not (enabled and x.dim() == 2 and GEMV_MAX_M < x.shape[0] <= MID_MAX_M and x.is_cuda):
         return False
     from .gemm_gluon import gemm_supported
-    return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape) is not None
+    return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape, silu=silu) is not None
 
 
 def linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -49,3 +54,15 @@ def linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     from .gemm_gluon import gemm_sm90
     from .pdl import pdl_enabled
     return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x))
+
+
+def silu_linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`silu_and_mul(x @ weight^T)` for a gate/up weight `[2I, K]`: one launch where the table
+    has its "silu" row, else the GEMM (`linear_mid`) and then the SiLU kernel."""
+    cfg = gemm_config(x.shape[0], weight.shape[0], weight.shape[1], silu=True)
+    if cfg is None:
+        from .activation import silu_and_mul
+        return silu_and_mul(linear_mid(x, weight))
+    from .gemm_gluon import gemm_sm90
+    from .pdl import pdl_enabled
+    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x), silu=True)

@@ -1,7 +1,11 @@
 """Mid-size GEMMs on Hopper in Gluon: `y = x @ W^T` for the 17-256 rows of a decode step.
 
-Owns: `_gemm_kernel` and its launcher `gemm_sm90(x, weight, cfg)` (bf16 or fp16 `x [M, K]` and
-`weight [N, K]`, both contiguous; `cfg` a `GemmConfig`).
+Owns: `_gemm_kernel` and its launcher `gemm_sm90(x, weight, cfg, silu=False)` (bf16 or fp16 `x
+[M, K]` and `weight [N, K]`, both contiguous; `cfg` a `GemmConfig`). With `silu`, `weight` is a
+gate/up pair (gate rows, then as many up rows) and the result is `silu_and_mul(x @ weight^T)`,
+`[M, N / 2]`: each program holds a gate tile and the up tile of the same columns in two
+accumulators and applies SiLU-and-mul in its epilogue, rounding where the SiLU kernel does
+(kernels/activation_triton.py), so no `[M, N]` intermediate is written or read back.
 
 Why: at these rows cuBLAS runs a layer GEMM of the Qwen3-0.6B shape in 6-8 us, against 1.5-4.4
 us at the bf16 matmul peak spread over every SM: its tiles leave most SMs idle for the N = 1,024
@@ -47,9 +51,9 @@ class GemmConfig:
     def programs(self, m: int, n: int) -> int:
         return -(-m // BLOCK_M) * (n // self.block_n)
 
-    def shared_bytes(self) -> int:
-        """The ring's shared memory (x and W tiles, bf16)."""
-        return self.stages * (BLOCK_M + self.block_n) * self.block_k * 2
+    def shared_bytes(self, silu: bool = False) -> int:
+        """The ring's shared memory (x and W tiles, bf16; with `silu` two W tiles a stage)."""
+        return self.stages * (BLOCK_M + (2 if silu else 1) * self.block_n) * self.block_k * 2
 
 
 @gluon.jit
@@ -64,13 +68,14 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
-                 STEPS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
+                 STEPS: gl.constexpr, STAGES: gl.constexpr, SILU: gl.constexpr, PDL: gl.constexpr,
                  num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
-    NBYTES: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    W_TILES: gl.constexpr = 2 if SILU else 1  # SILU: a gate tile and its up tile (`up_row` below)
+    NBYTES: gl.constexpr = a_desc.block_type.nbytes + W_TILES * w_desc.block_type.nbytes
     PRE: gl.constexpr = STAGES if STAGES < STEPS else STEPS
     pdl_gluon(PDL, False)
 
@@ -80,6 +85,8 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
 
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+    if SILU:
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -87,6 +94,8 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
     for s in gl.static_range(PRE):
         mbarrier.expect(ready.index(s), NBYTES)
         tma.async_copy_global_to_shared(w_desc, [off_n, s * BK], ready.index(s), w_smem.index(s))
+        if SILU:
+            tma.async_copy_global_to_shared(w_desc, [up_row + off_n, s * BK], ready.index(s), u_smem.index(s))
     pdl_gluon(PDL, True)
     for s in gl.static_range(PRE):
         tma.async_copy_global_to_shared(a_desc, [off_m, s * BK], ready.index(s), a_smem.index(s))
@@ -94,23 +103,41 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m,
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BN, 16])
     acc = gl.zeros([BM, BN], gl.float32, layout=mma_l)
+    if SILU:
+        acc_u = gl.zeros([BM, BN], gl.float32, layout=mma_l)
     for i in range(STEPS):
         cur = i % STAGES
         mbarrier.wait(ready.index(cur), (i // STAGES) & 1)
         acc = warpgroup_mma(a_smem.index(cur), w_smem.index(cur).permute((1, 0)), acc, is_async=True)
-        # Step i-1's wgmma is done once at most one is outstanding: its stage takes step
-        # i-1+STAGES.
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        # Step i-1's wgmmas are done once at most this step's are outstanding: its stage takes
+        # step i-1+STAGES.
+        if SILU:
+            acc_u = warpgroup_mma(a_smem.index(cur), u_smem.index(cur).permute((1, 0)), acc_u,
+                                  is_async=True)
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_u))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         nxt = i - 1 + STAGES
         if (i > 0) & (nxt < STEPS):
             sp = nxt % STAGES
             mbarrier.expect(ready.index(sp), NBYTES)
             tma.async_copy_global_to_shared(w_desc, [off_n, nxt * BK], ready.index(sp), w_smem.index(sp))
+            if SILU:
+                tma.async_copy_global_to_shared(w_desc, [up_row + off_n, nxt * BK], ready.index(sp),
+                                                u_smem.index(sp))
             tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(sp), a_smem.index(sp))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    if SILU:
+        acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
 
+    if SILU:  # as _silu_and_mul_kernel: inputs rounded to the activation dtype, then SiLU rounded
+        dt: gl.constexpr = c_desc.dtype
+        gate = acc.to(dt).to(gl.float32)
+        act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
+        acc = act * acc_u.to(dt).to(gl.float32)
     _store_tile(c_desc, acc, off_m, off_n)
 
 
@@ -125,9 +152,12 @@ def gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device)[0] == 9)
 
 
-def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, pdl: bool = True) -> torch.Tensor:
+def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, pdl: bool = True,
+              silu: bool = False) -> torch.Tensor:
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if silu else weight.shape[0]  # output columns
+    if silu and weight.shape[0] % 2:
+        raise ValueError(f"a gate/up weight has an even number of rows, got {weight.shape[0]}")
     if not cfg.fits(m, n, k):
         raise ValueError(f"GemmConfig {cfg} does not tile a {m}x{n}x{k} GEMM")
     dt = _GL_DTYPES[x.dtype]
@@ -136,6 +166,7 @@ def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, pdl: bool 
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], dt))
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], dt))
-    _gemm_kernel[(cfg.programs(m, n),)](a_desc, w_desc, c_desc, -(-m // bm), STEPS=k // bk,
-                                        STAGES=cfg.stages, PDL=pdl, num_warps=4, **pdl_launch(pdl))
+    _gemm_kernel[(cfg.programs(m, n),)](a_desc, w_desc, c_desc, -(-m // bm), n, STEPS=k // bk,
+                                        STAGES=cfg.stages, SILU=silu, PDL=pdl, num_warps=4,
+                                        **pdl_launch(pdl))
     return out

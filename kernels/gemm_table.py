@@ -1,6 +1,8 @@
 """Launch configs for `kernels.gemm.linear_mid`, written by `bench/gemm.py --sweep` on an H200.
 
-Owns: TABLE, keyed (N, K, 64-row tiles of M) -> GemmConfig, or None where cuBLAS stayed ahead.
+Owns: TABLE, keyed (N, K, 64-row tiles of M) -> GemmConfig, or None where cuBLAS stayed ahead;
+keys ending in "silu" are the gate/up GEMM with SiLU-and-mul fused (N = the gate/up rows), None
+where cuBLAS and the SiLU kernel stayed ahead.
 Plain data: `bench/gemm.py --sweep --write` rewrites a model's entries and keeps the rest, each
 model's under its stamp line; shapes not listed stay on cuBLAS. Never put logic here.
 """

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infer_cluster.kernels.gemm import MID_MAX_M, gemm_config, linear_mid, mid_path
+from infer_cluster.kernels.activation import silu_and_mul, silu_and_mul_ref
+from infer_cluster.kernels.gemm import MID_MAX_M, gemm_config, linear_mid, mid_path, silu_linear_mid
 from infer_cluster.kernels.gemm_gluon import GemmConfig
 from tests.kernels.conftest import sm90_check
 
@@ -23,18 +24,19 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
            and "shared::cta.global" in l]
     before = sum(i < wait for i, _ in tma)
     wgmma = sum("wgmma.mma_async" in l for l in lines)
-    print(consts["STAGES"], regs, spills, c.metadata.shared, before, wgmma)
+    print(int(consts["SILU"]), consts["STAGES"], regs, spills, c.metadata.shared, before, wgmma)
 """)
 
 
 def test_sm90_build_prefetches_only_weights_before_the_wait(sm90_builds):
     rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
-    assert len(rows) == 3
-    for stages, regs, spills, shared, before_wait, wgmma in rows:
+    assert sorted(r[0] for r in rows) == [0, 0, 0, 1]
+    for silu, stages, regs, spills, shared, before_wait, wgmma in rows:
         assert spills == 0 and regs <= 255, (regs, spills)
         assert shared <= 227 * 1024
-        # the first STAGES weight tiles are issued before griddepcontrol.wait, x's after it
-        assert before_wait == stages, before_wait
+        # the first STAGES weight tiles (gate and up with SILU) are issued before
+        # griddepcontrol.wait, x's after it
+        assert before_wait == stages * (2 if silu else 1), before_wait
         assert wgmma > 0
 
 
@@ -50,8 +52,9 @@ def test_cpu_and_small_inputs_stay_on_torch():
     x, w = torch.randn(64, 128), torch.randn(256, 128)
     assert not mid_path(True, x, w)  # CPU
     # without a table entry (or tiles) linear_mid is F.linear exactly
-    assert gemm_config(64, 256, 128) is None
+    assert gemm_config(64, 256, 128) is None and gemm_config(64, 256, 128, silu=True) is None
     assert torch.equal(linear_mid(x, w), F.linear(x, w))
+    assert torch.equal(silu_linear_mid(x, w), silu_and_mul_ref(F.linear(x, w)))
 
 
 def _sm90(gpu_device):
@@ -76,6 +79,23 @@ def test_gpu_matches_cublas(gpu_device, m, n, k, bn, bk, stages, dtype):
         out = gemm_sm90(x, w, cfg, pdl=pdl)
         assert out.shape == (m, n) and out.dtype == dtype
         torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("m", [17, 64, 200])
+@pytest.mark.parametrize("inter,k,bn,bk,stages", [(3072, 1024, 64, 128, 4), (1536, 1024, 128, 64, 3),
+                                                  (256, 576, 64, 64, 4)])
+def test_gpu_silu_epilogue_equals_gemm_then_silu_kernel(gpu_device, m, inter, k, bn, bk, stages):
+    _sm90(gpu_device)
+    from infer_cluster.kernels.gemm_gluon import gemm_sm90
+    x = torch.randn(m, k, device=gpu_device, dtype=torch.bfloat16)
+    w = torch.randn(2 * inter, k, device=gpu_device, dtype=torch.bfloat16) / k ** 0.5
+    cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages)
+    fused = gemm_sm90(x, w, cfg, silu=True)
+    assert fused.shape == (m, inter)
+    # the same tiles accumulate in the same order, and the epilogue rounds as the SiLU kernel
+    assert torch.equal(fused, silu_and_mul(gemm_sm90(x, w, cfg)))
+    torch.testing.assert_close(fused.float(), silu_and_mul_ref(F.linear(x, w)).float(), atol=3e-2,
+                               rtol=2e-2)
 
 
 def test_gpu_graph_of_pdl_launches_matches_eager(gpu_device):
@@ -106,12 +126,16 @@ def test_gpu_graph_of_pdl_launches_matches_eager(gpu_device):
 def test_gpu_mid_path_rule(gpu_device, monkeypatch):
     from infer_cluster.kernels import gemm_table
     monkeypatch.setitem(gemm_table.TABLE, (256, 128, 1), GemmConfig(block_n=64, block_k=64, stages=2))
+    monkeypatch.setitem(gemm_table.TABLE, (256, 128, 1, "silu"), GemmConfig(block_n=64, block_k=64, stages=2))
     w = torch.randn(256, 128, device=gpu_device, dtype=torch.bfloat16)
     hopper = torch.cuda.get_device_capability(gpu_device)[0] == 9
     x = torch.randn(32, 128, device=gpu_device, dtype=torch.bfloat16)
     assert mid_path(True, x, w) == hopper
+    assert mid_path(True, x, w, silu=True) == hopper
     if hopper:
         torch.testing.assert_close(linear_mid(x, w).float(), F.linear(x, w).float(), atol=3e-2, rtol=2e-2)
+        torch.testing.assert_close(silu_linear_mid(x, w).float(), silu_and_mul_ref(F.linear(x, w)).float(),
+                                   atol=3e-2, rtol=2e-2)
     assert not mid_path(False, x, w)
     assert not mid_path(True, torch.randn(16, 128, device=gpu_device, dtype=torch.bfloat16), w)
     assert not mid_path(True, torch.randn(65, 128, device=gpu_device, dtype=torch.bfloat16), w)  # no entry

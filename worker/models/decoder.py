@@ -225,6 +225,9 @@ class DecoderLayer(nn.Module):
         h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
+        if mlp.gate_up_proj.silu_applies(h):  # mid-size rows: SiLU-and-mul in the GEMM (kernels/gemm.py)
+            act, residual = mlp.gate_up_proj.forward_rms_norm_silu(h, residual, norm2.weight, norm2.eps)
+            return mlp.down_proj(act), residual
         gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
         return mlp.down_proj.forward_silu_mul(gate_up), residual
 

@@ -19,7 +19,9 @@ is over the full hidden, which every rank holds before a column-parallel linear)
 `INFER_CLUSTER_NORM_FUSE=0` keeps the norm a kernel of its own. From 17 to 256 rows the
 unbiased layer linears take `kernels.gemm.linear_mid` where its table (written by
 `bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
-cuBLAS; `INFER_CLUSTER_GEMM=0`, read when a layer is built, keeps them all on cuBLAS.
+cuBLAS; a gate/up layer's `forward_rms_norm_silu` also runs the SiLU-and-mul in that GEMM's
+epilogue where the table has a "silu" row for it. `INFER_CLUSTER_GEMM=0`, read when a layer is
+built, keeps them all on cuBLAS.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infer_cluster.kernels import silu_and_mul
-from infer_cluster.kernels.gemm import gemm_enabled, linear_mid, mid_path
+from infer_cluster.kernels.gemm import gemm_enabled, linear_mid, mid_path, silu_linear_mid
 from infer_cluster.kernels.norm import add_rms_norm
 from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
                                         silu_mul_linear_small, use_small_path)
@@ -126,6 +128,22 @@ class ColumnParallelLinear(nn.Module):
             return rms_norm_linear_small(x, residual, norm_weight, eps, self.weight, self.bias)
         h, residual = add_rms_norm(x, residual, norm_weight, eps)
         return self(h), residual
+
+
+    def silu_applies(self, x: torch.Tensor) -> bool:
+        """Whether `forward_rms_norm_silu` runs one launch for rows like `x` (a gate/up layer:
+        gate rows, then up rows, in each rank's shard)."""
+        return self.bias is None and mid_path(self.use_gemm, x, self.weight, silu=True)
+
+    def forward_rms_norm_silu(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                              norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(silu_and_mul(forward(rms_norm(x + residual))), x + residual)`; the GEMM and the
+        SiLU-and-mul in one launch where `silu_applies`, else `forward_rms_norm`, then the SiLU."""
+        if not self.silu_applies(x):
+            y, residual = self.forward_rms_norm(x, residual, norm_weight, eps)
+            return silu_and_mul(y), residual
+        h, residual = add_rms_norm(x, residual, norm_weight, eps)
+        return silu_linear_mid(h, self.weight), residual
 
 
 class RowParallelLinear(nn.Module):
