@@ -262,6 +262,14 @@ class DecoderModel(nn.Module):
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps) if self.is_last else None
         self.rope_cache: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
+    def keep_cublas(self) -> None:
+        """Keep every layer linear off the Gluon mid-size GEMM (kernels/gemm.py). Eager engines
+        do: each of its launches costs tens of microseconds of host time more than cuBLAS's,
+        which CUDA graphs pay once at capture and an eager step pays every time."""
+        for module in self.modules():
+            if hasattr(module, "use_gemm"):
+                module.use_gemm = False
+
     def init_rope(self, max_positions: int, device) -> None:
         self.rope_cache = build_rope_cache(rope_inv_freq(self.spec).to(device), max_positions)
 

@@ -77,6 +77,8 @@ class ModelRunner:
             self.model = DecoderModel(spec, self.ps, start, end)
         self._load_weights(model_path)
         self.model.eval()
+        if config.enforce_eager:  # the Gluon GEMM pays off only where graphs replay it
+            self.model.keep_cublas()
         self.model.init_rope(max_model_len, self.device)
         self.num_layers = end - start
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 1
