@@ -21,7 +21,7 @@ unbiased layer linears take `kernels.gemm.linear_mid` where its table (written b
 `bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
 cuBLAS; a gate/up layer's `forward_rms_norm_silu` also runs the SiLU-and-mul in that GEMM's
 epilogue where the table has a "silu" row for it. `INFER_CLUSTER_GEMM=0`, read when a layer is
-built, keeps them all on cuBLAS.
+built, keeps them all on cuBLAS, as an eager engine does (`DecoderModel.keep_cublas`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,6 @@ class ColumnParallelLinear(nn.Module):
             return rms_norm_linear_small(x, residual, norm_weight, eps, self.weight, self.bias)
         h, residual = add_rms_norm(x, residual, norm_weight, eps)
         return self(h), residual
-
 
     def silu_applies(self, x: torch.Tensor) -> bool:
         """Whether `forward_rms_norm_silu` runs one launch for rows like `x` (a gate/up layer:
