@@ -135,7 +135,6 @@ def sweep(args, dev, dtype):
 def _write_table(lines, args):
     """Rewrite kernels/gemm_table.py: this sweep's entries, plus the file's entries for shapes this
     sweep did not cover (other models), each with its own stamp line kept above it."""
-    import re
     info = run_info()
     path = os.path.join(_ROOT, "kernels", "gemm_table.py")
     text = open(path).read()
@@ -157,7 +156,6 @@ def _write_table(lines, args):
             out.append(pending)
             pending = None
         out.append(line)
-    head = re.sub(r"\n# Written by[^\n]*\n", "\n", head)
     with open(path, "w") as f:
         f.write(head + "TABLE: dict = {\n" + "\n".join(out + [stamp] + lines) + "\n}\n")
     print(f"wrote {path}")

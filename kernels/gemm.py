@@ -35,7 +35,7 @@ def gemm_config(m: int, n: int, k: int, silu: bool = False):
     key = (n, k, -(-m // BLOCK_M))
     cfg = TABLE.get(key + ("silu",) if silu else key)
     n_out = n // 2 if silu else n
-    return cfg if cfg is not None and n % (2 if silu else 1) == 0 and cfg.fits(m, n_out, k) else None
+    return cfg if cfg is not None and not (silu and n % 2) and cfg.fits(m, n_out, k) else None
 
 
 def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> bool:
@@ -47,13 +47,15 @@ def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = 
     return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape, silu=silu) is not None
 
 
-def linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    cfg = gemm_config(x.shape[0], weight.shape[0], weight.shape[1])
-    if cfg is None:
-        return F.linear(x, weight)
+def _gluon(x: torch.Tensor, weight: torch.Tensor, cfg, silu: bool) -> torch.Tensor:
     from .gemm_gluon import gemm_sm90
     from .pdl import pdl_enabled
-    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x))
+    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x), silu=silu)
+
+
+def linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    cfg = gemm_config(x.shape[0], weight.shape[0], weight.shape[1])
+    return F.linear(x, weight) if cfg is None else _gluon(x, weight, cfg, silu=False)
 
 
 def silu_linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -63,6 +65,4 @@ def silu_linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if cfg is None:
         from .activation import silu_and_mul
         return silu_and_mul(linear_mid(x, weight))
-    from .gemm_gluon import gemm_sm90
-    from .pdl import pdl_enabled
-    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x), silu=True)
+    return _gluon(x, weight, cfg, silu=True)

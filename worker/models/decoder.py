@@ -25,6 +25,7 @@ from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, r
 from infer_cluster.kernels.attention import decode_order
 from infer_cluster.kernels.attention_decode_plan import longest_first_enabled
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
+from infer_cluster.kernels.norm import add_rms_norm
 
 from infer_cluster.worker.models.parallel import (ColumnParallelLinear, ParallelLMHead, ParallelState, RowParallelLinear,
                        VocabParallelEmbedding)
@@ -195,6 +196,18 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
+    def forward_rms_norm(self, x, residual, norm: RMSNorm):
+        """`(forward(norm(x + residual)), x + residual)`. The SiLU-and-mul runs where it costs
+        least: in the gate/up GEMM's epilogue at mid-size rows where the table has its row
+        (kernels/gemm.py), else in the down projection's GEMV (small batches) or as a kernel of
+        its own; the add + norm in the gate/up GEMV's prologue where that path allows."""
+        gate_up = self.gate_up_proj
+        if gate_up.silu_applies(x):
+            h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
+            return self.down_proj(gate_up.forward_silu(h)), residual
+        y, residual = gate_up.forward_rms_norm(x, residual, norm.weight, norm.eps)
+        return self.down_proj.forward_silu_mul(y), residual
+
     def fused_applies(self, x: torch.Tensor) -> bool:
         """Whether a step of rows like `x` runs the fused MLP (`forward_fused`)."""
         return use_fused_mlp(self.fuse, x, self.down_proj.shard_size)
@@ -225,11 +238,7 @@ class DecoderLayer(nn.Module):
         h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
-        if mlp.gate_up_proj.silu_applies(h):  # mid-size rows: SiLU-and-mul in the GEMM (kernels/gemm.py)
-            act, residual = mlp.gate_up_proj.forward_rms_norm_silu(h, residual, norm2.weight, norm2.eps)
-            return mlp.down_proj(act), residual
-        gate_up, residual = mlp.gate_up_proj.forward_rms_norm(h, residual, norm2.weight, norm2.eps)
-        return mlp.down_proj.forward_silu_mul(gate_up), residual
+        return mlp.forward_rms_norm(h, residual, norm2)
 
 
 def _pair(sums: Optional[torch.Tensor], i: int, last: int) -> Optional[tuple]:
@@ -267,7 +276,7 @@ class DecoderModel(nn.Module):
         do: each of its launches costs tens of microseconds of host time more than cuBLAS's,
         which CUDA graphs pay once at capture and an eager step pays every time."""
         for module in self.modules():
-            if hasattr(module, "use_gemm"):
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 module.use_gemm = False
 
     def init_rope(self, max_positions: int, device) -> None:

@@ -19,8 +19,8 @@ is over the full hidden, which every rank holds before a column-parallel linear)
 `INFER_CLUSTER_NORM_FUSE=0` keeps the norm a kernel of its own. From 17 to 256 rows the
 unbiased layer linears take `kernels.gemm.linear_mid` where its table (written by
 `bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
-cuBLAS; a gate/up layer's `forward_rms_norm_silu` also runs the SiLU-and-mul in that GEMM's
-epilogue where the table has a "silu" row for it. `INFER_CLUSTER_GEMM=0`, read when a layer is
+cuBLAS; a gate/up layer's `forward_silu` also runs the SiLU-and-mul in that GEMM's epilogue
+where the table has a "silu" row for it. `INFER_CLUSTER_GEMM=0`, read when a layer is
 built, keeps them all on cuBLAS, as an eager engine does (`DecoderModel.keep_cublas`).
 """
 
@@ -130,19 +130,15 @@ class ColumnParallelLinear(nn.Module):
         return self(h), residual
 
     def silu_applies(self, x: torch.Tensor) -> bool:
-        """Whether `forward_rms_norm_silu` runs one launch for rows like `x` (a gate/up layer:
-        gate rows, then up rows, in each rank's shard)."""
+        """Whether `forward_silu` runs one launch for rows like `x` (a gate/up layer: gate rows,
+        then up rows, in each rank's shard)."""
         return self.bias is None and mid_path(self.use_gemm, x, self.weight, silu=True)
 
-    def forward_rms_norm_silu(self, x: torch.Tensor, residual: Optional[torch.Tensor],
-                              norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(silu_and_mul(forward(rms_norm(x + residual))), x + residual)`; the GEMM and the
-        SiLU-and-mul in one launch where `silu_applies`, else `forward_rms_norm`, then the SiLU."""
-        if not self.silu_applies(x):
-            y, residual = self.forward_rms_norm(x, residual, norm_weight, eps)
-            return silu_and_mul(y), residual
-        h, residual = add_rms_norm(x, residual, norm_weight, eps)
-        return silu_linear_mid(h, self.weight), residual
+    def forward_silu(self, x: torch.Tensor) -> torch.Tensor:
+        """`silu_and_mul(forward(x))` of a gate/up layer: one launch where `silu_applies`."""
+        if self.bias is not None:
+            return silu_and_mul(self(x))
+        return silu_linear_mid(x, self.weight)
 
 
 class RowParallelLinear(nn.Module):
