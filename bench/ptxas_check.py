@@ -87,6 +87,26 @@ def gluon_decode_variants():
     return rows
 
 
+def persistent_decode_variants():
+    """The persistent decode kernel over bf16 caches (`_decode_persistent_kernel`) as the engine
+    launches it: 64-token tiles, 4 warps, PDL, sequences longest first, one partition or split."""
+    from infer_cluster.kernels.attention_decode_persistent_gluon import _decode_persistent_kernel
+    ptrs = _decode_ptrs("*bf16")
+    for k in ("span_ptr", "ks_ptr", "vs_ptr"):
+        ptrs.pop(k)
+    s = _strides(128, False)
+    keep = ("sq_t", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h", "s_bt", "so_t", "so_h")
+    rows = []
+    for split in (False, True):
+        ints = dict({k: s[k] for k in keep}, num_seqs=256, num_splits=2 if split else 1, spo_s=0,
+                    spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0)
+        rows.append((f"decode bf16 persistent split={split} n64", _decode_persistent_kernel, ptrs,
+                     ints, dict(KV_HEADS=HK, SPLIT=split, GROUP=H // HK, PAGE=PAGE, BLOCK_N=64,
+                                ORDERED=True, PDL=True), dict(num_warps=4),
+                     ("num_seqs", "num_splits") + DECODE_DNS))
+    return rows
+
+
 def gemm_variants():
     """The Gluon mid-size GEMM (`_gemm_kernel`) at three Qwen3-0.6B layer shapes, 256 rows, and
     gate_up with SiLU-and-mul in its epilogue."""
@@ -212,7 +232,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gluon_decode_variants() + gemm_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
+    return rows + gluon_decode_variants() + persistent_decode_variants() + gemm_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():

@@ -54,6 +54,19 @@ DECODE_WAVES_128 = dict(resident_per_sm=3, wave_fill=0.6)
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
 DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
 
+# The persistent decode kernel over float caches (kernels/attention_decode_persistent_gluon.py;
+# `decode_config` key "persistent", INFER_CLUSTER_DECODE_PERSISTENT=0 keeps `_decode_kernel`):
+# tile tokens, programs resident a SM (its grid), the rounds of unsplit items every program must
+# get for it to take a call (`persistent_applies`; below that `_decode_kernel` splits the
+# contexts), and a register cap (None: the build's own 149-168 a thread, three a SM). H200,
+# 2026-11-30 (bench/decode_grid.py --spread 0.9 --longest-first, % of copy bandwidth at
+# ~128 / 512 / 1,024 / 2,048 tokens): batch 256 85 / 106 / 109 / 112 against 55 / 89 / 100 /
+# 108 for `_decode_kernel`; batch 128 73 / 100 / 105 / 105 against 51 / 87 / 98 / 106. Split
+# contexts lost in this kernel (batch 128 at two partitions: 56 / 76 / 84 / 85; batch 64 at
+# two or three 43-45 / 68-73 / 79-88 / 85-95 against 44 / 79 / 90 / 100), and so did four
+# programs a SM at 128 registers, or two of 128-token tiles, by 0-5 points.
+DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=2, maxnreg=None)
+
 # Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
 # 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
 # layer, 1 against the plain rule's 2): SmolLM2 16 rows of one request 8.9 against 12.3, 48 rows
@@ -69,7 +82,10 @@ def decode_config(q, kv_dtype=None):
     ignore it); optional: "maxnreg" caps registers per thread, "small_per_sm" / "small_programs"
     a second split rule for small batches, "resident_per_sm" / "wave_fill" the wave rule
     (`plan_decode_splits`), "gluon" (int8: the Gluon kernel where it applies,
-    kernels/attention_decode_gluon.py). `decode_attention(config=...)`
+    kernels/attention_decode_gluon.py), "persistent" with "persistent_block_n" /
+    "persistent_resident" / "persistent_min_rounds" / "persistent_maxnreg" (float caches: the
+    persistent kernel where it applies, `DECODE_PERSISTENT`; "persistent_programs" forces it
+    and its grid). `decode_attention(config=...)`
     overrides any of them (benchmarks, tests)."""
     if not q.is_cuda:  # interpreter: small tiles so tests cross tile and page boundaries
         return dict(block_n=16, num_warps=4, num_stages=1, programs_per_sm=None,
@@ -83,7 +99,15 @@ def decode_config(q, kv_dtype=None):
         # INFER_CLUSTER_DECODE_GLUON=0 keeps the Triton kernel (A/B)
         return dict(DECODE_INT8, gluon=env_switch("INFER_CLUSTER_DECODE_GLUON"))
     waves = DECODE_WAVES_128 if q.shape[2] == 128 else {}  # measured there only
-    return dict(DECODE_TUNED, cvt="add", **waves)
+    return dict(DECODE_TUNED, cvt="add", persistent=env_switch("INFER_CLUSTER_DECODE_PERSISTENT"),
+                **{f"persistent_{k}": v for k, v in DECODE_PERSISTENT.items()}, **waves)
+
+
+def persistent_applies(num_seqs: int, num_kv_heads: int, device, cfg) -> bool:
+    """Whether the persistent kernel's grid (`persistent_resident` programs a SM) gets at least
+    `persistent_min_rounds` items a program without splitting any context."""
+    slots = cfg["persistent_resident"] * (_sm_count(device) if device.type == "cuda" else 4)
+    return num_seqs * num_kv_heads >= cfg["persistent_min_rounds"] * slots
 
 
 def wave_splits(programs: int, slots: int, fill: float) -> int:

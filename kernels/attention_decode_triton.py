@@ -49,11 +49,12 @@ import triton.language as tl
 
 from .attention_common_triton import _LOG2E, _dot_mode
 from .attention_decode_gluon import _decode_int8_gluon_kernel
+from .attention_decode_persistent_gluon import _decode_persistent_kernel, persistent_grid
 from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_tile, _run_chunk, _split_part
 from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
-                                    _one_wave, _reg_cap, decode_config, plan_decode_splits,
-                                    preload_enabled)
+                                    _one_wave, _reg_cap, _sm_count, decode_config,
+                                    persistent_applies, plan_decode_splits, preload_enabled)
 from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 
@@ -256,6 +257,65 @@ def _reduce_kernel(po_ptr, plse_ptr, qsl_ptr, lens_ptr, span_ptr, out_ptr, num_s
              out.to(out_ptr.dtype.element_ty), mask=d_mask & has_query)
 
 
+def _partials(q, out, num_seqs, splits):
+    """Float32 scratch for `splits` partial outputs and log-sum-exps a (sequence, head), with
+    their strides; with one partition none (the kernels write `out`, the arguments unused)."""
+    if splits == 1:
+        return out, out, (0, 0, 0), (0, 0)
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    n_out = num_seqs * num_heads * splits * head_dim
+    scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32, device=q.device)
+    part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
+    part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
+    return part_out, part_lse, part_out.stride()[:3], part_lse.stride()[:2]
+
+
+def _persistent_fits(cfg, row_span, q, k_cache, v_cache, out) -> bool:
+    """Whether `_decode_persistent_kernel` takes this call: the config asks for it
+    ("persistent"), a float cache of q's dtype (fp16 / bf16), no runs, CUDA sm_80+, head_dim
+    128, at most 16 query heads a KV head, unit strides along the head dim."""
+    return (bool(cfg.get("persistent")) and row_span is None and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
+            and v_cache.dtype == q.dtype and q.shape[2] == 128
+            and q.shape[1] // k_cache.shape[2] <= 16
+            and torch.cuda.get_device_capability(q.device)[0] >= 8
+            and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1)
+
+
+def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
+                       num_splits, cfg, order):
+    """`decode_attention` through the persistent kernel: a grid of `persistent_resident`
+    programs a SM, whole contexts unless `num_splits` forces partitions (then the shared
+    reduce)."""
+    num_seqs, num_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_n, resident = cfg["persistent_block_n"], cfg["persistent_resident"]
+    splits = max(1, int(num_splits or 1))
+    part_out, part_lse, po_strides, pl_strides = _partials(q, out, num_seqs, splits)
+    pdl = pdl_enabled(q)
+    ordered = order is not None
+    items = num_seqs * num_kv_heads * splits
+    grid = persistent_grid(items, resident, _sm_count(q.device), cfg.get("persistent_programs"))
+    cap = cfg.get("persistent_maxnreg")
+    _decode_persistent_kernel[(grid,)](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+        order if ordered else seq_lens, out, part_out, part_lse, scale * _LOG2E, num_seqs, splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), *po_strides, *pl_strides,
+        KV_HEADS=num_kv_heads, SPLIT=splits > 1, GROUP=num_heads // num_kv_heads, PAGE=page_size,
+        BLOCK_N=block_n, ORDERED=ordered, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+        **({} if cap is None else dict(maxnreg=cap)))
+    if splits > 1:
+        block_s = triton.next_power_of_2(splits)
+        _reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, query_start_loc, seq_lens, seq_lens, out, splits, *po_strides,
+            *pl_strides, *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
+            BLOCK_D=head_dim, BLOCK_N=block_n, PDL=pdl, num_warps=cfg["reduce_warps"],
+            **pdl_launch(pdl))
+    return out
+
+
 def _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out) -> bool:
     """Whether `_decode_int8_gluon_kernel` takes this call: the config asks for it ("gluon"),
     int8 caches read by `mma_k` (OP_MMA), no runs, CUDA sm_80+, head_dim 128, 128-token tiles,
@@ -294,6 +354,11 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     cfg = decode_config(q, k_cache.dtype)
     if config:
         cfg.update(config)
+    if _persistent_fits(cfg, row_span, q, k_cache, v_cache, out) and (
+            num_splits or cfg.get("persistent_programs")
+            or persistent_applies(num_seqs, num_kv_heads, q.device, cfg)):
+        return _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+                                  scale, out, num_splits, cfg, order)
     block_n = cfg["block_n"]
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows
@@ -313,16 +378,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
                                 q.device, num_splits, per_sm, cfg["min_partition"],
                                 cfg.get("small_per_sm"), cfg.get("small_programs", 0),
                                 None if grouped else cfg.get("resident_per_sm"), cfg.get("wave_fill", 0.0))
-    if splits > 1:
-        n_out = num_seqs * num_heads * splits * head_dim
-        scratch = torch.empty(n_out + num_seqs * num_heads * splits, dtype=torch.float32,
-                              device=q.device)
-        part_out = scratch[:n_out].view(num_seqs, num_heads, splits, head_dim)
-        part_lse = scratch[n_out:].view(num_seqs, num_heads, splits)
-        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
-    else:
-        part_out = part_lse = out  # never touched when SPLIT is off
-        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    part_out, part_lse, po_strides, pl_strides = _partials(q, out, num_seqs, splits)
     lowp, dot_dtype = _dot_mode(q, k_cache.dtype)
     kv_int8 = k_cache.dtype == torch.int8
     op_k, op_v = cvt_ops(cfg["cvt"], k_cache, v_cache)
