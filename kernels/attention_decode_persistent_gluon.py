@@ -55,6 +55,39 @@ def persistent_grid(items: int, resident: int, sms: int, programs: int | None = 
 
 
 @gluon.jit
+def _program_items(order_ptr, qsl_ptr, lens_ptr, num_seqs, num_splits, KV_HEADS: gl.constexpr,
+                   SPLIT: gl.constexpr, ORDERED: gl.constexpr, BLOCK_N: gl.constexpr,
+                   MAX_R: gl.constexpr, lane_l: gl.constexpr):
+    """This program's items, one lane each (module docstring): (lanes, tiles, lo, hi, sequence,
+    query row, KV head, partition) vectors, and the tiles they hold in all. An item without a
+    one-row query (a mixed step's prompt, a padded row) or past the items has no tiles."""
+    p = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    lanes = gl.arange(0, MAX_R, layout=lane_l)
+    lin = lanes * nprog + gl.where(lanes % 2 == 0, p, nprog - 1 - p)
+    valid = lin < num_seqs * num_splits * KV_HEADS
+    rank = lin // (num_splits * KV_HEADS)
+    split_v = (lin // KV_HEADS) % num_splits
+    kvh_v = lin % KV_HEADS
+    if ORDERED:
+        seq_v = gl.load(order_ptr + rank, mask=valid, other=0)
+    else:
+        seq_v = rank
+    row_v = gl.load(qsl_ptr + seq_v, mask=valid, other=0)
+    one_row = (gl.load(qsl_ptr + seq_v + 1, mask=valid, other=0) - row_v) == 1
+    ctx_v = gl.where(one_row, gl.load(lens_ptr + seq_v, mask=valid & one_row, other=0), 0)
+    if SPLIT:
+        part = gl.maximum(gl.cdiv(gl.cdiv(ctx_v, num_splits), BLOCK_N), 1) * BLOCK_N
+        lo_v = split_v * part
+        hi_v = gl.maximum(gl.minimum(lo_v + part, ctx_v), lo_v)
+    else:
+        lo_v = gl.zeros_like(ctx_v)
+        hi_v = ctx_v
+    n_v = gl.where(valid, gl.cdiv(hi_v - lo_v, BLOCK_N), 0)
+    return lanes, n_v, lo_v, hi_v, seq_v, row_v, kvh_v, split_v, gl.sum(n_v, axis=0)
+
+
+@gluon.jit
 def _pick(vec, lanes, j):
     """Lane j of a metadata vector (0 where no lane is j)."""
     return gl.sum(gl.where(lanes == j, vec, 0), axis=0)
@@ -133,31 +166,9 @@ def _decode_persistent_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, or
     pdl_gluon(PDL, False)
     pdl_gluon(PDL, True)  # q, this step's K/V rows and the order come from kernels before
 
-    # This program's items, one lane each (module docstring), and their ranges
-    p = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    lanes = gl.arange(0, MAX_R, layout=lane_l)
-    lin = lanes * nprog + gl.where(lanes % 2 == 0, p, nprog - 1 - p)
-    valid = lin < num_seqs * num_splits * KV_HEADS
-    rank = lin // (num_splits * KV_HEADS)
-    split_v = (lin // KV_HEADS) % num_splits
-    kvh_v = lin % KV_HEADS
-    if ORDERED:
-        seq_v = gl.load(order_ptr + rank, mask=valid, other=0)
-    else:
-        seq_v = rank
-    row_v = gl.load(qsl_ptr + seq_v, mask=valid, other=0)
-    one_row = (gl.load(qsl_ptr + seq_v + 1, mask=valid, other=0) - row_v) == 1
-    ctx_v = gl.where(one_row, gl.load(lens_ptr + seq_v, mask=valid & one_row, other=0), 0)
-    if SPLIT:
-        part = gl.maximum(gl.cdiv(gl.cdiv(ctx_v, num_splits), BLOCK_N), 1) * BLOCK_N
-        lo_v = split_v * part
-        hi_v = gl.maximum(gl.minimum(lo_v + part, ctx_v), lo_v)
-    else:
-        lo_v = gl.zeros_like(ctx_v)
-        hi_v = ctx_v
-    n_v = gl.where(valid, gl.cdiv(hi_v - lo_v, BLOCK_N), 0)
-    tiles = gl.sum(n_v, axis=0)
+    lanes, n_v, lo_v, hi_v, seq_v, row_v, kvh_v, split_v, tiles = _program_items(
+        order_ptr, qsl_ptr, lens_ptr, num_seqs, num_splits, KV_HEADS, SPLIT, ORDERED, BLOCK_N,
+        MAX_R, lane_l)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_G, BLOCK_D], kv_sl)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], kv_sl)
