@@ -88,28 +88,22 @@ def gluon_decode_variants():
 
 
 def persistent_decode_variants():
-    """The persistent decode kernels (`_decode_persistent_kernel` over bf16 caches, 64-token
-    tiles; `_decode_persistent_int8_kernel` over int8, 128-token tiles) as the engine launches
-    them: 4 warps, PDL, sequences longest first, one partition or split."""
+    """The persistent decode kernel over bf16 caches (`_decode_persistent_kernel`) as the engine
+    launches it: 64-token tiles, 4 warps, PDL, sequences longest first, one partition or split."""
     from infer_cluster.kernels.attention_decode_persistent_gluon import _decode_persistent_kernel
-    from infer_cluster.kernels.attention_decode_persistent_int8_gluon import _decode_persistent_int8_kernel
+    ptrs = _decode_ptrs("*bf16")
+    for k in ("span_ptr", "ks_ptr", "vs_ptr"):
+        ptrs.pop(k)
+    s = _strides(128, False)
+    keep = ("sq_t", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h", "s_bt", "so_t", "so_h")
     rows = []
-    for int8, kernel, block_n in ((False, _decode_persistent_kernel, 64),
-                                  (True, _decode_persistent_int8_kernel, 128)):
-        ptrs = _decode_ptrs("*i8" if int8 else "*bf16")
-        for k in ("span_ptr",) + (() if int8 else ("ks_ptr", "vs_ptr")):
-            ptrs.pop(k)
-        s = _strides(128, int8)
-        keep = ("sq_t", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h", "s_bt", "so_t",
-                "so_h") + (("sks_b", "sks_h", "svs_b", "svs_h") if int8 else ())
-        for split in (False, True):
-            ints = dict({k: s[k] for k in keep}, num_seqs=256, num_splits=2 if split else 1,
-                        spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0)
-            rows.append((f"decode {'i8' if int8 else 'bf16'} persistent split={split} n{block_n}",
-                         kernel, ptrs, ints,
-                         dict(KV_HEADS=HK, SPLIT=split, GROUP=H // HK, PAGE=PAGE, BLOCK_N=block_n,
-                              ORDERED=True, PDL=True), dict(num_warps=4),
-                         ("num_seqs", "num_splits") + DECODE_DNS))
+    for split in (False, True):
+        ints = dict({k: s[k] for k in keep}, num_seqs=256, num_splits=2 if split else 1, spo_s=0,
+                    spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0)
+        rows.append((f"decode bf16 persistent split={split} n64", _decode_persistent_kernel, ptrs,
+                     ints, dict(KV_HEADS=HK, SPLIT=split, GROUP=H // HK, PAGE=PAGE, BLOCK_N=64,
+                                ORDERED=True, PDL=True), dict(num_warps=4),
+                     ("num_seqs", "num_splits") + DECODE_DNS))
     return rows
 
 

@@ -66,13 +66,6 @@ DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, sm
 # two or three 43-45 / 68-73 / 79-88 / 85-95 against 44 / 79 / 90 / 100), and so did four
 # programs a SM at 128 registers, or two of 128-token tiles, by 0-5 points.
 DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=2, maxnreg=None)
-# The same over int8 caches (kernels/attention_decode_persistent_int8_gluon.py): the tiles of
-# `_decode_int8_gluon_kernel`, 128 tokens; its sm_90 build takes 254 registers a thread, so two
-# programs a SM (at 168, three a SM, it spills 136-148 bytes). Off: H200, 2026-11-30, 619bdfb+
-# (bench/decode_grid.py --kv int8 --spread 0.9 --longest-first, % of copy at ~128 / 512 / 1,024 /
-# 2,048 tokens), batch 256 40 / 70 / 81 / 88 against 40 / 77 / 88 / 97 for the Gluon kernel;
-# three a SM at 168 registers 36 / 61 / 70 / 78; workload A int8 35,005 against 36,647 tok/s.
-DECODE_PERSISTENT_INT8 = dict(block_n=128, resident=2, min_rounds=2, maxnreg=None)
 
 # Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
 # 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
@@ -90,7 +83,7 @@ def decode_config(q, kv_dtype=None):
     a second split rule for small batches, "resident_per_sm" / "wave_fill" the wave rule
     (`plan_decode_splits`), "gluon" (int8: the Gluon kernel where it applies,
     kernels/attention_decode_gluon.py), "persistent" with "persistent_block_n" /
-    "persistent_resident" / "persistent_min_rounds" / "persistent_maxnreg" (the
+    "persistent_resident" / "persistent_min_rounds" / "persistent_maxnreg" (float caches: the
     persistent kernel where it applies, `DECODE_PERSISTENT`; "persistent_programs" forces it
     and its grid). `decode_attention(config=...)`
     overrides any of them (benchmarks, tests)."""
@@ -104,18 +97,11 @@ def decode_config(q, kv_dtype=None):
     if kv_dtype == torch.int8:
         # "gluon": the Gluon build of the mma_k kernel where it applies (`decode_attention`);
         # INFER_CLUSTER_DECODE_GLUON=0 keeps the Triton kernel (A/B)
-        # persistent: off (measured slower than `_decode_int8_gluon_kernel`, DECODE_PERSISTENT_INT8)
-        return dict(DECODE_INT8, gluon=env_switch("INFER_CLUSTER_DECODE_GLUON"),
-                    **_persistent_keys(DECODE_PERSISTENT_INT8), persistent=False)
+        return dict(DECODE_INT8, gluon=env_switch("INFER_CLUSTER_DECODE_GLUON"))
     waves = DECODE_WAVES_128 if q.shape[2] == 128 else {}  # measured there only
-    return dict(DECODE_TUNED, cvt="add", **_persistent_keys(DECODE_PERSISTENT), **waves)
-
-
-def _persistent_keys(plan) -> dict:
-    """`decode_config`'s persistent keys from DECODE_PERSISTENT or DECODE_PERSISTENT_INT8;
-    INFER_CLUSTER_DECODE_PERSISTENT=0 turns the kernel off (A/B)."""
-    return dict(persistent=env_switch("INFER_CLUSTER_DECODE_PERSISTENT"),
-                **{f"persistent_{k}": v for k, v in plan.items()})
+    # "persistent": INFER_CLUSTER_DECODE_PERSISTENT=0 keeps `_decode_kernel` (A/B)
+    return dict(DECODE_TUNED, cvt="add", persistent=env_switch("INFER_CLUSTER_DECODE_PERSISTENT"),
+                **{f"persistent_{k}": v for k, v in DECODE_PERSISTENT.items()}, **waves)
 
 
 def persistent_applies(num_seqs: int, num_kv_heads: int, device, cfg) -> bool:

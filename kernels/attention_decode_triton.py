@@ -34,6 +34,11 @@ tiles, method `mma_k`, no runs), `decode_attention` launches the Gluon build of 
 instead (kernels/attention_decode_gluon.py: same arguments, grid and numerics, its copies
 issued as soon as their buffer is free); the reduce is shared.
 
+Float caches at head_dim 128 take the persistent kernel instead where the batch is large
+(`persistent_applies`: every program of a grid that fills the GPU gets two rounds of whole
+contexts; kernels/attention_decode_persistent_gluon.py, one stream of tiles a program across
+its items, no split and no reduce); smaller batches keep `_decode_kernel` and its splits.
+
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_decode_tile` (kernels/attention_decode_tile_triton.py, with the other per-tile pieces), loop
 bounds into `_decode_kernel`; keep `_attend_tile` (prefill) and the
@@ -50,7 +55,6 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot_mode
 from .attention_decode_gluon import _decode_int8_gluon_kernel
 from .attention_decode_persistent_gluon import _decode_persistent_kernel, persistent_grid
-from .attention_decode_persistent_int8_gluon import _decode_persistent_int8_kernel
 from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_tile, _run_chunk, _split_part
 from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
@@ -272,21 +276,19 @@ def _partials(q, out, num_seqs, splits):
 
 
 def _persistent_fits(cfg, row_span, q, k_cache, v_cache, out) -> bool:
-    """Whether a persistent kernel takes this call: the config asks for it ("persistent"), a
-    float cache of q's dtype (fp16 / bf16) or an int8 cache read by `mma_k`, no runs, CUDA
-    sm_80+, head_dim 128, at most 16 query heads a KV head, unit strides along the head dim."""
-    cache_ok = (k_cache.dtype == v_cache.dtype == q.dtype
-                or (k_cache.dtype == v_cache.dtype == torch.int8 and cfg.get("cvt") == "mma_k"
-                    and cfg.get("persistent_block_n") == 128))
-    return (bool(cfg.get("persistent")) and row_span is None and q.is_cuda and cache_ok
-            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[2] == 128
+    """Whether `_decode_persistent_kernel` takes this call: the config asks for it
+    ("persistent"), a float cache of q's dtype (fp16 / bf16), no runs, CUDA sm_80+, head_dim
+    128, at most 16 query heads a KV head, unit strides along the head dim."""
+    return (bool(cfg.get("persistent")) and row_span is None and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
+            and v_cache.dtype == q.dtype and q.shape[2] == 128
             and q.shape[1] // k_cache.shape[2] <= 16
             and torch.cuda.get_device_capability(q.device)[0] >= 8
             and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1)
 
 
 def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
-                       num_splits, cfg, order, k_scale=None, v_scale=None):
+                       num_splits, cfg, order):
     """`decode_attention` through the persistent kernel: a grid of `persistent_resident`
     programs a SM, whole contexts unless `num_splits` forces partitions (then the shared
     reduce)."""
@@ -300,23 +302,15 @@ def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_l
     items = num_seqs * num_kv_heads * splits
     grid = persistent_grid(items, resident, _sm_count(q.device), cfg.get("persistent_programs"))
     cap = cfg.get("persistent_maxnreg")
-    consts = dict(KV_HEADS=num_kv_heads, SPLIT=splits > 1, GROUP=num_heads // num_kv_heads,
-                  PAGE=page_size, BLOCK_N=block_n, ORDERED=ordered, PDL=pdl, num_warps=4,
-                  **pdl_launch(pdl), **({} if cap is None else dict(maxnreg=cap)))
-    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
-    tail = (block_tables.stride(0), out.stride(0), out.stride(1), *po_strides, *pl_strides)
-    if k_cache.dtype == torch.int8:
-        _decode_persistent_int8_kernel[(grid,)](
-            q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens,
-            order if ordered else seq_lens, out, part_out, part_lse, scale * _LOG2E, num_seqs,
-            splits, *strides, k_scale.stride(0), k_scale.stride(1), v_scale.stride(0),
-            v_scale.stride(1), *tail, **consts)
-    else:
-        _decode_persistent_kernel[(grid,)](
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-            order if ordered else seq_lens, out, part_out, part_lse, scale * _LOG2E, num_seqs,
-            splits, *strides, *tail, **consts)
+    _decode_persistent_kernel[(grid,)](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+        order if ordered else seq_lens, out, part_out, part_lse, scale * _LOG2E, num_seqs, splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), *po_strides, *pl_strides,
+        KV_HEADS=num_kv_heads, SPLIT=splits > 1, GROUP=num_heads // num_kv_heads, PAGE=page_size,
+        BLOCK_N=block_n, ORDERED=ordered, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+        **({} if cap is None else dict(maxnreg=cap)))
     if splits > 1:
         block_s = triton.next_power_of_2(splits)
         _reduce_kernel[(num_seqs, num_heads)](
@@ -369,7 +363,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
             num_splits or cfg.get("persistent_programs")
             or persistent_applies(num_seqs, num_kv_heads, q.device, cfg)):
         return _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-                                  scale, out, num_splits, cfg, order, k_scale, v_scale)
+                                  scale, out, num_splits, cfg, order)
     block_n = cfg["block_n"]
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_g = max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows

@@ -9,11 +9,10 @@ import torch
 
 from infer_cluster.kernels.attention import decode_order, paged_attention_ref
 from infer_cluster.kernels.attention_decode_persistent_gluon import MAX_ROUNDS, persistent_grid
-from infer_cluster.kernels.attention_decode_plan import DECODE_PERSISTENT, DECODE_PERSISTENT_INT8
+from infer_cluster.kernels.attention_decode_plan import DECODE_PERSISTENT
 from infer_cluster.kernels.attention_triton import decode_attention, decode_config
 from tests.kernels.conftest import INTERPRET, sm90_check, tol
 from tests.kernels.test_attention import make_batch
-from tests.kernels.test_attention_int8 import int8_batch, quantized_q
 
 BUILD = sm90_check("persistent_decode_build", """
 from bench.ptxas_check import persistent_decode_variants
@@ -25,20 +24,18 @@ for name, kernel, ptrs, ints, consts, opts, dns in persistent_decode_variants():
     wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
     reads = [i for i, l in enumerate(lines) if "ld.global" in l or l.startswith("cp.async.c")]
     partial = sum(l.startswith("cp.async.wait_group") and l.rstrip(";").split()[-1] == "1" for l in lines)
-    print(int("i8" in name), int(consts["SPLIT"]), regs, spills, c.metadata.shared,
-          sum(i < wait for i in reads), partial)
+    print(int(consts["SPLIT"]), regs, spills, c.metadata.shared, sum(i < wait for i in reads), partial)
 """)
 
 
 def test_sm90_builds_fit_their_programs_a_sm_and_overlap_their_copies(sm90_builds):
     rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
-    assert sorted(r[:2] for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    for int8, split, regs, spills, shared, before_wait, partial_waits in rows:
+    assert sorted(r[0] for r in rows) == [0, 1]
+    for split, regs, spills, shared, before_wait, partial_waits in rows:
         assert spills == 0, split
-        # `resident` 128-thread programs a SM (DECODE_PERSISTENT / _INT8, no register cap)
-        resident = (DECODE_PERSISTENT_INT8 if int8 else DECODE_PERSISTENT)["resident"]
-        assert regs * 128 * resident <= 65536, (int8, regs)
-        assert resident * (shared + 1024) <= 228 * 1024, (int8, shared)
+        # `resident` (three) 128-thread programs a SM without a register cap
+        resident = DECODE_PERSISTENT["resident"]
+        assert regs * 128 * resident <= 65536 and resident * (shared + 1024) <= 228 * 1024, (regs, shared)
         assert before_wait == 0  # PDL: nothing is read before the previous kernel is done
         # K(t) and V(t) each waited for with the other tile's copies still in flight
         assert partial_waits == 2, partial_waits
@@ -137,38 +134,3 @@ def test_gpu_persistent_in_a_cuda_graph_follows_new_lengths(gpu_device):
     atol, rtol = tol(dtype)
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
-
-@pytest.mark.parametrize("num_splits", [None, 3])
-@pytest.mark.parametrize("programs", [None, 5])
-@pytest.mark.parametrize("heads", [(16, 8), (16, 2)])
-def test_gpu_persistent_int8_matches_reference_and_gluon(gpu_device, num_splits, programs, heads):
-    # int8 caches: the persistent kernel against the reference on dequantized KV and quantized
-    # q, and against the non-persistent Gluon kernel (same numerics: equal bit for bit over
-    # whole contexts)
-    num_heads, num_kv_heads = heads
-    dtype = torch.bfloat16
-    assert not decode_config(torch.empty(1, 16, 128, device=gpu_device, dtype=dtype), torch.int8)["persistent"]
-    ctx = [1, 17, 128, 129, 600, 611, 4097, 100, 2000, 255, 40, 3]
-    q_lens = [1] * 9 + [3, 1, 1]
-    q, kc, vc, ks, vs, bt, qsl, lens = int8_batch(make_batch(gpu_device, dtype, q_lens, ctx, num_heads,
-                                                             num_kv_heads, 128, 16))
-    order = decode_order(lens)
-    outs = {}
-    for persistent in (True, False):
-        out = torch.full_like(q, float("nan"))
-        # the Gluon kernel with the persistent one's partitions (whole contexts by default)
-        decode_attention(q, kc, vc, bt, qsl, lens, 128 ** -0.5, out,
-                         num_splits=num_splits if persistent else (num_splits or 1),
-                         config=dict(persistent=persistent, persistent_programs=programs,
-                                     persistent_min_rounds=0), k_scale=ks, v_scale=vs, order=order)
-        outs[persistent] = out
-    ref = paged_attention_ref(quantized_q(q), kc, vc, bt, qsl, lens, 128 ** -0.5, k_scale=ks,
-                              v_scale=vs).to(dtype)
-    one = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
-    one[int(qsl[9]):int(qsl[10])] = False
-    got = outs[True]
-    assert torch.isnan(got[~one]).all(), "wrote the rows of a multi-row query"
-    assert not torch.isnan(got[one]).any(), "read KV past seq_lens (NaN trap) or left a row unwritten"
-    atol, rtol = tol(dtype)
-    torch.testing.assert_close(got[one], ref[one], atol=atol, rtol=rtol)
-    torch.testing.assert_close(got[one], outs[False][one], atol=0, rtol=0)
