@@ -67,6 +67,52 @@ def sm90_check(name: str, code: str) -> str:
     return name
 
 
+def assert_decode_outputs(got, ref, other, query_start_loc, multi_row: int, dtype) -> None:
+    """A decode kernel's output `got` (filled with NaN before the call) where sequence
+    `multi_row` has a multi-row query: that sequence's rows untouched, every other row written
+    without NaN (the caches' NaN trap past seq_lens), and equal to the reference `ref` and to
+    the kernel it stands in for (`other`) within the dtype's tolerance."""
+    one = torch.ones(got.shape[0], dtype=torch.bool, device=got.device)
+    one[int(query_start_loc[multi_row]):int(query_start_loc[multi_row + 1])] = False
+    assert torch.isnan(got[~one]).all(), "wrote the rows of a multi-row query"
+    assert not torch.isnan(got[one]).any(), "read KV past seq_lens (NaN trap) or left a row unwritten"
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(got[one], ref[one], atol=atol, rtol=rtol)
+    torch.testing.assert_close(got[one], other[one], atol=atol, rtol=rtol)
+
+
+def decode_build_check(name: str, variants: str) -> str:
+    """Register the sm_90 check `name` of a Gluon decode kernel's builds (`bench.ptxas_check.
+    <variants>()`), read back by `assert_decode_builds`."""
+    return sm90_check(name, f"""
+from bench.ptxas_check import {variants}
+from bench.sm90_build import compile_sm90, ptxas_info
+for name, kernel, ptrs, ints, consts, opts, dns in {variants}():
+    c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
+    regs, spills = ptxas_info(c.asm["ptx"])
+    lines = [l.strip() for l in c.asm["ptx"].splitlines()]
+    wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
+    reads = [i for i, l in enumerate(lines) if "ld.global" in l or l.startswith("cp.async.c")]
+    partial = sum(l.startswith("cp.async.wait_group") and l.rstrip(";").split()[-1] == "1" for l in lines)
+    print(int(consts["SPLIT"]), regs, spills, c.metadata.shared, sum(i < wait for i in reads), partial)
+""")
+
+
+def assert_decode_builds(output: str, resident: int) -> None:
+    """A decode kernel's sm_90 builds (`decode_build_check`), one partition and split: no spills,
+    `resident` 128-thread programs fit a SM (65,536 registers, 228 KB of shared memory), nothing
+    read before the PDL wait, and K and V each waited for with the other tile's copies still in
+    flight (two `cp.async.wait_group 1` in the loop)."""
+    rows = [tuple(map(int, line.split())) for line in output.splitlines()]
+    assert sorted(r[0] for r in rows) == [0, 1]
+    for split, regs, spills, shared, before_wait, partial_waits in rows:
+        assert spills == 0, split
+        assert regs * 128 * resident <= 65536, (split, regs)
+        assert resident * (shared + 1024) <= 228 * 1024, (split, shared)
+        assert before_wait == 0, split
+        assert partial_waits == 2, partial_waits
+
+
 @pytest.fixture(scope="session")
 def sm90_builds():
     """Every registered sm_90 check, run in one child without the interpreter: `get(name)` gives

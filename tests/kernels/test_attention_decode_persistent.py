@@ -11,34 +11,15 @@ from infer_cluster.kernels.attention import decode_order, paged_attention_ref
 from infer_cluster.kernels.attention_decode_persistent_gluon import MAX_ROUNDS, persistent_grid
 from infer_cluster.kernels.attention_decode_plan import DECODE_PERSISTENT
 from infer_cluster.kernels.attention_triton import decode_attention, decode_config
-from tests.kernels.conftest import INTERPRET, sm90_check, tol
+from tests.kernels.conftest import (INTERPRET, assert_decode_builds, assert_decode_outputs,
+                                    decode_build_check, tol)
 from tests.kernels.test_attention import make_batch
 
-BUILD = sm90_check("persistent_decode_build", """
-from bench.ptxas_check import persistent_decode_variants
-from bench.sm90_build import compile_sm90, ptxas_info
-for name, kernel, ptrs, ints, consts, opts, dns in persistent_decode_variants():
-    c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
-    regs, spills = ptxas_info(c.asm["ptx"])
-    lines = [l.strip() for l in c.asm["ptx"].splitlines()]
-    wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
-    reads = [i for i, l in enumerate(lines) if "ld.global" in l or l.startswith("cp.async.c")]
-    partial = sum(l.startswith("cp.async.wait_group") and l.rstrip(";").split()[-1] == "1" for l in lines)
-    print(int(consts["SPLIT"]), regs, spills, c.metadata.shared, sum(i < wait for i in reads), partial)
-""")
+BUILD = decode_build_check("persistent_decode_build", "persistent_decode_variants")
 
 
 def test_sm90_builds_fit_their_programs_a_sm_and_overlap_their_copies(sm90_builds):
-    rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
-    assert sorted(r[0] for r in rows) == [0, 1]
-    for split, regs, spills, shared, before_wait, partial_waits in rows:
-        assert spills == 0, split
-        # `resident` (three) 128-thread programs a SM without a register cap
-        resident = DECODE_PERSISTENT["resident"]
-        assert regs * 128 * resident <= 65536 and resident * (shared + 1024) <= 228 * 1024, (regs, shared)
-        assert before_wait == 0  # PDL: nothing is read before the previous kernel is done
-        # K(t) and V(t) each waited for with the other tile's copies still in flight
-        assert partial_waits == 2, partial_waits
+    assert_decode_builds(sm90_builds.get(BUILD), resident=DECODE_PERSISTENT["resident"])
 
 
 @pytest.mark.parametrize("items, resident, sms, programs, want", [
@@ -103,14 +84,7 @@ def test_gpu_persistent_matches_reference_and_triton(gpu_device, dtype, num_spli
                                      persistent_min_rounds=0), order=order)
         outs[persistent] = out
     ref = paged_attention_ref(q, kc, vc, bt, qsl, lens, 128 ** -0.5).to(dtype)
-    one = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
-    one[int(qsl[9]):int(qsl[10])] = False
-    got = outs[True]
-    assert torch.isnan(got[~one]).all(), "wrote the rows of a multi-row query"
-    assert not torch.isnan(got[one]).any(), "read KV past seq_lens (NaN trap) or left a row unwritten"
-    atol, rtol = tol(dtype)
-    torch.testing.assert_close(got[one], ref[one], atol=atol, rtol=rtol)
-    torch.testing.assert_close(got[one], outs[False][one], atol=atol, rtol=rtol)
+    assert_decode_outputs(outs[True], ref, outs[False], qsl, 9, dtype)
 
 
 def test_gpu_persistent_in_a_cuda_graph_follows_new_lengths(gpu_device):

@@ -94,17 +94,25 @@ def _assert_same_outputs(got, want):
             assert [lp[0] for lp in a[3]] == pytest.approx([lp[0] for lp in b[3]], abs=1e-5)
 
 
-def assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens: int) -> None:
-    """The same prompts through the Triton kernels and through the torch references
-    (`INFER_CLUSTER_KERNELS`): the first step's top-5 logprobs agree (bf16 tolerance)."""
-    prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(n)] for i, n in enumerate([7, 100, 513, 1500])]
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=5, ignore_eos=True)
+def _triton_and_torch(llm, monkeypatch, prompts, params) -> dict:
+    """The prompts' outputs through the Triton kernels and through the torch references
+    (`INFER_CLUSTER_KERNELS`; an eager engine reads it at every call), prefix cache emptied
+    before each."""
     results = {}
     for impl in ("triton", "torch"):
         monkeypatch.setenv("INFER_CLUSTER_KERNELS", impl)
         llm.engine.allocator.reset_prefix_cache()
         results[impl] = llm.generate(prompts, params, use_tqdm=False)
     monkeypatch.delenv("INFER_CLUSTER_KERNELS")
+    return results
+
+
+def assert_triton_matches_torch_reference(llm, monkeypatch, max_tokens: int) -> None:
+    """The same prompts through the Triton kernels and through the torch references
+    (`INFER_CLUSTER_KERNELS`): the first step's top-5 logprobs agree (bf16 tolerance)."""
+    prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(n)] for i, n in enumerate([7, 100, 513, 1500])]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=5, ignore_eos=True)
+    results = _triton_and_torch(llm, monkeypatch, prompts, params)
     for a, b in zip(results["triton"], results["torch"]):
         top_a, top_b = a.logprobs[0][1], b.logprobs[0][1]
         shared = set(top_a) & set(top_b)
@@ -240,12 +248,7 @@ def test_large_decode_batch_matches_torch_reference(monkeypatch):
               num_kv_blocks=8192, enforce_eager=True, max_model_len=2048, max_num_seqs=128)
     prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(20 + (i * 53) % 700)] for i in range(128)]
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
-    results = {}
-    for impl in ("triton", "torch"):
-        monkeypatch.setenv("INFER_CLUSTER_KERNELS", impl)
-        llm.engine.allocator.reset_prefix_cache()
-        results[impl] = llm.generate(prompts, params, use_tqdm=False)
-    monkeypatch.delenv("INFER_CLUSTER_KERNELS")
+    results = _triton_and_torch(llm, monkeypatch, prompts, params)
     same = 0
     for a, b in zip(results["triton"], results["torch"]):
         same += a.token_ids == b.token_ids
