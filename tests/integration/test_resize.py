@@ -60,7 +60,9 @@ def _wait_tokens(handles, num_with_tokens, timeout=60.0):
 
 
 def test_shrink_then_grow_while_streaming(cluster, offline_reference):
-    items = _items(12, seed=0)
+    # outputs long enough that no request can end before the shrink lands (a busy machine
+    # slows the client as much as the replica): 16 blocks then hold one or two of them
+    items = _items(12, seed=0, max_tokens=120)
     want = [ids for ids, _ in offline_reference(items)]
     before = cluster.status()["coordinator"]
     with InferenceClient(cluster.address, name="resize-test") as c:
