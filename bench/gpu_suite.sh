@@ -38,6 +38,7 @@ stages outside the suites (run by name; environment variables set their runs):
   decode_timeline    one batch-1 decode step's kernels and gaps      TIMELINE_FLAGS
   decode_kernels     kernels of one batch-1 decode step, eager
   step_kernels       a workload-A decode step's GPU time by kernel family, bf16 and int8 KV
+  decode_persistent  bf16 decode attention: persistent kernel rules vs the Triton kernel   DP_BATCHES
   decode_ncu         decode attention under ncu's counters, bf16 and int8 KV   NCU_CELL="--batch 256 --context 1024"
   sampler            the sampler alone per request kind (ms per call, profiler table)
   mixed_step         host launch vs GPU time per step kind
@@ -365,6 +366,18 @@ stage_decode_kernels() {
   timeout "$(lim 120)" "$PY" bench/decode_kernels.py --steps 10 > "$OUT/decode_kernels.log" 2>&1
   local st=$?
   sed -n 1,40p "$OUT/decode_kernels.log"
+  return $st
+}
+stage_decode_persistent() {  # bf16 decode attention: the persistent kernel's dispatch rule against its neighbours
+  local st=0 i=0 cfg
+  # default (persistent from two rounds), the Triton kernel only, persistent from one round
+  # (unsplit), persistent at every batch (split where the plan asks)
+  for cfg in '{}' '{"persistent": false}' '{"persistent_min_rounds": 1}' '{"persistent_min_rounds": 0}'; do
+    i=$((i + 1)); echo "--- $cfg"
+    timeout "$(lim 100)" "$PY" bench/decode_grid.py --kv bf16 --spread 0.9 --longest-first \
+      --batch ${DP_BATCHES:-32 64 96 128 256} --context 128 512 1024 2048 --iters 20 --bf16-config "$cfg" \
+      --out "$OUT/decode_persistent_$i.json" 2>&1 | tail -21 || st=1
+  done
   return $st
 }
 stage_decode_ncu() {  # one decode attention launch per KV dtype under Nsight Compute (bench/ncu_profile.py)
