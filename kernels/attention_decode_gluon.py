@@ -51,6 +51,23 @@ def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
+def _split_part(ctx, num_splits, BLOCK_N: gl.constexpr):
+    """Tokens a partition when a `ctx`-token context is cut `num_splits` ways: whole tiles, at
+    least one (the Triton kernels' `_split_part`, which `_reduce_kernel` repeats)."""
+    return gl.maximum(gl.cdiv(gl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i):
+    """One tile's scores [G, BLOCK_N] (log2 domain, masked columns -inf) into the running max
+    and sum: (probabilities, rescale of the state so far, new max, new sum)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _issue_tile(smem, sc_smem, head, sc_head, blk, start, hi, s_b, s_s, sc_b,
                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                 tok_l: gl.constexpr, tile_l: gl.constexpr):
@@ -115,7 +132,7 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     has_query = (gl.load(qsl_ptr + seq + 1) - row) == 1
     ctx = gl.where(has_query, gl.load(lens_ptr + seq), 0)
     if SPLIT:
-        part = gl.maximum(gl.cdiv(gl.cdiv(ctx, gl.num_programs(2)), BLOCK_N), 1) * BLOCK_N
+        part = _split_part(ctx, gl.num_programs(2), BLOCK_N)
         lo = split * part
         hi = gl.maximum(gl.minimum(lo + part, ctx), lo)
     else:
@@ -171,11 +188,7 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         tok_ok = (start + gl.arange(0, BLOCK_N, layout=col_l)) < hi
         s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)
         s = gl.where(gl.expand_dims(tok_ok, 0), s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         cp.wait_group(1)  # V(start) is in; K(nxt) may still be on its way
         _barrier()
         v8 = v_smem.load(v_l)

@@ -40,9 +40,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from .attention_decode_gluon import _barrier, _softmax_step, _split_part, _tile_blocks
 from .pdl_gluon import pdl_gluon
-
-_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
 
 MAX_ROUNDS = gl.constexpr(32)  # items a program may take (one lane each of the metadata vectors)
 
@@ -77,7 +76,7 @@ def _program_items(order_ptr, qsl_ptr, lens_ptr, num_seqs, num_splits, KV_HEADS:
     one_row = (gl.load(qsl_ptr + seq_v + 1, mask=valid, other=0) - row_v) == 1
     ctx_v = gl.where(one_row, gl.load(lens_ptr + seq_v, mask=valid & one_row, other=0), 0)
     if SPLIT:
-        part = gl.maximum(gl.cdiv(gl.cdiv(ctx_v, num_splits), BLOCK_N), 1) * BLOCK_N
+        part = _split_part(ctx_v, num_splits, BLOCK_N)
         lo_v = split_v * part
         hi_v = gl.maximum(gl.minimum(lo_v + part, ctx_v), lo_v)
     else:
@@ -115,12 +114,10 @@ def _advance(j, start, lo, hi, seq, row, kvh, split, lanes, n_v, lo_v, hi_v, seq
 
 
 @gluon.jit
-def _tile_blocks(bt_ptr, s_bt, seq, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                 tok_l: gl.constexpr):
-    """The cache block of each token of tile [start, start+BLOCK_N) of sequence `seq` (0 past
-    `hi`: the table is not read there)."""
-    tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
-    return gl.load(bt_ptr + seq.to(gl.int64) * s_bt + tok // PAGE, mask=tok < hi, other=0)
+def _seq_blocks(bt_ptr, s_bt, seq, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                tok_l: gl.constexpr):
+    """`_tile_blocks` of sequence `seq`'s block-table row."""
+    return _tile_blocks(bt_ptr + seq.to(gl.int64) * s_bt, start, hi, PAGE, BLOCK_N, tok_l)
 
 
 @gluon.jit
@@ -182,7 +179,7 @@ def _decode_persistent_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, or
     cj, clo, chi, cseq, crow, ckvh, csplit = _item(0, lanes, n_v, lo_v, hi_v, seq_v, row_v, kvh_v,
                                                    split_v, MAX_R)
     cs = clo
-    blk = _tile_blocks(bt_ptr, s_bt, cseq, cs, chi, PAGE, BLOCK_N, tok_l)
+    blk = _seq_blocks(bt_ptr, s_bt, cseq, cs, chi, PAGE, BLOCK_N, tok_l)
     cp.async_copy_global_to_shared(q_smem, q_ptr + crow.to(gl.int64) * sq_t + ckvh * GROUP * sq_h + q_cols,
                                    mask=q_ok & (cs < chi))
     _issue_rows(k_smem, k_ptr + ckvh * sk_h, blk, cs, chi, sk_b, sk_s, PAGE, BLOCK_N, BLOCK_D,
@@ -194,7 +191,7 @@ def _decode_persistent_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, or
     ij, i_s, ilo, ihi, iseq, irow, ikvh, isplit = _advance(cj, cs, clo, chi, cseq, crow, ckvh, csplit,
                                                            lanes, n_v, lo_v, hi_v, seq_v, row_v,
                                                            kvh_v, split_v, BLOCK_N, MAX_R)
-    blk_i = _tile_blocks(bt_ptr, s_bt, iseq, i_s, ihi, PAGE, BLOCK_N, tok_l)
+    blk_i = _seq_blocks(bt_ptr, s_bt, iseq, i_s, ihi, PAGE, BLOCK_N, tok_l)
     bj, bs, blo, bhi, bseq, brow, bkvh, bsplit = _advance(ij, i_s, ilo, ihi, iseq, irow, ikvh, isplit,
                                                           lanes, n_v, lo_v, hi_v, seq_v, row_v,
                                                           kvh_v, split_v, BLOCK_N, MAX_R)
@@ -206,7 +203,7 @@ def _decode_persistent_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, or
     l_i = gl.full([BLOCK_G], 0.0, gl.float32, row_l)
     acc = gl.full([BLOCK_G, BLOCK_D], 0.0, gl.float32, mma)
     for _ in range(tiles):
-        blk_b = _tile_blocks(bt_ptr, s_bt, bseq, bs, bhi, PAGE, BLOCK_N, tok_l)
+        blk_b = _seq_blocks(bt_ptr, s_bt, bseq, bs, bhi, PAGE, BLOCK_N, tok_l)
         cp.wait_group(1)  # K(c) (and c's query rows) are in; V(c) may still be on its way
         _barrier()
         q = q_smem.load(a16)
@@ -224,11 +221,7 @@ def _decode_persistent_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, or
         first = cs == clo  # a new item: its softmax state starts over (alpha = 0 below)
         m_i = gl.where(first, float("-inf"), m_i)
         l_i = gl.where(first, 0.0, l_i)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        pr = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(pr, axis=1)
-        m_i = m_new
+        pr, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         cp.wait_group(1)  # V(c) is in; K(i) may still be on its way
         _barrier()
         v = v_smem.load(b16)

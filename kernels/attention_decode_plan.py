@@ -107,7 +107,7 @@ def decode_config(q, kv_dtype=None):
 def persistent_applies(num_seqs: int, num_kv_heads: int, device, cfg) -> bool:
     """Whether the persistent kernel's grid (`persistent_resident` programs a SM) gets at least
     `persistent_min_rounds` items a program without splitting any context."""
-    slots = cfg["persistent_resident"] * (_sm_count(device) if device.type == "cuda" else 4)
+    slots = cfg["persistent_resident"] * _sm_count(device)
     return num_seqs * num_kv_heads >= cfg["persistent_min_rounds"] * slots
 
 
@@ -165,7 +165,8 @@ def _one_wave(cfg, device) -> int:
     return per_sm * (_sm_count(device) if device.type == "cuda" else 4)
 
 
-def _reg_cap(cfg) -> dict:
-    """The launch option capping registers per thread (config "maxnreg": more programs per SM
-    at the risk of spills; bench/ptxas_check.py shows them), none when unset."""
-    return {} if cfg.get("maxnreg") is None else dict(maxnreg=cfg["maxnreg"])
+def _reg_cap(cfg, key: str = "maxnreg") -> dict:
+    """The launch option capping registers per thread (config `key`, "maxnreg" or
+    "persistent_maxnreg": more programs per SM at the risk of spills; bench/ptxas_check.py shows
+    them), none when unset."""
+    return {} if cfg.get(key) is None else dict(maxnreg=cfg[key])

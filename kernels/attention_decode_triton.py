@@ -275,16 +275,33 @@ def _partials(q, out, num_seqs, splits):
     return part_out, part_lse, part_out.stride()[:3], part_lse.stride()[:2]
 
 
-def _persistent_fits(cfg, row_span, q, k_cache, v_cache, out) -> bool:
-    """Whether `_decode_persistent_kernel` takes this call: the config asks for it
-    ("persistent"), a float cache of q's dtype (fp16 / bf16), no runs, CUDA sm_80+, head_dim
-    128, at most 16 query heads a KV head, unit strides along the head dim."""
-    return (bool(cfg.get("persistent")) and row_span is None and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
-            and v_cache.dtype == q.dtype and q.shape[2] == 128
-            and q.shape[1] // k_cache.shape[2] <= 16
+def _gluon_layouts_fit(q, k_cache, v_cache, out) -> bool:
+    """What both Gluon decode kernels' layouts are written for: CUDA sm_80+, head_dim 128, at
+    most 16 query heads a KV head, unit strides along the head dim."""
+    return (q.is_cuda and q.shape[2] == 128 and q.shape[1] // k_cache.shape[2] <= 16
             and torch.cuda.get_device_capability(q.device)[0] >= 8
             and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1)
+
+
+def _persistent_fits(cfg, row_span, q, k_cache, v_cache, out) -> bool:
+    """Whether `_decode_persistent_kernel` takes this call: the config asks for it
+    ("persistent"), a float cache of q's dtype (fp16 / bf16), no runs, and
+    `_gluon_layouts_fit`."""
+    return (bool(cfg.get("persistent")) and row_span is None
+            and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
+            and v_cache.dtype == q.dtype and _gluon_layouts_fit(q, k_cache, v_cache, out))
+
+
+def _launch_reduce(part_out, part_lse, query_start_loc, seq_lens, span, out, splits, po_strides,
+                   pl_strides, block_d, block_n, pdl, cfg, grouped=False, rows=1):
+    """`_reduce_kernel` over `splits` partitions of each (sequence, head), planned with tiles of
+    `block_n` tokens as the decode kernel's were."""
+    block_s = triton.next_power_of_2(splits)
+    _reduce_kernel[(seq_lens.shape[0], out.shape[1])](
+        part_out, part_lse, query_start_loc, seq_lens, span, out, splits, *po_strides, *pl_strides,
+        *out.stride(), HEAD_DIM=out.shape[2], BLOCK_S=block_s, CHUNK=min(block_s, 16),
+        BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, GROUPED=grouped, ROWS=rows,
+        BLOCK_R=triton.next_power_of_2(rows), num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
 
 
 def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
@@ -301,7 +318,6 @@ def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_l
     ordered = order is not None
     items = num_seqs * num_kv_heads * splits
     grid = persistent_grid(items, resident, _sm_count(q.device), cfg.get("persistent_programs"))
-    cap = cfg.get("persistent_maxnreg")
     _decode_persistent_kernel[(grid,)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
         order if ordered else seq_lens, out, part_out, part_lse, scale * _LOG2E, num_seqs, splits,
@@ -310,14 +326,10 @@ def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_l
         out.stride(0), out.stride(1), *po_strides, *pl_strides,
         KV_HEADS=num_kv_heads, SPLIT=splits > 1, GROUP=num_heads // num_kv_heads, PAGE=page_size,
         BLOCK_N=block_n, ORDERED=ordered, PDL=pdl, num_warps=4, **pdl_launch(pdl),
-        **({} if cap is None else dict(maxnreg=cap)))
+        **_reg_cap(cfg, "persistent_maxnreg"))
     if splits > 1:
-        block_s = triton.next_power_of_2(splits)
-        _reduce_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, query_start_loc, seq_lens, seq_lens, out, splits, *po_strides,
-            *pl_strides, *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
-            BLOCK_D=head_dim, BLOCK_N=block_n, PDL=pdl, num_warps=cfg["reduce_warps"],
-            **pdl_launch(pdl))
+        _launch_reduce(part_out, part_lse, query_start_loc, seq_lens, seq_lens, out, splits,
+                       po_strides, pl_strides, head_dim, block_n, pdl, cfg)
     return out
 
 
@@ -326,9 +338,7 @@ def _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out) 
     int8 caches read by `mma_k` (OP_MMA), no runs, CUDA sm_80+, head_dim 128, 128-token tiles,
     unit strides along the head dim (its layouts are written for that)."""
     return (bool(cfg.get("gluon")) and k_cache.dtype == torch.int8 and op_k == OP_MMA
-            and not grouped and q.is_cuda and q.shape[2] == 128 and cfg["block_n"] == 128
-            and torch.cuda.get_device_capability(q.device)[0] >= 8
-            and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1
+            and not grouped and cfg["block_n"] == 128 and _gluon_layouts_fit(q, k_cache, v_cache, out)
             and k_scale.stride(2) == v_scale.stride(2) == 1)
 
 
@@ -421,10 +431,6 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
             num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"], **pdl_launch(pdl), **_reg_cap(cfg))
     if splits > 1:
-        block_s = triton.next_power_of_2(splits)
-        _reduce_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, query_start_loc, seq_lens, span, out, splits, *po_strides, *pl_strides,
-            *out.stride(), HEAD_DIM=head_dim, BLOCK_S=block_s, CHUNK=min(block_s, 16),
-            BLOCK_D=block_d, BLOCK_N=block_n, PDL=pdl, GROUPED=grouped, ROWS=rows,
-            BLOCK_R=triton.next_power_of_2(rows), num_warps=cfg["reduce_warps"], **pdl_launch(pdl))
+        _launch_reduce(part_out, part_lse, query_start_loc, seq_lens, span, out, splits,
+                       po_strides, pl_strides, block_d, block_n, pdl, cfg, grouped, rows)
     return out
