@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
         "adaptive": False}
 DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3, "adaptive": False}
-NUM, MAX_TOKENS = 120, 32
+NUM, MAX_TOKENS = 120, 96  # long enough that a status poll sees a replica mid-stream after the first tenth
 
 
 @pytest.fixture(scope="module")
