@@ -22,6 +22,9 @@ import time
 from statistics import mean
 
 
+_ABSENT = object()
+
+
 class SchedTimeline:
     def __init__(self, scheduler, engine=None):
         self.s = scheduler
@@ -36,7 +39,7 @@ class SchedTimeline:
 
     def _wrap(self, name, before=None, after=None):
         fn = getattr(self.s, name)
-        self._saved.append(name)
+        self._save(name)
 
         def wrapped(*a, **k):
             if before:
@@ -83,8 +86,8 @@ class SchedTimeline:
         self._wrap("_emit", after=on_emit)
         self._wrap("finish", after=on_finish)
         self._wrap("schedule", after=on_schedule)
+        self._save("wait_load")
         s.wait_load = timed_wait
-        self._saved.append("wait_load")
         if self.engine is not None:
             import torch
             inflight = self.engine._inflight
@@ -101,9 +104,18 @@ class SchedTimeline:
             inflight.launch = timed_launch
         return self
 
+    def _save(self, name):
+        """Remember what the scheduler's own __dict__ holds under `name` (an instance attribute,
+        such as `wait_load`, must come back; a method wrapper is only removed)."""
+        self._saved.append((name, self.s.__dict__.get(name, _ABSENT)))
+
     def __exit__(self, *exc):
-        for name in self._saved:
-            self.s.__dict__.pop(name, None)
+        for name, old in reversed(self._saved):
+            if old is _ABSENT:
+                self.s.__dict__.pop(name, None)
+            else:
+                self.s.__dict__[name] = old
+        self._saved.clear()
         if self.engine is not None:
             self.engine._inflight.__dict__.pop("launch", None)
         return False

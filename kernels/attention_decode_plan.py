@@ -65,7 +65,9 @@ DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, sm
 # contexts lost in this kernel (batch 128 at two partitions: 56 / 76 / 84 / 85; batch 64 at
 # two or three 43-45 / 68-73 / 79-88 / 85-95 against 44 / 79 / 90 / 100), and so did four
 # programs a SM at 128 registers, or two of 128-token tiles, by 0-5 points.
-DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=2, maxnreg=None)
+# "one_round_from": also take a call whose items fill between that share of one round and one
+# round (one whole context a program, no split); None leaves those to `_decode_kernel`.
+DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=2, one_round_from=None, maxnreg=None)
 
 # Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
 # 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
@@ -106,9 +108,13 @@ def decode_config(q, kv_dtype=None):
 
 def persistent_applies(num_seqs: int, num_kv_heads: int, device, cfg) -> bool:
     """Whether the persistent kernel's grid (`persistent_resident` programs a SM) gets at least
-    `persistent_min_rounds` items a program without splitting any context."""
+    `persistent_min_rounds` items a program without splitting any context, or (where
+    `persistent_one_round_from` is set) one item a program for at least that share of them."""
     slots = cfg["persistent_resident"] * _sm_count(device)
-    return num_seqs * num_kv_heads >= cfg["persistent_min_rounds"] * slots
+    items = num_seqs * num_kv_heads
+    one_round = cfg.get("persistent_one_round_from")
+    return (items >= cfg["persistent_min_rounds"] * slots
+            or (one_round is not None and one_round * slots <= items <= slots))
 
 
 def wave_splits(programs: int, slots: int, fill: float) -> int:

@@ -29,7 +29,7 @@ _SPLITS = 8         # parts per row: 8 programs per row at batch 1, 2,048 at bat
 
 @triton.jit
 def _row_stats_kernel(x_ptr, sx, vocab, part_tiles, m_ptr, s_ptr, bmax_ptr, sbm, n_blocks,
-                      BLOCK: tl.constexpr, NB: tl.constexpr):
+                      BLOCK: tl.constexpr, NB: tl.constexpr, WITH_LSE: tl.constexpr = True):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     nsplit = tl.num_programs(1)
@@ -49,14 +49,16 @@ def _row_stats_kernel(x_ptr, sx, vocab, part_tiles, m_ptr, s_ptr, bmax_ptr, sbm,
         bm = tl.max(x, axis=1)
         blk = off // BLOCK + offs_b
         tl.store(bmax_ptr + row * sbm + blk, bm, mask=blk < n_blocks)
-        xf = x.to(tl.float32)
-        m_new = tl.maximum(m, tl.max(bm.to(tl.float32), axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(xf - m_safe[:, None]), axis=1), axis=0)
-        m = m_new
-    one = tl.arange(0, 1)
-    tl.store(m_ptr + row * nsplit + split + one, m)
-    tl.store(s_ptr + row * nsplit + split + one, s)
+        if WITH_LSE:  # False: the block maxima alone (`block_maxima_triton`), no exp
+            xf = x.to(tl.float32)
+            m_new = tl.maximum(m, tl.max(bm.to(tl.float32), axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.sum(tl.sum(tl.exp(xf - m_safe[:, None]), axis=1), axis=0)
+            m = m_new
+    if WITH_LSE:
+        one = tl.arange(0, 1)
+        tl.store(m_ptr + row * nsplit + split + one, m)
+        tl.store(s_ptr + row * nsplit + split + one, s)
 
 
 @triton.jit
@@ -72,6 +74,31 @@ def _merge_kernel(m_ptr, s_ptr, lse_ptr, nsplit, BLOCK_S: tl.constexpr):
     tl.store(lse_ptr + row, big + tl.log(tl.sum(s * tl.exp(m - big), axis=0)))
 
 
+def _parts(vocab: int, block: int, cfg: dict) -> tuple[int, int, int]:
+    """(splits, part length in columns, blocks a row) of a launch over `vocab` columns."""
+    tile = cfg["nb"] * block
+    n_tiles = triton.cdiv(vocab, tile)
+    # The split count depends on the vocabulary only, never on the row count, so one compiled
+    # variant serves every batch size (warm-up compiles it; nothing compiles while serving).
+    splits = min(n_tiles, cfg["splits"])
+    part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
+    return triton.cdiv(vocab, part_len), part_len, triton.cdiv(vocab, block)
+
+
+def block_maxima_triton(x: torch.Tensor, block: int = 128, config: Optional[dict] = None) -> torch.Tensor:
+    """The block maxima of `row_stats_triton` alone, in x's dtype (the sampler's top-k when no
+    row asks for logprobs): the same kernel without its exp and sums, one read of `x`."""
+    cfg = {"nb": _NB, "splits": _SPLITS, "num_warps": _WARPS, **(config or {})}
+    n, vocab = x.shape
+    splits, part_len, n_blocks = _parts(vocab, block, cfg)
+    bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
+    if n:
+        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len // (cfg["nb"] * block), bmax, bmax, bmax,
+                                       bmax.stride(0), n_blocks, BLOCK=block, NB=cfg["nb"], WITH_LSE=False,
+                                       num_warps=cfg["num_warps"])
+    return bmax
+
+
 def row_stats_triton(x: torch.Tensor, block: int = 128,
                      config: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`config` overrides the launch (`nb` blocks per tile, `splits`, `num_warps`); for
@@ -80,13 +107,7 @@ def row_stats_triton(x: torch.Tensor, block: int = 128,
     n, vocab = x.shape
     nb = cfg["nb"]
     tile = nb * block
-    n_tiles = triton.cdiv(vocab, tile)
-    # The split count depends on the vocabulary only, never on the row count, so one compiled
-    # variant serves every batch size (warm-up compiles it; nothing compiles while serving).
-    splits = min(n_tiles, cfg["splits"])
-    part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
-    splits = triton.cdiv(vocab, part_len)
-    n_blocks = triton.cdiv(vocab, block)
+    splits, part_len, n_blocks = _parts(vocab, block, cfg)
     stats = torch.empty(2 * n * splits + n, dtype=torch.float32, device=x.device)
     m, s, lse = stats[:n * splits], stats[n * splits:2 * n * splits], stats[2 * n * splits:]
     bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)

@@ -48,6 +48,13 @@ def top_p_threshold(x, m, inv_t, tau, top_p, active=None, active_code: int = 0, 
     return launch(x, m, inv_t, tau, top_p, active, active_code, mass)
 
 
+def copy_flagged_rows(x, flags, rows=None) -> torch.Tensor:
+    """Like `x`, with only the flagged rows copied (see `sample_triton.copy_flagged_rows`): what
+    a later redo of those rows reads once x's own buffer may have been rewritten."""
+    from .sample_triton import copy_flagged_rows as launch
+    return launch(x, flags, rows)
+
+
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
     from .sample_triton import philox_uniforms as launch

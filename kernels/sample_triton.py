@@ -311,3 +311,30 @@ def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     if n:
         _uniform_kernel[(triton.cdiv(n, 128),)](seeds, steps, out, n, BLOCK=128, num_warps=4)
     return out
+
+
+@triton.jit(do_not_specialize=["sx", "sd", "vocab"])
+def _copy_flagged_kernel(src_ptr, sx, dst_ptr, sd, flags_ptr, rows_ptr, vocab, HAS_ROWS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    j = tl.program_id(0)
+    if tl.load(flags_ptr + j) != 0:  # most programs stop here: a flagged row is rare
+        if HAS_ROWS:
+            r = tl.load(rows_ptr + j).to(tl.int64)
+        else:
+            r = j.to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        for c0 in range(0, vocab, BLOCK):
+            c = c0 + offs
+            tl.store(dst_ptr + r * sd + c, tl.load(src_ptr + r * sx + c, mask=c < vocab), mask=c < vocab)
+
+
+def copy_flagged_rows(x: torch.Tensor, flags: torch.Tensor, rows=None) -> torch.Tensor:
+    """A buffer shaped like `x` holding x's rows `rows[j]` (row j where `rows` is None) for
+    which `flags[j]` is set; its other rows are left unwritten. No host sync."""
+    out = torch.empty_like(x)
+    n = flags.shape[0]
+    if n:
+        _copy_flagged_kernel[(n,)](x, x.stride(0), out, out.stride(0), flags.view(torch.uint8)
+                                   if flags.dtype == torch.bool else flags, x if rows is None else rows,
+                                   x.shape[1], HAS_ROWS=rows is not None, BLOCK=4096, num_warps=4)
+    return out

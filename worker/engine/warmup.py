@@ -10,6 +10,8 @@ caching allocator keeps the largest blocks it has handed out. One pass through t
     over residues mod 16, every sampling kind mixed in one batch (greedy, seeded top-k/top-p,
     min-p, penalties with no_repeat_ngram, logprobs), decoding at full batch width: the
     largest sampler buffers and every decode graph / eager decode variant;
+  * up to 40 requests that all sample with top-k / top-p: the eager draw of a step whose rows
+    are all random (past the draw graphs' 32 rows);
   * long prompts (up to `max_model_len`) worth about two `max_num_batched_tokens` budgets,
     all at once: full-budget prefill steps over several sequences, chunks that attend over a
     cached prefix, then long-context decode at that width;
@@ -46,6 +48,8 @@ _KINDS = (
 )
 
 
+_ALL_SAMPLED = 40  # rows of the all-sampled pass
+
 # The ragged tail: widths 17 .. 1 (one past the small-batch GEMV's 16 rows), five kinds.
 _TAIL = 17
 _TAIL_KINDS = (dict(temperature=0.0, ignore_eos=True),
@@ -81,6 +85,11 @@ def warm_up_engine(engine) -> dict:
         params = _KINDS[i % len(_KINDS)]
         ids.append(engine.add_request(_prompt(length, i, vocab), params, request_id=f"warmup-{i}"))
     num_steps = _drain(engine)
+    # Every row sampled with top-k / top-p, wider than the draw graphs' plain steps (32 rows):
+    # the eager candidate draw over the step's own logits (block maxima, rows kept for a redo).
+    for i in range(min(width, _ALL_SAMPLED)):
+        engine.add_request(_prompt(2 + i % 7, 3 * 10**6 + i, vocab), _KINDS[1], request_id=f"warmup-sampled-{i}")
+    num_steps += _drain(engine)
     budget = cfg.max_num_batched_tokens
     long_len = min(budget + 17, max_len - 8, (pool // 2 - 2) * bs)
     num_long = 0

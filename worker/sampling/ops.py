@@ -47,7 +47,7 @@ import torch
 
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
 from infer_cluster.kernels.row_stats import block_maxima
-from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, full_draw, use_sample_kernels
+from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, copy_flagged_rows, full_draw, use_sample_kernels
 
 from infer_cluster.worker.sampling.top_p_cut import top_p_threshold, top_p_threshold_kernel  # noqa: F401 (the draw's and tests' names)
 
@@ -109,7 +109,8 @@ class Unresolved:
 
     flags: torch.Tensor   # [len(rows)] bool on the device: True = redo on the full path
     rows: list[int]       # the draw's rows that took the candidate path
-    x: torch.Tensor       # [n, vocab] float32 logits of the draw (kept alive until the redo)
+    x: torch.Tensor       # [n, vocab] logits of the draw, kept alive until the redo (where the
+                          # caller may rewrite its buffer, only the flagged rows: `copy_flagged_rows`)
     m: torch.Tensor       # [n, 1] row maxima
     inv_t: torch.Tensor   # [n, 1]
     kth: torch.Tensor     # [len(rows), 1] top-k threshold of each candidate row
@@ -177,7 +178,10 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         else:
             flags = codes.bool()
         out = _put(out, idx, kept)
-        unresolved = Unresolved(flags, cand, x if private else x.clone(), m, inv_t, kth, rows)
+        # A redo reads only the flagged rows: a shared buffer keeps those (a launch whose programs
+        # mostly stop at their flag), not an [n, vocab] copy of every row each step.
+        unresolved = Unresolved(flags, cand, x if private else copy_flagged_rows(x, flags, idx), m, inv_t,
+                                kth, rows)
     elif cand:
         idx = _subset_index(cand, n, dev)
         resolved, w, ids, kth = _filter_candidates(_take(x, idx, cand, n), _take(m, idx, cand, n),
