@@ -277,11 +277,10 @@ def sampler_variants():
                               HAS_MASS=has, **act),
                          dict(num_warps=8),
                          ("sx", "vocab")))
-    for has_rows in (False, True):  # the rows a redo reads, kept past the step (`copy_flagged_rows`)
-        rows.append((f"sample keep flagged rows{' subset' if has_rows else ''}", st._copy_flagged_kernel,
-                     dict(src_ptr="*bf16", dst_ptr="*bf16", flags_ptr="*u8", rows_ptr="*i64"),
-                     dict(sx=vocab, sd=vocab, vocab=vocab), dict(HAS_ROWS=has_rows, BLOCK=4096),
-                     dict(num_warps=4), ("sx", "sd", "vocab")))
+    rows.append(("sample keep flagged rows", st._copy_flagged_kernel,  # what a redo reads (`copy_flagged_rows`)
+                 dict(src_ptr="*bf16", dst_ptr="*bf16", flags_ptr="*u8", rows_ptr="*i64"),
+                 dict(sx=vocab, sd=vocab, vocab=vocab, has_rows=1), dict(BLOCK=2048), dict(num_warps=4),
+                 ("sx", "sd", "vocab", "has_rows")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
     rows.append(("penalties apply", pt._apply_kernel,

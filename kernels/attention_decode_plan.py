@@ -57,17 +57,20 @@ DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, sm
 # The persistent decode kernel over float caches (kernels/attention_decode_persistent_gluon.py;
 # `decode_config` key "persistent", INFER_CLUSTER_DECODE_PERSISTENT=0 keeps `_decode_kernel`):
 # tile tokens, programs resident a SM (its grid), the rounds of unsplit items every program must
-# get for it to take a call (`persistent_applies`; below that `_decode_kernel` splits the
-# contexts), and a register cap (None: the build's own 149-168 a thread, three a SM). H200,
-# 2026-11-30 (bench/decode_grid.py --spread 0.9 --longest-first, % of copy bandwidth at
+# get for it to take a call (`persistent_applies`), the share of one round from which it takes a
+# call of at most one item a program ("one_round_from"; in between, and below, `_decode_kernel`
+# splits the contexts), and a register cap (None: the build's own 149-168 a thread, three a SM).
+# H200, 2026-11-30 (bench/decode_grid.py --spread 0.9 --longest-first, % of copy bandwidth at
 # ~128 / 512 / 1,024 / 2,048 tokens): batch 256 85 / 106 / 109 / 112 against 55 / 89 / 100 /
-# 108 for `_decode_kernel`; batch 128 73 / 100 / 105 / 105 against 51 / 87 / 98 / 106. Split
-# contexts lost in this kernel (batch 128 at two partitions: 56 / 76 / 84 / 85; batch 64 at
+# 108 for `_decode_kernel`; batch 128 73 / 100 / 105 / 105 against 51 / 87 / 98 / 106. Below
+# two rounds (8 KV heads, 132 SMs; ms, persistent against `_decode_kernel`): batches 40 and 48
+# (0.81 and 0.97 of a round) 5-13% faster at every context, 80 and 96 (1.6 and 1.9 rounds) 1-14%;
+# batch 64 (1.3 rounds: a second round for a third of the programs) and batches 24-32 (under
+# 0.7 of a round, where `_decode_kernel` splits long contexts) up to 13% slower at 1-2k tokens.
+# Split contexts lost in this kernel (batch 128 at two partitions: 56 / 76 / 84 / 85; batch 64 at
 # two or three 43-45 / 68-73 / 79-88 / 85-95 against 44 / 79 / 90 / 100), and so did four
 # programs a SM at 128 registers, or two of 128-token tiles, by 0-5 points.
-# "one_round_from": also take a call whose items fill between that share of one round and one
-# round (one whole context a program, no split); None leaves those to `_decode_kernel`.
-DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=2, one_round_from=None, maxnreg=None)
+DECODE_PERSISTENT = dict(block_n=64, resident=3, min_rounds=1.5, one_round_from=0.75, maxnreg=None)
 
 # Runs (`row_span`): programs per SM the split rule aims at, for a verify step's chunks. H200,
 # 2026-11-29 (bench/verify_attention.py --variants, 8,192-token tables, ~1.3k-token contexts, us a
@@ -85,7 +88,8 @@ def decode_config(q, kv_dtype=None):
     a second split rule for small batches, "resident_per_sm" / "wave_fill" the wave rule
     (`plan_decode_splits`), "gluon" (int8: the Gluon kernel where it applies,
     kernels/attention_decode_gluon.py), "persistent" with "persistent_block_n" /
-    "persistent_resident" / "persistent_min_rounds" / "persistent_maxnreg" (float caches: the
+    "persistent_resident" / "persistent_min_rounds" / "persistent_one_round_from" /
+    "persistent_maxnreg" (float caches: the
     persistent kernel where it applies, `DECODE_PERSISTENT`; "persistent_programs" forces it
     and its grid). `decode_attention(config=...)`
     overrides any of them (benchmarks, tests)."""

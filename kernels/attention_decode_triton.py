@@ -34,10 +34,11 @@ tiles, method `mma_k`, no runs), `decode_attention` launches the Gluon build of 
 instead (kernels/attention_decode_gluon.py: same arguments, grid and numerics, its copies
 issued as soon as their buffer is free); the reduce is shared.
 
-Float caches at head_dim 128 take the persistent kernel instead where the batch is large
-(`persistent_applies`: every program of a grid that fills the GPU gets two rounds of whole
-contexts; kernels/attention_decode_persistent_gluon.py, one stream of tiles a program across
-its items, no split and no reduce); smaller batches keep `_decode_kernel` and its splits.
+Float caches at head_dim 128 take the persistent kernel instead where its grid is evenly fed
+(`persistent_applies`: every program of a grid that fills the GPU gets at least a round and a
+half of whole contexts, or three quarters to all of its programs get one;
+kernels/attention_decode_persistent_gluon.py, one stream of tiles a program across its items,
+no split and no reduce); other batches keep `_decode_kernel` and its splits.
 
 To extend: a change to how a K/V tile is loaded or folded in (sliding window, fp8 KV) goes into
 `_decode_tile` (kernels/attention_decode_tile_triton.py, with the other per-tile pieces), loop

@@ -313,15 +313,13 @@ def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit(do_not_specialize=["sx", "sd", "vocab"])
-def _copy_flagged_kernel(src_ptr, sx, dst_ptr, sd, flags_ptr, rows_ptr, vocab, HAS_ROWS: tl.constexpr,
-                         BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["sx", "sd", "vocab", "has_rows"])
+def _copy_flagged_kernel(src_ptr, sx, dst_ptr, sd, flags_ptr, rows_ptr, vocab, has_rows, BLOCK: tl.constexpr):
     j = tl.program_id(0)
     if tl.load(flags_ptr + j) != 0:  # most programs stop here: a flagged row is rare
-        if HAS_ROWS:
+        r = j.to(tl.int64)
+        if has_rows != 0:
             r = tl.load(rows_ptr + j).to(tl.int64)
-        else:
-            r = j.to(tl.int64)
         offs = tl.arange(0, BLOCK)
         for c0 in range(0, vocab, BLOCK):
             c = c0 + offs
@@ -330,11 +328,13 @@ def _copy_flagged_kernel(src_ptr, sx, dst_ptr, sd, flags_ptr, rows_ptr, vocab, H
 
 def copy_flagged_rows(x: torch.Tensor, flags: torch.Tensor, rows=None) -> torch.Tensor:
     """A buffer shaped like `x` holding x's rows `rows[j]` (row j where `rows` is None) for
-    which `flags[j]` is set; its other rows are left unwritten. No host sync."""
+    which `flags[j]` is set (any integer or bool dtype); its other rows are left unwritten. No
+    host sync. One compiled variant per logits dtype: the flags go in as uint8 and the row map
+    is a runtime switch, so no draw path compiles its own while serving."""
     out = torch.empty_like(x)
     n = flags.shape[0]
     if n:
-        _copy_flagged_kernel[(n,)](x, x.stride(0), out, out.stride(0), flags.view(torch.uint8)
-                                   if flags.dtype == torch.bool else flags, x if rows is None else rows,
-                                   x.shape[1], HAS_ROWS=rows is not None, BLOCK=4096, num_warps=4)
+        flags = flags.view(torch.uint8) if flags.dtype == torch.bool else flags.to(torch.uint8)
+        _copy_flagged_kernel[(n,)](x, x.stride(0), out, out.stride(0), flags, x if rows is None else rows,
+                                   x.shape[1], int(rows is not None), BLOCK=2048, num_warps=4)
     return out

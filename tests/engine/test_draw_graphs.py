@@ -9,8 +9,9 @@ import torch
 
 from infer_cluster.protocol import SamplingParams
 from infer_cluster.protocol.errors import ConfigError
-from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, PLAIN_MAX,
-                                              DrawGraphs, bucket_for, draw_graph_max, row_limit)
+from infer_cluster.worker.sampling.draw_graphs import (BUCKETS, DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, PLAIN_ENV,
+                                              PLAIN_MAX, DrawGraphs, bucket_for, draw_graph_max, plain_max,
+                                              row_limit)
 from infer_cluster.worker.sampling.sampler import Sampler
 from infer_cluster.worker.sampling.draw_io import SamplingRequestState
 
@@ -44,11 +45,19 @@ def test_switch_and_buckets(monkeypatch):
     assert [bucket_for(n) for n in (1, 2, 3, 5, 16, 17, 33)] == [1, 2, 4, 8, 16, 32, 64]
     with pytest.raises(ValueError, match="bucket"):
         bucket_for(BUCKETS[-1] + 1)
-    # steps under a grammar take graphs up to the limit, other steps up to PLAIN_MAX rows
-    assert DRAW_GRAPH_MAX_DEFAULT > PLAIN_MAX
+    # steps under a grammar take graphs up to the limit, other steps up to the plain limit
     assert row_limit(DRAW_GRAPH_MAX_DEFAULT, True) == DRAW_GRAPH_MAX_DEFAULT
-    assert row_limit(DRAW_GRAPH_MAX_DEFAULT, False) == PLAIN_MAX
+    assert row_limit(DRAW_GRAPH_MAX_DEFAULT, False) == min(PLAIN_MAX, DRAW_GRAPH_MAX_DEFAULT)
+    assert row_limit(DRAW_GRAPH_MAX_DEFAULT, False, 32) == 32
     assert row_limit(8, False) == row_limit(8, True) == 8
+    monkeypatch.delenv(PLAIN_ENV, raising=False)
+    assert plain_max() == PLAIN_MAX
+    monkeypatch.setenv(PLAIN_ENV, "32")
+    assert plain_max() == 32
+    for bad in ("all", "-2", str(BUCKETS[-1] + 1)):
+        monkeypatch.setenv(PLAIN_ENV, bad)
+        with pytest.raises(ConfigError, match=PLAIN_ENV):
+            plain_max()
 
 
 def make_rows(kinds, steps: int, vocab: int, generator: torch.Generator):
@@ -86,6 +95,23 @@ def test_graph_draw_matches_eager(batch, vocab):
 
 
 @GPU
+def test_wide_plain_graph_draw_matches_eager():
+    """256 sampled rows at the Qwen3 vocabulary, no grammar: one graph replay a step (the plain
+    limit's default), the eager draw's ids."""
+    vocab, batch = 151936, 256
+    g = torch.Generator().manual_seed(5)
+    logits = [(3 * torch.randn(batch, vocab, generator=g)).to("cuda", torch.bfloat16) for _ in range(3)]
+    rows = [make_rows([KINDS[0]] * batch, s, vocab, torch.Generator().manual_seed(s)) for s in range(3)]
+    graphs = DrawGraphs(torch.device("cuda"), DRAW_GRAPH_MAX_DEFAULT)
+    try:
+        got = draws(Sampler(draw_graphs=graphs), logits, rows)
+        assert graphs.replays == 3
+        assert got == draws(Sampler(), logits, rows)
+    finally:
+        graphs.release()
+
+
+@GPU
 def test_graph_draw_redo_matches_eager():
     """Rows whose kept set may reach past their candidates (ties with the k-th value past
     k + margin) are flagged by the graph as by the eager draw and redone on the full path in
@@ -113,13 +139,15 @@ def test_graph_draw_redo_matches_eager():
 
 
 @GPU
-def test_wide_unconstrained_steps_draw_eagerly():
-    """A step of more than PLAIN_MAX rows without a grammar takes the eager draw, whatever the
-    limit for constrained steps; PLAIN_MAX rows still replay a graph."""
+def test_wide_unconstrained_steps_draw_eagerly(monkeypatch):
+    """A step of more rows than the plain limit (`INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX`, 32 here)
+    without a grammar takes the eager draw, whatever the limit for constrained steps; 32 rows
+    still replay a graph."""
     vocab = 4000
+    monkeypatch.setenv(PLAIN_ENV, "32")
     graphs = DrawGraphs(torch.device("cuda"), DRAW_GRAPH_MAX_DEFAULT)
     try:
-        for batch, replays in ((PLAIN_MAX + 1, 0), (PLAIN_MAX, 1)):
+        for batch, replays in ((33, 0), (32, 1)):
             logits = torch.randn(batch, vocab).to("cuda", torch.bfloat16)
             rows = make_rows([KINDS[i % len(KINDS)] for i in range(batch)], 2, vocab,
                              torch.Generator().manual_seed(batch))
@@ -216,7 +244,7 @@ def constrained_draws(sampler: Sampler, logits_per_step, batch: int, vocab: int)
 
 
 @GPU
-@pytest.mark.parametrize("batch", [1, 5, PLAIN_MAX + 8])
+@pytest.mark.parametrize("batch", [1, 5, 40])
 def test_constrained_graph_draw_matches_eager(batch):
     """Sampled rows under a grammar take the draw graph, their mask applied to the graph's copy of
     the logits: step after step the same ids as the eager draw (float32 logits, so both draw from

@@ -35,11 +35,13 @@ def test_persistent_grid(items, resident, sms, programs, want):
 
 
 @pytest.mark.parametrize("num_seqs, kv_heads, sms, applies", [
-    (256, 8, 132, True), (99, 8, 132, True), (98, 8, 132, False), (64, 8, 132, False),
-    (256, 1, 132, False), (792, 1, 132, True)])
-def test_persistent_applies_from_two_rounds_of_whole_contexts(num_seqs, kv_heads, sms, applies,
-                                                              monkeypatch):
-    # two rounds of three programs a SM: below that the Triton kernel splits contexts instead
+    (256, 8, 132, True), (75, 8, 132, True), (74, 8, 132, False), (64, 8, 132, False),
+    (50, 8, 132, False), (49, 8, 132, True), (38, 8, 132, True), (37, 8, 132, False),
+    (256, 1, 132, False), (594, 1, 132, True)])
+def test_persistent_applies_from_a_round_and_a_half_or_to_most_of_one(num_seqs, kv_heads, sms, applies,
+                                                                      monkeypatch):
+    # three programs a SM: 1.5 rounds of whole contexts and more, or 0.75-1 round of them (one
+    # a program); in between and below, the Triton kernel splits contexts instead
     from infer_cluster.kernels import attention_decode_plan as plan
     from infer_cluster.kernels.attention_decode_plan import persistent_applies
     monkeypatch.setattr(plan, "_sm_count", lambda device: sms)

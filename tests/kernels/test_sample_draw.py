@@ -119,7 +119,7 @@ def test_copy_flagged_rows_keeps_only_the_flagged_rows(device):
     assert kept.shape == x.shape and kept.dtype == x.dtype
     assert torch.equal(kept[1], x[1]) and torch.equal(kept[4], x[4])
     rows = torch.tensor([5, 0, 3], device=device)
-    kept = copy_flagged_rows(x, flags[:3].clone(), rows)  # only rows[1] = 0 is flagged
+    kept = copy_flagged_rows(x, flags[:3].long(), rows)  # only rows[1] = 0 is flagged (int64 flags)
     assert torch.equal(kept[0], x[0])
     empty = copy_flagged_rows(x, torch.zeros(0, dtype=torch.bool, device=device))
     assert empty.shape == x.shape
@@ -317,5 +317,5 @@ def test_sm90_builds_do_not_spill(sm90_builds):
     registers. The candidate kernel's 16 warps x [512, 16] tiles are sized for that (32-wide
     tiles spilled)."""
     rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
-    assert len(rows) == 21
+    assert len(rows) == 20
     assert [name for name, _, spills in rows if int(spills)] == []

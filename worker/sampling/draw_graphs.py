@@ -55,7 +55,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from infer_cluster.kernels.sample import philox_uniforms
+from infer_cluster.kernels.sample import copy_flagged_rows, philox_uniforms
 from infer_cluster.worker.config import env_count
 from infer_cluster.worker.device.graphs import capture_mid_serving, release_graphs
 from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 
 DRAW_GRAPH_ENV = "INFER_CLUSTER_DRAW_GRAPH_MAX"
 DRAW_GRAPH_MAX_DEFAULT = 256
-PLAIN_MAX = 32  # the most rows of a graph draw without a grammar (module docstring)
+PLAIN_ENV = "INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX"
+PLAIN_MAX = 256  # the most rows of a graph draw without a grammar by default (module docstring)
 MAX_GRAPHS = 64  # captured keys at most; a step past that draws eagerly
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PACKED_ROWS = 6  # temperature, top_k, top_p, min_p, seed bits, step bits (float64 each)
@@ -77,10 +78,16 @@ def draw_graph_max() -> int:
     return env_count(DRAW_GRAPH_ENV, DRAW_GRAPH_MAX_DEFAULT, "rows", most=BUCKETS[-1])
 
 
-def row_limit(max_batch: int, constrained: bool) -> int:
+def plain_max() -> int:
+    """`INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX` (`PLAIN_MAX` when unset; 0: only constrained steps
+    take graphs); a `ConfigError` names a bad value."""
+    return env_count(PLAIN_ENV, PLAIN_MAX, "rows", most=BUCKETS[-1])
+
+
+def row_limit(max_batch: int, constrained: bool, plain: int = PLAIN_MAX) -> int:
     """The most rows of a step that may take a graph: `max_batch` under a grammar, else at
-    most `PLAIN_MAX`."""
-    return max_batch if constrained else min(max_batch, PLAIN_MAX)
+    most `plain` (`plain_max()`)."""
+    return max_batch if constrained else min(max_batch, plain)
 
 
 def bucket_for(n: int) -> int:
@@ -144,7 +151,9 @@ class DrawGraphs:
         # (dtype, vocab, rows) -> [rows, vocab] static input: rows the bucket of PLAIN_MAX, or of
         # max_batch for the larger buckets (only constrained steps reach those)
         self._logits: dict[tuple, torch.Tensor] = {}
-        self._plain_rows = bucket_for(row_limit(max_batch, False))  # rows of the smaller buffer
+        self.plain_max = plain_max()
+        # rows of the smaller buffer (none: every step shares the one buffer)
+        self._plain_rows = bucket_for(row_limit(max_batch, False, self.plain_max) or 1)
         self._pool = None
         # The parameters' pinned staging rows, one per step in flight at most (a row is written
         # again once the copy that read it last ran: its event, normally long done).
@@ -166,7 +175,7 @@ class DrawGraphs:
 
     def fits(self, n: int, constrained: bool = False) -> bool:
         """Whether a step of `n` rows (under a grammar or not) may take a graph."""
-        return 0 < n <= row_limit(self.max_batch, constrained)
+        return 0 < n <= row_limit(self.max_batch, constrained, self.plain_max)
 
     def accepts(self, logits: torch.Tensor, width: int, top_p_alone: bool,
                 constrained: bool = False) -> bool:
@@ -207,7 +216,6 @@ class DrawGraphs:
         x[:n].copy_(logits, non_blocking=True)
         if edit is not None:
             edit(x[:n])
-        kept = x[:n].clone()  # what a redo reads: queued before the next step can write x
         slot, self._slot = self._slot, (self._slot + 1) % _SLOTS
         self._staged[slot].synchronize()
         staged = self._staging[slot, :n]  # [n, 6]: contiguous on both sides of the copy
@@ -220,6 +228,8 @@ class DrawGraphs:
             transfer = g.transfer.clone()
         else:
             transfer = torch.cat((g.transfer[:n], g.transfer[bs:bs + n]))
+        # What a redo reads, queued before the next step can write x: the flagged rows only.
+        kept = copy_flagged_rows(x[:n], transfer[n:])
         return transfer, DeferredUnresolved(kept, g.aux[:, :n].clone(), plan)
 
     def _static_logits(self, dtype: torch.dtype, vocab: int, bs: int) -> torch.Tensor:
