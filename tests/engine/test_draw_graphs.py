@@ -95,13 +95,14 @@ def test_graph_draw_matches_eager(batch, vocab):
 
 
 @GPU
-def test_wide_plain_graph_draw_matches_eager():
-    """256 sampled rows at the Qwen3 vocabulary, no grammar: one graph replay a step (the plain
-    limit's default), the eager draw's ids."""
+def test_wide_plain_graph_draw_matches_eager(monkeypatch):
+    """256 sampled rows at the Qwen3 vocabulary, no grammar, with the plain limit raised to 256
+    (`INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX`): one graph replay a step, the eager draw's ids."""
     vocab, batch = 151936, 256
     g = torch.Generator().manual_seed(5)
     logits = [(3 * torch.randn(batch, vocab, generator=g)).to("cuda", torch.bfloat16) for _ in range(3)]
     rows = [make_rows([KINDS[0]] * batch, s, vocab, torch.Generator().manual_seed(s)) for s in range(3)]
+    monkeypatch.setenv(PLAIN_ENV, "256")
     graphs = DrawGraphs(torch.device("cuda"), DRAW_GRAPH_MAX_DEFAULT)
     try:
         got = draws(Sampler(draw_graphs=graphs), logits, rows)

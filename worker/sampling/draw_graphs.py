@@ -15,8 +15,9 @@ copy). Graphs are captured on first use (a key is a handful of Triton launches; 
 mid-serving: the largest key's static logits alone hold 256 rows of the vocabulary) refuses its
 key, logs one warning, and that key's steps draw eagerly, with the same tokens; no step fails.
 `draw` copies a step's logits and parameters in, replays, and returns fresh tensors only: the ids
-and flags in one `[2n]` int64 tensor (the `DeviceDraw.transfer` layout), a copy of the logits and
-of the draw's small per-row tensors for the rare host redo (`DeferredUnresolved`). Nothing a
+and flags in one `[2n]` int64 tensor (the `DeviceDraw.transfer` layout), a copy of the flagged
+rows' logits (`copy_flagged_rows`) and of the draw's small per-row tensors for the rare host redo
+(`DeferredUnresolved`). Nothing a
 caller keeps points into a static buffer, so any number of steps may be in flight.
 
 What takes the graph (`Sampler.draw` decides): every row random, none with penalties, n-gram
@@ -33,14 +34,16 @@ here so that they are on and off, and released, with these.
 
 How many rows: a step under a grammar takes a graph up to `max_batch` rows
 (`INFER_CLUSTER_DRAW_GRAPH_MAX`, default 256; 0 turns the graphs off, the A/B), any other step up
-to `PLAIN_MAX` (32) of them (`row_limit`). Measured on the H200 (2026-11-30, workload A's shape,
+to `PLAIN_MAX` (32) of them (`row_limit`; `INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX` sets it, 0-512). Measured on the H200 (2026-11-30, workload A's shape,
 T 0.8 top-p 0.95, bench/structured.py, alternating with the limit at 32 on one machine at
 a98730a): every request under a schema 0.910 / 0.898 of unconstrained sampled against 0.827 /
 0.836, half of them 0.942 / 0.944 against 0.903 / 0.893 (the eager draw's launches and the
 mask's ~25 operations set the host's pace there). Graphs up to 256 rows for every step (beeb84b,
 a slower host) took the unconstrained run from 21,072 to 20,505 tok/s: its host was not the
-limit, and a graph copies the logits in and keeps a copy. The static logits of the steps above
-`PLAIN_MAX` rows are a second buffer, made only when such a step comes.
+limit, and a graph copies the logits in and keeps a copy. At 4eee221 (H200,
+2026-11-30, the redo keeping only its flagged rows) plain graphs up to 256 rows still gave
+workload A's sampled run no gain: 26,279 and 26,597 tok/s against 26,766 at 32 rows. The static
+logits of the steps above the plain limit are a second buffer, made only when such a step comes.
 Must never: capture while another capture runs, or hand out a static buffer.
 To extend (another draw feature): make it part of the key if it changes which kernels launch, and
 of the packed parameters if it is a per-row value.
@@ -66,7 +69,7 @@ log = logging.getLogger(__name__)
 DRAW_GRAPH_ENV = "INFER_CLUSTER_DRAW_GRAPH_MAX"
 DRAW_GRAPH_MAX_DEFAULT = 256
 PLAIN_ENV = "INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX"
-PLAIN_MAX = 256  # the most rows of a graph draw without a grammar by default (module docstring)
+PLAIN_MAX = 32  # the most rows of a graph draw without a grammar by default (module docstring)
 MAX_GRAPHS = 64  # captured keys at most; a step past that draws eagerly
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PACKED_ROWS = 6  # temperature, top_k, top_p, min_p, seed bits, step bits (float64 each)
