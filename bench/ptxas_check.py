@@ -281,6 +281,12 @@ def sampler_variants():
                  dict(src_ptr="*bf16", dst_ptr="*bf16", flags_ptr="*u8", rows_ptr="*i64"),
                  dict(sx=vocab, sd=vocab, vocab=vocab, has_rows=1), dict(BLOCK=2048), dict(num_warps=4),
                  ("sx", "sd", "vocab", "has_rows")))
+    from infer_cluster.kernels import topk_select_triton as ts
+    rows.append(("sample top-k select", ts._topk_select_kernel,  # candidates and logprob alternatives
+                 dict(x_ptr="*bf16", bmax_ptr="*bf16", scratch_ptr="*i32", vals_ptr="*fp32", ids_ptr="*i64"),
+                 dict(sx=vocab, sb=1187, sv=114, si=114, nblk=1187, vocab=vocab, width=114),
+                 dict(NBLK_PAD=2048, BLOCK=128, TB=ts._TB, WPAD=ts.MAX_WIDTH), dict(num_warps=8),
+                 ("sx", "sb", "sv", "si", "nblk", "vocab", "width")))
     rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
     rows.append(("penalties apply", pt._apply_kernel,

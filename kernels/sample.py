@@ -55,6 +55,23 @@ def copy_flagged_rows(x, flags, rows=None) -> torch.Tensor:
     return launch(x, flags, rows)
 
 
+def topk_select_fits(x: torch.Tensor, maxima: torch.Tensor, width: int, block: int) -> bool:
+    """Whether `topk_select` takes this call: 16-bit logits and maxima with unit column stride,
+    128-column blocks, 1 <= width <= MAX_CANDIDATES and at most the vocabulary, unless
+    `INFER_CLUSTER_TOPK_SELECT=0`."""
+    return (env_switch("INFER_CLUSTER_TOPK_SELECT")  # =0: the torch top-ks (the A/B)
+            and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2 and x.stride(1) == 1
+            and maxima.dtype == x.dtype and maxima.stride(1) == 1 and block == 128
+            and 1 <= width <= min(MAX_CANDIDATES, x.shape[1]))
+
+
+def topk_select(x, maxima, width: int, block: int = 128):
+    """(values [n, width] float32, ids [n, width] int64): each row's top `width`, highest first,
+    in one launch from its block maxima (see kernels/topk_select_triton.py)."""
+    from .topk_select_triton import topk_select as launch
+    return launch(x, maxima, width, block)
+
+
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
     from .sample_triton import philox_uniforms as launch

@@ -47,7 +47,8 @@ import torch
 
 from infer_cluster.kernels.row_stats import BLOCK as ROW_STATS_BLOCK
 from infer_cluster.kernels.row_stats import block_maxima
-from infer_cluster.kernels.sample import MAX_CANDIDATES, candidate_draw, copy_flagged_rows, full_draw, use_sample_kernels
+from infer_cluster.kernels.sample import (MAX_CANDIDATES, candidate_draw, copy_flagged_rows, full_draw, topk_select,
+                                          topk_select_fits, use_sample_kernels)
 
 from infer_cluster.worker.sampling.top_p_cut import top_p_threshold, top_p_threshold_kernel  # noqa: F401 (the draw's and tests' names)
 
@@ -416,6 +417,8 @@ def topk_by_blocks(x: torch.Tensor, k: int,
     b = TOPK_BLOCK
     if maxima is None:
         maxima = block_maxima(x, b)
+    if _kernels(x) and topk_select_fits(x, maxima, k, b):  # one launch for the steps below
+        return topk_select(x, maxima, k, b)
     blocks = maxima.topk(min(k, maxima.shape[1]), dim=-1).indices
     cols = (blocks.unsqueeze(-1) * b + torch.arange(b, device=x.device)).view(n, -1)
     if vocab % b:  # a short last block: its columns past the vocabulary take no part
