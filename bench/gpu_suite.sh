@@ -370,8 +370,8 @@ stage_decode_kernels() {
 }
 stage_decode_persistent() {  # bf16 decode attention: the persistent kernel's dispatch rule against its neighbours
   local st=0 i=0 cfg
-  # default (persistent from two rounds), the Triton kernel only, persistent from one round
-  # (unsplit), persistent at every batch (split where the plan asks)
+  # default (persistent from 1.5 rounds, or for 0.75-1 round), the Triton kernel only, persistent
+  # from one round (unsplit), persistent at every batch (split where the plan asks)
   for cfg in '{}' '{"persistent": false}' '{"persistent_min_rounds": 1}' '{"persistent_min_rounds": 0}'; do
     i=$((i + 1)); echo "--- $cfg"
     timeout "$(lim 100)" "$PY" bench/decode_grid.py --kv bf16 --spread 0.9 --longest-first \
