@@ -93,14 +93,18 @@ def test_draw_equals_torch_paths(device, monkeypatch, case):
     assert got == ref
 
 
-def test_ties_past_the_margin_are_flagged_and_redone(device, monkeypatch):
-    # A top-k row whose k-th value ties with more values than k + margin candidates hold.
+def _tied_rows(device):
+    """Top-k rows whose k-th value ties with more values than k + margin candidates hold (and a
+    top-p row): logits, (temperature, top_k, top_p, min_p) per row, uniforms."""
     x = torch.zeros(4, VOCAB)
     x[:, :3] = 2.0
     x[:, 3:3 + 2 * TOP_K_TIE_MARGIN] = 1.0
-    x = x.to(device)
     params = [(1.0, 10, 1.0, 0.0), (1.0, 10, 0.95, 0.0), (0.9, 4, 1.0, 0.0), (1.0, 0, 0.99, 0.0)]
-    u = [0.99, 0.7, 0.5, 0.999]
+    return x.to(device), params, [0.99, 0.7, 0.5, 0.999]
+
+
+def test_ties_past_the_margin_are_flagged_and_redone(device, monkeypatch):
+    x, params, u = _tied_rows(device)
     ref, got = both_paths(monkeypatch, lambda: draw(x, random_rows(params, u, device)))
     assert_same_draw(ref, got, params)
     assert got[1][0] and got[1][1] and got[1][2]  # every top-k row is flagged for the redo
@@ -129,12 +133,7 @@ def test_redo_after_the_logits_buffer_is_rewritten(device, monkeypatch):
     """A draw over the caller's own buffer (`private=False`, as the sampler's all-random steps):
     the buffer is overwritten before the redo, as the next step's forward does under async
     scheduling, and the redo still gives the synchronous draw's ids."""
-    x = torch.zeros(4, VOCAB)
-    x[:, :3] = 2.0
-    x[:, 3:3 + 2 * TOP_K_TIE_MARGIN] = 1.0
-    x = x.to(device)
-    params = [(1.0, 10, 1.0, 0.0), (1.0, 10, 0.95, 0.0), (0.9, 4, 1.0, 0.0), (1.0, 0, 0.99, 0.0)]
-    u = [0.99, 0.7, 0.5, 0.999]
+    x, params, u = _tied_rows(device)
 
     def run():
         want = sample_random_rows(x.clone(), random_rows(params, u, device)).tolist()
