@@ -75,14 +75,14 @@ def _merge_kernel(m_ptr, s_ptr, lse_ptr, nsplit, BLOCK_S: tl.constexpr):
 
 
 def _parts(vocab: int, block: int, cfg: dict) -> tuple[int, int, int]:
-    """(splits, part length in columns, blocks a row) of a launch over `vocab` columns."""
+    """(splits, tiles a part, blocks a row) of a launch over `vocab` columns."""
     tile = cfg["nb"] * block
     n_tiles = triton.cdiv(vocab, tile)
     # The split count depends on the vocabulary only, never on the row count, so one compiled
     # variant serves every batch size (warm-up compiles it; nothing compiles while serving).
     splits = min(n_tiles, cfg["splits"])
-    part_len = triton.cdiv(n_tiles, splits) * tile   # whole tiles: block maxima never straddle parts
-    return triton.cdiv(vocab, part_len), part_len, triton.cdiv(vocab, block)
+    part_tiles = triton.cdiv(n_tiles, splits)   # whole tiles: block maxima never straddle parts
+    return triton.cdiv(vocab, part_tiles * tile), part_tiles, triton.cdiv(vocab, block)
 
 
 def block_maxima_triton(x: torch.Tensor, block: int = 128, config: Optional[dict] = None) -> torch.Tensor:
@@ -90,10 +90,10 @@ def block_maxima_triton(x: torch.Tensor, block: int = 128, config: Optional[dict
     row asks for logprobs): the same kernel without its exp and sums, one read of `x`."""
     cfg = {"nb": _NB, "splits": _SPLITS, "num_warps": _WARPS, **(config or {})}
     n, vocab = x.shape
-    splits, part_len, n_blocks = _parts(vocab, block, cfg)
+    splits, part_tiles, n_blocks = _parts(vocab, block, cfg)
     bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
-    if n:
-        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len // (cfg["nb"] * block), bmax, bmax, bmax,
+    if n:  # WITH_LSE=False never touches the (max, sum) outputs: bmax stands in for their pointers
+        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_tiles, bmax, bmax, bmax,
                                        bmax.stride(0), n_blocks, BLOCK=block, NB=cfg["nb"], WITH_LSE=False,
                                        num_warps=cfg["num_warps"])
     return bmax
@@ -105,15 +105,13 @@ def row_stats_triton(x: torch.Tensor, block: int = 128,
     bench/row_stats.py."""
     cfg = {"nb": _NB, "splits": _SPLITS, "num_warps": _WARPS, **(config or {})}
     n, vocab = x.shape
-    nb = cfg["nb"]
-    tile = nb * block
-    splits, part_len, n_blocks = _parts(vocab, block, cfg)
+    splits, part_tiles, n_blocks = _parts(vocab, block, cfg)
     stats = torch.empty(2 * n * splits + n, dtype=torch.float32, device=x.device)
     m, s, lse = stats[:n * splits], stats[n * splits:2 * n * splits], stats[2 * n * splits:]
     bmax = torch.empty(n, n_blocks, dtype=x.dtype, device=x.device)
     if n:
-        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_len // tile, m, s, bmax,
-                                       bmax.stride(0), n_blocks, BLOCK=block, NB=nb,
+        _row_stats_kernel[(n, splits)](x, x.stride(0), vocab, part_tiles, m, s, bmax,
+                                       bmax.stride(0), n_blocks, BLOCK=block, NB=cfg["nb"],
                                        num_warps=cfg["num_warps"])
         _merge_kernel[(n,)](m, s, lse, splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
                             num_warps=1)
