@@ -1,11 +1,12 @@
 """Mid-size decode GEMMs (17-256 rows): cuBLAS against the Gluon Hopper GEMM (kernels/gemm_gluon.py).
 
 Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS, and
-gate_up with SiLU-and-mul fused against the better unfused path, and prints the winners as
+gate_up with SiLU-and-mul fused against the better unfused path, o and down also split-K (each
+timed with the add + norm after it, which sums the partials), and prints the winners as
 `kernels/gemm_table.py` entries (None where the baseline stays ahead by less than `--margin`;
 with `--write`, rewrites that model's rows); and the layer chain (default), which times a model's
-layers of the four projections and the SiLU-and-mul with cuBLAS and the SiLU kernel, and with
-what `kernels.gemm` picks, per M, in one CUDA graph each.
+layers of the four projections, the SiLU-and-mul and the add + norms after o and down with
+cuBLAS and the SiLU kernel, and with what `kernels.gemm` picks, per M, in one CUDA graph each.
 Timing: each graph launches one op per layer over that layer's own weight copy (the 50 MB L2
 holds none of them across a replay, as in a decode step), PDL between the Gluon launches as in
 the engine; best of several replays (bench/graph_timing.py). The sweep checks each config's
@@ -44,8 +45,15 @@ SHAPES = {  # per model: layers and the four projections as (N, K)
 _SMEM = 220 * 1024  # a program's shared memory budget (228 KB a SM, a little reserved)
 
 
-def candidates(m: int, n: int, k: int, silu: bool = False):
-    """Configs for a (M, N, K) cell; with `silu`, N is the gate/up rows (output N / 2)."""
+# The projections whose next op is an add + norm (kernels.norm.add_rms_norm), which can sum
+# split-K partials: their cells also sweep splits, and time the GEMM with that add + norm after it.
+SPLIT_OK = ("o", "down")
+_SPLITS = (2, 3, 4, 6, 8)
+
+
+def candidates(m: int, n: int, k: int, silu: bool = False, split: bool = False):
+    """Configs for a (M, N, K) cell; with `silu`, N is the gate/up rows (output N / 2); with
+    `split`, also K split 2-8 ways (a split's K steps at least its stages)."""
     from infer_cluster.kernels.gemm_gluon import GemmConfig
     out = []
     n_out = n // 2 if silu else n
@@ -53,6 +61,11 @@ def candidates(m: int, n: int, k: int, silu: bool = False):
         cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages)
         if cfg.fits(m, n_out, k) and cfg.shared_bytes(silu) <= _SMEM and k // bk >= 2:
             out.append(cfg)
+    if split:
+        for bn, bk, stages, splits in itertools.product((64, 128), (64, 128), (2, 3, 4, 6), _SPLITS):
+            cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages, splits=splits)
+            if cfg.fits(m, n_out, k) and cfg.shared_bytes() <= _SMEM and k // bk // splits >= stages:
+                out.append(cfg)
     return out
 
 
@@ -75,20 +88,34 @@ def _cells(shapes):
             yield "gate_up+silu", n, k, True
 
 
+def _then_norm(op, res, nw):
+    """`op` followed by the add + norm that reads its output (or its split-K partials)."""
+    from infer_cluster.kernels.norm import add_rms_norm
+    return lambda a, w: add_rms_norm(op(a, w), res, nw, 1e-6)
+
+
 def sweep(args, dev, dtype):
     import torch
     import torch.nn.functional as F
 
     from infer_cluster.kernels.activation import silu_and_mul
+    from infer_cluster.kernels.gemm import sum_partials
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, gemm_sm90
     layers, shapes = SHAPES[args.model]
+    if args.shapes:
+        shapes = {name: shapes[name] for name in args.shapes}
     rows, table, plain_best = [], {}, {}
     for name, n, k, silu in _cells(shapes):
         ws = _weights(n, k, layers, dtype, dev)
+        split = name in SPLIT_OK
         for m in args.m:
             x = torch.randn(m, k, dtype=dtype, device=dev)
             ref = F.linear(x, ws[0])
-            if silu:
+            res = torch.randn(m, n, dtype=dtype, device=dev)
+            nw = torch.ones(n, dtype=dtype, device=dev)
+            if split:
+                t_base = _time(_then_norm(lambda a, w: F.linear(a, w), res, nw), ws, x, args.replays)
+            elif silu:
                 ref = silu_and_mul(ref)
                 t_base = _time(lambda a, w: silu_and_mul(F.linear(a, w)), ws, x, args.replays)
                 if plain_best.get(m) is not None:
@@ -97,13 +124,16 @@ def sweep(args, dev, dtype):
             else:
                 t_base = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
             best = (t_base, None)
-            for cfg in candidates(m, n, k, silu):
-                out = gemm_sm90(x, ws[0], cfg, silu=silu)
+            for cfg in candidates(m, n, k, silu, split):
+                out = gemm_sm90(x, ws[0], cfg, silu=silu, partials=split)
+                if cfg.splits > 1:
+                    out = sum_partials(out, m)
                 err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not err < 2e-2:
                     print(f"  MISMATCH {name} m={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
-                t = _time(lambda a, w, c=cfg: gemm_sm90(a, w, c, silu=silu), ws, x, args.replays)
+                op = lambda a, w, c=cfg: gemm_sm90(a, w, c, silu=silu, partials=split)  # noqa: E731
+                t = _time(_then_norm(op, res, nw) if split else op, ws, x, args.replays)
                 rows.append(dict(shape=name, n=n, k=k, m=m, cfg=dataclasses.asdict(cfg), us=t * 1e6,
                                  baseline_us=t_base * 1e6))
                 if t < best[0]:
@@ -111,7 +141,7 @@ def sweep(args, dev, dtype):
             t, cfg = best
             if name == "gate_up":
                 plain_best[m] = cfg
-            base = "cuBLAS + SiLU" if silu else "cuBLAS"
+            base = "cuBLAS + SiLU" if silu else ("cuBLAS + add-norm" if split else "cuBLAS")
             print(f"{name:12s} N={n:5d} K={k:5d} M={m:3d}: {base} {t_base * 1e6:6.2f} us, best "
                   f"{t * 1e6:6.2f} us ({t_base / t:.2f}x) {cfg}", flush=True)
             key = (n, k, -(-m // BLOCK_M)) + (("silu",) if silu else ())
@@ -123,7 +153,8 @@ def sweep(args, dev, dtype):
     lines = []
     for key, (cfg, note, _) in sorted(table.items(), key=lambda kv: tuple(map(str, kv[0]))):
         text = "None" if cfg is None else (f"GemmConfig(block_n={cfg.block_n}, block_k={cfg.block_k}, "
-                                           f"stages={cfg.stages})")
+                                           f"stages={cfg.stages}"
+                                           + (f", splits={cfg.splits})" if cfg.splits > 1 else ")"))
         lines.append(f"    {key}: {text},  # {note}")
     print("\n# kernels/gemm_table.py entries (N, K, 64-row tiles): GemmConfig or None (cuBLAS)")
     print("\n".join(lines))
@@ -170,25 +201,30 @@ def chain(args, dev, dtype):
 
     from infer_cluster.kernels.activation import silu_and_mul
     from infer_cluster.kernels.gemm import gemm_config, linear_mid, silu_linear_mid
+    from infer_cluster.kernels.norm import add_rms_norm
     layers, shapes = SHAPES[args.model]
     ws = {name: _weights(n, k, layers, dtype, dev) for name, (n, k) in shapes.items()}
+    hidden = shapes["o"][0]
+    nw = torch.ones(hidden, dtype=dtype, device=dev)
     rows = []
     for m in args.m:
         xs = {name: torch.randn(m, k, dtype=dtype, device=dev) for name, (n, k) in shapes.items()}
+        res = torch.randn(m, hidden, dtype=dtype, device=dev)
         picks = {name: gemm_config(m, n, k) for name, (n, k) in shapes.items()}
         picks["gate_up+silu"] = gemm_config(m, *shapes["gate_up"], silu=True)
 
-        def layer_chain(linear, gate_up_silu):
-            def step(i):
+        def layer_chain(linear, gate_up_silu, partials=False):
+            def step(i):  # o and down each with the add + norm after it (which sums partials)
                 linear(xs["qkv"], ws["qkv"][i])
-                linear(xs["o"], ws["o"][i])
+                add_rms_norm(linear(xs["o"], ws["o"][i], **({"partials": True} if partials else {})), res, nw, 1e-6)
                 gate_up_silu(xs["gate_up"], ws["gate_up"][i])
-                linear(xs["down"], ws["down"][i])
+                add_rms_norm(linear(xs["down"], ws["down"][i], **({"partials": True} if partials else {})),
+                             res, nw, 1e-6)
             return step
         t_cublas = best_replay_s(layer_chain(lambda x, w: F.linear(x, w),
                                              lambda x, w: silu_and_mul(F.linear(x, w))), layers, args.replays)
-        t_mid = best_replay_s(layer_chain(linear_mid, silu_linear_mid), layers, args.replays)
-        print(f"M={m:3d}: a layer's four GEMMs and SiLU: cuBLAS {t_cublas * 1e6:6.2f} us, table "
+        t_mid = best_replay_s(layer_chain(linear_mid, silu_linear_mid, partials=True), layers, args.replays)
+        print(f"M={m:3d}: a layer's four GEMMs, SiLU and two add-norms: cuBLAS {t_cublas * 1e6:6.2f} us, table "
               f"{t_mid * 1e6:6.2f} us ({t_cublas / t_mid:.3f}x); picks "
               + ", ".join(f"{k}={v}" for k, v in picks.items()), flush=True)
         rows.append(dict(m=m, cublas_us=t_cublas * 1e6, table_us=t_mid * 1e6,
@@ -204,6 +240,8 @@ def main(argv=None):
     p.add_argument("--write", action="store_true", help="with --sweep: rewrite kernels/gemm_table.py")
     p.add_argument("--margin", type=float, default=0.03, help="the table keeps cuBLAS unless a config is this much faster")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="with --sweep: only these projections (qkv o gate_up down; gate_up includes its SiLU row)")
     p.add_argument("--out", default=os.path.join(_ROOT, "bench", "results", "gemm.json"))
     args = p.parse_args(argv)
     import torch

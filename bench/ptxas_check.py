@@ -108,21 +108,24 @@ def persistent_decode_variants():
 
 
 def gemm_variants():
-    """The Gluon mid-size GEMM (`_gemm_kernel`) at three Qwen3-0.6B layer shapes, 256 rows, and
-    gate_up with SiLU-and-mul in its epilogue."""
+    """The Gluon mid-size GEMM (`_gemm_kernel`) at three Qwen3-0.6B layer shapes, 256 rows,
+    gate_up with SiLU-and-mul in its epilogue, and down split four ways (float32 partials)."""
     from bench.sm90_build import desc_sig
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, _gemm_kernel
     rows = []
-    for (n, k), bn, bk, stages, silu in (((4096, 1024), 128, 64, 6, False),
-                                         ((1024, 2048), 64, 128, 4, False),
-                                         ((6144, 1024), 256, 64, 4, False),
-                                         ((6144, 1024), 64, 128, 4, True)):
+    for (n, k), bn, bk, stages, silu, splits in (((4096, 1024), 128, 64, 6, False, 1),
+                                                 ((1024, 2048), 64, 128, 4, False, 1),
+                                                 ((6144, 1024), 256, 64, 4, False, 1),
+                                                 ((6144, 1024), 64, 128, 4, True, 1),
+                                                 ((1024, 3072), 64, 128, 6, False, 4)):
         n_out = n // 2 if silu else n
+        c_shape, c_dt = ((splits * 256, n_out), "fp32") if splits > 1 else ((256, n_out), "bf16")
         ptrs = {"a_desc": desc_sig((256, k), (BLOCK_M, bk)), "w_desc": desc_sig((n, k), (bn, bk)),
-                "c_desc": desc_sig((256, n_out), (BLOCK_M, bn))}
-        rows.append((f"gemm n{n} k{k} bn{bn} bk{bk} s{stages}{' silu' if silu else ''}", _gemm_kernel,
-                     ptrs, dict(n_m=4, up_row=n_out),
-                     dict(STEPS=k // bk, STAGES=stages, SILU=silu, num_warps=4), dict(num_warps=4),
+                "c_desc": desc_sig(c_shape, (BLOCK_M, bn), c_dt)}
+        rows.append((f"gemm n{n} k{k} bn{bn} bk{bk} s{stages}{' silu' if silu else ''}"
+                     f"{f' split{splits}' if splits > 1 else ''}", _gemm_kernel,
+                     ptrs, dict(n_m=4, up_row=n_out, c_rows=256 if splits > 1 else 0),
+                     dict(STEPS=k // bk // splits, STAGES=stages, SILU=silu, num_warps=4), dict(num_warps=4),
                      ("n_m",)))
     return rows
 

@@ -55,7 +55,8 @@ def desc_sig(shape, block, dtype="bf16") -> str:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
-    tdt, gdt = {"bf16": (torch.bfloat16, gl.bfloat16), "fp16": (torch.float16, gl.float16)}[dtype]
+    tdt, gdt = {"bf16": (torch.bfloat16, gl.bfloat16), "fp16": (torch.float16, gl.float16),
+                "fp32": (torch.float32, gl.float32)}[dtype]
     layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
     return mangle_type(TensorDescriptor.from_tensor(torch.empty(*shape, dtype=tdt), list(block), layout))
 

@@ -4,9 +4,11 @@ Owns: `gemm_config(m, n, k, silu)` (the table's entry for a shape: a `GemmConfig
 Hopper GEMM, or None for cuBLAS), `linear_mid(x, weight)` (= `F.linear(x, weight)` through
 whichever the table names), `silu_linear_mid(x, weight)` (= `silu_and_mul(F.linear(x, weight))`
 for a gate/up weight, in one launch where the table has a "silu" row for it),
-`mid_path(enabled, x, weight, silu)`, the one rule the model layers use to ask for either, and
+`mid_path(enabled, x, weight, silu)`, the one rule the model layers use to ask for either,
+`is_partials` / `sum_partials` (split-K partial sums, which `linear_mid(partials=True)` returns
+where the table splits a shape's K; `kernels.norm.add_rms_norm` adds them as it reads), and
 `gemm_enabled()` (`INFER_CLUSTER_GEMM=0` keeps every layer on cuBLAS; read once, when a layer is
-built). No state here.
+built) and `gemm_split_enabled()` (`INFER_CLUSTER_GEMM_SPLIT=0` runs split entries unsplit). No state here.
 
 To tune: `python bench/gemm.py --sweep --write` on an H200 rewrites `gemm_table.py`.
 """
@@ -25,6 +27,11 @@ MID_MAX_M = 256  # rows up to which the table is consulted (4 tiles of 64)
 def gemm_enabled() -> bool:
     """False when `INFER_CLUSTER_GEMM=0` (A/B against cuBLAS on the GPU)."""
     return env_switch("INFER_CLUSTER_GEMM")
+
+
+def gemm_split_enabled() -> bool:
+    """False when `INFER_CLUSTER_GEMM_SPLIT=0`: split-K table entries run unsplit (A/B)."""
+    return env_switch("INFER_CLUSTER_GEMM_SPLIT")
 
 
 def gemm_config(m: int, n: int, k: int, silu: bool = False):
@@ -47,15 +54,32 @@ def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = 
     return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape, silu=silu) is not None
 
 
-def _gluon(x: torch.Tensor, weight: torch.Tensor, cfg, silu: bool) -> torch.Tensor:
+def _gluon(x: torch.Tensor, weight: torch.Tensor, cfg, silu: bool, partials: bool = False) -> torch.Tensor:
     from .gemm_gluon import gemm_sm90
     from .pdl import pdl_enabled
-    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x), silu=silu)
+    return gemm_sm90(x, weight, cfg, pdl=pdl_enabled(x), silu=silu, partials=partials)
 
 
-def linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear_mid(x: torch.Tensor, weight: torch.Tensor, partials: bool = False) -> torch.Tensor:
+    """`F.linear(x, weight)` through the table's choice. With `partials`, where the table splits
+    the shape's K: the float32 partial sums `[splits, rows_pad, N]` instead (`is_partials`),
+    for a caller whose consumer adds them (`kernels.norm.add_rms_norm`)."""
     cfg = gemm_config(x.shape[0], weight.shape[0], weight.shape[1])
-    return F.linear(x, weight) if cfg is None else _gluon(x, weight, cfg, silu=False)
+    return F.linear(x, weight) if cfg is None else _gluon(x, weight, cfg, silu=False, partials=partials)
+
+
+def is_partials(x: torch.Tensor) -> bool:
+    """Whether `x` is split-K partial sums (float32 `[splits, rows_pad, N]`) rather than the
+    2-D activations they add up to."""
+    return x.dim() == 3 and x.dtype == torch.float32
+
+
+def sum_partials(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 `[rows, N]` sum of partials, split by split in order (deterministic)."""
+    out = x[0, :rows].clone()
+    for s in range(1, x.shape[0]):
+        out += x[s, :rows]
+    return out
 
 
 def silu_linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

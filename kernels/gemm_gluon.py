@@ -17,13 +17,19 @@ throughput is bounded by the bytes it keeps in flight, so deep rings and wide K 
 program issues its first STAGES weight tiles before it waits on the previous kernel (PDL,
 kernels/pdl.py: weights are never written during a step), then x's.
 OOB rows of x read as zero (TMA) and the output store clips them, so M needs no padding.
-(Split-K with an in-kernel reduction was measured and dropped: its float32 partials cost more
-than the programs it added saved; docs/kernels.md, "Tried and rejected".)
+
+Split-K (`cfg.splits` > 1, `partials=True`): the programs of split s cover K steps [s * STEPS,
+(s + 1) * STEPS) and store their float32 tile unrounded into `[splits, rows_pad, N]` (rows_pad
+= M rounded up to 64), with no reduction in the kernel: the consumer adds the splits in order
+(`kernels.norm.add_rms_norm`, which reads its input once anyway), so the result is
+deterministic. Why: the N = 1,024 projections (o, down) have 16 tiles at 64 rows, and each of
+those programs streams all of K; splitting K puts every SM to work. (An in-kernel reduction by
+the last program of a tile was measured and dropped: docs/kernels.md, "Tried and rejected".)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from triton.experimental import gluon
@@ -43,17 +49,22 @@ class GemmConfig:
     block_n: int = 128
     block_k: int = 64
     stages: int = 4
+    splits: int = 1  # K split this many ways into float32 partial sums (`gemm_sm90(partials=True)`)
 
     def fits(self, m: int, n: int, k: int) -> bool:
-        """Whether this config tiles the shape exactly along N and K (rows may be ragged)."""
-        return m > 0 and n % self.block_n == 0 and k % self.block_k == 0
+        """Whether this config tiles the shape exactly along N and K (rows may be ragged), each
+        split taking whole K steps."""
+        return m > 0 and self.splits >= 1 and n % self.block_n == 0 and k % (self.block_k * self.splits) == 0
 
     def programs(self, m: int, n: int) -> int:
+        """Output tiles (the grid's first axis; the splits are its second)."""
         return -(-m // BLOCK_M) * (n // self.block_n)
 
     def shared_bytes(self, silu: bool = False) -> int:
-        """The ring's shared memory (x and W tiles, bf16; with `silu` two W tiles a stage)."""
-        return self.stages * (BLOCK_M + (2 if silu else 1) * self.block_n) * self.block_k * 2
+        """The ring (x and W tiles, bf16; with `silu` two W tiles a stage) and the output tile
+        (float32 where split)."""
+        ring = self.stages * (BLOCK_M + (2 if silu else 1) * self.block_n) * self.block_k * 2
+        return ring + BLOCK_M * self.block_n * (4 if self.splits > 1 else 2)
 
 
 @gluon.jit
@@ -68,7 +79,7 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
+def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row, c_rows,
                  STEPS: gl.constexpr, STAGES: gl.constexpr, SILU: gl.constexpr, PDL: gl.constexpr,
                  num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -82,6 +93,8 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
     tile = gl.program_id(0)  # the programs of one W tile are adjacent: it is read once from HBM
     off_m = (tile % n_m) * BM
     off_n = (tile // n_m) * BN
+    k0 = gl.program_id(1) * (STEPS * BK)  # this split's first column of K (0 unsplit)
+    c_row0 = gl.program_id(1) * c_rows  # its slab of the partials (c_rows 0 unsplit)
 
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
@@ -93,12 +106,12 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
     # The weights first: no kernel of the step writes them, so they load before the wait.
     for s in gl.static_range(PRE):
         mbarrier.expect(ready.index(s), NBYTES)
-        tma.async_copy_global_to_shared(w_desc, [off_n, s * BK], ready.index(s), w_smem.index(s))
+        tma.async_copy_global_to_shared(w_desc, [off_n, k0 + s * BK], ready.index(s), w_smem.index(s))
         if SILU:
-            tma.async_copy_global_to_shared(w_desc, [up_row + off_n, s * BK], ready.index(s), u_smem.index(s))
+            tma.async_copy_global_to_shared(w_desc, [up_row + off_n, k0 + s * BK], ready.index(s), u_smem.index(s))
     pdl_gluon(PDL, True)
     for s in gl.static_range(PRE):
-        tma.async_copy_global_to_shared(a_desc, [off_m, s * BK], ready.index(s), a_smem.index(s))
+        tma.async_copy_global_to_shared(a_desc, [off_m, k0 + s * BK], ready.index(s), a_smem.index(s))
 
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BN, 16])
@@ -121,11 +134,11 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
         if (i > 0) & (nxt < STEPS):
             sp = nxt % STAGES
             mbarrier.expect(ready.index(sp), NBYTES)
-            tma.async_copy_global_to_shared(w_desc, [off_n, nxt * BK], ready.index(sp), w_smem.index(sp))
+            tma.async_copy_global_to_shared(w_desc, [off_n, k0 + nxt * BK], ready.index(sp), w_smem.index(sp))
             if SILU:
-                tma.async_copy_global_to_shared(w_desc, [up_row + off_n, nxt * BK], ready.index(sp),
+                tma.async_copy_global_to_shared(w_desc, [up_row + off_n, k0 + nxt * BK], ready.index(sp),
                                                 u_smem.index(sp))
-            tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(sp), a_smem.index(sp))
+            tma.async_copy_global_to_shared(a_desc, [off_m, k0 + nxt * BK], ready.index(sp), a_smem.index(sp))
     if SILU:
         acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
     else:
@@ -138,7 +151,7 @@ def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row,
         gate = acc.to(dt).to(gl.float32)
         act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
         acc = act * acc_u.to(dt).to(gl.float32)
-    _store_tile(c_desc, acc, off_m, off_n)
+    _store_tile(c_desc, acc, c_row0 + off_m, off_n)
 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -153,20 +166,32 @@ def gemm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def gemm_sm90(x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, pdl: bool = True,
-              silu: bool = False) -> torch.Tensor:
+              silu: bool = False, partials: bool = False) -> torch.Tensor:
+    """`x @ weight^T` (`[M, N]` in x's dtype; with `silu` see above). With `partials` and
+    `cfg.splits` > 1: the float32 split-K partial sums `[splits, rows_pad, N]` instead (their sum
+    over the first axis, rows < M, is the product); without `partials` a split config runs
+    unsplit."""
     m, k = x.shape
     n = weight.shape[0] // 2 if silu else weight.shape[0]  # output columns
     if silu and weight.shape[0] % 2:
         raise ValueError(f"a gate/up weight has an even number of rows, got {weight.shape[0]}")
+    if cfg.splits > 1 and (silu or not partials):
+        cfg = replace(cfg, splits=1)  # SiLU needs the whole sum; a caller not taking partials
     if not cfg.fits(m, n, k):
         raise ValueError(f"GemmConfig {cfg} does not tile a {m}x{n}x{k} GEMM")
     dt = _GL_DTYPES[x.dtype]
     bm, bn, bk = BLOCK_M, cfg.block_n, cfg.block_k
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    n_m = -(-m // bm)
+    if cfg.splits > 1:
+        out = torch.empty(cfg.splits, n_m * bm, n, dtype=torch.float32, device=x.device)
+        c2, c_dt, c_rows = out.view(-1, n), gl.float32, n_m * bm
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        c2, c_dt, c_rows = out, dt, 0
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
     w_desc = TensorDescriptor.from_tensor(weight, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], dt))
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], dt))
-    _gemm_kernel[(cfg.programs(m, n),)](a_desc, w_desc, c_desc, -(-m // bm), n, STEPS=k // bk,
-                                        STAGES=cfg.stages, SILU=silu, PDL=pdl, num_warps=4,
-                                        **pdl_launch(pdl))
+    c_desc = TensorDescriptor.from_tensor(c2, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], c_dt))
+    _gemm_kernel[(cfg.programs(m, n), cfg.splits)](
+        a_desc, w_desc, c_desc, n_m, n, c_rows, STEPS=k // bk // cfg.splits, STAGES=cfg.stages,
+        SILU=silu, PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out

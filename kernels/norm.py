@@ -36,7 +36,16 @@ def rms_norm(x, weight, eps, residual=None):
 def add_rms_norm(x, residual, weight, eps, norm=rms_norm):
     """`(norm(x + residual), x + residual)`, or `(norm(x), x)` when residual is None. `norm`:
     `rms_norm` or `rms_norm_ref`. A float32 `x` beside a residual of another dtype (a fused
-    MLP's sums, kernels/mlp.py) is rounded to the residual's dtype first."""
+    MLP's sums, kernels/mlp.py) is rounded to the residual's dtype first. `x` may also be
+    split-K partial sums (float32 `[splits, rows_pad, hidden]`, kernels/gemm.py) beside a
+    `[rows, hidden]` residual: they are added split by split in float32 and rounded to the
+    residual's dtype, as a GEMM rounds its output; the Triton kernel does that as it reads them."""
+    if residual is not None and x.dim() == residual.dim() + 1:
+        if norm is rms_norm and use_triton(residual):
+            from .norm_triton import add_rms_norm_partials_triton
+            return add_rms_norm_partials_triton(x, residual, weight, eps)
+        from .gemm import sum_partials
+        x = sum_partials(x, residual.shape[0])
     if residual is None:
         return norm(x, weight, eps), x
     if x.dtype != residual.dtype:

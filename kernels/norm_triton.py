@@ -5,6 +5,10 @@ Owns: `rms_norm_triton(x, weight, eps, residual=None)`, the GPU twin of `rms_nor
 output are new tensors. Rounding follows the reference (HF): the add is rounded to the input
 dtype, the normalisation runs in float32 and is rounded back before the weight multiply.
 
+`add_rms_norm_partials_triton(partials, residual, weight, eps)` is the same add + norm of
+split-K partial sums (float32 `[splits, rows_pad, hidden]`, kernels/gemm.py), added in split
+order and rounded to the residual's dtype as they are read.
+
 Grid: (num_rows,), one program per row with the whole hidden size in one tile (hidden sizes of
 the models we serve are <= 16k). To extend (e.g. a +1 offset on the weight), change the kernel's
 final multiply and keep the reference in step.
@@ -22,12 +26,17 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
-                     sx, sr, so, ss, ACT_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     sx, sr, so, ss, s_split=0, ACT_DTYPE: tl.constexpr = tl.float32,
+                     HAS_RESIDUAL: tl.constexpr = False, BLOCK: tl.constexpr = 1024,
+                     SPLITS: tl.constexpr = 1):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    if SPLITS > 1:  # split-K partial sums: added in split order, rounded as the GEMM's output
+        for s in tl.static_range(1, SPLITS):
+            x += tl.load(x_ptr + s * s_split + row * sx + cols, mask=mask, other=0.0)
+        x = x.to(ACT_DTYPE).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
         # The reference adds in the activation dtype; round the sum the same way.
@@ -77,3 +86,30 @@ def rms_norm_triton(x, weight, eps, residual=None):
                                   HAS_RESIDUAL=residual is not None, BLOCK=block,
                                   num_warps=num_warps)
     return out if residual is None else (out, summed)
+
+
+def add_rms_norm_partials_triton(partials, residual, weight, eps):
+    """`(norm(sum(partials) + residual), sum(partials) + residual)` with the sum rounded to the
+    residual's dtype first (`kernels.norm.add_rms_norm`'s contract for partials)."""
+    rows, hidden = residual.shape
+    if partials.dim() != 3 or partials.dtype != torch.float32 or partials.shape[2] != hidden \
+            or partials.shape[1] < rows or partials.stride(2) != 1:
+        raise ValueError(f"partials must be float32 [splits, >= {rows}, {hidden}] with unit column "
+                         f"stride, got {partials.dtype} {tuple(partials.shape)}")
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
+    act_dtype = residual.dtype
+    if act_dtype not in _TL_DTYPES or hidden > _MAX_HIDDEN:
+        raise ValueError(f"unsupported residual {act_dtype} [{rows}, {hidden}]")
+    residual = _rows(residual, hidden)
+    weight = weight.contiguous()
+    out = torch.empty(rows, hidden, dtype=torch.promote_types(weight.dtype, act_dtype), device=residual.device)
+    summed = torch.empty(rows, hidden, dtype=act_dtype, device=residual.device)
+    if rows and hidden:
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(rows,)](partials, residual, weight, out, summed, hidden, eps,
+                                  partials.stride(1), residual.stride(0), out.stride(0), summed.stride(0),
+                                  partials.stride(0), ACT_DTYPE=_TL_DTYPES[act_dtype], HAS_RESIDUAL=True,
+                                  BLOCK=block, SPLITS=partials.shape[0],
+                                  num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16))
+    return out, summed

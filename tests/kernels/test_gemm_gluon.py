@@ -30,7 +30,7 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
 
 def test_sm90_build_prefetches_only_weights_before_the_wait(sm90_builds):
     rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
-    assert sorted(r[0] for r in rows) == [0, 0, 0, 1]
+    assert sorted(r[0] for r in rows) == [0, 0, 0, 0, 1]
     for silu, stages, regs, spills, shared, before_wait, wgmma in rows:
         assert spills == 0 and regs <= 255, (regs, spills)
         assert shared <= 227 * 1024
@@ -45,7 +45,12 @@ def test_config_fits_and_programs():
     assert cfg.fits(256, 1024, 2048) and cfg.fits(17, 1024, 2048)
     assert not cfg.fits(256, 1000, 2048) and not cfg.fits(256, 1024, 2000) and not cfg.fits(0, 1024, 2048)
     assert cfg.programs(256, 1024) == 4 * 8 and cfg.programs(65, 1024) == 2 * 8
-    assert cfg.shared_bytes() == 4 * (64 + 128) * 64 * 2
+    assert cfg.shared_bytes() == 4 * (64 + 128) * 64 * 2 + 64 * 128 * 2  # the ring, the output tile
+    split = GemmConfig(block_n=64, block_k=128, stages=6, splits=4)
+    assert split.fits(64, 1024, 3072) and split.fits(256, 1024, 2048)
+    assert not split.fits(64, 1024, 1152)  # 9 K steps of 128 do not split 4 ways
+    assert split.programs(256, 1024) == 4 * 16  # tiles; the splits are the grid's second axis
+    assert split.shared_bytes() == 6 * (64 + 64) * 128 * 2 + 64 * 64 * 4  # a float32 output tile
 
 
 def test_cpu_and_small_inputs_stay_on_torch():
@@ -96,6 +101,49 @@ def test_gpu_silu_epilogue_equals_gemm_then_silu_kernel(gpu_device, m, inter, k,
     assert torch.equal(fused, silu_and_mul(gemm_sm90(x, w, cfg)))
     torch.testing.assert_close(fused.float(), silu_and_mul_ref(F.linear(x, w)).float(), atol=3e-2,
                                rtol=2e-2)
+
+
+@pytest.mark.parametrize("m", [17, 64, 100, 256])
+@pytest.mark.parametrize("n,k,bn,bk,stages,splits", [(1024, 3072, 64, 128, 6, 4), (1024, 2048, 64, 128, 4, 2),
+                                                     (1024, 2048, 128, 64, 4, 8), (512, 384, 64, 64, 2, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_split_partials_add_up_to_the_product(gpu_device, m, n, k, bn, bk, stages, splits, dtype):
+    _sm90(gpu_device)
+    from infer_cluster.kernels.gemm import is_partials, sum_partials
+    from infer_cluster.kernels.gemm_gluon import gemm_sm90
+    g = torch.Generator(device=gpu_device).manual_seed(m * 5 + splits)
+    x = torch.randn(m, k, device=gpu_device, dtype=dtype, generator=g)
+    w = torch.randn(n, k, device=gpu_device, dtype=dtype, generator=g) / k ** 0.5
+    cfg = GemmConfig(block_n=bn, block_k=bk, stages=stages, splits=splits)
+    ref = x.float() @ w.float().T
+    for pdl in (False, True):
+        parts = gemm_sm90(x, w, cfg, pdl=pdl, partials=True)
+        rows_pad = -(-m // 64) * 64
+        assert is_partials(parts) and parts.shape == (splits, rows_pad, n)
+        assert torch.equal(parts[:, m:], torch.zeros_like(parts[:, m:]))  # x's rows past M read as 0
+        torch.testing.assert_close(sum_partials(parts, m), ref, atol=2e-3, rtol=2e-3)
+    # a caller not taking partials gets the unsplit product in x's dtype
+    plain = gemm_sm90(x, w, cfg, partials=False)
+    assert plain.shape == (m, n) and plain.dtype == dtype
+    torch.testing.assert_close(plain.float(), ref, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("m", [17, 200])
+def test_gpu_add_rms_norm_of_partials_equals_norm_of_their_rounded_sum(gpu_device, m):
+    """The norm kernel adds the splits in order and rounds as the GEMM's output would be
+    rounded: equal bit for bit to the unfused path fed that sum."""
+    _sm90(gpu_device)
+    from infer_cluster.kernels.gemm import sum_partials
+    from infer_cluster.kernels.gemm_gluon import gemm_sm90
+    from infer_cluster.kernels.norm import add_rms_norm
+    x = torch.randn(m, 3072, device=gpu_device, dtype=torch.bfloat16)
+    w = torch.randn(1024, 3072, device=gpu_device, dtype=torch.bfloat16) / 55
+    res = torch.randn(m, 1024, device=gpu_device, dtype=torch.bfloat16)
+    nw = 1 + 0.1 * torch.randn(1024, device=gpu_device, dtype=torch.bfloat16)
+    parts = gemm_sm90(x, w, GemmConfig(block_n=64, block_k=128, stages=6, splits=4), partials=True)
+    out, summed = add_rms_norm(parts, res, nw, 1e-6)
+    ref_out, ref_sum = add_rms_norm(sum_partials(parts, m).to(torch.bfloat16), res, nw, 1e-6)
+    assert torch.equal(summed, ref_sum) and torch.equal(out, ref_out)
 
 
 def test_gpu_graph_of_pdl_launches_matches_eager(gpu_device):

@@ -24,6 +24,7 @@ from torch import nn
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
 from infer_cluster.kernels.attention import decode_order
 from infer_cluster.kernels.attention_decode_plan import longest_first_enabled
+from infer_cluster.kernels.gemm import is_partials
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
 from infer_cluster.kernels.norm import add_rms_norm
 
@@ -180,7 +181,8 @@ class Attention(nn.Module):
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
                               meta.row_span, meta.decode_order)
-        return self.o_proj(out.reshape(n, self.q_size))
+        # Split-K partial sums where the table splits o's K: the MLP's add + norm adds them.
+        return self.o_proj.forward_split(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -196,17 +198,22 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
 
-    def forward_rms_norm(self, x, residual, norm: RMSNorm):
+    def forward_rms_norm(self, x, residual, norm: RMSNorm, split_out: bool = False):
         """`(forward(norm(x + residual)), x + residual)`. The SiLU-and-mul runs where it costs
         least: in the gate/up GEMM's epilogue at mid-size rows where the table has its row
         (kernels/gemm.py), else in the down projection's GEMV (small batches) or as a kernel of
-        its own; the add + norm in the gate/up GEMV's prologue where that path allows."""
-        gate_up = self.gate_up_proj
-        if gate_up.silu_applies(x):
+        its own; the add + norm in the gate/up GEMV's prologue where that path allows. `x` may
+        be split-K partial sums (the o projection's); with `split_out` the output may be too,
+        for a next layer whose add + norm sums them."""
+        gate_up, down = self.gate_up_proj, self.down_proj
+        if is_partials(x) or gate_up.silu_applies(x):
             h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-            return self.down_proj(gate_up.forward_silu(h)), residual
+            if not gate_up.silu_applies(h):
+                return down.forward_silu_mul(gate_up(h)), residual
+            y = gate_up.forward_silu(h)
+            return (down.forward_split(y) if split_out else down(y)), residual
         y, residual = gate_up.forward_rms_norm(x, residual, norm.weight, norm.eps)
-        return self.down_proj.forward_silu_mul(y), residual
+        return down.forward_silu_mul(y), residual
 
     def fused_applies(self, x: torch.Tensor) -> bool:
         """Whether a step of rows like `x` runs the fused MLP (`forward_fused`)."""
@@ -227,18 +234,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec, ps)
 
-    def forward(self, x, residual, positions, meta, kv_cache, rope_cache, mlp_sums=None):
+    def forward(self, x, residual, positions, meta, kv_cache, rope_cache, mlp_sums=None,
+                split_out=False):
         # Each add + norm runs in the projection after it (one launch on the small-batch path;
         # residual None on the first layer: the input is the residual). `mlp_sums`: the fused
         # MLP's accumulators (DecoderModel.forward); then the output is float32, which the next
-        # add + norm rounds.
+        # add + norm rounds. `split_out`: the output may be split-K partial sums, which the
+        # next layer's add + norm adds up (never the last layer's: its rows are selected).
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
         h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
-        return mlp.forward_rms_norm(h, residual, norm2)
+        return mlp.forward_rms_norm(h, residual, norm2, split_out)
 
 
 def _pair(sums: Optional[torch.Tensor], i: int, last: int) -> Optional[tuple]:
@@ -294,7 +303,7 @@ class DecoderModel(nn.Module):
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             hidden, residual = layer(hidden, residual, positions, meta, kv_cache, self.rope_cache,
-                                     _pair(sums, i, last))
+                                     _pair(sums, i, last), split_out=i < last)
         if hidden.dtype != residual.dtype and (final_norm or not self.is_last):
             hidden = hidden.to(residual.dtype)  # (compute_logits takes the float32 sums as they are)
         if self.is_last and final_norm:

@@ -20,7 +20,8 @@ is over the full hidden, which every rank holds before a column-parallel linear)
 unbiased layer linears take `kernels.gemm.linear_mid` where its table (written by
 `bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
 cuBLAS; a gate/up layer's `forward_silu` also runs the SiLU-and-mul in that GEMM's epilogue
-where the table has a "silu" row for it. `INFER_CLUSTER_GEMM=0`, read when a layer is
+where the table has a "silu" row for it, and a row-parallel layer's `forward_split` returns
+split-K partial sums where the table splits its K (one rank), which the add + norm after it sums. `INFER_CLUSTER_GEMM=0`, read when a layer is
 built, keeps them all on cuBLAS, as an eager engine does (`DecoderModel.keep_cublas`).
 """
 
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infer_cluster.kernels import silu_and_mul
-from infer_cluster.kernels.gemm import gemm_enabled, linear_mid, mid_path, silu_linear_mid
+from infer_cluster.kernels.gemm import gemm_enabled, gemm_split_enabled, linear_mid, mid_path, silu_linear_mid
 from infer_cluster.kernels.norm import add_rms_norm
 from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
                                         silu_mul_linear_small, use_small_path)
@@ -150,6 +151,7 @@ class RowParallelLinear(nn.Module):
         self.shard_size = _divide(input_size, ps.tp_size, "input size")
         self.use_gemv = gemv_enabled()
         self.use_gemm = gemm_enabled()  # the bias is added after the reduction, never in the GEMM
+        self.use_split = gemm_split_enabled() and ps.tp_size == 1  # partials skip the all-reduce
         self.weight = nn.Parameter(torch.empty(output_size, self.shard_size), requires_grad=False)
         self.weight.weight_loader = self.load_shard
         if bias:  # added once, after the reduction
@@ -169,6 +171,15 @@ class RowParallelLinear(nn.Module):
         else:
             y = F.linear(x, self.weight)
         return self._reduce(y)
+
+    def forward_split(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward(x)`, or its split-K partial sums (float32 `[splits, rows_pad, N]`,
+        `kernels.gemm.is_partials`) where the mid-size table splits this shape's K: one rank
+        and no bias only, for callers whose next op is `kernels.norm.add_rms_norm`, which adds
+        them as it reads them."""
+        if self.use_split and self.bias is None and mid_path(self.use_gemm, x, self.weight):
+            return linear_mid(x, self.weight, partials=True)
+        return self.forward(x)
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`forward(silu_and_mul(gate_up))`; on the small path the SiLU runs inside the GEMV."""
