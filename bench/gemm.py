@@ -173,11 +173,11 @@ def _write_table(lines, args):
     swept = {line.split(":")[0].strip() for line in lines}
     kept = [line for line in body.rsplit("}", 1)[0].strip("\n").split("\n")
             if line.strip() and (line.lstrip().startswith("#") or line.split(":")[0].strip() not in swept)]
-    kept = [line for line in kept if not line.lstrip().startswith(f"# {args.model}:")]
     stamp = (f"    # {args.model}: `python bench/gemm.py --sweep --write --model {args.model} --m "
              f"{' '.join(map(str, args.m))}`, {info.get('device_name')}, {info.get('date')}, "
              f"commit {info.get('commit')}")
-    # drop stamp lines whose entries all moved to this sweep
+    # drop stamp lines whose entries all moved to this sweep (a stamp stays above the entries of
+    # its sweep that this one did not redo)
     out, pending = [], None
     for line in kept:
         if line.lstrip().startswith("#"):
