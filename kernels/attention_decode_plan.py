@@ -31,7 +31,15 @@ def _sm_count(device) -> int:
 # bench/tune_decode.py (results and the rejected variants in docs/kernels.md): tile tokens,
 # warps, pipeline depth, and the split rule (programs_per_sm, min_partition).
 DECODE_TUNED = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=2,
-                    min_partition=256, reduce_warps=4)
+                    min_partition=256, reduce_warps=4, small_per_sm=4, small_programs=128)
+# "small_per_sm" / "small_programs": 4 programs a SM where a call has at most 128 (sequence, KV
+# head) items (16 sequences at 8 KV heads), so few long contexts split finer. H200, 2026-11-30,
+# f996dc5 (bench/decode_grid.py --spread 0.9 --longest-first, forced split counts in the same
+# run, ms at ~512 / 1,024 / 2,048 tokens): batch 16, 5 splits against the 2-a-SM rule's 3,
+# 0.0170 / 0.0267 / 0.0439 against 0.0179 / 0.0292 / 0.0474; batch 12, 6 against 3, 0.0176 /
+# 0.0221 / 0.0381 against 0.0174 / 0.0257 / 0.0458; batch 8, 9 against 5, 0.0142 / 0.0200 /
+# 0.0271 against 0.0131 / 0.0197 / 0.0323; batch 4, 16 against 9, 0.0113 / 0.0142 / 0.0192
+# against 0.0114 / 0.0151 / 0.0211. Long contexts gain 7-17%, ~512 tokens +-8% (the noise).
 # The wave rule's keys for DECODE_TUNED at head_dim 128 ("resident_per_sm" / "wave_fill",
 # `wave_splits`): where the split rule gives one partition, a grid of more than one wave
 # (resident programs x SMs) whose last wave would be under `wave_fill` full splits each context

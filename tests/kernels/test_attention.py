@@ -141,6 +141,22 @@ def test_wave_splits_even_out_a_short_last_wave():
     assert wave_splits(2048, 0, 0.6) == 1
 
 
+def test_float_decode_splits_few_sequences_for_four_programs_a_sm(monkeypatch):
+    """The float-cache config's small-batch rule (`DECODE_TUNED`'s small_per_sm / small_programs)
+    on a 132-SM device: up to 128 (sequence, KV head) items aim at 4 programs a SM, more at 2."""
+    from infer_cluster.kernels import attention_decode_plan as plan
+
+    monkeypatch.setitem(plan._sm_counts, 0, 132)
+    cuda = torch.device("cuda", 0)
+    cfg = plan.DECODE_TUNED
+    rule = dict(small_per_sm=cfg["small_per_sm"], small_programs=cfg["small_programs"])
+    got = {b: plan.plan_decode_splits(b, 8, 4096, cuda, None, cfg["programs_per_sm"], 256, **rule)
+           for b in (4, 8, 12, 16, 17, 32)}
+    assert got == {4: 16, 8: 9, 12: 6, 16: 5, 17: 2, 32: 2}
+    assert plan.plan_decode_splits(8, 8, 4096, cuda, None, 2, 256) == 5  # without the rule
+    assert plan.plan_decode_splits(8, 8, 1024, cuda, None, 2, 256, **rule) == 4  # partitions of >= 256 tokens
+
+
 def test_split_plan_applies_the_wave_rule(monkeypatch):
     """On a CUDA device of 132 SMs (its SM count cached, so no GPU is needed) the plan gives two
     partitions exactly where `wave_splits` does, only with the rule's keys, and not with
