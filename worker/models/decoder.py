@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm
+from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm, silu_and_mul
 from infer_cluster.kernels.attention import decode_order
 from infer_cluster.kernels.attention_decode_plan import longest_first_enabled
 from infer_cluster.kernels.gemm import is_partials
@@ -208,9 +208,7 @@ class MLP(nn.Module):
         gate_up, down = self.gate_up_proj, self.down_proj
         if is_partials(x) or gate_up.silu_applies(x):
             h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-            if not gate_up.silu_applies(h):
-                return down.forward_silu_mul(gate_up(h)), residual
-            y = gate_up.forward_silu(h)
+            y = gate_up.forward_silu(h) if gate_up.silu_applies(h) else silu_and_mul(gate_up(h))
             return (down.forward_split(y) if split_out else down(y)), residual
         y, residual = gate_up.forward_rms_norm(x, residual, norm.weight, norm.eps)
         return down.forward_silu_mul(y), residual
