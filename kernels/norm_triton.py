@@ -26,9 +26,8 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
-                     sx, sr, so, ss, s_split=0, ACT_DTYPE: tl.constexpr = tl.float32,
-                     HAS_RESIDUAL: tl.constexpr = False, BLOCK: tl.constexpr = 1024,
-                     SPLITS: tl.constexpr = 1):
+                     sx, sr, so, ss, s_split, ACT_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     BLOCK: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -55,36 +54,45 @@ def _rows(t, hidden):
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def rms_norm_triton(x, weight, eps, residual=None):
-    hidden = x.shape[-1]
+def _launch(x2, s_split, splits, r2, weight, eps, act_dtype, shape, has_residual):
+    """Run the kernel over the rows of `x2` (`[rows, hidden]` views; with `splits` > 1 the first
+    split of partials `s_split` elements apart): `(out, summed)`, new tensors of `shape`, summed
+    only with a residual (else `out` twice)."""
+    rows, hidden = r2.shape
+    weight = weight.contiguous()
+    # the weight multiply promotes exactly as `weight * h.to(dtype)` does in the reference
+    out = torch.empty(shape, dtype=torch.promote_types(weight.dtype, act_dtype), device=r2.device)
+    summed = torch.empty(shape, dtype=act_dtype, device=r2.device) if has_residual else out
+    if rows and hidden:
+        sum2, out2 = summed.view(-1, hidden), out.view(-1, hidden)
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(rows,)](x2, r2, weight, out2, sum2, hidden, eps,
+                                  x2.stride(0), r2.stride(0), out2.stride(0), sum2.stride(0), s_split,
+                                  ACT_DTYPE=_TL_DTYPES[act_dtype], HAS_RESIDUAL=has_residual,
+                                  BLOCK=block, SPLITS=splits,
+                                  num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16))
+    return out, summed
+
+
+def _check(hidden, weight, act_dtype):
     if weight.shape != (hidden,):
         raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     if hidden > _MAX_HIDDEN:
         raise ValueError(f"hidden size {hidden} > {_MAX_HIDDEN} is not supported")
-    # dtype of the (optional) sum, where the normalisation is rounded; then the weight multiply
-    # promotes exactly as `weight * h.to(dtype)` does in the reference.
-    act_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     if act_dtype not in _TL_DTYPES:
         raise ValueError(f"unsupported dtype {act_dtype}; expected float32, float16 or bfloat16")
-    out_dtype = torch.promote_types(weight.dtype, act_dtype)
+
+
+def rms_norm_triton(x, weight, eps, residual=None):
+    hidden = x.shape[-1]
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    # dtype of the (optional) sum, where the normalisation is rounded
+    act_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    _check(hidden, weight, act_dtype)
     x2 = _rows(x, hidden)
     r2 = _rows(residual, hidden) if residual is not None else x2
-    weight = weight.contiguous()
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    summed = torch.empty(x.shape, dtype=act_dtype, device=x.device) if residual is not None else out
-    rows = x2.shape[0]
-    if rows and hidden:
-        sum2 = summed.view(-1, hidden)
-        out2 = out.view(-1, hidden)
-        block = triton.next_power_of_2(hidden)
-        num_warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
-        _rms_norm_kernel[(rows,)](x2, r2, weight, out2, sum2, hidden, eps,
-                                  x2.stride(0), r2.stride(0), out2.stride(0), sum2.stride(0),
-                                  ACT_DTYPE=_TL_DTYPES[act_dtype],
-                                  HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                  num_warps=num_warps)
+    out, summed = _launch(x2, 0, 1, r2, weight, eps, act_dtype, x.shape, residual is not None)
     return out if residual is None else (out, summed)
 
 
@@ -96,20 +104,6 @@ def add_rms_norm_partials_triton(partials, residual, weight, eps):
             or partials.shape[1] < rows or partials.stride(2) != 1:
         raise ValueError(f"partials must be float32 [splits, >= {rows}, {hidden}] with unit column "
                          f"stride, got {partials.dtype} {tuple(partials.shape)}")
-    if weight.shape != (hidden,):
-        raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
-    act_dtype = residual.dtype
-    if act_dtype not in _TL_DTYPES or hidden > _MAX_HIDDEN:
-        raise ValueError(f"unsupported residual {act_dtype} [{rows}, {hidden}]")
-    residual = _rows(residual, hidden)
-    weight = weight.contiguous()
-    out = torch.empty(rows, hidden, dtype=torch.promote_types(weight.dtype, act_dtype), device=residual.device)
-    summed = torch.empty(rows, hidden, dtype=act_dtype, device=residual.device)
-    if rows and hidden:
-        block = triton.next_power_of_2(hidden)
-        _rms_norm_kernel[(rows,)](partials, residual, weight, out, summed, hidden, eps,
-                                  partials.stride(1), residual.stride(0), out.stride(0), summed.stride(0),
-                                  partials.stride(0), ACT_DTYPE=_TL_DTYPES[act_dtype], HAS_RESIDUAL=True,
-                                  BLOCK=block, SPLITS=partials.shape[0],
-                                  num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16))
-    return out, summed
+    _check(hidden, weight, residual.dtype)
+    return _launch(partials[0], partials.stride(0), partials.shape[0], _rows(residual, hidden), weight,
+                   eps, residual.dtype, residual.shape, True)

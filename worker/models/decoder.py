@@ -206,9 +206,13 @@ class MLP(nn.Module):
         be split-K partial sums (the o projection's); with `split_out` the output may be too,
         for a next layer whose add + norm sums them."""
         gate_up, down = self.gate_up_proj, self.down_proj
-        if is_partials(x) or gate_up.silu_applies(x):
+        partials = is_partials(x)
+        silu = gate_up.silu_applies(x)  # False for partials (not 2-D): asked again of the norm's output
+        if partials or silu:
             h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-            y = gate_up.forward_silu(h) if gate_up.silu_applies(h) else silu_and_mul(gate_up(h))
+            if partials:
+                silu = gate_up.silu_applies(h)
+            y = gate_up.forward_silu(h) if silu else silu_and_mul(gate_up(h))
             return (down.forward_split(y) if split_out else down(y)), residual
         y, residual = gate_up.forward_rms_norm(x, residual, norm.weight, norm.eps)
         return down.forward_silu_mul(y), residual
