@@ -83,6 +83,9 @@ def main(argv=None):
                     help="int8 operand methods to time (CVT_MODES names)")
     ap.add_argument("--tiles", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES", type=_tile_set,
                     help="bf16 variants with these prefill tiles (the default tiles are `_tiles`')")
+    ap.add_argument("--gluon", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES", type=_tile_set,
+                    help="bf16 variants through the Gluon prefill kernel with these tiles "
+                         "(kernels/attention_prefill_gluon.py; its default is GLUON_TILES)")
     ap.add_argument("--entry", action="store_true",
                     help="also time each case through `paged_attention_triton` (bf16 and int8), whose "
                          "mixed steps give their decode rows to the decode kernel "
@@ -125,10 +128,10 @@ def main(argv=None):
                               for c, s in map(quantize_int8_ref, (k, v))]
         out = [torch.empty_like(q)]
         bf16 = dict(batches=[(q, k, v, bt, qsl, lens)])
-        base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o), bf16, out,
-                             args.reps, iters)[0]
+        base = tc.time_graph(lambda b, o: prefill_attention(*b, scale, mq, o, gluon=False), bf16,
+                             out, args.reps, iters)[0]
         rows.append(dict(case=name, variant="bf16", ms=base, speedup=1.0, max_err=None, ok=True))
-        if tile_sets or args.entry:
+        if tile_sets or args.entry or args.gluon:
             ref = paged_attention_ref(q, k, v, bt, qsl, lens, scale)
         refs = {}  # per q: int8-MMA modes quantize q, their reference does too
 
@@ -137,16 +140,16 @@ def main(argv=None):
                 refs[mma] = paged_attention_ref(dequantize_int8_ref(*quantize_int8_ref(q)) if mma else q,
                                                 kc, vc, bt, qsl, lens, scale, k_scale=ks, v_scale=vs)
             return refs[mma]
-        for tiles in tile_sets:
-            def fn(b, o, tiles=tiles):
-                prefill_attention(*b, scale, mq, o, tiles=tiles)
+        for gluon, tiles in [(False, t) for t in tile_sets] + [(True, t) for t in args.gluon]:
+            def fn(b, o, tiles=tiles, gluon=gluon):
+                prefill_attention(*b, scale, mq, o, tiles=tiles, gluon=gluon)
             try:
                 err, ok = tc.check(fn, bf16, ref)
                 ms = tc.time_graph(fn, bf16, out, args.reps, iters)[0] if ok else float("inf")
             except Exception as e:  # e.g. the tiles need more shared memory than a SM has
                 print(f"{name}: tiles {tiles} failed: {str(e).splitlines()[0][:120]}")
                 err, ok, ms = float("nan"), False, float("inf")
-            rows.append(dict(case=name, variant="bf16 {}x{} w{} s{}".format(*tiles), ms=ms,
+            rows.append(dict(case=name, variant=("gluon" if gluon else "bf16") + " {}x{} w{} s{}".format(*tiles), ms=ms,
                              speedup=base / ms, max_err=err, ok=ok))
         int8 = dict(batches=[(q, kc, vc, bt, qsl, lens, ks, vs)])
         entries = []
@@ -167,7 +170,7 @@ def main(argv=None):
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
         rows += entries
-        for r in rows[-len(cvts) - len(tile_sets) - len(entries) - 1:]:
+        for r in rows[-len(cvts) - len(tile_sets) - len(args.gluon) - len(entries) - 1:]:
             r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
             r["of_peak"] = r["tflops"] / peak if peak else None
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")

@@ -107,6 +107,26 @@ def persistent_decode_variants():
     return rows
 
 
+def prefill_gluon_variants():
+    """The Gluon prefill kernel over bf16 caches (`_prefill_gluon_kernel`) at its tiles, on a
+    dense grid longest first (one prompt) and on the scanned grid of a mixed step."""
+    from infer_cluster.kernels.attention_prefill_gluon import GLUON_TILES, _prefill_gluon_kernel
+    ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", qsl_ptr="*i32",
+                lens_ptr="*i32", out_ptr="*bf16")
+    s = _strides(128, False)
+    keep = ("sq_t", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h", "s_bt", "so_t", "so_h")
+    bm, bn, warps, stages = GLUON_TILES
+    rows = []
+    for dense in (True, False):
+        ints = dict({k: s[k] for k in keep}, num_seqs=7, dense_blocks=3 if dense else 0)
+        rows.append((f"prefill bf16 gluon {'dense' if dense else 'scan'} {bm}x{bn} w{warps} s{stages}",
+                     _prefill_gluon_kernel, ptrs, ints,
+                     dict(GROUP=H // HK, PAGE=PAGE, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                          SEQ_CHUNK=128, LONGEST_FIRST=dense, SKIP_SINGLE=not dense, num_warps=warps),
+                     dict(num_warps=warps), ("s_bt", "num_seqs", "dense_blocks")))
+    return rows
+
+
 def gemm_variants():
     """The Gluon mid-size GEMM (`_gemm_kernel`) at three Qwen3-0.6B layer shapes, 256 rows,
     gate_up with SiLU-and-mul in its epilogue, and down split four ways (float32 partials)."""
@@ -235,7 +255,7 @@ def variants():
                  dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*i8", v_cache_ptr="*i8",
                       ks_ptr="*fp32", vs_ptr="*fp32", slot_ptr="*i64"), ints,
                  dict(BLOCK_H=8, BLOCK_D=128), dict(num_warps=4, enable_fp_fusion=False), ()))
-    return rows + gluon_decode_variants() + persistent_decode_variants() + gemm_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
+    return rows + gluon_decode_variants() + persistent_decode_variants() + prefill_gluon_variants() + gemm_variants() + gemv_variants() + mlp_variants() + _qkv_prep_variants() + sampler_variants() + argmax_variants()
 
 
 def sampler_variants():

@@ -47,6 +47,7 @@ import triton.language as tl
 from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
+from .attention_prefill_gluon import GLUON_TILES, _prefill_gluon_kernel, prefill_gluon_fits
 from .attention_prefill_plan import _tiles, prefill_tiles
 
 # How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
@@ -78,6 +79,12 @@ PREFILL_PACK_GQA = env_switch("INFER_CLUSTER_PREFILL_PACK")
 # LONGEST_FIRST). `INFER_CLUSTER_PREFILL_LONGEST_FIRST=0` keeps the grid's own order (read once
 # at import, for A/B).
 PREFILL_LONGEST_FIRST = env_switch("INFER_CLUSTER_PREFILL_LONGEST_FIRST")
+
+
+# The Gluon kernel (attention_prefill_gluon.py) takes the calls it fits (`prefill_gluon_fits`:
+# sm_90, 16-bit q over a cache of its dtype, head_dim 128, GQA packing, no split KV).
+# `INFER_CLUSTER_PREFILL_GLUON=0` keeps the Triton kernel (read once at import, for A/B).
+PREFILL_GLUON = env_switch("INFER_CLUSTER_PREFILL_GLUON")
 
 
 def prefill_splits(max_query_len: int) -> int:
@@ -301,7 +308,8 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
-                      pack_gqa=None, tiles=None, longest_first=None, skip_single=False):
+                      pack_gqa=None, tiles=None, longest_first=None, skip_single=False,
+                      gluon=None):
     """Varlen causal kernel over paged KV (prefill, chunked prefill, mixed batches);
     `k_scale`/`v_scale` go with an int8 cache, `cvt` (a `CVT_MODES` name, default
     `prefill_int8_cvt(q)`) says how its codes become operands. `num_splits` (a power of two;
@@ -312,7 +320,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     orders a dense grid's programs longest first. `skip_single`: sequences of one query row are
     left alone (a mixed step's decode rows, which `paged_attention_triton` gives the decode
     kernel); with split KV the merge still writes their rows from scratch no program filled,
-    so the decode kernel must run after it."""
+    so the decode kernel must run after it. `gluon` (default `PREFILL_GLUON`) lets
+    `_prefill_gluon_kernel` take the call where it fits; `tiles` then give its (BLOCK_M,
+    BLOCK_N, num_warps, STAGES), default `GLUON_TILES`."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -339,6 +349,20 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         p_strides = (0,) * 5
     group = num_heads // num_kv_heads
     pack = group if (PREFILL_PACK_GQA if pack_gqa is None else pack_gqa) else 1
+    longest = bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first)
+    if (PREFILL_GLUON if gluon is None else gluon) and prefill_gluon_fits(q, k_cache, v_cache, out,
+                                                                          splits, pack):
+        bm, bn, warps, stages = tiles or GLUON_TILES
+        n_tiles, dense_blocks = prefill_tiles(num_seqs, q.shape[0], max_query_len, pack, bm)
+        _prefill_gluon_kernel[(n_tiles, num_kv_heads)](
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
+            num_seqs, dense_blocks, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group, PAGE=page_size,
+            BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, SEQ_CHUNK=128,
+            LONGEST_FIRST=longest and dense_blocks > 0, SKIP_SINGLE=bool(skip_single),
+            num_warps=warps)
+        return out
     tiles, dense_blocks = prefill_tiles(num_seqs, q.shape[0], max_query_len, pack, block_m)
     grid = (tiles, num_heads // pack, splits)
     _prefill_kernel[grid](
@@ -349,7 +373,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, LOWP=lowp,
         DOT_DTYPE=dot_dtype, KV_INT8=kv_int8, OP_K=op_k, OP_V=op_v, ASM=q.is_cuda,
         NUM_SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
-        LONGEST_FIRST=bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first) and dense_blocks > 0,
+        LONGEST_FIRST=longest and dense_blocks > 0,
         SKIP_SINGLE=bool(skip_single))
     if splits > 1:
         _split_reduce_kernel[(q.shape[0], num_heads)](

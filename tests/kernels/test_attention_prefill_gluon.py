@@ -1,0 +1,139 @@
+"""The Gluon prefill kernel (`_prefill_gluon_kernel`) against `paged_attention_ref` and the
+Triton prefill kernel it stands in for: dense and scanned grids, longest first or not, chunks
+over cached prefixes, fresh prompts, a mixed step's decode rows left to the decode kernel, a
+padded CUDA-graph bucket, its tile variants, and the NaN traps past every context. Its sm_90
+build (no spills, warpgroup MMAs, one program's shared memory) is checked on any machine."""
+
+import pytest
+import torch
+
+from infer_cluster.kernels.attention import paged_attention_ref
+from infer_cluster.kernels.attention_prefill_gluon import GLUON_TILES, prefill_gluon_fits
+from infer_cluster.kernels.attention_prefill_triton import prefill_attention
+from tests.kernels.conftest import sm90_check, tol
+from tests.kernels.test_attention import make_batch
+
+BUILD = sm90_check("prefill_gluon_build", """
+from bench.ptxas_check import prefill_gluon_variants
+from bench.sm90_build import compile_sm90, ptxas_info
+for name, kernel, ptrs, ints, consts, opts, dns in prefill_gluon_variants():
+    c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
+    regs, spills = ptxas_info(c.asm["ptx"])
+    ptx = c.asm["ptx"]
+    print(regs, spills, c.metadata.shared, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group"))
+""")
+
+
+def test_sm90_build_fits_without_spills(sm90_builds):
+    """Dense and scanned grids: no spills, two programs' registers and shared memory fit a SM
+    (what its tiles were chosen for), and the MMAs are warpgroup MMAs waited for three times
+    (the scores, the values in the loop, the last tile's values)."""
+    rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
+    assert len(rows) == 2
+    warps = GLUON_TILES[2]
+    for regs, spills, shared, mmas, waits in rows:
+        assert spills == 0
+        assert 2 * regs * 32 * warps <= 65536, regs
+        assert 2 * (shared + 1024) <= 228 * 1024, shared
+        assert mmas > 0 and waits == 3, (mmas, waits)
+
+
+def _run(batch, max_query_len, gluon, **kw):
+    """One prefill call, unsplit (short queries would otherwise take split KV, which the Gluon
+    kernel leaves to the Triton one), on an output of NaN."""
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = batch
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.088, max_query_len, out,
+                      num_splits=1, gluon=gluon, **kw)
+    return out
+
+
+def _assert_rows(got, ref, other, rows, dtype):
+    atol, rtol = tol(dtype)
+    assert not torch.isnan(got[rows]).any(), "read KV past a context (NaN trap) or left a row"
+    torch.testing.assert_close(got[rows], ref[rows], atol=atol, rtol=rtol)
+    torch.testing.assert_close(got[rows], other[rows], atol=atol, rtol=rtol)
+
+
+CASES = {
+    "chunks-over-prefix": ([1024, 700], [3072, 2000]),  # a dense grid, several query blocks
+    "fresh-prompts": ([100, 1024, 333, 65, 2, 17], [100, 1024, 333, 65, 2, 17]),
+    "short-context": ([3, 40], [9, 40]),  # contexts inside the first key tile
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("longest_first", [True, False])
+def test_gpu_matches_reference_and_triton(gpu_device, dtype, case, longest_first):
+    q_lens, ctx_lens = CASES[case]
+    batch = make_batch(gpu_device, dtype, q_lens, ctx_lens, 16, 8, 128, 16)
+    q, k_cache, v_cache = batch[:3]
+    assert prefill_gluon_fits(q, k_cache, v_cache, q, 1, 2)
+    got = _run(batch, max(q_lens), True, longest_first=longest_first)
+    other = _run(batch, max(q_lens), False, longest_first=longest_first)
+    ref = paged_attention_ref(*batch, 0.088)
+    _assert_rows(got, ref, other, slice(None), dtype)
+
+
+@pytest.mark.parametrize("tiles", [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
+                                   (64, 64, 4, 3)], ids=lambda t: "x".join(map(str, t)))
+def test_gpu_tile_variants(gpu_device, tiles):
+    """The tiles the bench sweeps (`bench/int8_prefill.py --gluon`), at GQA 2 and 4."""
+    for heads, kv_heads in ((16, 8), (16, 4)):
+        batch = make_batch(gpu_device, torch.bfloat16, [513, 64, 2], [1500, 64, 90], heads,
+                           kv_heads, 128, 16)
+        got = _run(batch, 513, True, tiles=tiles)
+        ref = paged_attention_ref(*batch, 0.088)
+        _assert_rows(got, ref, _run(batch, 513, False), slice(None), torch.bfloat16)
+
+
+def test_gpu_mixed_step_and_padded_bucket(gpu_device):
+    """A mixed step's shapes as a CUDA-graph bucket gives them: decode rows (left to the decode
+    kernel: their rows stay unwritten here), empty sequences past one scan chunk, prompts at
+    both ends, and padding tokens owned by no sequence (never written)."""
+    q_lens = [300, 1, 0, 1] + [0] * 130 + [1, 77, 1]
+    ctx_lens = [300, 900, 0, 40] + [0] * 130 + [1200, 500, 3]
+    batch = make_batch(gpu_device, torch.bfloat16, q_lens, ctx_lens, 16, 8, 128, 16)
+    q = batch[0]
+    real = q.shape[0]
+    padded = torch.cat([q, torch.randn(40, 16, 128, device=q.device, dtype=q.dtype)])
+    bucket = (padded, *batch[1:])
+    got = _run(bucket, 512, True, skip_single=True)
+    other = _run(bucket, 512, False, skip_single=True)
+    ref = paged_attention_ref(*batch, 0.088)
+    qsl = batch[4].tolist()
+    prompt = torch.zeros(padded.shape[0], dtype=torch.bool, device=q.device)
+    for i, n in enumerate(q_lens):
+        if n > 1:
+            prompt[qsl[i]:qsl[i + 1]] = True
+    _assert_rows(got[:real], ref, other[:real], prompt[:real], torch.bfloat16)
+    assert torch.isnan(got[~prompt]).all(), "wrote a decode row or a padding token"
+
+
+def test_gpu_entry_point_takes_it(gpu_device):
+    """`paged_attention_triton` on a mixed step: prompts through the Gluon kernel, decode rows
+    through the decode kernel, the whole output equal to the reference."""
+    from infer_cluster.kernels.attention_triton import paged_attention_triton
+    batch = make_batch(gpu_device, torch.bfloat16, [1, 600, 1, 257], [700, 600, 33, 1000], 16, 8,
+                       128, 16)
+    got = paged_attention_triton(*batch, 0.088, 600)
+    ref = paged_attention_ref(*batch, 0.088)
+    atol, rtol = tol(torch.bfloat16)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+
+
+def test_fits_only_what_it_was_written_for():
+    """CPU tensors, float32, int8 caches, other head dims and split KV keep the Triton kernel."""
+    q = torch.zeros(4, 16, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 16, 8, 128, dtype=torch.bfloat16)
+    assert not prefill_gluon_fits(q, cache, cache, q, 1, 2)  # not CUDA
+    if torch.cuda.is_available():
+        qc, cc = q.cuda(), cache.cuda()
+        sm90 = torch.cuda.get_device_capability()[0] == 9
+        assert prefill_gluon_fits(qc, cc, cc, qc, 1, 2) == sm90
+        assert not prefill_gluon_fits(qc, cc, cc, qc, 8, 2)
+        assert not prefill_gluon_fits(qc.float(), cc.float(), cc.float(), qc.float(), 1, 2)
+        i8 = cc.to(torch.int8)
+        assert not prefill_gluon_fits(qc, i8, i8, qc, 1, 2)
+        assert not prefill_gluon_fits(qc[..., :64], cc[..., :64], cc[..., :64], qc[..., :64], 1, 2)
