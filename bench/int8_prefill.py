@@ -9,7 +9,8 @@ decode rows (contexts U[100, 1500]) beside 8 whole prompts, as in workload A's p
 bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill default
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
-cores). Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
+cores), and on the GPU the Gluon kernel over the int8 cache ("int8 gluon",
+kernels/attention_prefill_int8_gluon.py); `--gluon` adds bf16 rows through the Gluon kernel. Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
 its attention TFLOP/s (`attention_flops`: the causal score and value products actually needed)
 and its share of the bf16 matmul peak measured in the same run (`bench/roofline.measure_device`):
 the `chunk1k` case, two 1,024-token chunks over 2,048 cached tokens each, is issue 44's "1k-token
@@ -169,8 +170,16 @@ def main(argv=None):
             ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
-        rows += entries
-        for r in rows[-len(cvts) - len(tile_sets) - len(args.gluon) - len(entries) - 1:]:
+        gluon_int8 = []
+        if not args.smoke:  # the Gluon kernel over the int8 cache, default tiles
+            def fn(b, o):
+                prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], gluon=True)
+            err, ok = tc.check(fn, int8, int8_ref(True))  # "mma_k": q as int8 codes
+            ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
+            gluon_int8.append(dict(case=name, variant="int8 gluon", ms=ms, speedup=base / ms,
+                                   max_err=err, ok=ok))
+        rows += gluon_int8 + entries
+        for r in rows[-len(cvts) - len(tile_sets) - len(args.gluon) - len(gluon_int8) - len(entries) - 1:]:
             r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
             r["of_peak"] = r["tflops"] / peak if peak else None
             err = "" if r["max_err"] is None else format(r["max_err"], "9.1e")

@@ -108,22 +108,31 @@ def persistent_decode_variants():
 
 
 def prefill_gluon_variants():
-    """The Gluon prefill kernel over bf16 caches (`_prefill_gluon_kernel`) at its tiles, on a
-    dense grid longest first (one prompt) and on the scanned grid of a mixed step."""
+    """The Gluon prefill kernels over bf16 and int8 caches (`_prefill_gluon_kernel`,
+    `_prefill_int8_gluon_kernel`) at their tiles, on a dense grid longest first (one prompt) and
+    on the scanned grid of a mixed step."""
     from infer_cluster.kernels.attention_prefill_gluon import GLUON_TILES, _prefill_gluon_kernel
-    ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", qsl_ptr="*i32",
-                lens_ptr="*i32", out_ptr="*bf16")
-    s = _strides(128, False)
+    from infer_cluster.kernels.attention_prefill_int8_gluon import _prefill_int8_gluon_kernel
+    s = _strides(128, True)
     keep = ("sq_t", "sq_h", "sk_b", "sk_s", "sk_h", "sv_b", "sv_s", "sv_h", "s_bt", "so_t", "so_h")
     bm, bn, warps, stages = GLUON_TILES
     rows = []
-    for dense in (True, False):
-        ints = dict({k: s[k] for k in keep}, num_seqs=7, dense_blocks=3 if dense else 0)
-        rows.append((f"prefill bf16 gluon {'dense' if dense else 'scan'} {bm}x{bn} w{warps} s{stages}",
-                     _prefill_gluon_kernel, ptrs, ints,
-                     dict(GROUP=H // HK, PAGE=PAGE, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
-                          SEQ_CHUNK=128, LONGEST_FIRST=dense, SKIP_SINGLE=not dense, num_warps=warps),
-                     dict(num_warps=warps), ("s_bt", "num_seqs", "dense_blocks")))
+    for int8 in (False, True):
+        kv = "*i8" if int8 else "*bf16"
+        ptrs = dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, bt_ptr="*i32", qsl_ptr="*i32",
+                    lens_ptr="*i32", out_ptr="*bf16")
+        names = keep
+        if int8:
+            ptrs.update(ks_ptr="*fp32", vs_ptr="*fp32")
+            names = keep + ("sks_b", "sks_h", "svs_b", "svs_h")
+        for dense in (True, False):
+            ints = dict({k: s[k] for k in names}, num_seqs=7, dense_blocks=3 if dense else 0)
+            rows.append((f"prefill {kv[1:]} gluon {'dense' if dense else 'scan'} {bm}x{bn} w{warps} s{stages}",
+                         _prefill_int8_gluon_kernel if int8 else _prefill_gluon_kernel, ptrs, ints,
+                         dict(GROUP=H // HK, PAGE=PAGE, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                              SEQ_CHUNK=128, LONGEST_FIRST=dense, SKIP_SINGLE=not dense,
+                              num_warps=warps),
+                         dict(num_warps=warps), ("s_bt", "num_seqs", "dense_blocks")))
     return rows
 
 

@@ -79,6 +79,97 @@ def _tile_owner(qsl_ptr, num_seqs, tile, PACK: gl.constexpr, BLOCK_M: gl.constex
 
 
 @gluon.jit
+def _program_rows(qsl_ptr, lens_ptr, num_seqs, dense_blocks, GROUP: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SEQ_CHUNK: gl.constexpr,
+                  LONGEST_FIRST: gl.constexpr, SKIP_SINGLE: gl.constexpr, num_warps: gl.constexpr):
+    """This program's query tile: (sequence, query block, KV head, the sequence's first query
+    row, its query length (0 for a tile past the step's last or a skipped one-row sequence), its
+    context, the end of the keys every row sees (whole BLOCK_N tiles), the end of the keys any
+    row sees)."""
+    hid = gl.program_id(1)  # a group of GROUP query heads: KV head `hid`
+    if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
+        if LONGEST_FIRST:  # as `_prefill_kernel`: the last query blocks start first
+            heads_n = gl.num_programs(1)
+            lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+            per_blk = (gl.num_programs(0) // dense_blocks) * heads_n
+            mblk = dense_blocks - 1 - lin // per_blk
+            seq = (lin % per_blk) // heads_n
+            hid = lin % heads_n
+        else:
+            seq = gl.program_id(0) // dense_blocks
+            mblk = gl.program_id(0) % dense_blocks
+    else:
+        seq, mblk = _tile_owner(qsl_ptr, num_seqs, gl.program_id(0), GROUP, BLOCK_M, SEQ_CHUNK,
+                                SKIP_SINGLE, num_warps)
+    owned = seq < num_seqs
+    seq = gl.minimum(seq, num_seqs - 1)
+    row0 = gl.load(qsl_ptr + seq)
+    q_len = gl.where(owned, gl.load(qsl_ptr + seq + 1) - row0, 0)
+    if SKIP_SINGLE:
+        q_len = gl.where(q_len == 1, 0, q_len)
+    ctx = gl.load(lens_ptr + seq)
+    first_m = (mblk * BLOCK_M) // GROUP
+    active = first_m < q_len
+    first_pos = ctx - q_len + first_m
+    # Keys before the block's first query position are visible to every row: whole tiles of
+    # them skip the mask; the rest (up to the last row's position) take it.
+    full_hi = gl.where(active, (first_pos // BLOCK_N) * BLOCK_N, 0)
+    last_pos = ctx - q_len + gl.minimum((mblk * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+    hi = gl.where(active, gl.minimum(ctx, last_pos + 1), 0)
+    return seq, mblk, hid, row0, q_len, ctx, full_hi, hi
+
+
+@gluon.jit
+def _load_q(q_ptr, row0, q_len, mblk, hid, sq_t, sq_h, GROUP: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, ld_l: gl.constexpr):
+    """The tile's q rows: row r is position r // GROUP of head hid * GROUP + r % GROUP (rows
+    past the query read as 0)."""
+    r_ld = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_l))
+    d_ld = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld_l))
+    m_ld = r_ld // GROUP
+    q_at = (row0 + m_ld).to(gl.int64) * sq_t + (hid * GROUP + r_ld % GROUP) * sq_h
+    q_ok = gl.expand_dims(m_ld < q_len, 1) & gl.expand_dims(d_ld < BLOCK_D, 0)
+    return gl.load(q_ptr + gl.expand_dims(q_at, 1) + gl.expand_dims(d_ld, 0), mask=q_ok, other=0.0)
+
+
+@gluon.jit
+def _masked(s, start, full_hi, hi, q_pos, BLOCK_N: gl.constexpr, col_s: gl.constexpr):
+    """Scores of key tile [start, start+BLOCK_N) with -inf where a key is past the context or
+    after the row's own position; tiles wholly below `full_hi` are returned as they are."""
+    if start + BLOCK_N > full_hi:  # the diagonal, or the context's end
+        n = start + gl.arange(0, BLOCK_N, layout=col_s)
+        seen = gl.expand_dims(n < hi, 0) & (gl.expand_dims(n, 0) <= gl.expand_dims(q_pos, 1))
+        s = gl.where(seen, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, scale_log2):
+    """Raw scores of one tile (masked columns -inf) into the running state: (probabilities,
+    the rescale of what came before, new max, new sum), in log2 units of `scale_log2`. Every
+    row sees key 0 in the first tile, so the max is finite from then on."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * scale_log2 - gl.expand_dims(m_new, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _store_o(out_ptr, acc, l_i, row0, q_len, mblk, hid, so_t, so_h, GROUP: gl.constexpr,
+             BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr, o_l: gl.constexpr):
+    """acc / l into the query's rows of `out` (rows past the query are not written)."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+    o = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
+    r_o = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
+    d_o = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_l))
+    m_o = r_o // GROUP
+    o_at = (row0 + m_o).to(gl.int64) * so_t + (hid * GROUP + r_o % GROUP) * so_h
+    o_ok = gl.expand_dims(m_o < q_len, 1) & gl.expand_dims(d_o < BLOCK_D, 0)
+    gl.store(out_ptr + gl.expand_dims(o_at, 1) + gl.expand_dims(d_o, 0),
+             o.to(out_ptr.dtype.element_ty), mask=o_ok)
+
+
+@gluon.jit
 def _issue_tile(k_smem, v_smem, k_head, v_head, bt_row, start, hi, sk_b, sk_s, sv_b, sv_s,
                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                 ld_l: gl.constexpr):
@@ -118,44 +209,10 @@ def _prefill_gluon_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_pt
     row_s: gl.constexpr = gl.SliceLayout(1, s_l)
     col_s: gl.constexpr = gl.SliceLayout(0, s_l)
 
-    hid = gl.program_id(1)  # a group of GROUP query heads: KV head `hid`
-    if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
-        if LONGEST_FIRST:  # as `_prefill_kernel`: the last query blocks start first
-            heads_n = gl.num_programs(1)
-            lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
-            per_blk = (gl.num_programs(0) // dense_blocks) * heads_n
-            mblk = dense_blocks - 1 - lin // per_blk
-            seq = (lin % per_blk) // heads_n
-            hid = lin % heads_n
-        else:
-            seq = gl.program_id(0) // dense_blocks
-            mblk = gl.program_id(0) % dense_blocks
-    else:
-        seq, mblk = _tile_owner(qsl_ptr, num_seqs, gl.program_id(0), GROUP, BLOCK_M, SEQ_CHUNK,
-                                SKIP_SINGLE, num_warps)
-    owned = seq < num_seqs
-    seq = gl.minimum(seq, num_seqs - 1)
-    row0 = gl.load(qsl_ptr + seq)
-    q_len = gl.where(owned, gl.load(qsl_ptr + seq + 1) - row0, 0)
-    if SKIP_SINGLE:
-        q_len = gl.where(q_len == 1, 0, q_len)
-    ctx = gl.load(lens_ptr + seq)
-    first_m = (mblk * BLOCK_M) // GROUP
-    active = first_m < q_len
-    first_pos = ctx - q_len + first_m
-    # Keys before the block's first query position are visible to every row: whole tiles of
-    # them skip the mask; the rest (up to the last row's position) take it.
-    full_hi = gl.where(active, (first_pos // BLOCK_N) * BLOCK_N, 0)
-    last_pos = ctx - q_len + gl.minimum((mblk * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
-    hi = gl.where(active, gl.minimum(ctx, last_pos + 1), 0)
-
-    # q: row r is position r // GROUP of head hid * GROUP + r % GROUP, into shared memory once
-    r_ld = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_l))
-    d_ld = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld_l))
-    m_ld = r_ld // GROUP
-    q_at = (row0 + m_ld).to(gl.int64) * sq_t + (hid * GROUP + r_ld % GROUP) * sq_h
-    q_ok = gl.expand_dims(m_ld < q_len, 1) & gl.expand_dims(d_ld < BLOCK_D, 0)
-    q = gl.load(q_ptr + gl.expand_dims(q_at, 1) + gl.expand_dims(d_ld, 0), mask=q_ok, other=0.0)
+    seq, mblk, hid, row0, q_len, ctx, full_hi, hi = _program_rows(
+        qsl_ptr, lens_ptr, num_seqs, dense_blocks, GROUP, BLOCK_M, BLOCK_N, SEQ_CHUNK,
+        LONGEST_FIRST, SKIP_SINGLE, num_warps)
+    q = _load_q(q_ptr, row0, q_len, mblk, hid, sq_t, sq_h, GROUP, BLOCK_M, BLOCK_D, ld_l)
     q_smem = gl.allocate_shared_memory(dt, [BLOCK_M, BLOCK_D], sw_l, q)
     k_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_D], sw_l)
     v_smem = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_D], sw_l)
@@ -188,17 +245,8 @@ def _prefill_gluon_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_pt
                           is_async=True)
         acc = warpgroup_mma(p, v_smem.index((j + STAGES - 1) % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        start = j * BLOCK_N
-        if start + BLOCK_N > full_hi:  # the diagonal, or the context's end
-            n = start + gl.arange(0, BLOCK_N, layout=col_s)
-            seen = gl.expand_dims(n < hi, 0) & (gl.expand_dims(n, 0) <= gl.expand_dims(q_pos, 1))
-            s = gl.where(seen, s, float("-inf"))
-        # Every row sees key 0 in tile 0, so m_new is finite from the first tile on.
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
-        alpha = gl.exp2(m_i - m_new)
-        p32 = gl.exp2(s * scale_log2 - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p32, axis=1)
-        m_i = m_new
+        s = _masked(s, j * BLOCK_N, full_hi, hi, q_pos, BLOCK_N, col_s)
+        p32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, scale_log2)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
         p = gl.convert_layout(p32.to(dt), p_l)
@@ -206,14 +254,7 @@ def _prefill_gluon_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_pt
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     cp.wait_group(0)
 
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-    o = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
-    r_o = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
-    d_o = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_l))
-    m_o = r_o // GROUP
-    o_at = (row0 + m_o).to(gl.int64) * so_t + (hid * GROUP + r_o % GROUP) * so_h
-    o_ok = gl.expand_dims(m_o < q_len, 1) & gl.expand_dims(d_o < BLOCK_D, 0)
-    gl.store(out_ptr + gl.expand_dims(o_at, 1) + gl.expand_dims(d_o, 0), o.to(dt), mask=o_ok)
+    _store_o(out_ptr, acc, l_i, row0, q_len, mblk, hid, so_t, so_h, GROUP, BLOCK_M, BLOCK_D, o_l)
 
 
 def prefill_gluon_fits(q, k_cache, v_cache, out, splits: int, pack: int) -> bool:

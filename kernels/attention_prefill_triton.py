@@ -48,6 +48,7 @@ from .attention_common_triton import _LOG2E, _dot, _dot_mode
 from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 from .attention_prefill_gluon import GLUON_TILES, _prefill_gluon_kernel, prefill_gluon_fits
+from .attention_prefill_int8_gluon import _prefill_int8_gluon_kernel, prefill_int8_gluon_fits
 from .attention_prefill_plan import _tiles, prefill_tiles
 
 # How int8 codes become operands here (a `CVT_MODES` name). `bench/int8_prefill.py` on the H100
@@ -81,9 +82,11 @@ PREFILL_PACK_GQA = env_switch("INFER_CLUSTER_PREFILL_PACK")
 PREFILL_LONGEST_FIRST = env_switch("INFER_CLUSTER_PREFILL_LONGEST_FIRST")
 
 
-# The Gluon kernel (attention_prefill_gluon.py) takes the calls it fits (`prefill_gluon_fits`:
-# sm_90, 16-bit q over a cache of its dtype, head_dim 128, GQA packing, no split KV).
-# `INFER_CLUSTER_PREFILL_GLUON=0` keeps the Triton kernel (read once at import, for A/B).
+# The Gluon kernels take the calls they fit: `prefill_gluon_fits` (attention_prefill_gluon.py:
+# sm_90, 16-bit q over a cache of its dtype, head_dim 128, GQA packing, no split KV) and
+# `prefill_int8_gluon_fits` (attention_prefill_int8_gluon.py: the same over an int8 cache, where
+# no `cvt` is asked for). `INFER_CLUSTER_PREFILL_GLUON=0` keeps the Triton kernel (read once at
+# import, for A/B).
 PREFILL_GLUON = env_switch("INFER_CLUSTER_PREFILL_GLUON")
 
 
@@ -306,6 +309,19 @@ def _split_reduce_kernel(po_ptr, plse_ptr, out_ptr, spo_s, spo_t, spo_h, spl_s, 
              mask=d_mask)
 
 
+def gluon_applies(q, k_cache, v_cache, out, splits, pack, k_scale=None, v_scale=None, cvt=None,
+                  gluon=None) -> bool:
+    """Whether `prefill_attention` hands this call to a Gluon kernel: `gluon` (default
+    `PREFILL_GLUON`) and the kernel for the cache's dtype fits it; over an int8 cache only where
+    no `cvt` method is asked for (those are the Triton kernel's)."""
+    if not (PREFILL_GLUON if gluon is None else gluon):
+        return False
+    if k_cache.dtype == torch.int8:
+        return cvt is None and prefill_int8_gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out,
+                                                       splits, pack)
+    return prefill_gluon_fits(q, k_cache, v_cache, out, splits, pack)
+
+
 def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                       max_query_len, out, k_scale=None, v_scale=None, cvt=None, num_splits=None,
                       pack_gqa=None, tiles=None, longest_first=None, skip_single=False,
@@ -320,8 +336,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     orders a dense grid's programs longest first. `skip_single`: sequences of one query row are
     left alone (a mixed step's decode rows, which `paged_attention_triton` gives the decode
     kernel); with split KV the merge still writes their rows from scratch no program filled,
-    so the decode kernel must run after it. `gluon` (default `PREFILL_GLUON`) lets
-    `_prefill_gluon_kernel` take the call where it fits; `tiles` then give its (BLOCK_M,
+    so the decode kernel must run after it. `gluon` (default `PREFILL_GLUON`) lets the Gluon
+    kernels take the call where they fit (`gluon_applies`); `tiles` then give their (BLOCK_M,
     BLOCK_N, num_warps, STAGES), default `GLUON_TILES`."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -350,16 +366,22 @@ def prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_le
     group = num_heads // num_kv_heads
     pack = group if (PREFILL_PACK_GQA if pack_gqa is None else pack_gqa) else 1
     longest = bool(PREFILL_LONGEST_FIRST if longest_first is None else longest_first)
-    if (PREFILL_GLUON if gluon is None else gluon) and prefill_gluon_fits(q, k_cache, v_cache, out,
-                                                                          splits, pack):
+    if gluon_applies(q, k_cache, v_cache, out, splits, pack, k_scale, v_scale, cvt, gluon):
         bm, bn, warps, stages = tiles or GLUON_TILES
         n_tiles, dense_blocks = prefill_tiles(num_seqs, q.shape[0], max_query_len, pack, bm)
-        _prefill_gluon_kernel[(n_tiles, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
-            num_seqs, dense_blocks, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group, PAGE=page_size,
-            BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, SEQ_CHUNK=128,
+        kernel, extra = _prefill_gluon_kernel, ()
+        if kv_int8:
+            kernel = _prefill_int8_gluon_kernel
+            extra = (k_scale, v_scale)
+        args = (q, k_cache, v_cache, *extra, block_tables, query_start_loc, seq_lens, out,
+                scale * _LOG2E, num_seqs, dense_blocks, q.stride(0), q.stride(1),
+                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+                v_cache.stride(1), v_cache.stride(2))
+        if kv_int8:
+            args += (k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1))
+        kernel[(n_tiles, num_kv_heads)](
+            *args, block_tables.stride(0), out.stride(0), out.stride(1), GROUP=group,
+            PAGE=page_size, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, SEQ_CHUNK=128,
             LONGEST_FIRST=longest and dense_blocks > 0, SKIP_SINGLE=bool(skip_single),
             num_warps=warps)
         return out
