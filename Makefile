@@ -54,7 +54,8 @@ test: $(ENV_STAMP)
 # took 22-479 s (bench/RESULTS.md#test-suites).
 PYTEST ?= python3 -m pytest
 GPU_KERNELS_ATTENTION := $(addprefix tests/kernels/,test_attention.py test_attention_int8.py \
-	test_attention_decode_gluon.py test_attention_decode_persistent.py test_kv_append.py \
+	test_attention_decode_gluon.py test_attention_decode_persistent.py test_attention_prefill_gluon.py \
+	test_kv_append.py \
 	test_kv_swap.py test_mapped_read.py)
 GPU_KERNELS_MATMUL := $(addprefix tests/kernels/,test_gemv.py test_gemv_norm.py \
 	test_gemv_one_chunk.py test_gemm_gluon.py test_mlp.py test_qkv_prep.py test_norm.py test_activation.py \

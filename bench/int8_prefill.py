@@ -1,6 +1,6 @@
-"""Prefill attention over an int8 KV cache vs the bf16 cache, per int8 operand method.
+"""Prefill attention over an int8 KV cache vs the bf16 cache, per int8 operand method and kernel.
 
-Owns: one table (case, variant, ms, speedup over the bf16 cache, max error vs
+Owns: one table (case, variant, ms, speedup over the Triton kernel on the bf16 cache, max error vs
 `paged_attention_ref` on the same int8 cache) and a JSON file. Cases at the Qwen3-0.6B head shape
 (16 query / 8 KV heads, head_dim 128, page 16, pages shuffled): `fresh16`, 16 whole prompts of
 U[100, 1024] tokens (workload A's prompts, ~9k tokens per launch), `chunk4`, 4 chunks of 512
