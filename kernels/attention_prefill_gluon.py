@@ -173,8 +173,10 @@ def _store_o(out_ptr, acc, l_i, row0, q_len, mblk, hid, so_t, so_h, GROUP: gl.co
 def _issue_tile(k_smem, v_smem, k_head, v_head, bt_row, start, hi, sk_b, sk_s, sv_b, sv_s,
                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                 ld_l: gl.constexpr):
-    """Copies of K and V for tokens [start, start+BLOCK_N) below `hi` into one buffer of each,
-    as one commit group; tokens at or past `hi` read nothing (not even the block table)."""
+    """Copies of K and V (16-bit values, or int8 codes for the int8 kernel) for tokens
+    [start, start+BLOCK_N) below `hi` into one buffer of each, as one commit group, each thread
+    copying the row pieces `ld_l` gives it; tokens at or past `hi` read nothing (not even the
+    block table)."""
     tok = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_l))
     ok = tok < hi
     blk = gl.load(bt_row + tok // PAGE, mask=ok, other=0).to(gl.int64)

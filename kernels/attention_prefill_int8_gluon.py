@@ -32,27 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .attention_decode_gluon import _codes_f16
-from .attention_prefill_gluon import (GLUON_TILES, _barrier, _load_q, _masked, _program_rows,
-                                      _softmax_step, _store_o)
-
-
-@gluon.jit
-def _issue_codes(k_smem, v_smem, k_head, v_head, bt_row, start, hi, sk_b, sk_s, sv_b, sv_s,
-                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                 cp_l: gl.constexpr):
-    """Copies of the K and V codes of tokens [start, start+BLOCK_N) below `hi`, one commit
-    group; tokens at or past `hi` read nothing (not even the block table)."""
-    tok = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_l))
-    ok = tok < hi
-    blk = gl.load(bt_row + tok // PAGE, mask=ok, other=0).to(gl.int64)
-    pos = (tok % PAGE).to(gl.int64)
-    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, cp_l))
-    mask = gl.expand_dims(ok, 1) & gl.expand_dims(d < BLOCK_D, 0)
-    cp.async_copy_global_to_shared(k_smem, gl.expand_dims(k_head + blk * sk_b + pos * sk_s, 1)
-                                   + gl.expand_dims(d, 0), mask=mask)
-    cp.async_copy_global_to_shared(v_smem, gl.expand_dims(v_head + blk * sv_b + pos * sv_s, 1)
-                                   + gl.expand_dims(d, 0), mask=mask)
-    cp.commit_group()
+from .attention_prefill_gluon import (GLUON_TILES, _barrier, _issue_tile, _load_q, _masked,
+                                      _program_rows, _softmax_step, _store_o)
 
 
 @gluon.jit
@@ -126,7 +107,7 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
     ks_head = ks_ptr + hid * sks_h
     vs_head = vs_ptr + hid * svs_h
     for t in gl.static_range(STAGES - 2):
-        _issue_codes(kc_smem.index(t), vc_smem.index(t), k_head, v_head, bt_row, t * BLOCK_N, hi,
+        _issue_tile(kc_smem.index(t), vc_smem.index(t), k_head, v_head, bt_row, t * BLOCK_N, hi,
                      sk_b, sk_s, sv_b, sv_s, PAGE, BLOCK_N, BLOCK_D, cp_l)
     ks, vs = _tile_scales(ks_head, vs_head, bt_row, 0, hi, sks_b, svs_b, PAGE, BLOCK_N, col_s)
 
@@ -143,7 +124,7 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
         if j > 0:
             _to_f16(vc_smem.index((j + STAGES - 1) % STAGES), v16_smem, cp_l)
         nxt = j + STAGES - 2  # into tile j-2's buffers: both of its tiles are converted
-        _issue_codes(kc_smem.index(nxt % STAGES), vc_smem.index(nxt % STAGES), k_head, v_head,
+        _issue_tile(kc_smem.index(nxt % STAGES), vc_smem.index(nxt % STAGES), k_head, v_head,
                      bt_row, nxt * BLOCK_N, hi, sk_b, sk_s, sv_b, sv_s, PAGE, BLOCK_N, BLOCK_D,
                      cp_l)
         fence_async_shared()  # the codes and the fp16 V tile are visible to the tensor cores
