@@ -2,7 +2,10 @@
 
 Owns: `prefill_attention` (prefill, chunked prefill over a cached prefix, mixed prefill+decode
 batches); its tiles and grid come from `attention_prefill_plan` (`_tiles`, `prefill_tiles`).
-`kernels.attention_triton` calls it when max_query_len > 1 and re-exports it.
+`kernels.attention_triton` calls it when max_query_len > 1 and re-exports it. On sm_90 it hands
+the calls they fit to the Gluon kernels (`gluon_applies`: attention_prefill_gluon.py over 16-bit
+caches, attention_prefill_int8_gluon.py over int8 ones; same grid and contract, 1.5-1.7x faster
+over bf16); the Triton kernel below keeps float32, other head dims, split KV and other GPUs.
 
 `_prefill_kernel`: grid (query tiles, num_kv_heads, NUM_SPLITS) with GQA packing
 (`PREFILL_PACK_GQA`, the default): a tile's rows are the GROUP query heads that share one KV
