@@ -1,9 +1,12 @@
-"""Prefill attention over float caches in Gluon for Hopper: warpgroup MMAs, the score product
-of the next tile issued before the softmax of this one.
+"""Prefill attention over float caches in Gluon for Hopper: warpgroup MMAs, tile j's scores
+issued with tile j-1's values and the softmax run while the values are on the tensor cores.
 
 Owns: `_prefill_gluon_kernel` (the Triton prefill kernel's grid, contract and numerics for
 16-bit queries over a cache of their dtype, head_dim 128, sm_90, no split KV),
-`prefill_gluon_fits` (which calls it takes) and `GLUON_TILES` (its tiles).
+`prefill_gluon_fits` (which calls it takes), `GLUON_TILES` (its tiles), and the pieces the int8
+kernel (attention_prefill_int8_gluon.py) shares: `_program_rows` (a program's query tile),
+`_load_q`, `_issue_tile` (a K/V tile's page-gathered copies), `_masked`, `_softmax_step`,
+`_store_o`.
 
 Why: `_prefill_kernel` (attention_prefill_triton.py) waits for each tile's q @ K^T before its
 softmax and each P @ V before the next tile's scores, so the tensor cores idle while the
