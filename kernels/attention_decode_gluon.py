@@ -42,6 +42,20 @@ def _codes_f16(codes):
 
 
 @gluon.jit
+def _quant_rows(x):
+    """float32 rows `x [M, D]` as (int8 codes in x's layout, scales [M] in its row slice): the
+    KV append's rule, as the Triton kernels' `_quant_rows` (attention_int8_triton.py): scale =
+    absmax / 127, codes = floor(x * 127 / absmax + 0.5) clamped to [-127, 127], IEEE divisions;
+    an all-zero row gives codes 0, scale 0."""
+    amax = gl.max(gl.abs(x), axis=1)
+    inv = gl.div_rn(gl.full(amax.shape, 127.0, gl.float32, amax.type.layout), gl.where(amax > 0.0, amax, 1.0))
+    inv = gl.where(amax > 0.0, inv, 0.0)
+    r = gl.floor(x * gl.expand_dims(inv, 1) + 0.5)
+    codes = gl.minimum(gl.maximum(r, -127.0), 127.0).to(gl.int8)
+    return codes, gl.div_rn(amax, gl.full(amax.shape, 127.0, gl.float32, amax.type.layout))
+
+
+@gluon.jit
 def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
                  tok_l: gl.constexpr):
     """The cache block of each token of tile [start, start+BLOCK_N) (0 past `hi`: the table
@@ -144,14 +158,9 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     d_q = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, q_l))
     q_at = row.to(gl.int64) * sq_t + gl.expand_dims((kvh * GROUP + g_q) * sq_h, 1) + gl.expand_dims(d_q, 0)
     q_ok = gl.expand_dims((g_q < GROUP) & has_query, 1) & gl.expand_dims(d_q < BLOCK_D, 0)
-    q = gl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(gl.float32)
-    amax = gl.max(gl.abs(q), axis=1)
-    inv = gl.div_rn(gl.full(amax.shape, 127.0, gl.float32, amax.type.layout), gl.where(amax > 0.0, amax, 1.0))
-    inv = gl.where(amax > 0.0, inv, 0.0)
-    r = gl.floor(q * gl.expand_dims(inv, 1) + 0.5)
-    q8 = gl.convert_layout(gl.minimum(gl.maximum(r, -127.0), 127.0).to(gl.int8), a8)
-    q_scl = gl.convert_layout(gl.div_rn(amax, gl.full(amax.shape, 127.0, gl.float32, amax.type.layout)),
-                              row_l) * scale_log2
+    codes, q_scale = _quant_rows(gl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(gl.float32))
+    q8 = gl.convert_layout(codes, a8)
+    q_scl = gl.convert_layout(q_scale, row_l) * scale_log2
 
     bt_row = bt_ptr + seq.to(gl.int64) * s_bt
     k_head = k_ptr + kvh * sk_h

@@ -3,10 +3,10 @@ issued with tile j-1's values and the softmax run while the values are on the te
 
 Owns: `_prefill_gluon_kernel` (the Triton prefill kernel's grid, contract and numerics for
 16-bit queries over a cache of their dtype, head_dim 128, sm_90, no split KV),
-`prefill_gluon_fits` (which calls it takes), `GLUON_TILES` (its tiles), and the pieces the int8
-kernel (attention_prefill_int8_gluon.py) shares: `_program_rows` (a program's query tile),
-`_load_q`, `_issue_tile` (a K/V tile's page-gathered copies), `_masked`, `_softmax_step`,
-`_store_o`.
+`prefill_gluon_fits` (which calls it takes; `gluon_shapes_fit`, the shapes both kernels take),
+`GLUON_TILES` (its tiles), and the pieces the int8 kernel (attention_prefill_int8_gluon.py)
+shares: `_program_rows` (a program's query tile), `_load_q`, `_issue_tile` (a K/V tile's
+page-gathered copies), `_masked`, `_softmax_step`, `_store_o`.
 
 Why: `_prefill_kernel` (attention_prefill_triton.py) waits for each tile's q @ K^T before its
 softmax and each P @ V before the next tile's scores, so the tensor cores idle while the
@@ -262,12 +262,19 @@ def _prefill_gluon_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_pt
     _store_o(out_ptr, acc, l_i, row0, q_len, mblk, hid, so_t, so_h, GROUP, BLOCK_M, BLOCK_D, o_l)
 
 
-def prefill_gluon_fits(q, k_cache, v_cache, out, splits: int, pack: int) -> bool:
-    """Whether `_prefill_gluon_kernel` takes a prefill call: CUDA sm_90, fp16 / bf16 q over a
-    cache of its dtype, head_dim 128, unit strides along it, GQA packing whose group divides
-    the tile, no split KV."""
+def gluon_shapes_fit(q, k_cache, v_cache, out, splits: int, pack: int) -> bool:
+    """What both Gluon prefill kernels are written for, whatever the cache's dtype: CUDA sm_90,
+    fp16 / bf16 q, head_dim 128, unit strides along it, GQA packing whose group divides the
+    tile, no split KV."""
     return (q.is_cuda and splits == 1 and q.dtype in (torch.float16, torch.bfloat16)
-            and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype and q.shape[2] == 128
-            and pack == q.shape[1] // k_cache.shape[2] and GLUON_TILES[0] % pack == 0
+            and q.shape[2] == 128 and pack == q.shape[1] // k_cache.shape[2]
+            and GLUON_TILES[0] % pack == 0
             and torch.cuda.get_device_capability(q.device)[0] == 9
             and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1)
+
+
+def prefill_gluon_fits(q, k_cache, v_cache, out, splits: int, pack: int) -> bool:
+    """Whether `_prefill_gluon_kernel` takes a prefill call: `gluon_shapes_fit` over a cache of
+    q's dtype."""
+    return (k_cache.dtype == q.dtype and v_cache.dtype == q.dtype
+            and gluon_shapes_fit(q, k_cache, v_cache, out, splits, pack))

@@ -14,7 +14,7 @@ j and P(j-1) @ V(j-1) as asynchronous warpgroup MMAs and runs tile j's softmax w
 is on the tensor cores, as the float kernel does.
 
 Numerics: the Triton kernel's "mma_k" method (its default on CUDA): q rounded to int8 codes per
-row by the KV append's rule (`_quant_rows`), exact int8 products, then the q row scales, the
+row by the KV append's rule (`_quant_rows`, shared with the int8 decode kernel), exact int8 products, then the q row scales, the
 softmax scale and the K column scales in float32; the V scales multiply the probability columns
 before their rounding to fp16 (the row sums take them unscaled), float32 accumulation. So
 `int8_quantizes_q` holds for it, and the reference is `paged_attention_ref` on the int8 cache
@@ -31,9 +31,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .attention_decode_gluon import _codes_f16
-from .attention_prefill_gluon import (GLUON_TILES, _barrier, _issue_tile, _load_q, _masked,
-                                      _program_rows, _softmax_step, _store_o)
+from .attention_decode_gluon import _codes_f16, _quant_rows
+from .attention_prefill_gluon import (_barrier, _issue_tile, _load_q, _masked, _program_rows,
+                                      _softmax_step, _store_o, gluon_shapes_fit)
 
 
 @gluon.jit
@@ -83,18 +83,12 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
     seq, mblk, hid, row0, q_len, ctx, full_hi, hi = _program_rows(
         qsl_ptr, lens_ptr, num_seqs, dense_blocks, GROUP, BLOCK_M, BLOCK_N, SEQ_CHUNK,
         LONGEST_FIRST, SKIP_SINGLE, num_warps)
-    q = _load_q(q_ptr, row0, q_len, mblk, hid, sq_t, sq_h, GROUP, BLOCK_M, BLOCK_D,
-                ld_l).to(gl.float32)
-    # q as int8 codes per row (the KV append's rule, `_quant_rows`) for the int8 score MMA; its
-    # row scales times the softmax's fold into the scores
-    amax = gl.max(gl.abs(q), axis=1)
-    inv = gl.div_rn(gl.full(amax.shape, 127.0, gl.float32, amax.type.layout),
-                    gl.where(amax > 0.0, amax, 1.0))
-    inv = gl.where(amax > 0.0, inv, 0.0)
-    q8 = gl.minimum(gl.maximum(gl.floor(q * gl.expand_dims(inv, 1) + 0.5), -127.0), 127.0)
-    q_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_M, BLOCK_D], sw8_l, q8.to(gl.int8))
-    q_scl = gl.convert_layout(gl.div_rn(amax, gl.full(amax.shape, 127.0, gl.float32,
-                                                      amax.type.layout)), row_s) * scale_log2
+    # q as int8 codes per row (the KV append's rule) for the int8 score MMA; its row scales
+    # times the softmax's fold into the scores
+    codes, q_scale = _quant_rows(_load_q(q_ptr, row0, q_len, mblk, hid, sq_t, sq_h, GROUP,
+                                         BLOCK_M, BLOCK_D, ld_l).to(gl.float32))
+    q_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_M, BLOCK_D], sw8_l, codes)
+    q_scl = gl.convert_layout(q_scale, row_s) * scale_log2
     kc_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_D], sw8_l)
     vc_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_D], code_sl)
     # The first iteration's P @ V reads the staging buffer with P = 0: zeros, never junk.
@@ -156,13 +150,9 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
 
 def prefill_int8_gluon_fits(q, k_cache, v_cache, k_scale, v_scale, out, splits: int,
                             pack: int) -> bool:
-    """Whether `_prefill_int8_gluon_kernel` takes a prefill call: CUDA sm_90, fp16 / bf16 q over
-    int8 caches, head_dim 128, unit strides along it and along the scales' tokens, GQA packing
-    whose group divides the tile, no split KV. Scales given as None are not checked (the
-    engine's are contiguous)."""
-    return (q.is_cuda and splits == 1 and q.dtype in (torch.float16, torch.bfloat16)
-            and k_cache.dtype == torch.int8 and v_cache.dtype == torch.int8 and q.shape[2] == 128
-            and pack == q.shape[1] // k_cache.shape[2] and GLUON_TILES[0] % pack == 0
-            and torch.cuda.get_device_capability(q.device)[0] == 9
-            and q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == out.stride(2) == 1
+    """Whether `_prefill_int8_gluon_kernel` takes a prefill call: `gluon_shapes_fit` over int8
+    caches, with unit stride along the scales' tokens (scales given as None are not checked:
+    the engine's are contiguous)."""
+    return (k_cache.dtype == torch.int8 and v_cache.dtype == torch.int8
+            and gluon_shapes_fit(q, k_cache, v_cache, out, splits, pack)
             and all(sc is None or sc.stride(2) == 1 for sc in (k_scale, v_scale)))

@@ -85,7 +85,7 @@ def decode_build_check(name: str, variants: str) -> str:
     """Register the sm_90 check `name` of a Gluon decode kernel's builds (`bench.ptxas_check.
     <variants>()`), read back by `assert_decode_builds`."""
     return sm90_check(name, f"""
-from bench.ptxas_check import {variants}
+from bench.ptxas_gluon import {variants}
 from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in {variants}():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)

@@ -17,7 +17,7 @@ from tests.kernels.test_attention import make_batch
 from tests.kernels.test_attention_int8 import int8_batch
 
 BUILD = sm90_check("prefill_gluon_build", """
-from bench.ptxas_check import prefill_gluon_variants
+from bench.ptxas_gluon import prefill_gluon_variants
 from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in prefill_gluon_variants():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)

@@ -12,7 +12,7 @@ from infer_cluster.kernels.gemm_gluon import GemmConfig
 from tests.kernels.conftest import sm90_check
 
 BUILD = sm90_check("gemm_build", """
-from bench.ptxas_check import gemm_variants
+from bench.ptxas_gluon import gemm_variants
 from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
