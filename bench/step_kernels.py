@@ -82,19 +82,23 @@ def main(argv=None):
         sync()
     per_fam: dict[str, float] = defaultdict(float)
     per_name: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per_fam[family(e.name)] += e.device_time_total / 1e3 / args.steps
             per_name[e.name] += e.device_time_total / 1e3 / args.steps
+            launches[e.name] += 1
     total = sum(per_fam.values())
     print(f"kv_cache_dtype={args.kv_cache_dtype}: {steps} steps to prefill everything; then {args.steps} "
           f"decode steps at batch {batch}, mean context {ctx:.0f} tokens: {total:.2f} ms of kernels per step "
           f"(a step's span unprofiled, the {args.steps} steps before: {span_ms:.2f} ms)")
     for fam, ms in sorted(per_fam.items(), key=lambda kv: -kv[1]):
         print(f"  {fam:<14} {ms:7.3f} ms  {100 * ms / total:5.1f}%")
-    print("  top kernels:")
+    print(f"  top kernels ({sum(launches.values()) / args.steps:.0f} launches a step; ms a step, "
+          f"launches a step, us each):")
     for name, ms in sorted(per_name.items(), key=lambda kv: -kv[1])[:args.top]:
-        print(f"    {ms:7.3f} ms  {name[:90]}")
+        n = launches[name] / args.steps
+        print(f"    {ms:7.3f} ms {n:6.1f} x {1e3 * ms / n:6.2f} us  {name[:80]}")
     llm.close()
     return 0
 

@@ -10,7 +10,11 @@ split-K partial sums (float32 `[splits, rows_pad, hidden]`, kernels/gemm.py), ad
 order and rounded to the residual's dtype as they are read.
 
 Grid: (num_rows,), one program per row with the whole hidden size in one tile (hidden sizes of
-the models we serve are <= 16k). To extend (e.g. a +1 offset on the weight), change the kernel's
+the models we serve are <= 16k). On sm_90 the kernel is launched with PDL (kernels/pdl.py): it
+lets the next kernel's programs start at once (a Gluon GEMM then has its weight tiles in flight
+while the norm runs) and loads its weight before it waits for the kernel ahead. Left out of a
+decode step, the norms took 0.24 ms of a 5.25 ms 256-row step (H200) against 0.12 ms of their
+own kernel time: without PDL each one was a point where nothing overlapped. To extend (e.g. a +1 offset on the weight), change the kernel's
 final multiply and keep the reference in step.
 """
 
@@ -20,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
+
 _MAX_HIDDEN = 65536
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -27,10 +33,13 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
                      sx, sr, so, ss, s_split, ACT_DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+                     BLOCK: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # never written in a step
+    pdl_wait(PDL)  # x and the residual come from kernels before
     x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
     if SPLITS > 1:  # split-K partial sums: added in split order, rounded as the GEMM's output
         for s in tl.static_range(1, SPLITS):
@@ -44,7 +53,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
         x = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     h = (x * inv).to(ACT_DTYPE).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * so + cols, (w * h).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -66,11 +74,13 @@ def _launch(x2, s_split, splits, r2, weight, eps, act_dtype, shape, has_residual
     if rows and hidden:
         sum2, out2 = summed.view(-1, hidden), out.view(-1, hidden)
         block = triton.next_power_of_2(hidden)
+        pdl = pdl_enabled(r2)
         _rms_norm_kernel[(rows,)](x2, r2, weight, out2, sum2, hidden, eps,
                                   x2.stride(0), r2.stride(0), out2.stride(0), sum2.stride(0), s_split,
                                   ACT_DTYPE=_TL_DTYPES[act_dtype], HAS_RESIDUAL=has_residual,
-                                  BLOCK=block, SPLITS=splits,
-                                  num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16))
+                                  BLOCK=block, SPLITS=splits, PDL=pdl,
+                                  num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16),
+                                  **pdl_launch(pdl))
     return out, summed
 
 
