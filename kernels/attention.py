@@ -105,8 +105,12 @@ def decode_order(seq_lens: torch.Tensor) -> torch.Tensor:
     """The sequences longest context first (int32 `[num_seqs]`), for the decode kernel's launch
     order (`paged_attention(order=...)`): the long contexts start in the first wave and the short
     ones fill in behind, instead of a long one starting last. One sort a step, shared by every
-    layer; it changes which program runs when, never what a program computes."""
-    return torch.argsort(seq_lens, descending=True).to(torch.int32)
+    layer; it changes which program runs when, never what a program computes. Ties keep their
+    index order. On a GPU one Triton launch (kernels/order_triton.py) instead of torch's sort."""
+    if use_triton(seq_lens):
+        from .order_triton import order_desc_triton
+        return order_desc_triton(seq_lens)
+    return torch.sort(seq_lens, descending=True, stable=True).indices.to(torch.int32)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
