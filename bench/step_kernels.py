@@ -7,6 +7,12 @@ GEMM, norm, ...) with each family's share. Run it with `--kv-cache-dtype auto` a
 how much of a step the KV bytes can win back (issue 14's int8 target).
 
   python bench/step_kernels.py --kv-cache-dtype int8
+
+`--leave-out norm|prep|gemm` builds the engine with that kernel launching nothing (the RMSNorms,
+`qkv_prep`, the Gluon mid-size GEMMs): the steps' results are then wrong and their unprofiled
+span is what to read. The span's drop against a run without it is what the kernel costs in the
+step's chain, the most that fusing it away could win (bench/tpot_ablation.py does the same for
+batch-1 TPOT).
 """
 
 from __future__ import annotations
@@ -32,6 +38,24 @@ def family(name: str) -> str:
     return "other"
 
 
+LEAVE_OUT = {"norm": ("norm_triton", "_rms_norm_kernel"), "prep": ("qkv_prep_triton", "_qkv_prep_kernel"),
+             "gemm": ("gemm_gluon", "_gemm_kernel")}
+
+
+class _NoLaunch:
+    """Stands in for a kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def leave_out(name: str) -> None:
+    """Replace kernel family `name` (LEAVE_OUT) by `_NoLaunch`, before the engine is built."""
+    import importlib
+    module, attr = LEAVE_OUT[name]
+    setattr(importlib.import_module(f"infer_cluster.kernels.{module}"), attr, _NoLaunch())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b-shape")
@@ -40,6 +64,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--top", type=int, default=8, help="kernels listed by name")
+    ap.add_argument("--leave-out", choices=sorted(LEAVE_OUT), default=None,
+                    help="that kernel launches nothing: read the span (module docstring)")
     args = ap.parse_args(argv)
 
     import torch
@@ -49,6 +75,10 @@ def main(argv=None):
     from infer_cluster.protocol import SamplingParams
     from infer_cluster.worker import LLM
 
+    if args.leave_out:
+        leave_out(args.leave_out)
+        print(f"left out: {args.leave_out} ({'.'.join(LEAVE_OUT[args.leave_out])} launches nothing; "
+              f"the outputs are wrong, the span is what to read)")
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
               kv_cache_dtype=args.kv_cache_dtype)
     prompts, outputs = random_workload(args.num_seqs, (100, 1024), (100, 1024), llm.engine.spec.vocab_size)
