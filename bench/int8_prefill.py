@@ -10,8 +10,9 @@ bf16 cache, then the int8 cache with each `cvt` of `--cvt` (default: the prefill
 `PREFILL_INT8_CVT` first, then "add", the per-element conversion it replaced, two other
 load-layout methods and the int8-MMA modes "mma_k" / "mma_k_words_v", q @ K^T on int8 tensor
 cores), and on the GPU the Gluon kernel over the int8 cache ("int8 gluon",
-kernels/attention_prefill_int8_gluon.py); `--gluon` adds bf16 rows through the Gluon kernel. Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives
-its attention TFLOP/s (`attention_flops`: the causal score and value products actually needed)
+kernels/attention_prefill_int8_gluon.py); `--gluon` adds bf16 rows through the Gluon kernel.
+Timed as CUDA-graph replays (`bench/tune_decode_cases.time_graph`). Every row also gives its
+attention TFLOP/s (`attention_flops`: the causal score and value products actually needed)
 and its share of the bf16 matmul peak measured in the same run (`bench/roofline.measure_device`):
 the `chunk1k` case, two 1,024-token chunks over 2,048 cached tokens each, is issue 44's "1k-token
 chunks over cached prefixes".

@@ -42,18 +42,14 @@ LEAVE_OUT = {"norm": ("norm_triton", "_rms_norm_kernel"), "prep": ("qkv_prep_tri
              "gemm": ("gemm_gluon", "_gemm_kernel")}
 
 
-class _NoLaunch:
-    """Stands in for a kernel: `kernel[grid](...)` launches nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 def leave_out(name: str) -> None:
-    """Replace kernel family `name` (LEAVE_OUT) by `_NoLaunch`, before the engine is built."""
+    """Replace kernel family `name` (LEAVE_OUT) by `tpot_ablation.NoLaunch`, before the engine is
+    built."""
     import importlib
+
+    from bench.tpot_ablation import NoLaunch
     module, attr = LEAVE_OUT[name]
-    setattr(importlib.import_module(f"infer_cluster.kernels.{module}"), attr, _NoLaunch())
+    setattr(importlib.import_module(f"infer_cluster.kernels.{module}"), attr, NoLaunch())
 
 
 def main(argv=None):

@@ -40,8 +40,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = ("base", "prep", "reduce", "decode", "attn", "splitsum", "o_nosplit")
 
 
-class _NoLaunch:
-    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
+class NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing (also
+    bench/step_kernels.py's `--leave-out`)."""
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
@@ -101,13 +102,13 @@ def _apply(variant: str) -> None:
     if variant in ("prep", "attn"):
         qkv_prep_triton.qkv_prep_triton = no_prep
     if variant == "reduce":
-        dec._reduce_kernel = _NoLaunch()
+        dec._reduce_kernel = NoLaunch()
     if variant == "decode":
-        dec._decode_kernel = _NoLaunch()
+        dec._decode_kernel = NoLaunch()
     if variant == "attn":
         att.decode_attention = lambda q, *args, **kwargs: args[6]  # `out`, untouched
     if variant == "splitsum":
-        gemv_triton._split_sum_kernel = _NoLaunch()
+        gemv_triton._split_sum_kernel = NoLaunch()
     if variant.startswith("gemv="):
         gemv_tuned.TUNED.update(_gemv_rows(variant))
     if variant.startswith("decode="):

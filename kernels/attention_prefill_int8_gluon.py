@@ -14,8 +14,8 @@ j and P(j-1) @ V(j-1) as asynchronous warpgroup MMAs and runs tile j's softmax w
 is on the tensor cores, as the float kernel does.
 
 Numerics: the Triton kernel's "mma_k" method (its default on CUDA): q rounded to int8 codes per
-row by the KV append's rule (`_quant_rows`, shared with the int8 decode kernel), exact int8 products, then the q row scales, the
-softmax scale and the K column scales in float32; the V scales multiply the probability columns
+row by the KV append's rule (`_quant_rows`, shared with the int8 decode kernel), exact int8
+products, then the q row scales, the softmax scale and the K column scales in float32; the V scales multiply the probability columns
 before their rounding to fp16 (the row sums take them unscaled), float32 accumulation. So
 `int8_quantizes_q` holds for it, and the reference is `paged_attention_ref` on the int8 cache
 with q's codes dequantized. Must never read KV positions at or past a row's context, nor the

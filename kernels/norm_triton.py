@@ -14,8 +14,8 @@ the models we serve are <= 16k). On sm_90 the kernel is launched with PDL (kerne
 lets the next kernel's programs start at once (a Gluon GEMM then has its weight tiles in flight
 while the norm runs) and loads its weight before it waits for the kernel ahead. Left out of a
 decode step, the norms took 0.24 ms of a 5.25 ms 256-row step (H200) against 0.12 ms of their
-own kernel time: without PDL each one was a point where nothing overlapped. To extend (e.g. a +1 offset on the weight), change the kernel's
-final multiply and keep the reference in step.
+own kernel time: without PDL each one was a point where nothing overlapped. To extend (e.g. a
++1 offset on the weight), change the kernel's final multiply and keep the reference in step.
 """
 
 from __future__ import annotations

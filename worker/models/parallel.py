@@ -21,8 +21,9 @@ unbiased layer linears take `kernels.gemm.linear_mid` where its table (written b
 `bench/gemm.py --sweep --write` on an H200) names the Gluon Hopper GEMM for the shape, else
 cuBLAS; a gate/up layer's `forward_silu` also runs the SiLU-and-mul in that GEMM's epilogue
 where the table has a "silu" row for it, and a row-parallel layer's `forward_split` returns
-split-K partial sums where the table splits its K (one rank), which the add + norm after it sums. `INFER_CLUSTER_GEMM=0`, read when a layer is
-built, keeps them all on cuBLAS, as an eager engine does (`DecoderModel.keep_cublas`).
+split-K partial sums where the table splits its K (one rank), which the add + norm after it
+sums. `INFER_CLUSTER_GEMM=0`, read when a layer is built, keeps them all on cuBLAS, as an eager
+engine does (`DecoderModel.keep_cublas`).
 """
 
 from __future__ import annotations

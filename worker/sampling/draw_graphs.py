@@ -34,8 +34,8 @@ here so that they are on and off, and released, with these.
 
 How many rows: a step under a grammar takes a graph up to `max_batch` rows
 (`INFER_CLUSTER_DRAW_GRAPH_MAX`, default 256; 0 turns the graphs off, the A/B), any other step up
-to `PLAIN_MAX` (32) of them (`row_limit`; `INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX` sets it, 0-512). Measured on the H200 (2026-11-30, workload A's shape,
-T 0.8 top-p 0.95, bench/structured.py, alternating with the limit at 32 on one machine at
+to `PLAIN_MAX` (32) of them (`row_limit`; `INFER_CLUSTER_DRAW_GRAPH_PLAIN_MAX` sets it,
+0-512). Measured on the H200 (2026-11-30, workload A's shape, T 0.8 top-p 0.95, bench/structured.py, alternating with the limit at 32 on one machine at
 a98730a): every request under a schema 0.910 / 0.898 of unconstrained sampled against 0.827 /
 0.836, half of them 0.942 / 0.944 against 0.903 / 0.893 (the eager draw's launches and the
 mask's ~25 operations set the host's pace there). Graphs up to 256 rows for every step (beeb84b,
