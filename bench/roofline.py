@@ -108,17 +108,19 @@ def main(argv=None):
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed (throughput.py's --seed)")
     ap.add_argument("--out", default="bench/results/roofline.json")
     args = ap.parse_args(argv)
     from bench.workload import random_workload
     from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
 
     vocab = load_hf_config(resolve_model_path(args.model)).vocab_size
-    prompts, outs = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len), vocab)
+    prompts, outs = random_workload(args.num_seqs, tuple(args.prompt_len), tuple(args.output_len), vocab,
+                                    args.seed)
     dev = measure_device()
     res = {"bench": "roofline", "device": dev, "model": args.model, "run": run_info(),
            "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
-                        "output_len": args.output_len},
+                        "output_len": args.output_len, "seed": args.seed},
            **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev,
                               args.tensor_parallel_size, args.pipeline_parallel_size)}
     print(f"{dev['device']}: copy {dev['copy_GBps']:.0f} GB/s, bf16 matmul {dev['bf16_TFLOPs']:.0f} TFLOP/s")
