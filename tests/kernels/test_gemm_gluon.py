@@ -12,6 +12,7 @@ from infer_cluster.kernels.gemm_gluon import GemmConfig
 from tests.kernels.conftest import sm90_check
 
 BUILD = sm90_check("gemm_build", """
+import re
 from bench.ptxas_gluon import gemm_variants
 from bench.sm90_build import compile_sm90, ptxas_info
 for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
@@ -19,9 +20,10 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
     regs, spills = ptxas_info(c.asm["ptx"])
     lines = [l.strip() for l in c.asm["ptx"].splitlines()]
     wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
-    # TMA loads before the wait, by descriptor argument: weights (param 1) vs x (param 0)
+    # TMA loads (global to shared: `shared::cta.global` from Triton 3.7, `shared::cluster.global`
+    # before it) before the wait, by descriptor argument: weights (param 1) vs x (param 0)
     tma = [(i, l) for i, l in enumerate(lines) if l.startswith("@") and "cp.async.bulk.tensor" in l
-           and "shared::cta.global" in l]
+           and re.search(r"[.]shared::[a-z]+[.]global", l)]
     before = sum(i < wait for i, _ in tma)
     wgmma = sum("wgmma.mma_async" in l for l in lines)
     print(int(consts["SILU"]), consts["STAGES"], regs, spills, c.metadata.shared, before, wgmma)
