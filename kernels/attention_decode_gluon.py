@@ -6,17 +6,24 @@ grid and arguments as `_decode_kernel`'s).
 Why: in the Triton kernel (`_decode_kernel`, KV_INT8) the compiler keeps one K/V buffer and
 issues the next tile's copies after the tile's last use, then waits for them in full at the top
 of the loop, so a program never has a load in flight while it computes (bench/RESULTS.md, "int8
-KV cache", under the hardware counters). Here the buffers are the same, one K and one V tile,
-but each tile's copies are issued as soon as the previous tile has left its buffer: K(i+1) after
-q @ K(i)^T has read K(i), V(i+1) after V(i) has been read for its conversion. So each load has
-about one tile's compute to land in, with the shared memory (and so the programs a SM) of the
-Triton kernel. Gluon (`triton.experimental.gluon`) states the layouts, copies and barriers
-that Triton chooses itself; the layouts below are the ones Triton picks for `_decode_kernel`,
-except V's conversion layout, chosen to avoid the bank conflicts of Triton's.
+KV cache", under the hardware counters). Here there is one K and one V tile buffer too, but each
+tile's copies are issued as soon as the previous tile has left its buffer: K(i+1) after
+q @ K(i)^T has read K(i), V(i+1) after V(i) has been read into registers. So each load has
+about one tile's compute to land in. Gluon (`triton.experimental.gluon`) states the layouts,
+copies and barriers that Triton chooses itself.
+
+V without a staging tile: P @ V reduces over tokens, so V is the transposed operand, and sm_90
+has no 8-bit `ldmatrix.trans`. The V tile is read as 16-bit pairs instead (two adjacent dims of
+one token, `_reinterpret` of the same bytes): `ldmatrix.trans` then hands each thread the k pair
+of a 16-bit operand, two tokens' pairs in one register, and two byte permutes turn it into the
+fp16 operands of the even and of the odd dims (`_pairs_f16`), which accumulate apart and are
+stored interleaved. Converting into an fp16 staging tile (a store, a barrier and a 32 KB
+reload a tile) took 68.6 KB of shared memory and 168 registers; this takes 35.8 KB and 146
+(H200, 2026-12-01: decode 1.03-1.12x at batches 32-256, workload A with int8 KV +3.3%).
 
 Numerics: the Triton kernel's `mma_k` method exactly (q quantized per row by the KV append's
-rule, int8 q @ K^T on int8 tensor cores, V codes to fp16 by the 0x6480 trick, V scales on the
-probability columns, float32 softmax and accumulator). Must never read KV positions at or past
+rule, int8 q @ K^T on int8 tensor cores, V codes to fp16 exactly by the 0x6480 trick, V scales
+on the probability columns, float32 softmax and accumulator). Must never read KV positions at or past
 a row's context (masked copies read nothing) or the block table for a masked lane.
 """
 
@@ -39,6 +46,28 @@ def _codes_f16(codes):
     codes arrive in."""
     return gl.inline_asm_elementwise(asm=CODES_F16_ASM, constraints="=r,=r,r", args=[codes],
                                      dtype=gl.float16, is_pure=False, pack=4)
+
+
+# V codes read as 16-bit pairs (two dims of one token), two tokens a 32-bit register (the k
+# pair of a 16-bit MMA operand): bytes [a0 a1 b0 b1] -> fp16 pairs (a0, b0) and (a1, b1), the
+# even and the odd dim, by `CODES_F16_ASM`'s 0x6480 trick with other byte selectors.
+PAIRS_F16_ASM: gl.constexpr = gl.constexpr("""{
+        .reg .b32 u, c;
+        xor.b32 u, $2, 0x80808080;
+        mov.b32 c, 0x64806480;
+        prmt.b32 $0, u, 0x64646464, 0x5240;
+        prmt.b32 $1, u, 0x64646464, 0x5341;
+        sub.f16x2 $0, $0, c;
+        sub.f16x2 $1, $1, c;
+        }""")
+
+
+@gluon.jit
+def _pairs_f16(pairs):
+    """fp16 values of int8 codes read as int16 pairs `[tokens, dims / 2]` in a 16-bit MMA
+    operand layout (k pairs in one register): (even dims, odd dims), each in that layout."""
+    return gl.inline_asm_elementwise(asm=PAIRS_F16_ASM, constraints="=r,=r,r", args=[pairs],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -124,12 +153,9 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     tok_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     tile_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     q_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    # V's conversion layout: 16 threads read one 128-byte row of codes (one bank line, so no
-    # conflict whatever the swizzle) and each stores its 8 fp16 values as one 16-byte chunk
-    # of the staging row, 8 consecutive chunks a store wavefront: distinct bank groups.
-    v_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     code_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
-    half_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    # V's codes as 16-bit pairs: the same bytes and swizzle as code_sl
+    pair_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     pdl_gluon(PDL, False)
@@ -171,7 +197,11 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
     ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
     vs_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
-    vh_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_D], half_sl)
+    # V read as int16 pairs (two dims of a token) by ldmatrix.trans straight into the P @ V
+    # operand; the even and the odd dims accumulate apart
+    v_pairs = v_smem._reinterpret(gl.int16, [BLOCK_N, BLOCK_D // 2], pair_sl)
+    acc_e = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
+    acc_o = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
     blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
     _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
                 PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
@@ -181,7 +211,6 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
 
     m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, row_l)
     l_i = gl.full([BLOCK_G], 0.0, gl.float32, row_l)
-    acc = gl.full([BLOCK_G, BLOCK_D], 0.0, gl.float32, mma)
     for start in range(lo, hi, BLOCK_N):
         nxt = start + BLOCK_N
         blk_nxt = blk
@@ -200,24 +229,36 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         cp.wait_group(1)  # V(start) is in; K(nxt) may still be on its way
         _barrier()
-        v8 = v_smem.load(v_l)
+        v16 = v_pairs.load(b16)
         vs = vs_smem.load(col_l)
         _barrier()  # every warp has V(start): its buffer takes V(nxt)
         _issue_tile(v_smem, vs_smem, v_head, vs_head, blk_nxt, nxt, hi, sv_b, sv_s, svs_b,
                     PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-        vh_smem.store(_codes_f16(v8))
         p16 = gl.convert_layout((p * gl.expand_dims(gl.where(tok_ok, vs, 0.0), 0)).to(gl.float16), a16)
-        _barrier()
-        acc = mma_v2(p16, vh_smem.load(b16), acc * gl.expand_dims(alpha, 1))
+        v_even, v_odd = _pairs_f16(v16)
+        acc_e = mma_v2(p16, v_even, acc_e * gl.expand_dims(alpha, 1))
+        acc_o = mma_v2(p16, v_odd, acc_o * gl.expand_dims(alpha, 1))
     cp.wait_group(0)
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / gl.expand_dims(l_safe, 1)
     g = gl.arange(0, BLOCK_G, layout=row_l)
-    d = gl.arange(0, BLOCK_D, layout=col_l)
     heads = kvh * GROUP + g
     g_ok = g < GROUP
-    o_ok = gl.expand_dims(g_ok, 1) & gl.expand_dims(d < BLOCK_D, 0)
+    d = gl.arange(0, BLOCK_D // 2, layout=col_l)  # even dims from acc_e, odd from acc_o
+    _store_out(acc_e / gl.expand_dims(l_safe, 1), 2 * d, heads, g_ok, seq, split, row, m_i,
+               l_safe, lo, hi, has_query, out_ptr, po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h,
+               spo_p, spl_s, spl_h, SPLIT)
+    _store_out(acc_o / gl.expand_dims(l_safe, 1), 2 * d + 1, heads, g_ok, seq, split, row, m_i,
+               l_safe, lo, hi, has_query, out_ptr, po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h,
+               spo_p, spl_s, spl_h, SPLIT)
+
+
+@gluon.jit
+def _store_out(o, d, heads, g_ok, seq, split, row, m_i, l_safe, lo, hi, has_query, out_ptr,
+               po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h, SPLIT: gl.constexpr):
+    """A program's output rows at head dims `d` (its columns): the partition's partial output
+    and log-sum-exp when SPLIT (the lse written with every call, the same value), else `out`."""
+    o_ok = gl.expand_dims(g_ok, 1) & gl.expand_dims(d >= 0, 0)
     if SPLIT:
         po = po_ptr + seq.to(gl.int64) * spo_s + split * spo_p
         gl.store(po + gl.expand_dims(heads * spo_h, 1) + gl.expand_dims(d, 0), o, mask=o_ok & (lo < hi))
