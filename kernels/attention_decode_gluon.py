@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .attention_int8_triton import CODES_F16_ASM
+from .attention_int8_triton import CODES_F16_ASM, codes_f16_asm
 from .pdl_gluon import pdl_gluon
 
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
@@ -50,16 +50,8 @@ def _codes_f16(codes):
 
 # V codes read as 16-bit pairs (two dims of one token), two tokens a 32-bit register (the k
 # pair of a 16-bit MMA operand): bytes [a0 a1 b0 b1] -> fp16 pairs (a0, b0) and (a1, b1), the
-# even and the odd dim, by `CODES_F16_ASM`'s 0x6480 trick with other byte selectors.
-PAIRS_F16_ASM: gl.constexpr = gl.constexpr("""{
-        .reg .b32 u, c;
-        xor.b32 u, $2, 0x80808080;
-        mov.b32 c, 0x64806480;
-        prmt.b32 $0, u, 0x64646464, 0x5240;
-        prmt.b32 $1, u, 0x64646464, 0x5341;
-        sub.f16x2 $0, $0, c;
-        sub.f16x2 $1, $1, c;
-        }""")
+# even and the odd dim.
+PAIRS_F16_ASM: gl.constexpr = gl.constexpr(codes_f16_asm(0x5240, 0x5341))
 
 
 @gluon.jit

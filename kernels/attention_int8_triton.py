@@ -71,19 +71,25 @@ def word_rows(cache) -> bool:
     return st[3] == 1 and all(x % 4 == 0 for x in st[:3]) and cache.data_ptr() % 4 == 0
 
 
-# PTX for 4 int8 codes (one 32-bit register in, two out) to their fp16 values: code ^ 0x80 is
-# the byte code + 128; two PRMTs put each byte under a 0x64 high byte (the fp16 1024 + code +
-# 128, exact: spacing 1 in [1024, 2048)) and one packed subtract per pair removes 1152. Shared
-# with the Gluon decode kernel (kernels/attention_decode_gluon.py).
-CODES_F16_ASM = tl.constexpr("""{
+def codes_f16_asm(sel_lo: int, sel_hi: int) -> str:
+    """PTX for 4 int8 codes (one 32-bit register in, two out) to fp16 values: code ^ 0x80 is the
+    byte code + 128; two PRMTs put the bytes the selectors pick under a 0x64 high byte (the fp16
+    1024 + code + 128, exact: spacing 1 in [1024, 2048)) and one packed subtract per pair
+    removes 1152. The selectors pick which codes pair up in each output register."""
+    return f"""{{
         .reg .b32 u, c;
         xor.b32 u, $2, 0x80808080;
         mov.b32 c, 0x64806480;
-        prmt.b32 $0, u, 0x64646464, 0x5140;
-        prmt.b32 $1, u, 0x64646464, 0x7362;
+        prmt.b32 $0, u, 0x64646464, {sel_lo:#x};
+        prmt.b32 $1, u, 0x64646464, {sel_hi:#x};
         sub.f16x2 $0, $0, c;
         sub.f16x2 $1, $1, c;
-        }""")
+        }}"""
+
+
+# Codes in order: bytes 0, 1 into the first register and 2, 3 into the second. Shared with the
+# Gluon kernels (kernels/attention_decode_gluon.py).
+CODES_F16_ASM = tl.constexpr(codes_f16_asm(0x5140, 0x7362))
 
 
 @triton.jit
