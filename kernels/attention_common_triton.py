@@ -2,8 +2,8 @@
 
 Owns: `_dot` (a tile product: operands in fp16/bf16 on CUDA, float32 with input_precision="ieee"
 elsewhere), `_dot_mode` (picks its LOWP/DOT_DTYPE constexprs from q and the cache dtype),
-`_TL_DTYPES` (the supported dtypes, which `_check` enforces) and `_LOG2E` (exponentials are base 2, the scale folded into
-log2(e)). Must never import the decode, prefill or entry modules: they all import this one, and
+`_TL_DTYPES` (the supported dtypes, which `_check` enforces), `_LOG2E` (exponentials are base 2, the scale folded into
+log2(e)) and `_dense_tile` (the prefill kernels' order over a dense grid, Triton's and Gluon's). Must never import the decode, prefill or entry modules: they all import this one, and
 keeping it a leaf keeps the package free of import cycles.
 
 Numerics: scores, softmax statistics and accumulators are float32. On CUDA with fp16/bf16 inputs
@@ -44,3 +44,18 @@ def _dot_mode(q, kv_dtype=None):
     if not lowp:
         return False, tl.float32
     return True, (tl.float16 if kv_dtype == torch.int8 else _TL_DTYPES[q.dtype])
+
+
+@triton.jit
+def _dense_tile(pid0, pid1, n0, n1, dense_blocks, LONGEST_FIRST: tl.constexpr):
+    """The (sequence, query block, head group) of program (pid0, pid1) on a dense grid of
+    (sequence x query block, head group) = (n0, n1) programs. LONGEST_FIRST: programs start in
+    launch order, the first axis fastest, so the query blocks are dealt out last-first over
+    every sequence and head: a chunk's last blocks see the most keys, so the longest programs
+    run in the first wave and short ones fill in. Scalars only: the Gluon kernels call it too."""
+    if LONGEST_FIRST:
+        lin = pid0 + pid1 * n0
+        per_blk = (n0 // dense_blocks) * n1
+        return (lin % per_blk) // n1, dense_blocks - 1 - lin // per_blk, lin % n1
+    else:
+        return pid0 // dense_blocks, pid0 % dense_blocks, pid1

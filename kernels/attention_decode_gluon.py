@@ -237,25 +237,24 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     heads = kvh * GROUP + g
     g_ok = g < GROUP
     d = gl.arange(0, BLOCK_D // 2, layout=col_l)  # even dims from acc_e, odd from acc_o
-    _store_out(acc_e / gl.expand_dims(l_safe, 1), 2 * d, heads, g_ok, seq, split, row, m_i,
-               l_safe, lo, hi, has_query, out_ptr, po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h,
-               spo_p, spl_s, spl_h, SPLIT)
-    _store_out(acc_o / gl.expand_dims(l_safe, 1), 2 * d + 1, heads, g_ok, seq, split, row, m_i,
-               l_safe, lo, hi, has_query, out_ptr, po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h,
-               spo_p, spl_s, spl_h, SPLIT)
+    _store_out(acc_e / gl.expand_dims(l_safe, 1), 2 * d, heads, g_ok, seq, split, row, lo, hi,
+               has_query, out_ptr, po_ptr, so_t, so_h, spo_s, spo_h, spo_p, SPLIT)
+    _store_out(acc_o / gl.expand_dims(l_safe, 1), 2 * d + 1, heads, g_ok, seq, split, row, lo, hi,
+               has_query, out_ptr, po_ptr, so_t, so_h, spo_s, spo_h, spo_p, SPLIT)
+    if SPLIT:
+        gl.store(plse_ptr + seq.to(gl.int64) * spl_s + heads * spl_h + split,
+                 m_i + gl.log2(l_safe), mask=g_ok & (lo < hi))
 
 
 @gluon.jit
-def _store_out(o, d, heads, g_ok, seq, split, row, m_i, l_safe, lo, hi, has_query, out_ptr,
-               po_ptr, plse_ptr, so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h, SPLIT: gl.constexpr):
+def _store_out(o, d, heads, g_ok, seq, split, row, lo, hi, has_query, out_ptr, po_ptr, so_t, so_h,
+               spo_s, spo_h, spo_p, SPLIT: gl.constexpr):
     """A program's output rows at head dims `d` (its columns): the partition's partial output
-    and log-sum-exp when SPLIT (the lse written with every call, the same value), else `out`."""
+    when SPLIT, else `out`."""
     o_ok = gl.expand_dims(g_ok, 1) & gl.expand_dims(d >= 0, 0)
     if SPLIT:
         po = po_ptr + seq.to(gl.int64) * spo_s + split * spo_p
         gl.store(po + gl.expand_dims(heads * spo_h, 1) + gl.expand_dims(d, 0), o, mask=o_ok & (lo < hi))
-        gl.store(plse_ptr + seq.to(gl.int64) * spl_s + heads * spl_h + split,
-                 m_i + gl.log2(l_safe), mask=g_ok & (lo < hi))
     else:
         dst = out_ptr + row.to(gl.int64) * so_t + gl.expand_dims(heads * so_h, 1) + gl.expand_dims(d, 0)
         gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_ok & has_query)

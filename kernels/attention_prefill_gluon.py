@@ -38,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .attention_common_triton import _dense_tile
+
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.7 / 3.6 name
 
 # (BLOCK_M, BLOCK_N, num_warps, STAGES): one warpgroup of 64 query rows, 64-key tiles, three K/V
@@ -91,16 +93,8 @@ def _program_rows(qsl_ptr, lens_ptr, num_seqs, dense_blocks, GROUP: gl.constexpr
     row sees)."""
     hid = gl.program_id(1)  # a group of GROUP query heads: KV head `hid`
     if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
-        if LONGEST_FIRST:  # as `_prefill_kernel`: the last query blocks start first
-            heads_n = gl.num_programs(1)
-            lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
-            per_blk = (gl.num_programs(0) // dense_blocks) * heads_n
-            mblk = dense_blocks - 1 - lin // per_blk
-            seq = (lin % per_blk) // heads_n
-            hid = lin % heads_n
-        else:
-            seq = gl.program_id(0) // dense_blocks
-            mblk = gl.program_id(0) % dense_blocks
+        seq, mblk, hid = _dense_tile(gl.program_id(0), gl.program_id(1), gl.num_programs(0),
+                                     gl.num_programs(1), dense_blocks, LONGEST_FIRST)
     else:
         seq, mblk = _tile_owner(qsl_ptr, num_seqs, gl.program_id(0), GROUP, BLOCK_M, SEQ_CHUNK,
                                 SKIP_SINGLE, num_warps)

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_common_triton import _LOG2E, _dot, _dot_mode
+from .attention_common_triton import _LOG2E, _dense_tile, _dot, _dot_mode
 from .dispatch import env_switch
 from .attention_int8_triton import _kv_operand, _load_scales, _mma_scores, _quant_rows, cvt_ops
 from .attention_prefill_gluon import GLUON_TILES, _prefill_gluon_kernel, prefill_gluon_fits
@@ -201,19 +201,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_p
     hid = tl.program_id(1)  # a query head, or with PACK > 1 a group of PACK heads
     split = tl.program_id(2)
     if dense_blocks > 0:  # a grid over (sequence, query block): few sequences, none padded
-        if LONGEST_FIRST:
-            # Programs start in launch order, the first axis fastest. Deal the query blocks
-            # out last-first over every sequence and head: a chunk's last blocks see the most
-            # keys, so the longest programs run in the first wave and short ones fill in.
-            heads_n = tl.num_programs(1)
-            lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-            per_blk = (tl.num_programs(0) // dense_blocks) * heads_n
-            mblk = dense_blocks - 1 - lin // per_blk
-            seq = (lin % per_blk) // heads_n
-            hid = lin % heads_n
-        else:
-            seq = tl.program_id(0) // dense_blocks
-            mblk = tl.program_id(0) % dense_blocks
+        seq, mblk, hid = _dense_tile(tl.program_id(0), tl.program_id(1), tl.num_programs(0),
+                                     tl.num_programs(1), dense_blocks, LONGEST_FIRST)
     else:
         seq, mblk = _tile_owner(qsl_ptr, num_seqs, tl.program_id(0), PACK, BLOCK_M, SEQ_CHUNK,
                                 SKIP_SINGLE)
