@@ -34,6 +34,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+# the Triton kernels' softmax step and partition length: scalar, elementwise and reduce ops,
+# which Gluon runs on its layouts as they are (same PTX as a Gluon copy)
+from .attention_decode_tile_triton import _softmax_step, _split_part
 from .attention_int8_triton import CODES_F16_ASM, codes_f16_asm
 from .pdl_gluon import pdl_gluon
 
@@ -83,23 +86,6 @@ def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
     is not read there). Loaded a tile ahead of the copies that use it."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
     return gl.load(bt_row + tok // PAGE, mask=tok < hi, other=0)
-
-
-@gluon.jit
-def _split_part(ctx, num_splits, BLOCK_N: gl.constexpr):
-    """Tokens a partition when a `ctx`-token context is cut `num_splits` ways: whole tiles, at
-    least one (the Triton kernels' `_split_part`, which `_reduce_kernel` repeats)."""
-    return gl.maximum(gl.cdiv(gl.cdiv(ctx, num_splits), BLOCK_N), 1) * BLOCK_N
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_i):
-    """One tile's scores [G, BLOCK_N] (log2 domain, masked columns -inf) into the running max
-    and sum: (probabilities, rescale of the state so far, new max, new sum)."""
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 1))
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit

@@ -40,7 +40,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .attention_decode_gluon import _barrier, _softmax_step, _split_part, _tile_blocks
+from .attention_decode_gluon import _barrier, _tile_blocks
+from .attention_decode_tile_triton import _softmax_step, _split_part
 from .pdl_gluon import pdl_gluon
 
 MAX_ROUNDS = gl.constexpr(32)  # items a program may take (one lane each of the metadata vectors)
