@@ -13,25 +13,32 @@ from bench.ptxas_check import DECODE_DNS, H, HK, PAGE, _decode_ptrs, _strides
 
 
 def gluon_variants():
-    return (gluon_decode_variants() + persistent_decode_variants() + prefill_gluon_variants()
-            + gemm_variants())
+    return (gluon_decode_variants() + gluon_decode_q_smem_variants() + persistent_decode_variants()
+            + prefill_gluon_variants() + gemm_variants())
 
 
-def gluon_decode_variants():
+def gluon_decode_variants(q_smem=False):
     """The Gluon build of the int8 decode kernel (`_decode_int8_gluon_kernel`) as the engine
-    launches it: 128-token tiles, 4 warps, PDL, sequences longest first, one partition or split."""
+    launches it: 128-token tiles, 4 warps, PDL, sequences longest first, one partition or split;
+    with `q_smem`, its four-a-SM build (q's codes in shared memory, 128 registers)."""
     from infer_cluster.kernels.attention_decode_gluon import _decode_int8_gluon_kernel
     ptrs = _decode_ptrs("*i8")
     ptrs.pop("span_ptr")
     s = _strides(128, True)
     ints = {k: v for k, v in s.items() if not k.endswith("_d") and k != "sks_s" and k != "svs_s"}
     rows = []
+    tag, opts = (" q_smem", dict(num_warps=4, maxnreg=128)) if q_smem else ("", dict(num_warps=4))
     for split in (False, True):
-        rows.append((f"decode i8 gluon split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
+        rows.append((f"decode i8 gluon{tag} split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
                      dict(ints, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0),
                      dict(GROUP=H // HK, PAGE=PAGE, BLOCK_N=128, SPLIT=split, ORDERED=True,
-                          PDL=True), dict(num_warps=4), DECODE_DNS))
+                          PDL=True, Q_SMEM=q_smem), opts, DECODE_DNS))
     return rows
+
+
+def gluon_decode_q_smem_variants():
+    """`gluon_decode_variants`' four-a-SM build (`gluon_q_smem` in kernels/attention_decode_plan.py)."""
+    return gluon_decode_variants(q_smem=True)
 
 
 def persistent_decode_variants():

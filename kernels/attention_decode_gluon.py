@@ -1,7 +1,7 @@
 """int8 decode attention in Gluon, with the tile copies issued as soon as their buffer is free.
 
 Owns: `_decode_int8_gluon_kernel` (plain decode rows over int8 caches, head_dim 128, CUDA sm_80+;
-grid and arguments as `_decode_kernel`'s).
+grid and arguments as `_decode_kernel`'s, and the Q_SMEM build).
 
 Why: in the Triton kernel (`_decode_kernel`, KV_INT8) the compiler keeps one K/V buffer and
 issues the next tile's copies after the tile's last use, then waits for them in full at the top
@@ -20,6 +20,11 @@ fp16 operands of the even and of the odd dims (`_pairs_f16`), which accumulate a
 stored interleaved. Converting into an fp16 staging tile (a store, a barrier and a 32 KB
 reload a tile) took 68.6 KB of shared memory and 168 registers; this takes 35.8 KB and 146
 (H200, 2026-12-01: decode 1.03-1.12x at batches 32-256, workload A with int8 KV +3.3%).
+
+Q_SMEM (the build grids of 1.5 rounds and more take, `gluon_q_smem`): q's codes stay in shared
+memory and are read back each tile, so the build fits 128 registers and four programs a SM; more
+programs in flight hide each one's first tile on large grids (batch 256 at ~512 tokens 1.07x),
+while on small ones four a SM leave a ragged last round (batch 64: 0.81x).
 
 Numerics: the Triton kernel's `mma_k` method exactly (q quantized per row by the KV append's
 rule, int8 q @ K^T on int8 tensor cores, V codes to fp16 exactly by the 0x6480 trick, V scales
@@ -115,7 +120,8 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
                               sks_b, sks_h, svs_b, svs_h, s_bt,
                               so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h,
                               GROUP: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                              SPLIT: gl.constexpr, ORDERED: gl.constexpr, PDL: gl.constexpr = False):
+                              SPLIT: gl.constexpr, ORDERED: gl.constexpr, PDL: gl.constexpr = False,
+                              Q_SMEM: gl.constexpr = False):
     """One program: the query heads of one KV head of one sequence over one partition of its
     context (as `_decode_kernel`), 4 warps, 16 padded query rows, head_dim 128."""
     BLOCK_G: gl.constexpr = 16
@@ -163,7 +169,10 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     q_at = row.to(gl.int64) * sq_t + gl.expand_dims((kvh * GROUP + g_q) * sq_h, 1) + gl.expand_dims(d_q, 0)
     q_ok = gl.expand_dims((g_q < GROUP) & has_query, 1) & gl.expand_dims(d_q < BLOCK_D, 0)
     codes, q_scale = _quant_rows(gl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(gl.float32))
-    q8 = gl.convert_layout(codes, a8)
+    if Q_SMEM:  # q's codes read back each tile: fewer registers (four programs a SM at 128)
+        q_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_G, BLOCK_D], code_sl, codes)
+    else:
+        q8 = gl.convert_layout(codes, a8)
     q_scl = gl.convert_layout(q_scale, row_l) * scale_log2
 
     bt_row = bt_ptr + seq.to(gl.int64) * s_bt
@@ -200,6 +209,8 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         _barrier()  # every warp has K(start): its buffer takes K(nxt)
         _issue_tile(k_smem, ks_smem, k_head, ks_head, blk_nxt, nxt, hi, sk_b, sk_s, sks_b,
                     PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+        if Q_SMEM:
+            q8 = q_smem.load(a8)
         s = mma_v2(q8, k_t, gl.full([BLOCK_G, BLOCK_N], 0, gl.int32, mma))
         tok_ok = (start + gl.arange(0, BLOCK_N, layout=col_l)) < hi
         s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)

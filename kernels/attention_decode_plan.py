@@ -60,7 +60,17 @@ DECODE_WAVES_128 = dict(resident_per_sm=3, wave_fill=0.6)
 # "cvt" names how codes become fp16 MMA operands (`CVT_MODES`).
 # Split rule keys (`plan_decode_splits`): "small_per_sm" programs per SM instead of
 # "programs_per_sm" when num_seqs * num_kv_heads <= "small_programs" (None / 0: one rule).
-DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0)
+# "q_smem_rounds" (`gluon_q_smem`): from 1.5 rounds of four programs a SM (792 programs on 132
+# SMs: 99 sequences at 8 KV heads) the Gluon kernel keeps q's codes in shared memory and runs at
+# 128 registers, four programs a SM. H200, 2026-12-01, 77aa951 (bench/decode_grid.py --kv int8
+# --spread 0.9 --longest-first, two rounds alternating, GB/s at ~128 / 512 / 1,024 / 2,048
+# tokens, four a SM against three): batch 256 1,950-1,960 / 3,490-3,496 / 3,852-3,854 / 3,982-3,987
+# against 1,743-1,782 / 3,226-3,259 / 3,684-3,696 / 3,976-3,992; batch 128 +8% / +2-3% / +2-3% /
+# level; batch 112 +8-11% / +3% / +3% / level; batch 96 -1-3% / -2% / -13% / -16%; batch 64 -2% /
+# -17% / -19% / -19%. Workload A with int8 KV 39,291 / 39,332 tok/s against 38,995 / 39,012
+# (alternating; from 1.0 rounds 39,159 / 39,048).
+DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0,
+                   q_smem_rounds=1.5)
 
 # The persistent decode kernel over float caches (kernels/attention_decode_persistent_gluon.py;
 # `decode_config` key "persistent", INFER_CLUSTER_DECODE_PERSISTENT=0 keeps `_decode_kernel`):
@@ -181,6 +191,16 @@ def _one_wave(cfg, device) -> int:
     preload pays only where every program loads its tile while the kernel before drains."""
     per_sm = cfg.get("programs_per_sm") or 1
     return per_sm * (_sm_count(device) if device.type == "cuda" else 4)
+
+
+def gluon_q_smem(cfg, programs: int, device) -> bool:
+    """Whether the int8 Gluon decode takes its four-a-SM build (q's codes in shared memory, 128
+    registers): config "q_smem" forces it either way, else "q_smem_rounds" (None: never) is
+    the grid's size from which it does, in rounds of four programs on every SM."""
+    if cfg.get("q_smem") is not None:
+        return bool(cfg["q_smem"])
+    rounds = cfg.get("q_smem_rounds")
+    return rounds is not None and device.type == "cuda" and programs >= rounds * 4 * _sm_count(device)
 
 
 def _reg_cap(cfg, key: str = "maxnreg") -> dict:

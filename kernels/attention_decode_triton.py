@@ -59,7 +59,7 @@ from .attention_decode_persistent_gluon import _decode_persistent_kernel, persis
 from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_tile, _run_chunk, _split_part
 from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
-                                    _one_wave, _reg_cap, _sm_count, decode_config,
+                                    _one_wave, _reg_cap, _sm_count, decode_config, gluon_q_smem,
                                     persistent_applies, plan_decode_splits, preload_enabled)
 from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
@@ -411,6 +411,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
     ordered = order is not None and not grouped
     order_arg = order if ordered else seq_lens  # never read when not ordered
     if _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out):
+        q_smem = gluon_q_smem(cfg, num_seqs * num_kv_heads * splits, q.device)
         _decode_int8_gluon_kernel[(num_seqs, num_kv_heads, splits)](
             q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, order_arg, out,
             part_out, part_lse, scale * _LOG2E, q.stride(0), q.stride(1), k_cache.stride(0),
@@ -418,8 +419,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
             v_cache.stride(2), k_scale.stride(0), k_scale.stride(1), v_scale.stride(0),
             v_scale.stride(1), block_tables.stride(0), out.stride(0), out.stride(1), *po_strides,
             *pl_strides, GROUP=group, PAGE=page_size, BLOCK_N=block_n, SPLIT=splits > 1,
-            ORDERED=ordered, PDL=pdl, num_warps=4,
-            **pdl_launch(pdl))
+            ORDERED=ordered, PDL=pdl, Q_SMEM=q_smem, num_warps=4,
+            **(dict(maxnreg=128) if q_smem else {}), **pdl_launch(pdl))
     else:
         _decode_kernel[(num_seqs, num_kv_heads, splits)](
             q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, order_arg, out, part_out,

@@ -13,10 +13,16 @@ from tests.kernels.test_attention import make_batch
 from tests.kernels.test_attention_int8 import int8_batch, quantized_q
 
 BUILD = decode_build_check("gluon_decode_build", "gluon_decode_variants")
+BUILD_Q_SMEM = decode_build_check("gluon_decode_q_smem_build", "gluon_decode_q_smem_variants")
 
 
 def test_sm90_build_fits_three_programs_a_sm_and_overlaps_its_copies(sm90_builds):
     assert_decode_builds(sm90_builds.get(BUILD), resident=3)
+
+
+def test_sm90_q_smem_build_fits_four_programs_a_sm(sm90_builds):
+    # the build large grids take (`gluon_q_smem`): q's codes read back from shared memory
+    assert_decode_builds(sm90_builds.get(BUILD_Q_SMEM), resident=4)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
@@ -35,7 +41,8 @@ def test_cpu_calls_keep_the_triton_kernel():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_splits", [None, 1, 5])
 @pytest.mark.parametrize("ordered", [False, True])
-def test_gpu_gluon_matches_reference_and_triton(gpu_device, dtype, num_splits, ordered):
+@pytest.mark.parametrize("q_smem", [False, True])
+def test_gpu_gluon_matches_reference_and_triton(gpu_device, dtype, num_splits, ordered, q_smem):
     assert decode_config(torch.empty(1, 16, 128, device=gpu_device, dtype=dtype), torch.int8)["gluon"]
     # tails inside and across pages and tiles, one token, contexts past a split's share; one
     # sequence with a 3-row query (a mixed step's prompt: not this kernel's, left untouched)
@@ -48,7 +55,8 @@ def test_gpu_gluon_matches_reference_and_triton(gpu_device, dtype, num_splits, o
     for gluon in (True, False):
         out = torch.full_like(q, float("nan"))
         decode_attention(q, kc, vc, bt, qsl, lens, 128 ** -0.5, out, num_splits=num_splits,
-                         config=dict(gluon=gluon), k_scale=ks, v_scale=vs, order=order)
+                         config=dict(gluon=gluon, q_smem=q_smem), k_scale=ks, v_scale=vs,
+                         order=order)
         outs[gluon] = out
     ref = paged_attention_ref(quantized_q(q), kc, vc, bt, qsl, lens, 128 ** -0.5, k_scale=ks,
                               v_scale=vs).to(dtype)
