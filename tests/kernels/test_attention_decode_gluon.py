@@ -61,3 +61,15 @@ def test_gpu_gluon_matches_reference_and_triton(gpu_device, dtype, num_splits, o
     ref = paged_attention_ref(quantized_q(q), kc, vc, bt, qsl, lens, 128 ** -0.5, k_scale=ks,
                               v_scale=vs).to(dtype)
     assert_decode_outputs(outs[True], ref, outs[False], qsl, 9, dtype)
+
+
+def test_q_smem_build_rule():
+    from infer_cluster.kernels.attention_decode_plan import DECODE_INT8, gluon_q_smem
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert gluon_q_smem(dict(q_smem=True), 8, cpu) and not gluon_q_smem(dict(q_smem=False), 10 ** 6, cuda)
+    assert not gluon_q_smem(dict(q_smem_rounds=None), 10 ** 6, cuda)  # never: no device asked
+    assert not gluon_q_smem(dict(DECODE_INT8), 10 ** 6, cpu)  # interpreter calls keep the Triton kernel
+    if torch.cuda.is_available():
+        from infer_cluster.kernels.attention_decode_plan import _sm_count
+        edge = int(DECODE_INT8["q_smem_rounds"] * 4 * _sm_count(cuda))
+        assert gluon_q_smem(dict(DECODE_INT8), edge, cuda) and not gluon_q_smem(dict(DECODE_INT8), edge - 1, cuda)
