@@ -27,7 +27,9 @@ def gluon_decode_variants(q_smem=False):
     s = _strides(128, True)
     ints = {k: v for k, v in s.items() if not k.endswith("_d") and k != "sks_s" and k != "svs_s"}
     rows = []
-    tag, opts = (" q_smem", dict(num_warps=4, maxnreg=128)) if q_smem else ("", dict(num_warps=4))
+    from infer_cluster.kernels.attention_decode_plan import DECODE_INT8
+    tag, opts = ((" q_smem", dict(num_warps=4, maxnreg=DECODE_INT8["q_smem_maxnreg"])) if q_smem
+                 else ("", dict(num_warps=4)))
     for split in (False, True):
         rows.append((f"decode i8 gluon{tag} split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
                      dict(ints, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0),

@@ -70,7 +70,7 @@ DECODE_WAVES_128 = dict(resident_per_sm=3, wave_fill=0.6)
 # -17% / -19% / -19%. Workload A with int8 KV 39,291 / 39,332 tok/s against 38,995 / 39,012
 # (alternating; from 1.0 rounds 39,159 / 39,048).
 DECODE_INT8 = dict(DECODE_TUNED, block_n=128, cvt="mma_k", small_per_sm=None, small_programs=0,
-                   q_smem_rounds=1.5)
+                   q_smem_rounds=1.5, q_smem_maxnreg=128)
 
 # The persistent decode kernel over float caches (kernels/attention_decode_persistent_gluon.py;
 # `decode_config` key "persistent", INFER_CLUSTER_DECODE_PERSISTENT=0 keeps `_decode_kernel`):
@@ -194,9 +194,10 @@ def _one_wave(cfg, device) -> int:
 
 
 def gluon_q_smem(cfg, programs: int, device) -> bool:
-    """Whether the int8 Gluon decode takes its four-a-SM build (q's codes in shared memory, 128
-    registers): config "q_smem" forces it either way, else "q_smem_rounds" (None: never) is
-    the grid's size from which it does, in rounds of four programs on every SM."""
+    """Whether the int8 Gluon decode takes its four-a-SM build (q's codes in shared memory,
+    "q_smem_maxnreg" registers, `_reg_cap`): config "q_smem" forces it either way, else
+    "q_smem_rounds" (None: never) is the grid's size from which it does, in rounds of four
+    programs on every SM."""
     if cfg.get("q_smem") is not None:
         return bool(cfg["q_smem"])
     rounds = cfg.get("q_smem_rounds")

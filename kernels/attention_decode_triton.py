@@ -420,7 +420,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
             v_scale.stride(1), block_tables.stride(0), out.stride(0), out.stride(1), *po_strides,
             *pl_strides, GROUP=group, PAGE=page_size, BLOCK_N=block_n, SPLIT=splits > 1,
             ORDERED=ordered, PDL=pdl, Q_SMEM=q_smem, num_warps=4,
-            **(dict(maxnreg=128) if q_smem else {}), **pdl_launch(pdl))
+            **(_reg_cap(cfg, "q_smem_maxnreg") if q_smem else {}), **pdl_launch(pdl))
     else:
         _decode_kernel[(num_seqs, num_kv_heads, splits)](
             q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, span, order_arg, out, part_out,
