@@ -23,6 +23,7 @@ from infer_cluster.protocol.chat import messages_from_openai, tools_from_openai
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.engine.engine import DynamicEngine, Prompt
 from infer_cluster.worker.text.chat import render_chats
+from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.text_stage import TextWorker
 
 
@@ -119,7 +120,9 @@ class LLM:
                 if d.finish_reason is not None:
                     finished.append(d.request_id)
 
-        worker = TextWorker(stage, emit, name="llm-text")
+        # Text runs while the engine's thread waits on the device (worker/text/host_idle.py).
+        engine.host_idle = HostIdle()
+        worker = TextWorker(stage, emit, name="llm-text", idle=engine.host_idle)
         engine.text, engine.defer_logprobs = None, True  # the text thread builds logprob entries
         worker.start()
         try:
@@ -143,7 +146,7 @@ class LLM:
         finally:
             worker.flush()
             worker.close()
-            engine.text, engine.defer_logprobs = stage, False
+            engine.text, engine.defer_logprobs, engine.host_idle = stage, False, None
 
     def _drain_aborted(self, ids):
         pending = set(ids)

@@ -1,14 +1,19 @@
 """Text off the step: a `TextWorker` thread one step behind the engine gives the client exactly
 what the inline engine gives (tokens, text, finish reason, one final per request), and a
-request stopped by a stop string costs at most one extra engine step."""
+request stopped by a stop string costs at most one extra engine step. With a `HostIdle` gate
+the thread runs its batches while the engine's thread waits, and never starves."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
 from infer_cluster.protocol import RequestOutput, SamplingParams
 from infer_cluster.worker.config import EngineConfig
 from infer_cluster.worker.engine.engine import DynamicEngine
+from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.text_stage import TextStage, TextWorker
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,14 +42,20 @@ def _inline_outputs(engine, params_list):
     return outs, finals
 
 
-def _threaded_outputs(engine, params_list):
+def _threaded_outputs(engine, params_list, gated: bool = False):
+    """`gated`: the engine opens a `HostIdle` gate while it waits, and the worker waits for it
+    far longer than any test runs (so a batch runs only inside the engine's waits)."""
     outs, finals, steps_after_final = {}, {}, {}
     def emit(deltas, _extra):
         for d in deltas:
             outs[d.request_id].apply(d)
             if d.finish_reason is not None:
                 finals[d.request_id] = finals.get(d.request_id, 0) + 1
-    worker = TextWorker(TextStage(engine.tokenizer, engine.byte_table), emit)
+    worker = TextWorker(TextStage(engine.tokenizer, engine.byte_table), emit,
+                        idle=HostIdle() if gated else None)
+    if gated:
+        worker.IDLE_WAIT_S = 60.0
+        engine.host_idle = worker.idle
     worker.start()
     try:
         for i, (prompt, params) in enumerate(zip(PROMPTS, params_list)):
@@ -64,6 +75,7 @@ def _threaded_outputs(engine, params_list):
         assert len(worker.stage) == 0, "text state left behind"
     finally:
         worker.close()
+        engine.host_idle = None
     return outs, finals, steps_after_final
 
 
@@ -72,8 +84,9 @@ def _params(stops):
             for m, s in zip((24, 30, 8, 16, 20), stops)]
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["free", "gated"])
 @pytest.mark.parametrize("stop_of", ["none", "first_chars", "mixed"])
-def test_threaded_text_equals_inline(engines, stop_of):
+def test_threaded_text_equals_inline(engines, stop_of, gated):
     inline, raw = engines
     # Stop strings taken from each prompt's own greedy output, so they really fire.
     base, _ = _inline_outputs(inline, _params([[]] * 5))
@@ -86,7 +99,7 @@ def test_threaded_text_equals_inline(engines, stop_of):
         stops = [[texts[0][-2:]], ["zzzz never"], [texts[2][1:3]], [], [texts[4][5:7], "qq"]]
     params = _params(stops)
     want, want_finals = _inline_outputs(inline, params)
-    got, got_finals, waste = _threaded_outputs(raw, params)
+    got, got_finals, waste = _threaded_outputs(raw, params, gated)
     assert got_finals == want_finals == {f"r{i}": 1 for i in range(5)}
     for rid in want:
         assert got[rid].token_ids == want[rid].token_ids, rid
@@ -169,3 +182,73 @@ def test_unregistered_final_passes_through_and_stopped_request_is_swallowed(engi
     # the engine's next delta and its final for "s" are not the client's business any more
     out, stops = stage.process([RequestDelta("s", ids[4:5]), RequestDelta("s", [], finish_reason="stop")])
     assert out == [] and stops == [] and len(stage) == 0
+
+
+def _gated_worker(engine, wait_s: float):
+    """A gated worker whose emitted batches set `emitted`; one request registered."""
+    emitted = threading.Event()
+    worker = TextWorker(TextStage(engine.tokenizer, engine.byte_table), lambda d, _x: emitted.set(),
+                        idle=HostIdle())
+    worker.IDLE_WAIT_S = wait_s
+    worker.start()
+    worker.add("g", [1, 2], [], ())
+    return worker, emitted
+
+
+def test_gated_text_runs_when_the_engine_waits(engines):
+    from infer_cluster.protocol import RequestDelta
+    inline, _ = engines
+    worker, emitted = _gated_worker(inline, wait_s=60.0)
+    try:
+        worker.submit([RequestDelta("g", [5])])
+        assert not emitted.wait(0.3), "a batch ran while the engine's thread was busy"
+        with worker.idle.idle():  # the engine waits on the device
+            assert emitted.wait(5.0)
+        emitted.clear()
+        worker.submit([RequestDelta("g", [6])])
+        assert worker.wait_until_behind(0, timeout=5.0)  # waiting for the text thread opens it too
+        assert emitted.is_set()
+    finally:
+        worker.close()
+    assert not worker.is_alive()
+
+
+def test_gated_text_is_never_starved(engines):
+    """An engine that never waits (host-bound, or idle): each batch still runs, IDLE_WAIT_S late."""
+    from infer_cluster.protocol import RequestDelta
+    inline, _ = engines
+    worker, emitted = _gated_worker(inline, wait_s=0.05)
+    try:
+        t = time.monotonic()
+        worker.submit([RequestDelta("g", [5])])
+        assert emitted.wait(5.0)
+        assert time.monotonic() - t >= 0.04
+    finally:
+        worker.close()
+
+
+def test_engine_opens_the_gate_while_it_collects_a_step(engines):
+    _, raw = engines
+    idle = HostIdle()
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if idle.wait_open(0.05):
+                seen.append(True)
+                time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    raw.host_idle = idle
+    try:
+        raw.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                        request_id="gate")
+        while raw.has_unfinished_requests():
+            raw.step()
+    finally:
+        raw.host_idle = None
+        stop.set()
+        watcher.join(5.0)
+    assert seen, "the engine never opened its idle gate"
+    assert not idle.wait_open(0.0)  # closed again once the engine went on

@@ -53,6 +53,7 @@ from infer_cluster.worker.engine.draft import attach_draft_pool, build_draft_run
 from infer_cluster.worker.engine.kv_reset import reset_engine_cache
 from infer_cluster.worker.engine.structured import StructuredRequests
 from infer_cluster.worker.engine.model_load import load_model
+from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 from infer_cluster.worker.sched.microbatch import group_size
 from infer_cluster.worker.runner.model_runner import ModelRunner
@@ -78,6 +79,8 @@ class DynamicEngine:
         self.text: Optional[TextStage] = TextStage(self.tokenizer, self.byte_table) if detokenize else None
         # True when a TextStage downstream builds the logprob entries (worker/text/logprob_rows.py).
         self.defer_logprobs = False
+        # Set by whoever runs text on a helper thread: open while this thread waits on the device.
+        self.host_idle: Optional[HostIdle] = None
         if runner_factory is None and config.world_size > 1:
             from infer_cluster.worker.distributed import DistributedRunner
             runner_factory = DistributedRunner
@@ -321,7 +324,7 @@ class DynamicEngine:
         step = self._inflight.steps[0]
         if step is self._inflight.last and self._inflight.awaiting_draw:
             self._draw_deferred()
-        sampled, logprobs, redrawn = self._timed("wait", step.wait, self.sampler)
+        sampled, logprobs, redrawn = self._timed("wait", self._wait, step)
         burst = isinstance(step, VerifyStep)  # several tokens a request
         update = self.scheduler.update_verified if burst else self.scheduler.update
         advanced, _ = self._timed("update", update, step.out, sampled)
@@ -334,6 +337,13 @@ class DynamicEngine:
                     s.request_id == rid for later in self._inflight.steps for s in later.out.requests):
                 self.scheduler.rewind(rid)  # that step's token is dropped, its position redone
                 self._inflight.drain_next = True  # and the request waits until it is collected
+
+    def _wait(self, step):
+        """The step's ids on the host. Helper threads run meanwhile (`host_idle`)."""
+        if self.host_idle is None:
+            return step.wait(self.sampler)
+        with self.host_idle.idle():
+            return step.wait(self.sampler)
 
     def _drain(self) -> None:
         """Collect every launched step; their deltas go out with the next `step()`."""

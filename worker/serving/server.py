@@ -35,6 +35,7 @@ from infer_cluster.protocol.messages import (DispatchRequest, ReplicaLoad, Repli
 
 from infer_cluster.worker.text.chat import prompt_of
 from infer_cluster.worker.serving.replica_io import REREGISTERED, ReplicaIO
+from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.text_stage import TextStage, TextWorker
 
 log = logging.getLogger("infer_cluster.replica")
@@ -79,8 +80,10 @@ class EngineServer:
         # runs on its own thread here.
         self.text: Optional[TextWorker] = None
         if getattr(engine, "text", None) is None:
+            # Text runs while the engine's thread waits on the device (worker/text/host_idle.py).
+            engine.host_idle = HostIdle()
             self.text = TextWorker(TextStage(engine.tokenizer, engine.byte_table), self._send_deltas,
-                                   name=f"text-{config.name}")
+                                   name=f"text-{config.name}", idle=engine.host_idle)
             engine.defer_logprobs = True  # built on the text thread (worker/text/logprob_rows.py)
         self._stop_requested = False
         self._stop_graceful = True

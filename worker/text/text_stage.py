@@ -20,7 +20,8 @@ that also hit `max_tokens` / EOS reports `stop`; resumed requests replay deliver
 push at a time so held-back text comes out with the first new token.
 
 `TextWorker` runs a `TextStage` on its own thread for the replica: the engine loop hands it
-registrations and step outputs in order and goes straight to the next step.
+registrations and step outputs in order and goes straight to the next step. Given a `HostIdle`
+(worker/text/host_idle.py), it runs each batch while the engine's thread waits on the device.
 
 Metrics (`RequestMetrics`): the engine puts them on a request's first-token delta and on its
 final. This stage keeps the first-token copy and strips it from non-final deltas (clients get
@@ -33,6 +34,7 @@ To extend: per-request text features (e.g. `include_stop_str_in_output`) belong 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -42,6 +44,7 @@ from typing import Callable, Optional, Sequence
 
 from infer_cluster.protocol import EngineError, FinishReason, RequestDelta, RequestMetrics
 
+from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
 
@@ -145,10 +148,17 @@ class TextWorker(threading.Thread):
     every processed batch (the replica encodes and sends it); stops are collected for the
     engine loop, which takes them with `take_stops()` before its next step."""
 
-    def __init__(self, stage: TextStage, emit: Callable[[list, object], None], name: str = "text"):
+    # The most a batch waits for the engine's thread to go idle (`HostIdle`) before it runs
+    # anyway: a step that never waits on the device, or an engine with nothing left to do.
+    IDLE_WAIT_S = 0.002
+
+    def __init__(self, stage: TextStage, emit: Callable[[list, object], None], name: str = "text",
+                 idle: Optional[HostIdle] = None):
         super().__init__(name=name, daemon=True)
         self.stage = stage
         self._emit = emit
+        # Batches run while the engine's thread waits (`idle` open), not between its launches.
+        self.idle = idle
         self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._stops: list[str] = []
         self._stops_lock = threading.Lock()
@@ -170,10 +180,14 @@ class TextWorker(threading.Thread):
         calls this with 1 before each step: text lags one step, so a stop string found in step
         n's tokens ends its request before step n+2 (one step of tokens wasted, no more), and a
         tokenizer slower than the engine applies back-pressure instead of an unbounded queue."""
-        with self._progress:
+        with self._engine_idle(), self._progress:
             return self._progress.wait_for(
                 lambda: self._num_submitted - self._num_done <= max_batches or self.error is not None,
                 timeout)
+
+    def _engine_idle(self):
+        """Open `idle` while the engine's thread waits here (no-op without one)."""
+        return self.idle.idle() if self.idle is not None else contextlib.nullcontext()
 
     def take_stops(self) -> list[str]:
         if not self._stops:
@@ -186,7 +200,8 @@ class TextWorker(threading.Thread):
         """Wait until everything handed over so far has been emitted."""
         done = threading.Event()
         self._inbox.put(("mark", done))
-        return done.wait(timeout)
+        with self._engine_idle():
+            return done.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         self._inbox.put(("close", None))
@@ -206,6 +221,8 @@ class TextWorker(threading.Thread):
                     self.stage.add(*item)
                 else:
                     deltas, extra = item
+                    if self.idle is not None:
+                        self.idle.wait_open(self.IDLE_WAIT_S)
                     out, stops = self.stage.process(deltas)
                     if stops:
                         with self._stops_lock:
