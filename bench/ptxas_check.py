@@ -228,7 +228,8 @@ def sampler_variants():
                  ("sx", "sd", "vocab", "has_rows")))
     from infer_cluster.kernels import topk_select_triton as ts
     rows.append(("sample top-k select", ts._topk_select_kernel,  # candidates and logprob alternatives
-                 dict(x_ptr="*bf16", bmax_ptr="*bf16", scratch_ptr="*i32", vals_ptr="*fp32", ids_ptr="*i64"),
+                 dict(x_ptr="*bf16", bmax_ptr="*bf16", scratch_ptr="*i32", packs_ptr="*i64", vals_ptr="*fp32",
+                      ids_ptr="*i64"),
                  dict(sx=vocab, sb=1187, sv=114, si=114, nblk=1187, vocab=vocab, width=114),
                  dict(NBLK_PAD=2048, BLOCK=128, TB=ts._TB, WPAD=ts.MAX_WIDTH), dict(num_warps=8),
                  ("sx", "sb", "sv", "si", "nblk", "vocab", "width")))
