@@ -72,6 +72,12 @@ def topk_select(x, maxima, width: int, block: int = 128):
     return launch(x, maxima, width, block)
 
 
+def float32_copy(x: torch.Tensor) -> torch.Tensor:
+    """A new float32 copy of logits x [n, vocab] (see `sample_triton.float32_copy`)."""
+    from .sample_triton import float32_copy as launch
+    return launch(x)
+
+
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
     from .sample_triton import philox_uniforms as launch

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms
+from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, philox_uniforms
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling.random_stream import step_uniforms
 from infer_cluster.worker.sampling import ops as sampling_ops
@@ -318,3 +318,17 @@ def test_sm90_builds_do_not_spill(sm90_builds):
     rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
     assert len(rows) == 21
     assert [name for name, _, spills in rows if int(spills)] == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_copy_is_the_cast(device, dtype):
+    """The penalty path's float32 copy of the logits: bit for bit `x.float()`, infinities and
+    NaN included, from a row view whose stride is wider than the vocabulary, and a new tensor."""
+    base = (4 * torch.randn(3, 5000 + 64, device=device)).to(dtype)
+    x = base[:, :5000]
+    x[0, :7] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 65504, -65504],
+                            dtype=dtype, device=device)
+    got = float32_copy(x)
+    assert got.dtype == torch.float32 and got.is_contiguous() and got.data_ptr() != x.data_ptr()
+    want = x.float()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

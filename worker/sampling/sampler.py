@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from infer_cluster.kernels.argmax import row_argmax
-from infer_cluster.kernels.sample import MAX_CANDIDATES, philox_uniforms, use_sample_kernels
+from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, philox_uniforms, use_sample_kernels
 
 from infer_cluster.worker.sampling.draw_graphs import DrawGraphs, DrawPlan
 from infer_cluster.worker.sampling.draw_io import DeviceDraw, RowClasses, SamplerOutput, SamplingRequestState
@@ -199,6 +199,9 @@ class Sampler:
                      or bias_rows or random_rows or logprob_rows))
         if mask_only:
             x = logits
+        elif (needs_edit and use_sample_kernels(logits) and logits.dtype in (torch.bfloat16, torch.float16)
+              and logits.stride(1) == 1):
+            x = float32_copy(logits)  # torch's casting copy runs at about half the copy rate
         elif needs_edit or (random_rows and not use_sample_kernels(logits)):
             x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
         else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
