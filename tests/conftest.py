@@ -154,8 +154,46 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedSetupScheduling(config, log)
 
 
+PORT_SLICE = 2000  # ports each pytest-xdist worker hands out, below the ephemeral range
+
+
+def _port_slice() -> tuple[int, int]:
+    """This worker's ports: [start, stop), below the kernel's ephemeral range, one slice a worker."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    slices = max(1, (low - 10000) // PORT_SLICE)
+    start = low - PORT_SLICE * (1 + index % slices)
+    return start, start + PORT_SLICE
+
+
+_next_port: list = []  # this worker's next candidate (a random start: runs do not reuse ports)
+
+
 def free_port() -> int:
-    """A TCP port free on loopback now (tests that start processes bind it next)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on loopback now; tests that start processes bind it next. Why not the
+    kernel's pick (`bind(0)`): that is an ephemeral port, the kind every outgoing connection of
+    the suite's clients and replicas takes, so one of them could take it before the process
+    binds it. These ports lie below the ephemeral range, in a slice of this xdist worker's own,
+    handed out in turn from a random start."""
+    start, stop = _port_slice()
+    if start < 1024:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    if not _next_port:
+        _next_port.append(start + int.from_bytes(os.urandom(2), "little") % PORT_SLICE)
+    for _ in range(PORT_SLICE):
+        port = _next_port[0]
+        _next_port[0] = start + (port + 1 - start) % PORT_SLICE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {start}-{stop}")
