@@ -10,7 +10,8 @@ Owns: the replica's two threads and what crosses between them.
     applies PAUSE / RESUME / DRAIN / SHUTDOWN.
   * Text thread (`TextWorker`, `worker/text/text_stage.py`): detokenizes, applies stop strings, and
     encodes and sends each step's deltas as one STEP_OUTPUT, so tokenizer cost stays off the
-    step. Stop strings come back to the engine loop, which ends those requests before the
+    step; it runs while the engine loop waits on the device (`worker/text/host_idle.py`), not
+    between a step's launches. Stop strings come back to the engine loop, which ends those requests before the
     step after next (at most one step of tokens is computed and dropped). It blocks on its queue only while it has nothing to step, so socket work
     never stalls a step and an idle replica does not spin.
 Never trusts the wire: requests are re-validated (`SamplingParams.from_dict`, engine checks) and
