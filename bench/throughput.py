@@ -44,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.gpu_timeline import ProfileWindow  # noqa: E402
+from bench.host_timers import HostTimers  # noqa: E402
 from bench.report import run_info, write_json  # noqa: E402
 from bench.workload import random_workload  # noqa: E402
 
@@ -122,6 +123,10 @@ def parse_args(argv=None):
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="cProfile the last timed run of each kind and print its N costliest functions "
                          "by own time and by cumulative time (where the host's step time goes)")
+    ap.add_argument("--host-timers", action="store_true",
+                    help="wall-clock timers around the engine's and the sampler's functions in the last timed run "
+                         "of each kind: calls, ms a step and us a call of each (bench/host_timers.py; far "
+                         "lighter than --cprofile)")
     ap.add_argument("--step-timeline", action="store_true",
                     help="CUDA events around each step of the last timed run of each kind (rank 0's stream): "
                          "device time per step kind and batch size, and the device's idle time between steps "
@@ -167,7 +172,8 @@ def run_ours(args, prompts, out_lens, kinds):
             trace = args.trace if r == args.repeats - 1 else None
             prof = cProfile.Profile() if args.cprofile and r == args.repeats - 1 else None
             timeline = _step_timeline(llm, args.step_timeline and r == args.repeats - 1)
-            with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"), timeline as tl:
+            timers = HostTimers() if args.host_timers and r == args.repeats - 1 else contextlib.nullcontext()
+            with ProfileWindow(trace, f"{kind}_kv_{args.kv_cache_dtype}"), timeline as tl, timers as ht:
                 if prof:
                     prof.enable()
                 outs = llm.generate(run_prompts, params, use_tqdm=len(kinds) == 1)
@@ -188,6 +194,9 @@ def run_ours(args, prompts, out_lens, kinds):
                     pstats.Stats(prof).sort_stats(key).print_stats(args.cprofile)
             run = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
                    "cpu_seconds": cpu, "tokens_per_cpu_s": n_tokens / cpu, "phases": phases}
+            if ht is not None:
+                ht.print(kind)
+                run["host_timers"] = ht.table()
             best = runs.setdefault(kind, run)
             for key in ("seconds", "cpu_seconds"):  # each figure's best run
                 best[key] = min(best[key], run[key])
