@@ -73,9 +73,12 @@ def topk_select(x, maxima, width: int, block: int = 128):
 
 
 def float32_copy(x: torch.Tensor) -> torch.Tensor:
-    """A new float32 copy of logits x [n, vocab] (see `sample_triton.float32_copy`)."""
-    from .sample_triton import float32_copy as launch
-    return launch(x)
+    """A new float32 copy of logits x [n, vocab]: the cast kernel (`sample_triton.float32_copy`)
+    for 16-bit logits with unit column stride where the sampler's kernels run, else torch's."""
+    if use_sample_kernels(x) and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2 and x.stride(1) == 1:
+        from .sample_triton import float32_copy as launch
+        return launch(x)
+    return x.to(torch.float32, copy=True)
 
 
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

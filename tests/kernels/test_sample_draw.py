@@ -321,9 +321,11 @@ def test_sm90_builds_do_not_spill(sm90_builds):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_float32_copy_is_the_cast(device, dtype):
-    """The penalty path's float32 copy of the logits: bit for bit `x.float()`, infinities and
-    NaN included, from a row view whose stride is wider than the vocabulary, and a new tensor."""
+def test_float32_copy_is_the_cast(device, dtype, monkeypatch):
+    """The penalty path's float32 copy of the logits: the cast kernel, bit for bit `x.float()`,
+    infinities and NaN included, from a row view whose stride is wider than the vocabulary, and
+    a new tensor."""
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")  # the kernel on the CPU too (interpreted)
     base = (4 * torch.randn(3, 5000 + 64, device=device)).to(dtype)
     x = base[:, :5000]
     x[0, :7] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 65504, -65504],
@@ -332,3 +334,9 @@ def test_float32_copy_is_the_cast(device, dtype):
     assert got.dtype == torch.float32 and got.is_contiguous() and got.data_ptr() != x.data_ptr()
     want = x.float()
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_float32_copy_of_float32_logits_is_a_copy(device):
+    x = torch.randn(2, 300, device=device)
+    got = float32_copy(x)
+    assert torch.equal(got, x) and got.data_ptr() != x.data_ptr()

@@ -4,9 +4,9 @@ Owns: per-request logit processing (repetition / frequency / presence penalties,
 no_repeat_ngram_size, min_tokens suppression), logprobs, greedy argmax and random sampling
 (temperature, top_k, top_p, min_p), all batched over the rows that use each feature. Penalty
 state lives in a `SamplingState` (device-resident, updated by one scatter per step); the
-filters and the draw are in `sampling_ops` (no vocabulary sort); the random numbers come from
-`random_stream` (Philox keyed by (seed, step)), computed on the device by the same stream's
-kernel (`kernels.sample.philox_uniforms`) where the draw runs its kernels. Token bans (min_tokens,
+filters and the draw are in `sampling_ops` (no vocabulary sort); the random rows' parameters
+and uniforms (`random_stream`'s Philox keyed by (seed, step), on the device where the draw runs
+its kernels) are packed and uploaded by `random_params`. Token bans (min_tokens,
 n-grams) are in `token_bans`, the logprob values and top-k ids in `logprob_pack`. `classify` says
 which rows use which feature; a step of plain greedy rows needs only their argmax (a T > 1
 runner gathers ids for it: `draw_greedy_ids`).
@@ -61,23 +61,19 @@ import numpy as np
 import torch
 
 from infer_cluster.kernels.argmax import row_argmax
-from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, philox_uniforms, use_sample_kernels
+from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, use_sample_kernels
 
-from infer_cluster.worker.sampling.draw_graphs import DrawGraphs, DrawPlan
+from infer_cluster.worker.sampling.draw_graphs import DrawGraphs
 from infer_cluster.worker.sampling.draw_io import DeviceDraw, RowClasses, SamplerOutput, SamplingRequestState
 from infer_cluster.worker.sampling.logprob_pack import logprob_pack, lse_and_block_maxima
 from infer_cluster.worker.text.logprob_rows import DeferredLogprob, LogprobRows
-from infer_cluster.worker.sampling.random_stream import step_uniforms
-from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_P, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TEMPERATURE, TOP_K, TOP_P
+from infer_cluster.worker.sampling.random_params import random_params, random_plan
+from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TOP_K
 from infer_cluster.worker.sampling.row_plans import RowPlans, rows_with
-from infer_cluster.worker.sampling.ops import RandomRows, any_top_p_alone, draw_random_rows, to_device
+from infer_cluster.worker.sampling.ops import any_top_p_alone, draw_random_rows, to_device
 from infer_cluster.worker.sampling.state import SamplingState
-from infer_cluster.worker.device.upload import dma_upload
 from infer_cluster.worker.sampling.token_bans import apply_logit_bias, apply_min_tokens, ban_tokens
 from infer_cluster.worker.structured.bitmask import GrammarMasks
-
-_KEY_RANGE = 2 ** 63 - 1
-
 
 class _Scratch:
     """Key of a row without a request id: its penalty state lives for one call only."""
@@ -199,11 +195,10 @@ class Sampler:
                      or bias_rows or random_rows or logprob_rows))
         if mask_only:
             x = logits
-        elif (needs_edit and use_sample_kernels(logits) and logits.dtype in (torch.bfloat16, torch.float16)
-              and logits.stride(1) == 1):
-            x = float32_copy(logits)  # torch's casting copy runs at about half the copy rate
+        elif needs_edit and not (logits_writable and logits.dtype == torch.float32):
+            x = float32_copy(logits)  # a private float32 copy to edit
         elif needs_edit or (random_rows and not use_sample_kernels(logits)):
-            x = logits.to(torch.float32, copy=needs_edit and not logits_writable)
+            x = logits.to(torch.float32)  # float32 logits the sampler may edit, or the torch draw's input
         else:  # greedy + logprobs: argmax, gather, top-k and row_stats are exact in any float dtype,
             x = logits  # and the draw kernels load any float dtype as float32 (no float32 copy)
         device, n = x.device, len(rows)
@@ -241,8 +236,8 @@ class Sampler:
             unresolved = None
             if random_rows:
                 sub = slice(None) if len(random_rows) == n else random_rows
-                params = self._random_params([rows[i] for i in random_rows], x,
-                                             (table[sub], seeds[sub], seeded[sub]))
+                params = random_params([rows[i] for i in random_rows], x,
+                                       (table[sub], seeds[sub], seeded[sub]), self.default_generator)
                 xr = _rows_of(x, random_rows, n)
                 # A redo needs these logits after the next step's forward: the runner's own
                 # buffer (float32 models, CUDA graphs) may be rewritten by then.
@@ -351,53 +346,6 @@ class Sampler:
             ban_tokens(x, ban_rows, ban_ids)
         return entries
 
-    def _random_plan(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> DrawPlan:
-        """The random rows' parameters packed for one upload, and the host lists the draw plans
-        with. `plan`: the rows' (table, seeds, seeded) from `RowPlans.gather`. Draws the keys of
-        unseeded rows: call it once per step."""
-        table, seeds, seeded = plan
-        steps = [len(r.output_token_ids) + r.num_pending for r in rows]  # the one per-step column
-        if not seeded.all():
-            seeds = seeds.copy()
-            drawn = []
-            for j in np.flatnonzero(~seeded).tolist():
-                r = rows[j]
-                if r.generator is not None:
-                    seeds[j] = int(torch.randint(_KEY_RANGE, (1,), generator=r.generator,
-                                                 device=r.generator.device).item())
-                else:
-                    drawn.append(j)
-            if drawn:  # one draw for every unseeded row of the step
-                gen = self.default_generator
-                seeds[drawn] = torch.randint(_KEY_RANGE, (len(drawn),), generator=gen,
-                                             device=gen.device if gen is not None else "cpu").tolist()
-        # The uniforms: Philox on the device where the draw runs Triton (the seeds' and steps'
-        # 64 bits ride in the float64 upload as raw bits), else on the host.
-        on_device = use_sample_kernels(x)
-        packed = np.empty((6 if on_device else 5, len(rows)), dtype=np.float64)
-        packed[:4] = table[:, TEMPERATURE:MIN_P + 1].T
-        if on_device:
-            packed[4] = seeds.view(np.float64)
-            packed[5] = np.asarray(steps, dtype=np.int64).view(np.float64)
-        else:
-            packed[4] = step_uniforms(seeds.tolist(), steps)[:, 0]
-        top_k, need = table[:, TOP_K], table[:, NEED]
-        return DrawPlan(packed, top_k.astype(np.int64).tolist(), table[:, TOP_P].tolist(),
-                        table[:, MIN_P].tolist(), need.astype(np.int64).tolist(),
-                        any_top_p_alone(top_k, need, x.shape[1]))
-
-    def _random_params(self, rows: list[SamplingRequestState], x: torch.Tensor, plan) -> RandomRows:
-        """Per-row parameters and uniforms, moved to the device in one copy. `plan`: the rows'
-        (table, seeds, seeded) from `RowPlans.gather`."""
-        p = self._random_plan(rows, x, plan)
-        packed = dma_upload(p.packed, x.device)
-        on_device = p.packed.shape[0] == 6
-        uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
-        return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                          min_p=packed[3].float(), uniform=uniform, host_top_k=p.host_top_k,
-                          host_top_p=p.host_top_p, host_min_p=p.host_min_p, need=p.need,
-                          top_p_alone=p.top_p_alone)
-
     def _graph_draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
                     classes: "RowClasses") -> Optional["DeviceDraw"]:
         """The draw of a step whose rows are all random, on the candidate path and free of
@@ -412,7 +360,7 @@ class Sampler:
         if not graphs.accepts(logits, int(need.max()), any_top_p_alone(table[:, TOP_K], need, vocab),
                               constrained=bool(classes.grammar_rows)):
             return None
-        plan = self._random_plan(rows, logits, (table, classes.seeds, classes.seeded))
+        plan = random_plan(rows, logits, (table, classes.seeds, classes.seeded), self.default_generator)
         edit = None
         if classes.grammar_rows:  # the mask goes onto the graph's copy of the logits, then the draw
             which, bans = classes.grammar_rows, _grammar_bans(rows, classes.grammar_rows)
