@@ -181,7 +181,7 @@ def variants():
 
 
 def sampler_variants():
-    """The sampler's kernels (kernels/sample_triton.py, penalty_triton.py) at the Qwen3-0.6B
+    """The sampler's kernels (kernels/sample_triton.py, penalty_triton.py, random_columns_triton.py) at the Qwen3-0.6B
     vocabulary, float32 and bf16 logits, with the entry points' launch options."""
     import torch
 
@@ -233,14 +233,25 @@ def sampler_variants():
                  dict(sx=vocab, sb=1187, sv=114, si=114, nblk=1187, vocab=vocab, width=114),
                  dict(NBLK_PAD=2048, BLOCK=128, TB=ts._TB, WPAD=ts.MAX_WIDTH), dict(num_warps=8),
                  ("sx", "sb", "sv", "si", "nblk", "vocab", "width")))
-    rows.append(("sample uniforms", st._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
+    from infer_cluster.kernels import random_columns_triton as rc
+    rows.append(("sample uniforms", rc._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
                  dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
+    rows.append(("sample random columns", rc._columns_kernel,  # the random rows' casts and uniforms
+                 dict(packed_ptr="*fp64", bits_ptr="*i64", f32_ptr="*fp32", top_k_ptr="*i64", u_ptr="*fp64"),
+                 dict(sr=256, sc=1, n=256, sf=256), dict(BLOCK=128), dict(num_warps=4), ("n", "sr", "sc", "sf")))
+    from infer_cluster.kernels import logprob_pack_triton as lp
+    rows.append(("logprob pack", lp._pack_kernel,  # the logprob values (and greedy ids) in one launch
+                 dict(x_ptr="*bf16", lse_ptr="*fp32", ids_ptr="*i64", bmax_ptr="*bf16", vals_ptr="*fp32",
+                      out_ptr="*fp64"),
+                 dict(sx=vocab, sb=1187, sv=5, vocab=vocab, nblk=1187, k=5, greedy=1),
+                 dict(BLOCK=128, TILE=lp._BLOCK_TILE, SCAN=lp._SCAN, KP=lp.K_PAD), dict(num_warps=4),
+                 ("sx", "sb", "sv", "vocab", "nblk", "k", "greedy")))
     rows.append(("penalties apply", pt._apply_kernel,
                  dict(x_ptr="*fp32", ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", packed_ptr="*fp64"),
                  dict(sx=vocab, s_ids=1024, s_cnt=1024, n=256), dict(CH=pt.CH),
                  dict(num_warps=4, enable_fp_fusion=False), ("sx", "s_ids", "s_cnt", "n")))
     rows.append(("penalties append", pt._append_kernel,
-                 dict(ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", slots_ptr="*i64", tokens_ptr="*i64"),
+                 dict(ids_ptr="*i64", counts_ptr="*fp32", num_ptr="*i64", slots_ptr="*fp64", tokens_ptr="*i64"),
                  dict(s_ids=1024, s_cnt=1024), dict(CH=pt.CH), dict(num_warps=4), ("s_ids", "s_cnt")))
     return rows
 

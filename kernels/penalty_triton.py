@@ -59,7 +59,7 @@ def apply_penalties(x: torch.Tensor, token_ids: torch.Tensor, counts: torch.Tens
 @triton.jit(do_not_specialize=["s_ids", "s_cnt"])
 def _append_kernel(ids_ptr, counts_ptr, s_ids, s_cnt, num_ptr, slots_ptr, tokens_ptr, CH: tl.constexpr):
     j = tl.program_id(0)
-    slot = tl.load(slots_ptr + j)
+    slot = tl.load(slots_ptr + j).to(tl.int64)  # float64 slots (exact), as the penalties' upload
     t = tl.load(tokens_ptr + j)
     num = tl.load(num_ptr + slot)
     pos = num
@@ -75,8 +75,9 @@ def _append_kernel(ids_ptr, counts_ptr, s_ids, s_cnt, num_ptr, slots_ptr, tokens
 
 def append_tokens(token_ids: torch.Tensor, counts: torch.Tensor, num_distinct: torch.Tensor,
                   slots: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Fold tokens[j] (int64, on the state's device) into slot slots[j]; the slots are distinct
-    and have room for one more id (the caller grew the width)."""
+    """Fold tokens[j] (int64, on the state's device) into slot slots[j] (float64, whole
+    numbers: the slot row of `apply_penalties`' upload); the slots are distinct and have room
+    for one more id (the caller grew the width)."""
     n = slots.shape[0]
     if n:
         _append_kernel[(n,)](token_ids, counts, token_ids.stride(0), counts.stride(0), num_distinct,

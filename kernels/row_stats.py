@@ -8,8 +8,11 @@ maxima let `topk_by_blocks` skip its own pass over the vocabulary. The reference
 times through torch; the Triton kernel (CUDA, or the interpreter in tests) reads it once, in its
 own dtype, with no float32 copy. Rows that are all -inf get lse = -inf, as torch.logsumexp.
 
-To extend (e.g. an argmax beside the maxima): add an output to both the kernel and
-`row_stats_ref`, and a case to tests/kernels/test_row_stats.py.
+`logprob_pack` turns those into the logprob values (and greedy rows' ids) in one more launch
+(kernels/logprob_pack_triton.py).
+
+To extend: add an output to both the kernel and `row_stats_ref`, and a case to
+tests/kernels/test_row_stats.py.
 """
 
 from __future__ import annotations
@@ -52,3 +55,16 @@ def row_stats(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
         from .row_stats_triton import row_stats_triton
         return row_stats_triton(x, block)
     return row_stats_ref(x, block)
+
+
+PACK_K_MAX = 32  # alternatives `logprob_pack` carries (kernels/logprob_pack_triton.py, K_PAD)
+
+
+def logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen, vals: torch.Tensor, maxima: torch.Tensor,
+                 block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values float64 [n, 1 + k], chosen ids int64 [n]) in one launch, from `row_stats`' lse and
+    block maxima and the top-k values `vals` (k <= PACK_K_MAX); `chosen` None takes each row's
+    argmax from the maxima (see kernels/logprob_pack_triton.py). Triton only: the torch path is
+    `worker.sampling.logprob_pack`'s own."""
+    from .logprob_pack_triton import logprob_pack_triton
+    return logprob_pack_triton(x, lse, chosen, vals, maxima, block)

@@ -1,5 +1,6 @@
 """Entry points of the sampler's kernels (the draw: kernels/sample_triton.py; the top-p cut:
-kernels/top_p_cut_triton.py; the penalty state: kernels/penalty_triton.py), importable without
+kernels/top_p_cut_triton.py; the penalty state: kernels/penalty_triton.py; the random rows'
+columns and uniforms: kernels/random_columns_triton.py), importable without
 Triton: the constants the callers plan with, and wrappers that load the Triton module on first
 use. `worker.sampling_ops` calls them where `dispatch.use_triton` holds, and keeps the plain-torch
 paths that are their references (and the CPU's implementation).
@@ -83,8 +84,16 @@ def float32_copy(x: torch.Tensor) -> torch.Tensor:
 
 def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
-    from .sample_triton import philox_uniforms as launch
+    from .random_columns_triton import philox_uniforms as launch
     return launch(seeds, steps)
+
+
+def random_columns(packed: torch.Tensor):
+    """(float32 [4, n]: temperature, top_p, min_p, 1 / temperature; int64 [n] top_k; float64 [n]
+    uniform) from the sampler's float64 upload [6, n], in one launch (see
+    kernels/random_columns_triton.py)."""
+    from .random_columns_triton import random_columns as launch
+    return launch(packed)
 
 
 def apply_penalties(x, token_ids, counts, num_distinct, packed) -> None:

@@ -1,10 +1,10 @@
 """Triton twins of the sampler's random draw: one launch for a candidate row's filters and draw,
-two for a full-vocabulary row's draw (one more for its top-p cut), one for the rows' Philox
-uniforms.
+two for a full-vocabulary row's draw (one more for its top-p cut). The rows' Philox uniforms
+are in kernels/random_columns_triton.py.
 
 Owns the kernels behind `worker.sampling_ops` on CUDA (and under `TRITON_INTERPRET=1` in
 tests). Their plain-torch references are the torch paths of `worker.sampling_ops`
-(`_filter_candidates` + `_inverse_cdf`, `_full`) and `worker.random_stream.step_uniforms`; the
+(`_filter_candidates` + `_inverse_cdf`, `_full`); the
 kernels keep those paths' semantics, so a row's kept set and drawn id are the same up to float64
 rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
 
@@ -26,8 +26,6 @@ rounding order at a boundary (tests/kernels/test_sample_draw.py compares them):
   * With `active` (the candidate kernel's codes) the cut, the block sums and the pick run only
     for the rows of one code and leave the others' ids as they are: `sampling_ops` finishes the
     code-2 rows this way inside the draw, so they need no host redo.
-  * `philox_uniforms`: the first uniform of `step_uniforms(seeds, steps)` per row, from
-    `tl.randint4x` (the same counter layout as the host stream), so the host needs no Philox.
 
 Launch arguments never depend on the row count (the grid does), and strides and widths are not
 specialized, so warm-up's compiles cover every batch. To extend a filter: add it to both the
@@ -288,29 +286,6 @@ def full_draw(x: torch.Tensor, m: torch.Tensor, inv_t: torch.Tensor, tau: torch.
         _full_pick_kernel[(n,)](x, x.stride(0), m, inv_t, tau, min_p, uniform, sums, out, vocab, n_blocks,
                                 act, BLOCK=block, TILE=_PICK_TILE, HAS_ACTIVE=has, ACTIVE_CODE=active_code,
                                 num_warps=4)
-    return out
-
-
-@triton.jit(do_not_specialize=["n"])
-def _uniform_kernel(seed_ptr, step_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    seed = tl.load(seed_ptr + i, mask=mask, other=0)
-    step = tl.load(step_ptr + i, mask=mask, other=0)
-    a, b, _c, _d = tl.randint4x(seed, step)  # a key per lane: the seed broadcasts like the counter
-    w0 = a.to(tl.uint32, bitcast=True).to(tl.uint64)
-    w1 = b.to(tl.uint32, bitcast=True).to(tl.uint64)
-    bits = (w0 << 21) | (w1 >> 11)  # 53 random bits, as `step_uniforms`
-    tl.store(out_ptr + i, bits.to(tl.float64) * (2.0 ** -53), mask=mask)
-
-
-def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[n] float64: column 0 of `random_stream.step_uniforms(seeds, steps)`, on the device.
-    seeds / steps [n] int64 (the seed's 64 bits as a signed integer)."""
-    n = seeds.shape[0]
-    out = torch.empty(n, dtype=torch.float64, device=seeds.device)
-    if n:
-        _uniform_kernel[(triton.cdiv(n, 128),)](seeds, steps, out, n, BLOCK=128, num_warps=4)
     return out
 
 

@@ -12,7 +12,7 @@ import random
 import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
-from infer_cluster.worker.sampling.state import SamplingState
+from infer_cluster.worker.sampling.state import SamplingState, penalty_columns
 
 VOCAB = 300
 KINDS = [SamplingParams(repetition_penalty=1.3),
@@ -42,12 +42,14 @@ def run(device):
         keys = list(live)
         entries = [state.entry(k, live[k][0], live[k][1], live[k][2]) for k in keys]
         x = torch.randn(len(keys), VOCAB, generator=g).to(device)
-        state.apply_penalties(x, list(range(len(keys))), entries, [live[k][2] for k in keys])
+        upload = state.apply_penalties(x, list(range(len(keys))), entries,
+                                       penalty_columns([live[k][2] for k in keys]))
         seen.append(x.cpu())
         # new tokens: often ones already seen (the count goes up), sometimes new ones
         new = [rng.choice(live[k][0] + live[k][1]) if (live[k][0] + live[k][1]) and rng.random() < 0.6
                else rng.randrange(VOCAB) for k in keys]
-        state.append(entries, torch.tensor(new, device=device))
+        # the sampler's path (the slots read from the penalties' upload) on even steps
+        state.append(entries, torch.tensor(new, device=device), upload=upload if step % 2 == 0 else None)
         for k, t in zip(keys, new):
             live[k][1].append(t)
     slots = {}

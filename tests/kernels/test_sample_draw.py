@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, philox_uniforms
+from infer_cluster.kernels.sample import MAX_CANDIDATES, float32_copy, philox_uniforms, random_columns
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling.random_stream import step_uniforms
 from infer_cluster.worker.sampling import ops as sampling_ops
@@ -266,6 +266,35 @@ def test_device_uniforms_equal_host_stream(device, seed):
     assert np.array_equal(got.cpu().numpy(), step_uniforms(seeds, steps)[:, 0])
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_random_columns_equal_torch_casts_and_host_stream(device, transposed):
+    """One launch gives what the sampler's torch casts gave (float32 temperature / top_p / min_p,
+    int64 top_k, 1 / temperature by IEEE division) and the host stream's uniforms, from the
+    float64 upload as the sampler packs it ([6, n], or its draw graphs' transposed [n, 6])."""
+    rng = np.random.default_rng(3)
+    n = 301  # three programs, the last one partial; columns of an odd length
+    seeds = rng.integers(0, 2 ** 63 - 1, n, dtype=np.int64)
+    steps = rng.integers(0, 2 ** 40, n, dtype=np.int64)
+    packed = np.empty((6, n), dtype=np.float64)
+    packed[0] = rng.choice([0.1, 0.7, 0.8, 1.0, 1.3, 1e-5, 3.7], n) * rng.uniform(0.9, 1.1, n)
+    packed[1] = rng.integers(0, 151936, n)
+    packed[2] = rng.uniform(0.0, 1.0, n)
+    packed[3] = rng.uniform(0.0, 0.3, n)
+    packed[4] = seeds.view(np.float64)
+    packed[5] = steps.view(np.float64)
+    dev = torch.from_numpy(packed.T.copy()).to(device).T if transposed else torch.from_numpy(packed).to(device)
+    f32, top_k, uniform = random_columns(dev)
+    ref = torch.from_numpy(packed)
+    assert torch.equal(f32[0].cpu(), ref[0].float())
+    assert torch.equal(f32[1].cpu(), ref[2].float())
+    assert torch.equal(f32[2].cpu(), ref[3].float())
+    assert torch.equal(f32[3].cpu(), 1.0 / ref[0].float())
+    assert torch.equal(top_k.cpu(), ref[1].long())
+    assert np.array_equal(uniform.cpu().numpy(), step_uniforms(seeds.tolist(), steps.tolist())[:, 0])
+    # each column starts 16 bytes aligned (the draw's kernels specialize on it: no new variant)
+    assert all(f32[r].data_ptr() % 16 == 0 for r in range(4))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_penalties", [True, False])
 def test_sampler_draws_the_same_ids_on_both_paths(device, monkeypatch, dtype, with_penalties):
@@ -316,7 +345,7 @@ def test_sm90_builds_do_not_spill(sm90_builds):
     registers. The candidate kernel's 16 warps x [512, 16] tiles are sized for that (32-wide
     tiles spilled)."""
     rows = [line.split() for line in sm90_builds.get(SM90_SPILLS).splitlines()]
-    assert len(rows) == 21
+    assert len(rows) == 23
     assert [name for name, _, spills in rows if int(spills)] == []
 
 

@@ -7,7 +7,7 @@ import torch
 
 from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling.token_bans import banned_ngram_tokens
-from infer_cluster.worker.sampling.state import SamplingState
+from infer_cluster.worker.sampling.state import SamplingState, penalty_columns
 
 VOCAB = 50
 
@@ -46,7 +46,7 @@ def test_incremental_penalties_equal_the_rebuild_after_random_appends_and_remova
         x = torch.randn(len(ids), VOCAB) * 3
         entries = [state.entry(rid, live[rid][0], live[rid][1], live[rid][2]) for rid in ids]
         got = x.clone()
-        state.apply_penalties(got, list(range(len(ids))), entries, [live[rid][2] for rid in ids])
+        state.apply_penalties(got, list(range(len(ids))), entries, penalty_columns([live[rid][2] for rid in ids]))
         for j, rid in enumerate(ids):
             prompt, output, params = live[rid]
             assert torch.equal(got[j], dense_penalties(x[j], prompt, output, params)), (step, rid)

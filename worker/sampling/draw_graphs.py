@@ -58,7 +58,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from infer_cluster.kernels.sample import copy_flagged_rows, philox_uniforms
+from infer_cluster.kernels.sample import copy_flagged_rows, random_columns
 from infer_cluster.worker.config import env_count
 from infer_cluster.worker.device.graphs import capture_mid_serving, release_graphs
 from infer_cluster.worker.structured.mask_graphs import MaskArgmaxGraphs
@@ -279,12 +279,10 @@ def _draw_body(x: torch.Tensor, packed_rows: torch.Tensor, width: int, top_p_alo
     the top-p-alone variant (the key) are planned on the host; the host lists a redo reads are
     the step's own (`DeferredUnresolved`), so placeholders stand in for them here."""
     rows = x.shape[0]
-    packed = packed_rows.T  # the columns as `Sampler` packs them
-    bits = packed[4:6].contiguous().view(torch.int64)
-    params = RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                        min_p=packed[3].float(), uniform=philox_uniforms(bits[0], bits[1]),
-                        host_top_k=[0] * rows, host_top_p=[1.0] * rows, host_min_p=[0.0] * rows,
-                        need=[width] * rows, top_p_alone=top_p_alone)
+    f32, top_k, uniform = random_columns(packed_rows.T)  # the columns as `Sampler` packs them
+    params = RandomRows(temperature=f32[0], top_k=top_k, top_p=f32[1], min_p=f32[2], uniform=uniform,
+                        inv_t=f32[3].unsqueeze(1), host_top_k=[0] * rows, host_top_p=[1.0] * rows,
+                        host_min_p=[0.0] * rows, need=[width] * rows, top_p_alone=top_p_alone)
     ids, unresolved = draw_random_rows(x, params, private=True)
     aux = torch.stack((unresolved.m[:, 0].double(), unresolved.inv_t[:, 0].double(),
                        unresolved.kth[:, 0].double(), params.temperature.double(), params.top_k.double(),

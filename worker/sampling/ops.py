@@ -72,6 +72,7 @@ class RandomRows:
     host_min_p: list[float]
     need: Optional[list[int]] = None  # `num_candidates` of the rows, when the caller has it
     top_p_alone: Optional[bool] = None  # whether a candidate row is top-p alone (known with `need`)
+    inv_t: Optional[torch.Tensor] = None  # [n, 1] float32 1 / temperature, when the caller has it
 
 
 def sample_random_rows(x: torch.Tensor, rows: RandomRows) -> torch.Tensor:
@@ -148,7 +149,7 @@ def _run(x: torch.Tensor, rows: RandomRows, want_mask: bool, private: bool = Tru
         m = maxima.amax(dim=-1, keepdim=True).float()
     else:
         m = x.amax(dim=-1, keepdim=True).float()  # exact for bf16 / fp16 logits (the kernels' input)
-    inv_t = (1.0 / rows.temperature).unsqueeze(1)
+    inv_t = rows.inv_t if rows.inv_t is not None else (1.0 / rows.temperature).unsqueeze(1)
     out = None  # a buffer only when both paths have rows: otherwise one path's result is the output
     if 0 < len(cand) < n or n == 0:
         out = (torch.zeros(n, vocab, dtype=torch.bool, device=dev) if want_mask

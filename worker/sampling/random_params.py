@@ -5,8 +5,9 @@ Owns: the per-step column (each row's step: tokens generated, pending ones inclu
 of rows without a seed (drawn from the row's own generator, else one draw from the sampler's
 default generator for all of them), and the uniforms. Where the draw runs its kernels the
 uniforms are Philox on the device (`kernels.sample.philox_uniforms`; the seeds' and steps' 64
-bits ride in the float64 upload as raw bits), else `random_stream.step_uniforms` on the host:
-the same values either way. The fixed columns (temperature, top-k, top-p, min-p, candidates)
+bits ride in the float64 upload as raw bits; one launch also casts the columns,
+`kernels.sample.random_columns`), else `random_stream.step_uniforms` on the host: the same
+values either way. The fixed columns (temperature, top-k, top-p, min-p, candidates)
 come from the plan table (worker/sampling/row_plans.py).
 
 Must never: draw keys twice for one step (call `random_plan` once per step), or sync the device.
@@ -19,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from infer_cluster.kernels.sample import philox_uniforms, use_sample_kernels
+from infer_cluster.kernels.sample import random_columns, use_sample_kernels
 
 from infer_cluster.worker.device.upload import dma_upload
 from infer_cluster.worker.sampling.draw_graphs import DrawPlan
@@ -68,9 +69,11 @@ def random_params(rows: list, x: torch.Tensor, plan, default_generator: Optional
     """Per-row parameters and uniforms on x's device, in one copy (`random_plan`'s arguments)."""
     p = random_plan(rows, x, plan, default_generator)
     packed = dma_upload(p.packed, x.device)
-    on_device = p.packed.shape[0] == 6
-    uniform = philox_uniforms(packed[4].view(torch.int64), packed[5].view(torch.int64)) if on_device else packed[4]
+    host = dict(host_top_k=p.host_top_k, host_top_p=p.host_top_p, host_min_p=p.host_min_p, need=p.need,
+                top_p_alone=p.top_p_alone)
+    if p.packed.shape[0] == 6:  # on the device: one launch for the casts and the uniforms
+        f32, top_k, uniform = random_columns(packed)
+        return RandomRows(temperature=f32[0], top_k=top_k, top_p=f32[1], min_p=f32[2], uniform=uniform,
+                          inv_t=f32[3].unsqueeze(1), **host)
     return RandomRows(temperature=packed[0].float(), top_k=packed[1].long(), top_p=packed[2].float(),
-                      min_p=packed[3].float(), uniform=uniform, host_top_k=p.host_top_k,
-                      host_top_p=p.host_top_p, host_min_p=p.host_min_p, need=p.need,
-                      top_p_alone=p.top_p_alone)
+                      min_p=packed[3].float(), uniform=packed[4], **host)

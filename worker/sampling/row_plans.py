@@ -3,7 +3,8 @@ kept in numpy tables so a step reads every row's with one gather instead of a do
 
 Owns: one row per live request id (slot), holding its feature flags (penalties, min_tokens,
 logprobs, random, structured outputs, logit_bias), its effective random parameters (temperature, top_k with 0 for none or >=
-vocab, top_p, min_p), its candidate count (`sampling_ops.num_candidates`) and its seed. A row is
+vocab, top_p, min_p), its candidate count (`sampling_ops.num_candidates`), its three penalties
+and its seed. A row is
 filled when its request is first seen (or its `SamplingParams` object or the vocabulary changed)
 and freed by `release`; rows of requests without an id live for one call (`scratch`).
 
@@ -24,9 +25,10 @@ from infer_cluster.protocol.sampling_params import SamplingParams
 from infer_cluster.worker.sampling import ops as sampling_ops
 
 PENALTIES, MIN_TOKENS, LOGPROBS, RANDOM, STRUCTURED, LOGIT_BIAS = 1, 2, 4, 8, 16, 32  # flag bits
-# float64 columns: flags, temperature, top_k (effective), top_p, min_p, candidates (0: full path)
-FLAGS, TEMPERATURE, TOP_K, TOP_P, MIN_P, NEED = range(6)
-_NUM_FLOAT = 6
+# float64 columns: flags, temperature, top_k (effective), top_p, min_p, candidates (0: full path),
+# then the repetition, frequency and presence penalties (`SamplingState.apply_penalties`' columns)
+FLAGS, TEMPERATURE, TOP_K, TOP_P, MIN_P, NEED, REPETITION, FREQUENCY, PRESENCE = range(9)
+_NUM_FLOAT = 9
 
 
 class RowPlans:
@@ -56,7 +58,7 @@ class RowPlans:
         return np.asarray(out, dtype=np.int64)
 
     def gather(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(floats [n, 6], seeds [n] int64, seeded [n] bool) of the rows at `slots`."""
+        """(floats [n, 9], seeds [n] int64, seeded [n] bool) of the rows at `slots`."""
         return self._floats[slots], self._seeds[slots], self._seeded[slots]
 
     def release(self, request_id: Hashable) -> None:
@@ -96,7 +98,8 @@ class RowPlans:
         flags = plan_flags(p, has_eos)
         top_k = p.top_k if 0 < p.top_k < vocab else 0
         need = sampling_ops.num_candidates([top_k], [p.top_p], vocab)[0]
-        self._floats[slot] = (flags, p.temperature, top_k, p.top_p, p.min_p, need)
+        self._floats[slot] = (flags, p.temperature, top_k, p.top_p, p.min_p, need,
+                              p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
         self._seeded[slot] = p.seed is not None
         self._seeds[slot] = p.seed or 0  # validated <= 2 ** 63 - 1
 

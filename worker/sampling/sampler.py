@@ -68,7 +68,8 @@ from infer_cluster.worker.sampling.draw_io import DeviceDraw, RowClasses, Sample
 from infer_cluster.worker.sampling.logprob_pack import logprob_pack, lse_and_block_maxima
 from infer_cluster.worker.text.logprob_rows import DeferredLogprob, LogprobRows
 from infer_cluster.worker.sampling.random_params import random_params, random_plan
-from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_TOKENS, NEED, PENALTIES, RANDOM, STRUCTURED, TOP_K
+from infer_cluster.worker.sampling.row_plans import FLAGS, LOGIT_BIAS, LOGPROBS, MIN_TOKENS, NEED, PENALTIES, PRESENCE, RANDOM
+from infer_cluster.worker.sampling.row_plans import REPETITION, STRUCTURED, TOP_K
 from infer_cluster.worker.sampling.row_plans import RowPlans, rows_with
 from infer_cluster.worker.sampling.ops import any_top_p_alone, draw_random_rows, to_device
 from infer_cluster.worker.sampling.state import SamplingState
@@ -207,8 +208,8 @@ class Sampler:
             # Constrained rows take their bans (n-grams, min_tokens) through the grammar's
             # mask, which keeps at least one token the grammar allows (token_bans cannot know).
             grammar_bans = _grammar_bans(rows, grammar_rows) if grammar_rows else None
-            entries = (self._penalise(x, rows, penalty_rows, scratch, grammar_bans)
-                       if penalty_rows else [])
+            entries, upload = (self._penalise(x, rows, penalty_rows, table, scratch, grammar_bans)
+                               if penalty_rows else ([], None))
             if bias_rows:
                 apply_logit_bias(x, rows, bias_rows)
             if min_tokens_rows:
@@ -226,7 +227,9 @@ class Sampler:
                 lse, maxima = lse_and_block_maxima(x_lp)
 
             if not random_rows:
-                token_ids = _argmax(x, logits)
+                # Greedy rows that all take logprobs get their ids from the logprob pack (on
+                # the kernel path found from row_stats' block maxima: no pass of its own).
+                token_ids = None if len(logprob_rows) == n else _argmax(x, logits)
             else:
                 token_ids = torch.empty(n, dtype=torch.long, device=device)
                 if len(random_rows) < n:  # the greedy rows: those the loop above did not list
@@ -246,16 +249,21 @@ class Sampler:
                     token_ids = drawn
                 else:
                     token_ids[_index(random_rows, device)] = drawn
+            values = alt_ids = lp_k = None
+            if logprob_rows:
+                lp_nums = [rows[i].params.logprobs for i in logprob_rows]
+                lp_k = min(max(lp_nums), x.shape[1])
+                chosen = (None if token_ids is None else token_ids if len(logprob_rows) == n
+                          else token_ids[_index(logprob_rows, device)])
+                values, alt_ids, chosen = logprob_pack(x_lp, lse, chosen, lp_k, maxima)
+                if token_ids is None:
+                    token_ids = chosen
             draw = DeviceDraw(token_ids, token_ids, None, n, unresolved=unresolved,
                               random_rows=random_rows)
             # Everything the host needs comes back in one transfer: ids, logprob ids, flags.
             transfer = [token_ids]
             if logprob_rows:
-                draw.logprob_rows = logprob_rows
-                draw.lp_nums = [rows[i].params.logprobs for i in logprob_rows]
-                chosen = token_ids if len(logprob_rows) == n else token_ids[_index(logprob_rows, device)]
-                draw.lp_k = min(max(draw.lp_nums), x.shape[1])
-                draw.values, alt_ids = logprob_pack(x_lp, lse, chosen, draw.lp_k, maxima)
+                draw.logprob_rows, draw.lp_nums, draw.lp_k, draw.values = logprob_rows, lp_nums, lp_k, values
                 transfer.append(alt_ids.flatten())
                 if unresolved is not None:
                     draw.lp_lse = lse
@@ -264,7 +272,7 @@ class Sampler:
             if len(transfer) > 1:
                 draw.transfer = torch.cat(transfer)
             if entries:
-                self.state.append(entries, _rows_of(token_ids, penalty_rows, n))
+                self.state.append(entries, _rows_of(token_ids, penalty_rows, n), upload=upload)
                 draw.ngram = [(i, e) for i, e in zip(penalty_rows, entries) if e.ngram_size]
                 if unresolved is not None:  # only a redo (`_redo`) looks them up
                     draw.penalty_keys = {i: rows[i].request_id for i in penalty_rows
@@ -316,9 +324,10 @@ class Sampler:
                 host_values[jl * (1 + draw.lp_k)] = float(u.x[u.rows[j], t].double() - draw.lp_lse[jl])
         return changed
 
-    def _penalise(self, x: torch.Tensor, rows, which: list[int], scratch: list,
-                  deferred: Optional[dict] = None) -> list:
-        """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries.
+    def _penalise(self, x: torch.Tensor, rows, which: list[int], table: np.ndarray, scratch: list,
+                  deferred: Optional[dict] = None) -> tuple[list, Optional[torch.Tensor]]:
+        """Penalties and no_repeat_ngram bans in place on x[which]; returns the state entries
+        and the penalties' upload (for `SamplingState.append`). `table`: the step's plan rows.
         Rows in `deferred` get their n-gram bans added to it instead (grammar rows)."""
         vocab = x.shape[1]
         if self.state is None or self.state.vocab_size != vocab or self.state.device != x.device:
@@ -332,7 +341,7 @@ class Sampler:
                 scratch.append(key)
             entries.append(self.state.entry(key, r.prompt_token_ids, r.output_token_ids, r.params,
                                             r.num_pending))
-        self.state.apply_penalties(x, which, entries, [rows[i].params for i in which])
+        upload = self.state.apply_penalties(x, which, entries, table[which, REPETITION:PRESENCE + 1])
         ban_rows, ban_ids = [], []
         for i, e in zip(which, entries):
             if e.ngram_size and deferred is not None and i in deferred:
@@ -344,7 +353,7 @@ class Sampler:
                         ban_ids.append(t)
         if ban_rows:
             ban_tokens(x, ban_rows, ban_ids)
-        return entries
+        return entries, upload
 
     def _graph_draw(self, logits: torch.Tensor, rows: list[SamplingRequestState],
                     classes: "RowClasses") -> Optional["DeviceDraw"]:

@@ -40,6 +40,13 @@ from infer_cluster.worker.sampling.ops import to_device
 from infer_cluster.worker.device.upload import dma_upload
 
 
+def penalty_columns(params: list[SamplingParams]) -> np.ndarray:
+    """float64 [len(params), 3]: each one's repetition, frequency and presence penalty (the
+    columns `apply_penalties` takes; the sampler reads them from its plan table)."""
+    return np.array([(p.repetition_penalty, p.frequency_penalty, p.presence_penalty) for p in params],
+                    dtype=np.float64).reshape(len(params), 3)
+
+
 def uses_counts(params: SamplingParams) -> bool:
     return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0)
@@ -165,26 +172,28 @@ class SamplingState:
     # -- per step -------------------------------------------------------------------------------
 
     def apply_penalties(self, x: torch.Tensor, rows: list[int], entries: list[_Entry],
-                        params: list[SamplingParams]) -> None:
+                        penalties: np.ndarray) -> Optional[torch.Tensor]:
         """In place on float32 logits `x`: rows[j] gets entries[j]'s repetition (prompt + output),
-        frequency and presence (output only) penalties. Touches only seen columns."""
+        frequency and presence (output only) penalties, `penalties[j]` (float64 [len(rows), 3]:
+        `penalty_columns`). Touches only seen columns. Returns the step's upload (float64
+        [5, m]: slot, row, the three penalties of the m entries with a slot), whose slot row
+        `append` reads instead of uploading the slots again; None when no entry has a slot."""
         use = [j for j, e in enumerate(entries) if e.slot is not None]
         if not use:
-            return
+            return None
         dev = x.device
-        width = max(entries[j].width for j in use)
+        every = len(use) == len(entries)
         # One copy to the device: slots, rows and the three penalties as float64 columns (exact
         # for any slot or row index), instead of three copies of which one is a nested list.
         packed = np.empty((5, len(use)), dtype=np.float64)
-        packed[0] = [entries[j].slot for j in use]
-        packed[1] = [rows[j] for j in use]
-        packed[2] = [params[j].repetition_penalty for j in use]
-        packed[3] = [params[j].frequency_penalty for j in use]
-        packed[4] = [params[j].presence_penalty for j in use]
+        packed[0] = [e.slot for e in entries] if every else [entries[j].slot for j in use]
+        packed[1] = rows if every else [rows[j] for j in use]
+        packed[2:] = (penalties if every else penalties[use]).T
         packed = dma_upload(packed, dev)
         if use_sample_kernels(x) and x.stride(1) == 1:  # one launch (kernels/penalty_triton.py)
             kernel_penalties(x, self.token_ids, self.output_counts, self.num_distinct, packed)
-            return
+            return packed
+        width = max(entries[j].width for j in use)
         slots, row_idx = packed[:2].long()
         row_idx = row_idx.unsqueeze(1)
         per_row = packed[2:].float().unsqueeze(2)
@@ -200,6 +209,7 @@ class SamplingState:
         z = torch.where(y > 0, y / rep, y * rep)
         z = z - freq * counts - pres * (counts > 0).to(torch.float32)
         x[row_idx, ids] = torch.where(num > 0, z, y)
+        return packed
 
     def fold_ngrams(self, entries: list[_Entry], host_tokens: list[int]) -> None:
         """The host half of `append` for n-gram entries: fold the new ids into their maps."""
@@ -207,9 +217,11 @@ class SamplingState:
             e.fold_ngram(t)
 
     def append(self, entries: list[_Entry], tokens: torch.Tensor,
-               host_tokens: Optional[list[int]] = None) -> None:
+               host_tokens: Optional[list[int]] = None, upload: Optional[torch.Tensor] = None) -> None:
         """Fold one new token per entry (device `tokens`). The n-gram maps need the ids on
-        the host: `host_tokens` here, or `fold_ngrams` later (before the next `entry`)."""
+        the host: `host_tokens` here, or `fold_ngrams` later (before the next `entry`).
+        `upload`: what `apply_penalties` returned for these entries this step (its slot row is
+        read on the device; without it the slots are uploaded here)."""
         counted = [j for j, e in enumerate(entries) if e.slot is not None]
         for e in entries:
             e.num_tokens += 1
@@ -218,18 +230,23 @@ class SamplingState:
                              [t for e, t in zip(entries, host_tokens) if e.ngram_size])
         if not counted:
             return
+        width = 0
         for j in counted:
-            entries[j].width += 1  # an upper bound: the token may already be there
-        self._ensure_width(max(entries[j].width for j in counted))
+            e = entries[j]
+            e.width += 1  # an upper bound: the token may already be there
+            width = max(width, e.width)
+        self._ensure_width(width)
         dev = self.device
-        slots = to_device([entries[j].slot for j in counted], torch.long, dev)
+        # The slots as float64 (exact), the upload's first row where the caller has it.
+        slots = upload[0] if upload is not None else to_device(
+            [float(entries[j].slot) for j in counted], torch.float64, dev)
         # every entry counted (the usual batch): the tokens as they are, no index tensor
         new = (tokens if len(counted) == len(entries)
                else tokens[to_device(counted, torch.long, tokens.device)]).to(dev)
         if use_sample_kernels(new):  # one launch (kernels/penalty_triton.py)
             append_tokens(self.token_ids, self.output_counts, self.num_distinct, slots, new.contiguous())
             return
-        width = max(entries[j].width for j in counted)
+        slots = slots.long()
         num = self.num_distinct[slots]
         hit = (self.token_ids[slots, :width] == new.unsqueeze(1)) & \
             (torch.arange(width, device=dev) < num.unsqueeze(1))
