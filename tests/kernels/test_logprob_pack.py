@@ -54,3 +54,23 @@ def test_chosen_ids_are_taken_as_given(device, monkeypatch):
     assert ids is chosen
     want = torch.cat([x.gather(1, chosen.unsqueeze(1)).double(), vals.double()], dim=1) - lse.double().unsqueeze(1)
     assert torch.equal(values, want)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_sampler_pack_takes_the_kernel_or_the_torch_path_alike(device, monkeypatch, k, greedy):
+    """`worker.sampling.logprob_pack`: the one launch (Triton) and the torch ops give the same
+    values, alternative ids and sampled ids from the same log-sum-exp and block maxima, with
+    and without alternatives (logprobs=0: the sampled token's alone)."""
+    from infer_cluster.worker.sampling.logprob_pack import logprob_pack as pack
+    x = _logits(1000, torch.bfloat16, device)[[0, 1, 2, 6, 7, 8]]
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    lse, maxima = row_stats(x, TOPK_BLOCK)
+    chosen = None if greedy else torch.tensor([3, 999, 0, 998, 17, 500], dtype=torch.int64, device=device)
+    values, alt_ids, ids = pack(x, lse, chosen, k, maxima)
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "torch")
+    want_values, want_alt_ids, want_ids = pack(x, lse, chosen, k, maxima)
+    assert torch.equal(values, want_values) and torch.equal(ids, want_ids)
+    # alternatives of equal value may come in either order (row 2 holds a three-way tie)
+    assert alt_ids.shape == want_alt_ids.shape == (x.shape[0], k)
+    assert alt_ids.sort(dim=1).values.tolist() == want_alt_ids.sort(dim=1).values.tolist()

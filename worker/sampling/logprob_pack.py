@@ -52,8 +52,9 @@ def logprob_pack(x: torch.Tensor, lse: torch.Tensor, chosen: Optional[torch.Tens
     if maxima is not None and k <= min(maxima.shape[1], PACK_K_MAX) and use_triton(x) and x.stride(1) == 1:
         if k:
             vals, ids = topk_by_blocks(x, k, maxima)
-        else:
-            vals = ids = torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
+        else:  # float32 values, as topk_select's: the launch keeps its one compiled variant
+            vals = torch.empty(x.shape[0], 0, dtype=torch.float32, device=x.device)
+            ids = torch.empty(x.shape[0], 0, dtype=torch.long, device=x.device)
         values, chosen = pack_kernel(x, lse, chosen, vals, maxima, TOPK_BLOCK)
         return values, ids, chosen
     if chosen is None:
