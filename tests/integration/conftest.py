@@ -1,7 +1,8 @@
 """Real clusters for integration tests: coordinator and replicas as processes on loopback.
 
 Owns: `ClusterProcs` (start a coordinator + N `python -m infer_cluster.worker` replicas on free ports, wait
-until registered, kill / restart a replica, stop everything), the shared session clusters
+until registered, kill / restart a replica, stop everything), `PacedLoad` (a kill test's load,
+paced so it outlasts the status polls), the shared session clusters
 (2 replicas of tiny-random; `serve` of the real SmolLM2) and the offline reference outputs (the same prompts through
 `worker.LLM` in this process). Every process started here is ended in a `finally`, and each
 child also gets SIGTERM if this test process dies (parent-death signal).
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -193,6 +195,36 @@ class ClusterProcs:
         for p in self.replicas:
             stop_process(p)
         stop_process(self.coordinator)
+
+
+class PacedLoad:
+    """A kill test's load, sent from a thread: the first `head` requests at once, the rest over
+    `pace_s` seconds. Sent all at once, a load of short requests streamed in well under a
+    second on a fast 2-core host, and three kill tests in turn found it over before a status
+    poll (heartbeats every 0.2 s) showed a replica mid-stream. Paced, the load lasts `pace_s`
+    however fast the host is. `results()` joins the sender and returns each request's output."""
+
+    def __init__(self, client: InferenceClient, items: list, id_prefix: str, head: int, pace_s: float):
+        self.client, self.items, self.id_prefix = client, items, id_prefix
+        self.head, self.pace_s = head, pace_s
+        self.handles: list = [None] * len(items)
+        self._sender = threading.Thread(target=self._send, name=f"{id_prefix}load", daemon=True)
+
+    def _send(self) -> None:
+        rest = max(1, len(self.items) - self.head)
+        for i, (p, sp) in enumerate(self.items):
+            self.handles[i] = self.client.submit(p, sp, request_id=f"{self.id_prefix}{i}")
+            if i >= self.head:
+                time.sleep(self.pace_s / rest)
+
+    def start(self) -> "PacedLoad":
+        self._sender.start()
+        return self
+
+    def results(self, timeout: float = 180.0) -> list:
+        self._sender.join(timeout=self.pace_s + 60)
+        assert not self._sender.is_alive(), "the load's sender did not finish"
+        return [h.result(timeout=timeout) for h in self.handles]
 
 
 def prompt_set(n: int = 200, seed: int = 0) -> list[tuple[str, SamplingParams]]:

@@ -19,7 +19,7 @@ import pytest
 from infer_cluster.client import InferenceClient
 from infer_cluster.protocol import SamplingParams
 
-from .conftest import REPO, child_env, prompt_set
+from .conftest import REPO, PacedLoad, child_env, prompt_set
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -82,10 +82,10 @@ def test_kill_9_under_load_loses_nothing(cluster, offline_reference):
         revive(cluster)
 
 
-# Tokens a request of the kill -9 load: long enough that the load outlasts the status polls
-# after its first tenth. At 24, waiting for a quarter, a clean CI run once finished all 200
-# before a poll could see a replica mid-stream (heartbeats come every 0.2 s).
+# Tokens a request of the kill -9 load, and its pacing (`PacedLoad`): a quarter at once, the rest
+# over KILL_LOAD_PACE_S seconds, so the load outlasts the status polls after its first tenth.
 KILL_LOAD_TOKENS = 48
+KILL_LOAD_PACE_S = 3.0
 
 
 def kill_9_under_load(cluster, offline_reference):
@@ -97,7 +97,7 @@ def kill_9_under_load(cluster, offline_reference):
     c, finals, tokens = counting_client(cluster.address)
     total = 200 * KILL_LOAD_TOKENS
     try:
-        handles = [c.submit(p, sp, request_id=f"kill-{i}") for i, (p, sp) in enumerate(items)]
+        load = PacedLoad(c, items, "kill-", head=50, pace_s=KILL_LOAD_PACE_S).start()
         cluster.wait_generated(generated, total * 0.1)  # early: the rest must outlast the status polls
         # The victim is a replica mid-stream: on a loaded machine one replica once streamed the
         # quarter alone while the other's requests had not started, and killing that other one
@@ -106,7 +106,7 @@ def kill_9_under_load(cluster, offline_reference):
         streamed = sum(len(v) for v in tokens.values())
         cluster.kill_replica(victim, signal.SIGKILL)
         t_kill = time.monotonic()
-        outs = [h.result(timeout=180) for h in handles]
+        outs = load.results()
         recovery = time.monotonic() - t_kill
     finally:
         c.close()

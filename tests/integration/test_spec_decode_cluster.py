@@ -14,7 +14,7 @@ import pytest
 from infer_cluster.cli_client import render_status
 from infer_cluster.protocol import SamplingParams
 
-from .conftest import ClusterProcs
+from .conftest import ClusterProcs, PacedLoad
 from .test_cluster import counting_client
 
 pytestmark = pytest.mark.timeout(240)
@@ -22,9 +22,9 @@ pytestmark = pytest.mark.timeout(240)
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
         "adaptive": False}
 DRAFT = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3, "adaptive": False}
-# Long enough that a status poll sees a replica mid-stream after the first tenth: with 96-token
-# outputs a fast 2-core host finished the whole load within a few 0.2 s heartbeats of that tenth.
-NUM, MAX_TOKENS = 120, 160
+# The load: a quarter at once, the rest over PACE_S seconds (`PacedLoad`), so a status poll sees a
+# replica mid-stream after the first tenth however fast the host streams.
+NUM, MAX_TOKENS, PACE_S = 120, 96, 3.0
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +48,12 @@ def test_kill_9_while_speculating_matches_the_offline_engine(spec_cluster, offli
     generated = spec_cluster.generated_tokens()
     c, finals, tokens = counting_client(spec_cluster.address)
     try:
-        handles = [c.submit(p, sp, request_id=f"spec-{i}") for i, (p, sp) in enumerate(items)]
-        spec_cluster.wait_generated(generated, NUM * MAX_TOKENS * 0.1)  # early: speculating, the load can end within the next status polls
+        load = PacedLoad(c, items, "spec-", head=NUM // 4, pace_s=PACE_S).start()
+        spec_cluster.wait_generated(generated, NUM * MAX_TOKENS * 0.1)
         victim, rows = spec_cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
         spec_cluster.kill_replica(victim, signal.SIGKILL)
-        outs = [h.result(timeout=180) for h in handles]
+        outs = load.results()
     finally:
         c.close()
     assert streamed < NUM * MAX_TOKENS, "the load finished before the kill; make requests longer"

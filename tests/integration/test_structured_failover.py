@@ -10,8 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import threading
-import time
 
 import jsonschema
 import pytest
@@ -22,12 +20,14 @@ from infer_cluster.protocol import SamplingParams
 
 from tests.structured.schemas import BOUNDED
 
+from .conftest import PacedLoad
+
 pytestmark = pytest.mark.timeout(300)
 
 # Requests in the load. Their outputs are short (bounded schemas, ~25 tokens each): sent at once,
 # 160 and then 320 of them streamed in about a second on the 2-core CI machine, and twice the load
 # ended before a heartbeat (every 0.5 s) showed a replica running any ("no replica is
-# mid-stream"). So after the first quarter the rest arrive over PACE_S seconds.
+# mid-stream"). So after the first quarter the rest arrive over PACE_S seconds (`PacedLoad`).
 NUM = 320
 PACE_S = 4.0
 
@@ -58,25 +58,13 @@ def test_kill_9_mid_structure_stays_valid(cluster, offline_reference):
         original(payload)
     c._deliver = deliver
     victim = 1
-    handles = [None] * NUM
-    head = NUM // 4
-
-    def send():
-        for i, (p, sp) in enumerate(items):
-            handles[i] = c.submit(p, sp, request_id=f"so-kill-{i}")
-            if i >= head:
-                time.sleep(PACE_S / (NUM - head))
-
-    sender = threading.Thread(target=send, name="structured-failover-load", daemon=True)
     try:
-        sender.start()
+        load = PacedLoad(c, items, "so-kill-", head=NUM // 4, pace_s=PACE_S).start()
         cluster.wait_generated(generated, total * 0.1)
         victim, rows = cluster.replica_mid_stream(generated)
         streamed = sum(len(v) for v in tokens.values())
         cluster.kill_replica(victim, signal.SIGKILL)
-        sender.join(timeout=PACE_S + 60)
-        assert not sender.is_alive(), "the load's sender did not finish"
-        outs = [h.result(timeout=180) for h in handles]
+        outs = load.results()
     finally:
         c.close()
     try:
