@@ -4,9 +4,10 @@ timed run (`bench/throughput.py --host-timers`). Each one's calls, seconds, ms a
 Why: cProfile slows every Python call, so where the host and the device are close it misstates
 where a step's host time goes. A timer around a few dozen functions adds well under a
 microsecond a call. On an H200 with int8 KV (2026-12-01, f23eb9f, penalties) it put
-`philox_uniforms` at 91 µs a call inside the engine, against 19 µs alone. That led to the text
-thread's GIL take-over (bench/RESULTS.md, "Request kinds"). Launches are asynchronous, so a
-function's time is its host time: Python, torch's dispatch, Triton's launcher, and any wait.
+`philox_uniforms` (the uniforms' launch, since folded into `random_columns`) at 91 µs a call
+inside the engine, against 19 µs alone. That led to the text thread's GIL take-over
+(bench/RESULTS.md, "Request kinds"). Launches are asynchronous, so a function's time is its
+host time: Python, torch's dispatch, Triton's launcher, and any wait.
 Times are inclusive: a timed function that calls another counts both.
 
 Owns: replacing each named function or method with its timed wrapper, and each module of the
@@ -51,7 +52,7 @@ TARGETS = [
     ("infer_cluster.worker.device.upload", "dma_upload"),
     ("infer_cluster.kernels.sample", "candidate_draw"),
     ("infer_cluster.kernels.sample", "full_draw"),
-    ("infer_cluster.kernels.sample", "philox_uniforms"),
+    ("infer_cluster.kernels.sample", "random_columns"),
     ("infer_cluster.kernels.sample", "float32_copy"),
     ("infer_cluster.kernels.sample", "apply_penalties"),
     ("infer_cluster.kernels.sample", "append_tokens"),

@@ -234,8 +234,6 @@ def sampler_variants():
                  dict(NBLK_PAD=2048, BLOCK=128, TB=ts._TB, WPAD=ts.MAX_WIDTH), dict(num_warps=8),
                  ("sx", "sb", "sv", "si", "nblk", "vocab", "width")))
     from infer_cluster.kernels import random_columns_triton as rc
-    rows.append(("sample uniforms", rc._uniform_kernel, dict(seed_ptr="*i64", step_ptr="*i64", out_ptr="*fp64"),
-                 dict(n=256), dict(BLOCK=128), dict(num_warps=4), ("n",)))
     rows.append(("sample random columns", rc._columns_kernel,  # the random rows' casts and uniforms
                  dict(packed_ptr="*fp64", bits_ptr="*i64", f32_ptr="*fp32", top_k_ptr="*i64", u_ptr="*fp64"),
                  dict(sr=256, sc=1, n=256, sf=256), dict(BLOCK=128), dict(num_warps=4), ("n", "sr", "sc", "sf")))

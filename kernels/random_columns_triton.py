@@ -1,17 +1,17 @@
 """The random rows' per-step columns on the device, in one launch: what the sampler's upload
 carries, cast to the dtypes the draw reads, plus each row's Philox uniform.
 
-Owns two entry points over the same Philox helper:
-  * `random_columns(packed)`: from the sampler's float64 upload `[6, n]` (temperature, top_k,
-    top_p, min_p, then the seed's and the step's 64 bits as raw bits) it writes float32
-    temperature, top_p, min_p and 1 / temperature, int64 top_k, and the float64 uniform. In
-    torch that was the uniform's launch plus five casts and a division, each a launch of its
-    own (~10-20 us of host time apiece on the H200's host inside the engine).
-  * `philox_uniforms(seeds, steps)`: the uniforms alone.
-The uniform is the first of `random_stream.step_uniforms(seeds, steps)` per row: `tl.randint4x`
-with the seed as key and the step as counter (the host stream's layout), 53 bits. The casts are
-torch's: float64 -> float32 rounds to nearest, float64 -> int64 truncates, and 1 / temperature
-is the IEEE division. tests/kernels/test_sample_draw.py compares both with the host.
+Owns `random_columns(packed)`: from the sampler's float64 upload `[6, n]` (temperature, top_k,
+top_p, min_p, then the seed's and the step's 64 bits as raw bits) it writes float32
+temperature, top_p, min_p and 1 / temperature, int64 top_k, and the float64 uniform. In torch
+that was the uniforms' launch plus five casts and a division, each a launch of its own
+(~10-20 us of host time apiece on the H200's host inside the engine).
+
+The uniform is the first of `random_stream.step_uniforms(seeds, steps)` per row:
+`tl.randint4x` with the seed as key and the step as counter (the host stream's layout), 53
+bits. The casts are torch's: float64 -> float32 rounds to nearest, float64 -> int64 truncates,
+and 1 / temperature is the IEEE division. tests/kernels/test_sample_draw.py compares them with
+torch and the host.
 
 To extend: a new per-row column is one more row of the upload and one more store here.
 """
@@ -35,15 +35,6 @@ def _uniform53(seed, step):
     return bits.to(tl.float64) * (2.0 ** -53)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _uniform_kernel(seed_ptr, step_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    seed = tl.load(seed_ptr + i, mask=mask, other=0)
-    step = tl.load(step_ptr + i, mask=mask, other=0)
-    tl.store(out_ptr + i, _uniform53(seed, step), mask=mask)
-
-
 @triton.jit(do_not_specialize=["n", "sr", "sc", "sf"])
 def _columns_kernel(packed_ptr, bits_ptr, sr, sc, n, f32_ptr, sf, top_k_ptr, u_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -61,16 +52,6 @@ def _columns_kernel(packed_ptr, bits_ptr, sr, sc, n, f32_ptr, sf, top_k_ptr, u_p
     tl.store(f32_ptr + 3 * sf + i, tl.div_rn(tl.full(t.shape, 1.0, tl.float32), t), mask=mask)
     tl.store(top_k_ptr + i, top_k, mask=mask)
     tl.store(u_ptr + i, _uniform53(seed, step), mask=mask)
-
-
-def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[n] float64: column 0 of `random_stream.step_uniforms(seeds, steps)`, on the device.
-    seeds / steps [n] int64 (the seed's 64 bits as a signed integer)."""
-    n = seeds.shape[0]
-    out = torch.empty(n, dtype=torch.float64, device=seeds.device)
-    if n:
-        _uniform_kernel[(triton.cdiv(n, _BLOCK),)](seeds, steps, out, n, BLOCK=_BLOCK, num_warps=4)
-    return out
 
 
 def random_columns(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

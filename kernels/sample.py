@@ -82,12 +82,6 @@ def float32_copy(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32, copy=True)
 
 
-def philox_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[n] float64: column 0 of `worker.random_stream.step_uniforms`, computed on the device."""
-    from .random_columns_triton import philox_uniforms as launch
-    return launch(seeds, steps)
-
-
 def random_columns(packed: torch.Tensor):
     """(float32 [4, n]: temperature, top_p, min_p, 1 / temperature; int64 [n] top_k; float64 [n]
     uniform) from the sampler's float64 upload [6, n], in one launch (see
