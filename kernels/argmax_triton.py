@@ -23,19 +23,28 @@ _WARPS = 4
 
 
 @triton.jit
+def tile_argmax(x, cols, inside, vocab):
+    """torch.argmax over one tile, as (value, column): where the tile holds a NaN, NaN and its
+    lowest column; else the largest value and the lowest column holding it. `x` float32 with
+    -inf outside `inside`; `cols` the lanes' columns (or, merging parts, their columns found)."""
+    nan = (x != x) & inside
+    big = tl.max(tl.where(nan, float("-inf"), x), axis=0)
+    first_max = tl.min(tl.where((x == big) & inside, cols, vocab), axis=0)
+    first_nan = tl.min(tl.where(nan, cols, vocab), axis=0)
+    has_nan = first_nan < vocab
+    return tl.where(has_nan, float("nan"), big), tl.where(has_nan, first_nan, first_max)
+
+
+@triton.jit
 def _part_kernel(x_ptr, sx, vocab, val_ptr, idx_ptr, nparts, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     cols = part * BLOCK + tl.arange(0, BLOCK)
     inside = cols < vocab
     x = tl.load(x_ptr + row * sx + cols, mask=inside, other=float("-inf")).to(tl.float32)
-    nan = (x != x) & inside
-    big = tl.max(tl.where(nan, float("-inf"), x), axis=0)
-    first_max = tl.min(tl.where((x == big) & inside, cols, vocab), axis=0)
-    first_nan = tl.min(tl.where(nan, cols, vocab), axis=0)
-    has_nan = first_nan < vocab
-    tl.store(val_ptr + row * nparts + part, tl.where(has_nan, float("nan"), big))
-    tl.store(idx_ptr + row * nparts + part, tl.where(has_nan, first_nan, first_max))
+    val, idx = tile_argmax(x, cols, inside, vocab)
+    tl.store(val_ptr + row * nparts + part, val)
+    tl.store(idx_ptr + row * nparts + part, idx)
 
 
 @triton.jit
@@ -45,11 +54,9 @@ def _pick_kernel(val_ptr, idx_ptr, out_ptr, nparts, vocab, BLOCK_P: tl.constexpr
     inside = offs < nparts
     val = tl.load(val_ptr + row * nparts + offs, mask=inside, other=float("-inf"))
     idx = tl.load(idx_ptr + row * nparts + offs, mask=inside, other=vocab)
-    nan = (val != val) & inside
-    first_nan = tl.min(tl.where(nan, idx, vocab), axis=0)
-    big = tl.max(tl.where(nan, float("-inf"), val), axis=0)
-    first_max = tl.min(tl.where((val == big) & inside, idx, vocab), axis=0)
-    tl.store(out_ptr + row, tl.where(first_nan < vocab, first_nan, first_max).to(tl.int64))
+    # parts are in column order: the first part's column among NaN parts, else among the maxima
+    _, first = tile_argmax(val, idx, inside, vocab)
+    tl.store(out_ptr + row, first.to(tl.int64))
 
 
 def row_argmax_triton(x: torch.Tensor) -> torch.Tensor:

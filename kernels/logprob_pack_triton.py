@@ -8,7 +8,7 @@ chosen ids or, for greedy rows (`greedy`, a runtime switch), the block maxima [n
   * greedy: the row's largest block maximum, the first block holding it, and the first column of
     that block equal to it: torch.argmax's first index of the maximum. A row holding a NaN or
     +inf has a NaN log-sum-exp (exp(inf - inf)); such a row is scanned whole instead, with
-    torch's rule (the first NaN, else the first maximum), as `row_argmax` does.
+    torch's rule (the first NaN, else the first maximum), through `row_argmax`'s `tile_argmax`.
   * values[row] = (x[row, chosen], then the k top values) in float64, minus the lse in float64:
     what `x.gather(...).double() - lse.double()` and `vals.double() - lse.double()` gave.
 Its reference is the torch path of `worker.sampling.logprob_pack` (tests/kernels/test_logprob_pack.py).
@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .argmax_triton import tile_argmax
 from .row_stats import PACK_K_MAX
 
 K_PAD = PACK_K_MAX  # alternatives a launch can carry: protocol's MAX_LOGPROBS (20), padded
@@ -31,41 +32,37 @@ _BLOCK_TILE = 1024  # block maxima a tile of the greedy search
 
 @triton.jit
 def _first_max_by_blocks(x_ptr, sx, bmax_ptr, sb, row, vocab, nblk, BLOCK: tl.constexpr, TILE: tl.constexpr):
-    """The first column of the row's maximum, from its block maxima (no NaN in the row)."""
+    """The first column of the row's maximum, from its block maxima (no NaN in the row): the
+    first block holding the largest maximum, then that block's first column equal to it."""
     offs = tl.arange(0, TILE)
     big = tl.full([], float("-inf"), tl.float32)
-    for b0 in range(0, nblk, TILE):
+    first = tl.full([], 0, tl.int32)
+    for b0 in range(0, nblk, TILE):  # in block order: a later tile wins only with a larger maximum
         b = b0 + offs
         v = tl.load(bmax_ptr + row * sb + b, mask=b < nblk, other=float("-inf")).to(tl.float32)
-        big = tl.maximum(big, tl.max(v, axis=0))
-    first = tl.full([], 2 ** 30, tl.int32)
-    for b0 in range(0, nblk, TILE):
-        b = b0 + offs
-        v = tl.load(bmax_ptr + row * sb + b, mask=b < nblk, other=float("-inf")).to(tl.float32)
-        first = tl.minimum(first, tl.min(tl.where((v == big) & (b < nblk), b, 2 ** 30), axis=0))
+        tile_big, tile_first = tile_argmax(v, b, b < nblk, nblk)
+        first = tl.where((tile_big > big) | (b0 == 0), tile_first, first)
+        big = tl.maximum(big, tile_big)
     c = first * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * sx + c, mask=c < vocab, other=float("-inf")).to(tl.float32)
-    return tl.min(tl.where((x == big) & (c < vocab), c, vocab), axis=0).to(tl.int64)
+    return tile_argmax(x, c, c < vocab, vocab)[1].to(tl.int64)
 
 
 @triton.jit
 def _first_max_scan(x_ptr, sx, row, vocab, SCAN: tl.constexpr):
-    """torch.argmax of the whole row: the first NaN if any, else the first maximum."""
+    """torch.argmax of the whole row, tile by tile (`tile_argmax`, as `row_argmax`'s parts): the
+    first NaN if any, else the first maximum."""
     offs = tl.arange(0, SCAN)
-    big = tl.full([], float("-inf"), tl.float32)
-    first_nan = tl.full([], 2 ** 30, tl.int32)
-    for c0 in range(0, vocab, SCAN):
+    best = tl.full([], float("-inf"), tl.float32)
+    first = tl.full([], 0, tl.int32)
+    for c0 in range(0, vocab, SCAN):  # in column order: a later tile wins with a NaN or a larger value
         c = c0 + offs
         x = tl.load(x_ptr + row * sx + c, mask=c < vocab, other=float("-inf")).to(tl.float32)
-        nan = (x != x) & (c < vocab)
-        first_nan = tl.minimum(first_nan, tl.min(tl.where(nan, c, 2 ** 30), axis=0))
-        big = tl.maximum(big, tl.max(tl.where(nan, float("-inf"), x), axis=0))
-    first = tl.full([], 2 ** 30, tl.int32)
-    for c0 in range(0, vocab, SCAN):
-        c = c0 + offs
-        x = tl.load(x_ptr + row * sx + c, mask=c < vocab, other=float("-inf")).to(tl.float32)
-        first = tl.minimum(first, tl.min(tl.where((x == big) & (c < vocab), c, 2 ** 30), axis=0))
-    return tl.where(first_nan < 2 ** 30, first_nan, tl.minimum(first, vocab - 1)).to(tl.int64)
+        v, i = tile_argmax(x, c, c < vocab, vocab)
+        take = (c0 == 0) | ((best == best) & ((v != v) | (v > best)))
+        first = tl.where(take, i, first)
+        best = tl.where(take, v, best)
+    return first.to(tl.int64)
 
 
 @triton.jit(do_not_specialize=["sx", "sb", "sv", "vocab", "nblk", "k", "greedy"])

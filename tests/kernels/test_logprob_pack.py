@@ -74,3 +74,22 @@ def test_sampler_pack_takes_the_kernel_or_the_torch_path_alike(device, monkeypat
     # alternatives of equal value may come in either order (row 2 holds a three-way tie)
     assert alt_ids.shape == want_alt_ids.shape == (x.shape[0], k)
     assert alt_ids.sort(dim=1).values.tolist() == want_alt_ids.sort(dim=1).values.tolist()
+
+
+def test_greedy_ids_over_many_tiles(device, monkeypatch):
+    """Small tiles (`_BLOCK_TILE` of 4 block maxima, `_SCAN` of 256 columns), so the search over
+    the maxima and the whole-row scan each merge several tiles: a later tile wins only with a
+    larger value or (the scan) a NaN, ties keep the first column."""
+    from infer_cluster.kernels import logprob_pack_triton as lp
+    monkeypatch.setattr(lp, "_BLOCK_TILE", 4)
+    monkeypatch.setattr(lp, "_SCAN", 256)
+    monkeypatch.setenv("INFER_CLUSTER_KERNELS", "triton")
+    x = _logits(1000, torch.bfloat16, device)
+    x[9, 900] = x[9].max() + 2                          # the maximum in the last tile of maxima
+    x[10, 700] = float("nan")                           # a NaN in a later scan tile than +inf
+    x[10, 300] = float("inf")
+    x[11, 600] = x[11, 650] = float("inf")              # +inf twice: the first
+    lse, maxima = row_stats(x, TOPK_BLOCK)
+    vals = topk_by_blocks(x, 2, maxima)[0]
+    _, ids = logprob_pack(x, lse, None, vals, maxima)
+    assert ids.tolist() == torch.argmax(x.float(), dim=-1).tolist()

@@ -6,8 +6,9 @@ of rows without a seed (drawn from the row's own generator, else one draw from t
 default generator for all of them), and the uniforms. Where the draw runs its kernels the
 uniforms are Philox on the device, in the one launch that also casts the columns
 (`kernels.sample.random_columns`; the seeds' and steps' 64 bits ride in the float64 upload as
-raw bits), else `random_stream.step_uniforms` on the host: the same values either way. The fixed columns (temperature, top-k, top-p, min-p, candidates)
-come from the plan table (worker/sampling/row_plans.py).
+raw bits), else `random_stream.step_uniforms` on the host: the same values either way. The
+fixed columns (temperature, top-k, top-p, min-p, candidates) come from the plan table
+(worker/sampling/row_plans.py).
 
 Must never: draw keys twice for one step (call `random_plan` once per step), or sync the device.
 """
