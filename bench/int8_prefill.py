@@ -87,7 +87,8 @@ def main(argv=None):
                     help="bf16 variants with these prefill tiles (the default tiles are `_tiles`')")
     ap.add_argument("--gluon", nargs="+", default=[], metavar="BM,BN,WARPS,STAGES", type=_tile_set,
                     help="bf16 variants through the Gluon prefill kernel with these tiles "
-                         "(kernels/attention_prefill_gluon.py; its default is GLUON_TILES)")
+                         "(kernels/attention_prefill_gluon.py; its default is GLUON_TILES), and the int8 "
+                         "Gluon kernel with the same tiles")
     ap.add_argument("--entry", action="store_true",
                     help="also time each case through `paged_attention_triton` (bf16 and int8), whose "
                          "mixed steps give their decode rows to the decode kernel "
@@ -172,12 +173,19 @@ def main(argv=None):
             rows.append(dict(case=name, variant=f"int8 {cvt}", ms=ms, speedup=base / ms,
                              max_err=err, ok=ok))
         gluon_int8 = []
-        if not args.smoke:  # the Gluon kernel over the int8 cache, default tiles
-            def fn(b, o):
-                prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], gluon=True)
-            err, ok = tc.check(fn, int8, int8_ref(True))  # "mma_k": q as int8 codes
-            ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
-            gluon_int8.append(dict(case=name, variant="int8 gluon", ms=ms, speedup=base / ms,
+        # the Gluon kernel over the int8 cache: default tiles, then each --gluon tile set
+        for tiles in ([] if args.smoke else [None, *args.gluon]):
+            def fn(b, o, tiles=tiles):
+                prefill_attention(*b[:6], scale, mq, o, k_scale=b[6], v_scale=b[7], gluon=True,
+                                  tiles=tiles)
+            label = "int8 gluon" + ("" if tiles is None else " {}x{} w{} s{}".format(*tiles))
+            try:
+                err, ok = tc.check(fn, int8, int8_ref(True))  # "mma_k": q as int8 codes
+                ms = tc.time_graph(fn, int8, out, args.reps, iters)[0] if ok else float("inf")
+            except Exception as e:  # e.g. the tiles need more shared memory than a SM has
+                print(f"{name}: int8 tiles {tiles} failed: {str(e).splitlines()[0][:120]}")
+                err, ok, ms = float("nan"), False, float("inf")
+            gluon_int8.append(dict(case=name, variant=label, ms=ms, speedup=base / ms,
                                    max_err=err, ok=ok))
         rows += gluon_int8 + entries
         for r in rows[-len(cvts) - len(tile_sets) - len(args.gluon) - len(gluon_int8) - len(entries) - 1:]:

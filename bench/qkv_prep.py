@@ -35,10 +35,11 @@ def _inputs(torch, n, int8, device):
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2).float() / D))
     cos, sin = build_rope_cache(inv_freq.to(device), MAX_POS)
     positions = torch.randint(0, MAX_POS, (n,), generator=g).to(device)
-    slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=g)[:n].to(device)
-    shape = (NUM_BLOCKS, BLOCK_SIZE, HKV, D)
+    blocks = max(NUM_BLOCKS, -(-2 * n // BLOCK_SIZE))  # room for a prefill step's tokens
+    slots = torch.randperm(blocks * BLOCK_SIZE, generator=g)[:n].to(device)
+    shape = (blocks, BLOCK_SIZE, HKV, D)
     kc = torch.zeros(shape, device=device, dtype=torch.int8 if int8 else torch.bfloat16)
-    scales = [torch.zeros(NUM_BLOCKS, HKV, BLOCK_SIZE, device=device) for _ in range(2)] \
+    scales = [torch.zeros(blocks, HKV, BLOCK_SIZE, device=device) for _ in range(2)] \
         if int8 else [None, None]
     w = [(torch.rand(D, generator=g) + 0.5).to(device, torch.bfloat16) for _ in range(2)]
     return dict(qkv=qkv, positions=positions, cos_cache=cos, sin_cache=sin, slot_mapping=slots,

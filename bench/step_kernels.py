@@ -60,6 +60,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--top", type=int, default=8, help="kernels listed by name")
+    ap.add_argument("--phase", choices=["decode", "prefill"], default="decode",
+                    help="prefill: profile the steps that prefill the 256 prompts (mixed steps) "
+                         "instead of decode steps after them")
     ap.add_argument("--leave-out", choices=sorted(LEAVE_OUT), default=None,
                     help="that kernel launches nothing: read the span (module docstring)")
     args = ap.parse_args(argv)
@@ -82,10 +85,23 @@ def main(argv=None):
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sched = llm.engine.scheduler
-    steps = 0
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or sched.waiting:
-        llm.step()
-        steps += 1
+
+    def prefill_all() -> int:
+        n = 0
+        while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or sched.waiting:
+            llm.step()
+            n += 1
+        return n
+
+    if args.phase == "prefill":
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            steps = prefill_all()
+            sync()
+        report(prof, steps, f"kv_cache_dtype={args.kv_cache_dtype}: the {steps} steps that prefill "
+                            f"{args.num_seqs} prompts", args.top)
+        llm.close()
+        return 0
+    steps = prefill_all()
     for _ in range(3):
         llm.step()
     sync()
@@ -106,27 +122,35 @@ def main(argv=None):
         for _ in range(args.steps):
             llm.step()
         sync()
+    report(prof, args.steps, f"kv_cache_dtype={args.kv_cache_dtype}: {steps} steps to prefill everything; "
+                             f"then {args.steps} decode steps at batch {batch}, mean context {ctx:.0f} tokens "
+                             f"(a step's span unprofiled, the {args.steps} steps before: {span_ms:.2f} ms)",
+           args.top)
+    llm.close()
+    return 0
+
+
+def report(prof, steps: int, title: str, top: int) -> None:
+    """GPU time a step by kernel family, then the `top` kernels by name."""
+    import torch
+
     per_fam: dict[str, float] = defaultdict(float)
     per_name: dict[str, float] = defaultdict(float)
     launches: dict[str, int] = defaultdict(int)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_fam[family(e.name)] += e.device_time_total / 1e3 / args.steps
-            per_name[e.name] += e.device_time_total / 1e3 / args.steps
+            per_fam[family(e.name)] += e.device_time_total / 1e3 / steps
+            per_name[e.name] += e.device_time_total / 1e3 / steps
             launches[e.name] += 1
     total = sum(per_fam.values())
-    print(f"kv_cache_dtype={args.kv_cache_dtype}: {steps} steps to prefill everything; then {args.steps} "
-          f"decode steps at batch {batch}, mean context {ctx:.0f} tokens: {total:.2f} ms of kernels per step "
-          f"(a step's span unprofiled, the {args.steps} steps before: {span_ms:.2f} ms)")
+    print(f"{title}: {total:.2f} ms of kernels a step")
     for fam, ms in sorted(per_fam.items(), key=lambda kv: -kv[1]):
         print(f"  {fam:<14} {ms:7.3f} ms  {100 * ms / total:5.1f}%")
-    print(f"  top kernels ({sum(launches.values()) / args.steps:.0f} launches a step; ms a step, "
+    print(f"  top kernels ({sum(launches.values()) / steps:.0f} launches a step; ms a step, "
           f"launches a step, us each):")
-    for name, ms in sorted(per_name.items(), key=lambda kv: -kv[1])[:args.top]:
-        n = launches[name] / args.steps
-        print(f"    {ms:7.3f} ms {n:6.1f} x {1e3 * ms / n:6.2f} us  {name[:80]}")
-    llm.close()
-    return 0
+    for name, ms in sorted(per_name.items(), key=lambda kv: -kv[1])[:top]:
+        n = launches[name] / steps
+        print(f"    {ms:7.3f} ms {n:6.1f} x {1e3 * ms / n:6.2f} us  {name[:100]}")
 
 
 if __name__ == "__main__":
