@@ -49,6 +49,7 @@ def build_params(req, max_tokens: Optional[int], logprobs: Optional[int],
         kwargs["max_tokens"] = max_tokens
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
+        kwargs["logprob_bytes"] = True  # the replica sends each token's bytes: gateway/logprobs.py
     kwargs["structured_outputs"] = structured_outputs(req)  # a 400 naming the field it came in
     if forced is not None:
         if kwargs["structured_outputs"] is not None:

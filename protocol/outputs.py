@@ -101,7 +101,10 @@ class RequestDelta:
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    logprobs: Optional[list] = None  # one entry per token: [sampled_logprob, {alt_id: logprob}]
+    # One entry per token: [sampled_logprob, {alt_id: logprob}], and with
+    # `SamplingParams.logprob_bytes` a third item, {token_id: bytes} for the sampled token and
+    # each alternative.
+    logprobs: Optional[list] = None
     finish_reason: Optional[str] = None
     error: Optional[dict] = None  # {"code", "message"} when finish_reason == "error"
     num_prompt_tokens: int = 0

@@ -50,12 +50,21 @@ WALL_TIME = number(0.0)  # seconds since the epoch
 MAX_SPEC_POSITIONS = 64  # proposals a row may carry, by position (the engine allows 32: worker/spec_decode/config.py)
 
 
+MAX_TOKEN_BYTES = 1024  # a token's raw bytes in a logprob entry (`SamplingParams.logprob_bytes`)
+
+
 def _logprob_data(depth: int = 0):
-    """Logprob entries are nested lists / maps of numbers keyed by token id (int) or string."""
+    """Logprob entries are nested lists / maps of numbers keyed by token id (int) or string,
+    and of tokens' raw bytes (`SamplingParams.logprob_bytes`)."""
     inner = _logprob_data(depth + 1) if depth < 4 else None
 
     def check(value, where):
         if value is None or isinstance(value, (int, float, str, bool)):
+            return value
+        if isinstance(value, bytes):
+            if len(value) > MAX_TOKEN_BYTES:
+                raise ProtocolError(f"{_w(where)} holds {len(value)} bytes for a token; at most "
+                                    f"{MAX_TOKEN_BYTES}")
             return value
         if inner is None:
             raise ProtocolError(f"{_w(where)} is nested too deeply")

@@ -86,6 +86,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     no_repeat_ngram_size: int = 0
     logprobs: Optional[int] = None  # top-N alternatives per token; 0 = only the sampled one
+    # With logprobs: each entry also carries `{token_id: bytes}`, the raw bytes of the sampled
+    # token and of each alternative (what OpenAI's `token` and `bytes` fields are made of; the
+    # HTTP gateway asks for them). Off by default: it costs the text stage a lookup per token.
+    logprob_bytes: bool = False
     # True: a prompt plus max_tokens longer than the replica's max_model_len is refused (as the
     # OpenAI API and vLLM refuse it) instead of ending with "length" at the context limit. The
     # HTTP gateway sets it whenever max_tokens is the client's number or OpenAI's default.
@@ -138,6 +142,8 @@ class SamplingParams:
                       integer=True)
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS, integer=True)
+        if not isinstance(self.logprob_bytes, bool):
+            raise InvalidRequestError(f"logprob_bytes must be true or false, got {self.logprob_bytes!r}")
         self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         self.logit_bias = _check_logit_bias(self.logit_bias)
 

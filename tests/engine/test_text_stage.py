@@ -146,6 +146,29 @@ def test_deferred_logprobs_are_built_by_the_text_stage(engines):
             assert g_lp == w_lp and g_alts == w_alts and len(g_alts) == n
 
 
+def test_logprob_bytes_name_the_sampled_token_and_each_alternative(engines):
+    """With `logprob_bytes` each entry gets `{token_id: bytes}`: the bytes that, joined over the
+    sampled tokens, are the request's text; a request without it keeps two-item entries."""
+    from infer_cluster.worker.text.token_bytes import TokenBytes
+    inline, _ = engines
+    with_bytes = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3,
+                                logprob_bytes=True)
+    plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+    outs, _ = _inline_outputs(inline, [with_bytes, plain])
+    named, unnamed = outs["r0"], outs["r1"]
+    assert len(named.logprobs) == 6 and all(len(e) == 2 for e in unnamed.logprobs)
+    names = TokenBytes(inline.tokenizer, inline.byte_table)
+    for tid, (lp, alts, got) in zip(named.token_ids, named.logprobs):
+        assert set(got) == {tid, *alts} and len(alts) == 3
+        assert all(got[t] == names.get(t) for t in got)
+    joined = b"".join(e[2][t] for t, e in zip(named.token_ids, named.logprobs))
+    assert joined.decode("utf-8", errors="replace") == named.text
+    # special tokens by their literal text (the byte table maps them to nothing)
+    eos = inline.tokenizer.eos_token_id
+    assert names.get(eos) == inline.tokenizer.convert_ids_to_tokens(eos).encode()
+    assert names.get(len(inline.tokenizer) + 5) is None  # past the tokenizer's vocabulary
+
+
 def test_metrics_ride_on_the_final_only_and_a_stop_string_final_gets_them(engines):
     inline, _ = engines
     from infer_cluster.protocol import RequestDelta, RequestMetrics

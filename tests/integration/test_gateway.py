@@ -135,15 +135,19 @@ def test_logprobs(oai):
     lp = got.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == got.usage.completion_tokens
     for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
-        assert token.startswith("token_id:") and value <= 0.0
+        assert value <= 0.0 and token in top  # greedy picks the most likely token
         assert len(top) == 2
-        assert value == pytest.approx(max(top.values()))  # greedy picks the most likely token
+        assert value == pytest.approx(max(top.values()))
+    assert "".join(lp.tokens) == got.choices[0].text  # each token named by its own text
     chat = oai.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, temperature=0,
                                        logprobs=True, top_logprobs=3)
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0.0 for t in content)
     assert content[0].logprob == pytest.approx(max(x.logprob for x in content[0].top_logprobs))
+    joined = bytes(b for t in content for b in t.bytes)  # the exact bytes, split characters too
+    assert joined.decode("utf-8", errors="replace") == chat.choices[0].message.content
+    assert all(bytes(t.bytes).decode("utf-8", errors="replace") == t.token for t in content)
 
 
 def test_n_two_choices(oai):

@@ -25,6 +25,7 @@ def test_completion_request_maps_to_sampling_params():
     sp = completion_params(req, max_n=4)
     assert (sp.max_tokens, sp.temperature, sp.top_p, sp.stop, sp.seed) == (7, 0.5, 0.9, ["\n"], 3)
     assert (sp.presence_penalty, sp.frequency_penalty, sp.logprobs) == (0.1, 0.2, 2)
+    assert sp.logprob_bytes and not completion_params(CompletionRequest(prompt="hi"), 4).logprob_bytes
     assert (sp.top_k, sp.min_p, sp.repetition_penalty, sp.min_tokens, sp.ignore_eos) == (5, 0.05, 1.1, 2, True)
     assert completion_params(CompletionRequest(prompt="hi"), 4).max_tokens == 16  # OpenAI default
     # the replica refuses a prompt + max_tokens past its context, the default 16 included
@@ -279,3 +280,21 @@ def test_a_value_msgpack_cannot_carry_is_a_protocol_error():
                         priority=2**70)
     with pytest.raises(ProtocolError, match="SUBMIT message cannot be encoded"):
         codec.encode(msg)
+
+
+def test_logprob_tokens_are_named_by_their_bytes():
+    """The replica's `{token_id: bytes}` names each token (a split UTF-8 character as U+FFFD,
+    chat's `bytes` exact); an id without bytes keeps `token_id:<id>`."""
+    from infer_cluster.gateway.logprobs import chat_logprobs, completion_logprobs
+    entries = [[-0.25, {5: -0.25, 9: -1.5}, {5: b" Hello", 9: b"\xe4\xb8"}],
+               [-0.5, {7: -0.5, 99999: -2.0}, {7: b"!"}],
+               [-1.0]]  # logprobs=0 and no bytes: the sampled token only, by id
+    comp = completion_logprobs([5, 7, 3], entries, text_offset=4)
+    assert comp.tokens == [" Hello", "!", "token_id:3"]
+    assert comp.token_logprobs == [-0.25, -0.5, -1.0]
+    assert comp.top_logprobs == [{" Hello": -0.25, "\ufffd": -1.5}, {"!": -0.5, "token_id:99999": -2.0}, None]
+    chat = chat_logprobs([5, 7, 3], entries).content
+    assert [(t.token, t.bytes) for t in chat] == [(" Hello", list(b" Hello")), ("!", [33]), ("token_id:3", None)]
+    assert [(t.token, t.bytes) for t in chat[0].top_logprobs] == [(" Hello", list(b" Hello")),
+                                                                 ("\ufffd", [0xE4, 0xB8])]
+    assert chat[1].top_logprobs[1].token == "token_id:99999" and chat[1].top_logprobs[1].bytes is None

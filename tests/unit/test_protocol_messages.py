@@ -23,7 +23,8 @@ from infer_cluster.protocol.messages import (MESSAGE_TYPES, AbortRequest, Cancel
 CAP = ReplicaCapacity(model="tiny-random", num_total_blocks=10, block_size=16, max_num_seqs=4,
                       max_model_len=128)
 DELTA = DeltaPayload(request_id="r1", token_ids=[1, 2, 3], text="abc",
-                     logprobs=[[-0.5, {7: -1.25, 9: -2.0}]], num_prompt_tokens=4)
+                     logprobs=[[-0.5, {7: -1.25, 9: -2.0}, {1: b" a", 7: b"\xe4\xb8", 9: b""}]],
+                     num_prompt_tokens=4)
 FINAL = DeltaPayload(request_id="r2", finish_reason="error", error=ErrorInfo(code="engine", message="x"),
                      prompt_token_ids=[5, 6])
 
@@ -164,6 +165,8 @@ def _wire(kind, **fields):
     (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "error": {"code": "x"}}]), "no finish_reason"),
     (_wire(ReplyKind.STEP_OUTPUT, deltas="nope"), "must be a list"),
     (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "logprobs": [[{(1, 2): 3}]]}]), "keys must be token ids"),
+    (_wire(ReplyKind.STEP_OUTPUT, deltas=[{"request_id": "a", "logprobs": [[-1.0, {}, {1: b"x" * 1025}]]}]),
+     "1025 bytes for a token; at most 1024"),
     (_wire(ConnectionKind.HELLO, replica_name="r", capacity={"model": "m", "block_size": 0}), "block_size must be in"),
     (_wire(ConnectionKind.HELLO, replica_name="r"), "missing the required field 'capacity'"),
     (_wire(ConnectionKind.HEARTBEAT, state="sleepy"), "must be one of"),

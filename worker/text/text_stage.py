@@ -47,6 +47,7 @@ from infer_cluster.protocol import EngineError, FinishReason, RequestDelta, Requ
 from infer_cluster.worker.text.host_idle import HostIdle
 from infer_cluster.worker.text.detokenizer import IncrementalDetokenizer
 from infer_cluster.worker.text.logprob_rows import resolve_logprobs
+from infer_cluster.worker.text.token_bytes import TokenBytes
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +61,25 @@ class TextStage:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._stopped: set[str] = set()  # stopped here; the engine's final is still to come
         self._metrics: dict[str, RequestMetrics] = {}  # from the first-token delta, until the final
+        self._token_bytes: Optional[TokenBytes] = None  # built on the first request that asks
+        self._want_bytes: set[str] = set()  # requests whose logprob entries carry token bytes
 
     def add(self, request_id: str, prompt_ids: Sequence[int], stop: Sequence[str] = (),
-            resume_ids: Sequence[int] = ()) -> None:
-        """Register a request before its first delta is processed."""
+            resume_ids: Sequence[int] = (), logprob_bytes: bool = False) -> None:
+        """Register a request before its first delta is processed. `logprob_bytes`: its logprob
+        entries get a third item, `{token_id: bytes}` (`SamplingParams.logprob_bytes`)."""
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, byte_table=self.byte_table)
         for token in resume_ids:
             detok.push([token])  # held-back text of the lost replica comes out with the next token
         self._detok[request_id] = detok
         self._stopped.discard(request_id)
         self._metrics.pop(request_id, None)
+        if logprob_bytes:
+            if self._token_bytes is None:
+                self._token_bytes = TokenBytes(self.tokenizer, self.byte_table)
+            self._want_bytes.add(request_id)
+        else:
+            self._want_bytes.discard(request_id)
 
     def process(self, deltas: Sequence[RequestDelta]) -> tuple[list[RequestDelta], list[str]]:
         """Raw engine deltas -> client deltas (with text), and the ids that just hit a stop
@@ -78,6 +88,10 @@ class TextStage:
         stops: list[str] = []
         resolve_logprobs(deltas)  # the engine leaves logprob entries for this thread to build
         for d in deltas:
+            if d.logprobs and d.request_id in self._want_bytes:
+                self._add_token_bytes(d)
+            if d.finish_reason is not None:
+                self._want_bytes.discard(d.request_id)
             detok = self._detok.get(d.request_id)
             if detok is None:
                 if d.request_id in self._stopped:
@@ -120,6 +134,13 @@ class TextStage:
                 d.num_prompt_tokens = d.num_cached_tokens = d.num_cached_tokens_host = 0  # final only
             out.append(d)
         return out, stops
+
+    def _add_token_bytes(self, d: RequestDelta) -> None:
+        """Each logprob entry of `d` (one per token) gets `{token_id: bytes}` for its sampled
+        token and alternatives."""
+        names = self._token_bytes
+        d.logprobs = [[*e, names.entry_bytes(t, e[1] if len(e) > 1 and e[1] else ())]
+                      if e is not None else e for t, e in zip(d.token_ids, d.logprobs)]
 
     def __len__(self) -> int:
         return len(self._detok)
@@ -167,8 +188,9 @@ class TextWorker(threading.Thread):
         self._num_done = 0
         self.error: Optional[BaseException] = None
 
-    def add(self, request_id: str, prompt_ids, stop, resume_ids) -> None:
-        self._inbox.put(("add", (request_id, list(prompt_ids), list(stop), list(resume_ids))))
+    def add(self, request_id: str, prompt_ids, stop, resume_ids, logprob_bytes: bool = False) -> None:
+        self._inbox.put(("add", (request_id, list(prompt_ids), list(stop), list(resume_ids),
+                                 logprob_bytes)))
 
     def submit(self, deltas: list, extra=None) -> None:
         with self._progress:
