@@ -167,6 +167,11 @@ def test_logprob_bytes_name_the_sampled_token_and_each_alternative(engines):
     eos = inline.tokenizer.eos_token_id
     assert names.get(eos) == inline.tokenizer.convert_ids_to_tokens(eos).encode()
     assert names.get(len(inline.tokenizer) + 5) is None  # past the tokenizer's vocabulary
+    # without a byte table: each id decoded alone, the same entries' shape
+    decoded = TokenBytes(inline.tokenizer)
+    t, alts = named.token_ids[0], named.logprobs[0][1]
+    assert decoded.entry_bytes(t, alts) == {
+        i: inline.tokenizer.decode([i], skip_special_tokens=False).encode() for i in (t, *alts)}
 
 
 def test_metrics_ride_on_the_final_only_and_a_stop_string_final_gets_them(engines):

@@ -49,5 +49,11 @@ def resolve_logprobs(deltas: Sequence) -> None:
     """In place: every deferred entry in the deltas' `logprobs` becomes its public form."""
     for d in deltas:
         lps = d.logprobs
-        if lps and any(type(e) is DeferredLogprob for e in lps):
+        if not lps:
+            continue
+        if len(lps) == 1:  # the usual delta: one token
+            e = lps[0]
+            if type(e) is DeferredLogprob:
+                d.logprobs = [e.rows.entry(e.j, e.num)]
+        elif any(type(e) is DeferredLogprob for e in lps):
             d.logprobs = [e.build() if type(e) is DeferredLogprob else e for e in lps]

@@ -138,9 +138,10 @@ class TextStage:
     def _add_token_bytes(self, d: RequestDelta) -> None:
         """Each logprob entry of `d` (one per token) gets `{token_id: bytes}` for its sampled
         token and alternatives."""
-        names = self._token_bytes
-        d.logprobs = [[*e, names.entry_bytes(t, e[1] if len(e) > 1 and e[1] else ())]
-                      if e is not None else e for t, e in zip(d.token_ids, d.logprobs)]
+        entry_bytes = self._token_bytes.entry_bytes
+        for t, e in zip(d.token_ids, d.logprobs):
+            if e is not None:  # a list this delta owns (built by `resolve_logprobs` or the engine)
+                e.append(entry_bytes(t, e[1] if len(e) > 1 and e[1] else ()))
 
     def __len__(self) -> int:
         return len(self._detok)

@@ -16,29 +16,35 @@ from typing import Optional
 class TokenBytes:
     def __init__(self, tokenizer, byte_table: Optional[list[bytes]] = None):
         self.tokenizer = tokenizer
-        self.table = byte_table
         self.vocab_limit = len(tokenizer)
         self.special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        # With a byte table, every id's bytes in one list (specials patched in), so an entry is
+        # one comprehension of list lookups; without one, ids are decoded as they come, cached.
+        self._by_id: Optional[list[bytes]] = None
+        if byte_table is not None and len(byte_table) >= self.vocab_limit:
+            self._by_id = list(byte_table[:self.vocab_limit])
+            for t in self.special:
+                if 0 <= t < self.vocab_limit:
+                    self._by_id[t] = self._decoded(t)
         self._cache: dict[int, bytes] = {}
+
+    def _decoded(self, token_id: int) -> bytes:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def get(self, token_id: int) -> Optional[bytes]:
         """The token's raw bytes; None for an id the tokenizer does not know."""
+        if not 0 <= token_id < self.vocab_limit:
+            return None
+        if self._by_id is not None:
+            return self._by_id[token_id]
         data = self._cache.get(token_id)
         if data is None:
-            if not 0 <= token_id < self.vocab_limit:
-                return None
-            if self.table is not None and token_id not in self.special and token_id < len(self.table):
-                data = self.table[token_id]
-            else:
-                data = self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
-            self._cache[token_id] = data
+            data = self._cache[token_id] = self._decoded(token_id)
         return data
 
     def entry_bytes(self, sampled: int, alternatives) -> dict:
         """`{token_id: bytes}` for the sampled token and each alternative the tokenizer knows."""
-        out = {}
-        for t in (sampled, *alternatives):
-            data = self.get(t)
-            if data is not None:
-                out[t] = data
-        return out
+        by_id, limit = self._by_id, self.vocab_limit
+        if by_id is not None:
+            return {t: by_id[t] for t in (sampled, *alternatives) if 0 <= t < limit}
+        return {t: self.get(t) for t in (sampled, *alternatives) if 0 <= t < limit}
