@@ -8,6 +8,9 @@ how much of a step the KV bytes can win back (issue 14's int8 target).
 
   python bench/step_kernels.py --kv-cache-dtype int8
 
+`--phase prefill` profiles the steps that prefill the prompts instead (workload A's mixed steps:
+GEMMs at the bf16 peak, the prefill attention kernel, `qkv_prep` over ~8k tokens).
+
 `--leave-out norm|prep|gemm` builds the engine with that kernel launching nothing (the RMSNorms,
 `qkv_prep`, the Gluon mid-size GEMMs): the steps' results are then wrong and their unprofiled
 span is what to read. The span's drop against a run without it is what the kernel costs in the
