@@ -134,8 +134,7 @@ class DynamicEngine:
         # A resumed seeded request continues the lost replica's random stream by itself: the
         # sampler keys a row's numbers by (seed, tokens generated), and resume tokens count.
         if self.text is not None:
-            self.text.add(request_id, ids, params.stop, resume,
-                          logprob_bytes=params.logprobs is not None and params.logprob_bytes)
+            self.text.add(request_id, ids, params.stop, resume, logprob_bytes=params.logprob_bytes)
         return request_id
 
     def request(self, request_id: str) -> Request:

@@ -289,7 +289,7 @@ class EngineServer:
         self._prompt_ids[rid] = self.engine.prompt_token_ids(rid)
         if self.text is not None:
             self.text.add(rid, self._prompt_ids[rid], params.stop, msg.resume_token_ids or (),
-                          logprob_bytes=params.logprobs is not None and params.logprob_bytes)
+                          logprob_bytes=params.logprob_bytes)
         if msg.resume_token_ids:
             log.info("resuming request %s after %d delivered token(s)", rid, len(msg.resume_token_ids))
 

@@ -54,6 +54,6 @@ def resolve_logprobs(deltas: Sequence) -> None:
         if len(lps) == 1:  # the usual delta: one token
             e = lps[0]
             if type(e) is DeferredLogprob:
-                d.logprobs = [e.rows.entry(e.j, e.num)]
+                d.logprobs = [e.build()]
         elif any(type(e) is DeferredLogprob for e in lps):
             d.logprobs = [e.build() if type(e) is DeferredLogprob else e for e in lps]

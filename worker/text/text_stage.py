@@ -67,7 +67,8 @@ class TextStage:
     def add(self, request_id: str, prompt_ids: Sequence[int], stop: Sequence[str] = (),
             resume_ids: Sequence[int] = (), logprob_bytes: bool = False) -> None:
         """Register a request before its first delta is processed. `logprob_bytes`: its logprob
-        entries get a third item, `{token_id: bytes}` (`SamplingParams.logprob_bytes`)."""
+        entries, if it has any, get a third item, `{token_id: bytes}`
+        (`SamplingParams.logprob_bytes`)."""
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, stop, byte_table=self.byte_table)
         for token in resume_ids:
             detok.push([token])  # held-back text of the lost replica comes out with the next token
