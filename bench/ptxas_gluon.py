@@ -17,10 +17,11 @@ def gluon_variants():
             + prefill_gluon_variants() + gemm_variants())
 
 
-def gluon_decode_variants(q_smem=False):
+def gluon_decode_variants(q_smem=False, early=True):
     """The Gluon build of the int8 decode kernel (`_decode_int8_gluon_kernel`) as the engine
     launches it: 128-token tiles, 4 warps, PDL, sequences longest first, one partition or split;
-    with `q_smem`, its four-a-SM build (q's codes in shared memory, 128 registers)."""
+    with `q_smem`, its four-a-SM build (q's codes in shared memory, 128 registers); `early=False`:
+    the A/B build without the early first tile (`INFER_CLUSTER_DECODE_EARLY_TILE=0`)."""
     from infer_cluster.kernels.attention_decode_gluon import _decode_int8_gluon_kernel
     ptrs = _decode_ptrs("*i8")
     ptrs.pop("span_ptr")
@@ -30,11 +31,12 @@ def gluon_decode_variants(q_smem=False):
     from infer_cluster.kernels.attention_decode_plan import DECODE_INT8
     tag, opts = ((" q_smem", dict(num_warps=4, maxnreg=DECODE_INT8["q_smem_maxnreg"])) if q_smem
                  else ("", dict(num_warps=4)))
+    tag += "" if early else " late"
     for split in (False, True):
         rows.append((f"decode i8 gluon{tag} split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
                      dict(ints, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0),
                      dict(GROUP=H // HK, PAGE=PAGE, BLOCK_N=128, SPLIT=split, ORDERED=True,
-                          PDL=True, Q_SMEM=q_smem), opts, DECODE_DNS))
+                          PDL=True, Q_SMEM=q_smem, EARLY_TILE=early), opts, DECODE_DNS))
     return rows
 
 

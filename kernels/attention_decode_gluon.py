@@ -121,7 +121,7 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
                               so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h,
                               GROUP: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
                               SPLIT: gl.constexpr, ORDERED: gl.constexpr, PDL: gl.constexpr = False,
-                              Q_SMEM: gl.constexpr = False):
+                              Q_SMEM: gl.constexpr = False, EARLY_TILE: gl.constexpr = True):
     """One program: the query heads of one KV head of one sequence over one partition of its
     context (as `_decode_kernel`), 4 warps, 16 padded query rows, head_dim 128."""
     BLOCK_G: gl.constexpr = 16
@@ -143,7 +143,8 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     pdl_gluon(PDL, False)
-    pdl_gluon(PDL, True)  # q and this step's K/V rows come from the kernel before
+    # Before the PDL wait: only step inputs (order, qsl, seq_lens, block tables: written before
+    # the step's first kernel) and K/V rows of earlier steps (below).
     if ORDERED:
         lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
         seq = gl.load(order_ptr + lin // gl.num_programs(1))
@@ -163,6 +164,33 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         lo = 0
         hi = ctx
 
+    bt_row = bt_ptr + seq.to(gl.int64) * s_bt
+    k_head = k_ptr + kvh * sk_h
+    v_head = v_ptr + kvh * sv_h
+    ks_head = ks_ptr + kvh * sks_h
+    vs_head = vs_ptr + kvh * svs_h
+    k_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
+    v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
+    ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
+    vs_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
+    # The first tile's copies go out before q is loaded and quantized, and before the PDL wait
+    # where the tile holds no row this step appends (that row, ctx - 1, is the kernel before's):
+    # each program's first load is in flight while its prologue runs, and in the first round
+    # while the kernel before ends (EARLY_TILE; H200 figures in docs/kernels.md).
+    blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
+    if EARLY_TILE:
+        early = lo + BLOCK_N < ctx
+    else:  # A/B: INFER_CLUSTER_DECODE_EARLY_TILE=0
+        early = ctx < 0  # never
+    if not early:
+        pdl_gluon(PDL, True)  # the tile holds this step's row: wait for the kernel before
+    _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
+                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+    _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, lo, hi, sv_b, sv_s, svs_b,
+                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+    if early:
+        pdl_gluon(PDL, True)  # q comes from the kernel before
+
     # q: int8 codes per row (the KV append's rule) and the rows' scales times the softmax's
     g_q = gl.arange(0, BLOCK_G, layout=gl.SliceLayout(1, q_l))
     d_q = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, q_l))
@@ -175,25 +203,11 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         q8 = gl.convert_layout(codes, a8)
     q_scl = gl.convert_layout(q_scale, row_l) * scale_log2
 
-    bt_row = bt_ptr + seq.to(gl.int64) * s_bt
-    k_head = k_ptr + kvh * sk_h
-    v_head = v_ptr + kvh * sv_h
-    ks_head = ks_ptr + kvh * sks_h
-    vs_head = vs_ptr + kvh * svs_h
-    k_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
-    v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
-    ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
-    vs_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
     # V read as int16 pairs (two dims of a token) by ldmatrix.trans straight into the P @ V
     # operand; the even and the odd dims accumulate apart
     v_pairs = v_smem._reinterpret(gl.int16, [BLOCK_N, BLOCK_D // 2], pair_sl)
     acc_e = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
     acc_o = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
-    blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
-    _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
-                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-    _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, lo, hi, sv_b, sv_s, svs_b,
-                PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
     blk = _tile_blocks(bt_row, lo + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
 
     m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, row_l)

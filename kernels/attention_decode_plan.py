@@ -181,6 +181,13 @@ def longest_first_enabled() -> bool:
     return env_switch("INFER_CLUSTER_DECODE_LONGEST_FIRST")
 
 
+def early_tile_enabled() -> bool:
+    """False when `INFER_CLUSTER_DECODE_EARLY_TILE=0` (A/B of the Gluon int8 decode kernel's first
+    tile issued before its prologue and, where it holds no row this step appends, before the
+    PDL wait)."""
+    return env_switch("INFER_CLUSTER_DECODE_EARLY_TILE")
+
+
 def preload_enabled() -> bool:
     """False when `INFER_CLUSTER_DECODE_PRELOAD=0` (A/B of the K/V tile loaded before the PDL wait)."""
     return env_switch("INFER_CLUSTER_DECODE_PRELOAD")

@@ -60,7 +60,8 @@ from .attention_decode_tile_triton import _decode_tile, _fold_tile, _load_first_
 from .attention_int8_triton import OP_MMA, _quant_rows, cvt_ops
 from .attention_decode_plan import (DECODE_INT8, DECODE_TUNED, RUNS_PROGRAMS_PER_SM,  # noqa: F401
                                     _one_wave, _reg_cap, _sm_count, decode_config, gluon_q_smem,
-                                    persistent_applies, plan_decode_splits, preload_enabled)
+                                    persistent_applies, plan_decode_splits, preload_enabled,
+                                    early_tile_enabled)
 from .pdl import pdl_enabled, pdl_launch, pdl_release, pdl_wait
 
 
@@ -419,7 +420,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
             v_cache.stride(2), k_scale.stride(0), k_scale.stride(1), v_scale.stride(0),
             v_scale.stride(1), block_tables.stride(0), out.stride(0), out.stride(1), *po_strides,
             *pl_strides, GROUP=group, PAGE=page_size, BLOCK_N=block_n, SPLIT=splits > 1,
-            ORDERED=ordered, PDL=pdl, Q_SMEM=q_smem, num_warps=4,
+            ORDERED=ordered, PDL=pdl, Q_SMEM=q_smem, EARLY_TILE=early_tile_enabled(), num_warps=4,
             **(_reg_cap(cfg, "q_smem_maxnreg") if q_smem else {}), **pdl_launch(pdl))
     else:
         _decode_kernel[(num_seqs, num_kv_heads, splits)](

@@ -91,26 +91,41 @@ for name, kernel, ptrs, ints, consts, opts, dns in {variants}():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
     regs, spills = ptxas_info(c.asm["ptx"])
     lines = [l.strip() for l in c.asm["ptx"].splitlines()]
-    wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
-    reads = [i for i, l in enumerate(lines) if "ld.global" in l or l.startswith("cp.async.c")]
+    waits = [i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait")]
+    loads = [i for i, l in enumerate(lines) if "ld.global" in l]
+    copies = [i for i, l in enumerate(lines) if l.startswith("cp.async.c")]
+    scalar = [i for i in loads if "ld.global.b32 " in lines[i]]  # one 32-bit word: a step input
     partial = sum(l.startswith("cp.async.wait_group") and l.rstrip(";").split()[-1] == "1" for l in lines)
-    print(int(consts["SPLIT"]), regs, spills, c.metadata.shared, sum(i < wait for i in reads), partial)
+    first, last = waits[0], waits[-1]
+    print(int(consts["SPLIT"]), regs, spills, c.metadata.shared,
+          sum(i < first for i in loads + copies) - sum(i < first for i in scalar), partial,
+          len(waits), sum(i < first for i in scalar), sum(first < i < last for i in loads),
+          sum(first < i < last for i in copies))
 """)
 
 
-def assert_decode_builds(output: str, resident: int) -> None:
+def assert_decode_builds(output: str, resident: int, early_tile: bool = False) -> None:
     """A decode kernel's sm_90 builds (`decode_build_check`), one partition and split: no spills,
-    `resident` 128-thread programs fit a SM (65,536 registers, 228 KB of shared memory), nothing
-    read before the PDL wait, and K and V each waited for with the other tile's copies still in
-    flight (two `cp.async.wait_group 1` in the loop)."""
+    `resident` 128-thread programs fit a SM (65,536 registers, 228 KB of shared memory), and K
+    and V each waited for with the other tile's copies still in flight (two `cp.async.wait_group
+    1` in the loop). Before the PDL wait: nothing read; with `early_tile` (the int8 Gluon
+    kernel's first tile), only single 32-bit words (the step inputs: order, query starts,
+    context length, block ids) before either of its two waits, and between them the first
+    tile's copies alone (q, a vector load, after both)."""
     rows = [tuple(map(int, line.split())) for line in output.splitlines()]
     assert sorted(r[0] for r in rows) == [0, 1]
-    for split, regs, spills, shared, before_wait, partial_waits in rows:
+    for split, regs, spills, shared, before_wait, partial_waits, waits, words, loads_between, \
+            copies_between in rows:
         assert spills == 0, split
         assert regs * 128 * resident <= 65536, (split, regs)
         assert resident * (shared + 1024) <= 228 * 1024, (split, shared)
         assert before_wait == 0, split
         assert partial_waits == 2, partial_waits
+        if early_tile:
+            assert waits == 2 and loads_between == 0 and copies_between > 0, (split, waits)
+            assert 0 < words <= 6, (split, words)
+        else:
+            assert waits == 1 and words == 0, (split, waits, words)
 
 
 @pytest.fixture(scope="session")

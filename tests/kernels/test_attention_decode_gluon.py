@@ -17,12 +17,12 @@ BUILD_Q_SMEM = decode_build_check("gluon_decode_q_smem_build", "gluon_decode_q_s
 
 
 def test_sm90_build_fits_three_programs_a_sm_and_overlaps_its_copies(sm90_builds):
-    assert_decode_builds(sm90_builds.get(BUILD), resident=3)
+    assert_decode_builds(sm90_builds.get(BUILD), resident=3, early_tile=True)
 
 
 def test_sm90_q_smem_build_fits_four_programs_a_sm(sm90_builds):
     # the build large grids take (`gluon_q_smem`): q's codes read back from shared memory
-    assert_decode_builds(sm90_builds.get(BUILD_Q_SMEM), resident=4)
+    assert_decode_builds(sm90_builds.get(BUILD_Q_SMEM), resident=4, early_tile=True)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
