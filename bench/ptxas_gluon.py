@@ -34,9 +34,10 @@ def gluon_decode_variants(q_smem=False, early=True):
     tag += "" if early else " late"
     for split in (False, True):
         rows.append((f"decode i8 gluon{tag} split={split} d128 n128", _decode_int8_gluon_kernel, ptrs,
-                     dict(ints, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0, spl_h=0),
+                     dict(ints, bt_tokens=4096, spo_s=0, spo_h=0, spo_p=128 if split else 0, spl_s=0,
+                          spl_h=0),
                      dict(GROUP=H // HK, PAGE=PAGE, BLOCK_N=128, SPLIT=split, ORDERED=True,
-                          PDL=True, Q_SMEM=q_smem, EARLY_TILE=early), opts, DECODE_DNS))
+                          PDL=True, Q_SMEM=q_smem, EARLY_TILE=early), opts, DECODE_DNS + ("bt_tokens",)))
     return rows
 
 

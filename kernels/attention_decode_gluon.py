@@ -21,6 +21,12 @@ stored interleaved. Converting into an fp16 staging tile (a store, a barrier and
 reload a tile) took 68.6 KB of shared memory and 168 registers; this takes 35.8 KB and 146
 (H200, 2026-12-01: decode 1.03-1.12x at batches 32-256, workload A with int8 KV +3.3%).
 
+Row offsets: the block ids arrive one token a thread, the codes' copies want them in the
+tile's row layout. A `convert_layout` there costs a shared store and two barriers each time;
+instead each tile's K and V offsets (int32, 16-byte units) are stored into two small shared
+buffers between the loop's own barriers and read back in the copies' layout (17 barriers in
+the PTX instead of 28; H200, 2026-12-01: workload A with int8 KV +4%, docs/kernels.md).
+
 Q_SMEM (the build grids of 1.5 rounds and more take, `gluon_q_smem`): q's codes stay in shared
 memory and are read back each tile, so the build fits 128 registers and four programs a SM; more
 programs in flight hide each one's first tile on large grids (batch 256 at ~512 tokens 1.07x),
@@ -29,7 +35,7 @@ while on small ones four a SM leave a ragged last round (batch 64: 0.81x).
 Numerics: the Triton kernel's `mma_k` method exactly (q quantized per row by the KV append's
 rule, int8 q @ K^T on int8 tensor cores, V codes to fp16 exactly by the 0x6480 trick, V scales
 on the probability columns, float32 softmax and accumulator). Must never read KV positions at or past
-a row's context (masked copies read nothing) or the block table for a masked lane.
+a row's context (masked copies read nothing) or the block table past its row's width.
 """
 
 from __future__ import annotations
@@ -87,35 +93,46 @@ def _quant_rows(x):
 @gluon.jit
 def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
                  tok_l: gl.constexpr):
-    """The cache block of each token of tile [start, start+BLOCK_N) (0 past `hi`: the table
-    is not read there). Loaded a tile ahead of the copies that use it."""
+    """The cache block of each token of tile [start, start+BLOCK_N) (0 at or past `hi`: the
+    table is not read there; the copies mask those tokens by their own bound). Loaded a tile
+    ahead of the copies that use it."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
     return gl.load(bt_row + tok // PAGE, mask=tok < hi, other=0)
 
 
 @gluon.jit
-def _issue_tile(smem, sc_smem, head, sc_head, blk, start, hi, s_b, s_s, sc_b,
+def _row_units(blk, start, s_b, s_s, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+               tok_l: gl.constexpr):
+    """The cache offsets of tokens [start, start+BLOCK_N) (`blk` their blocks, one token a
+    thread) in 16-byte units, int32 (the launcher checks that the strides are multiples of 16
+    and that a cache's units fit)."""
+    tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
+    return blk * (s_b // 16) + tok % PAGE * (s_s // 16)
+
+
+@gluon.jit
+def _issue_tile(smem, sc_smem, head, sc_head, blk, rows, start, hi, sc_b,
                 PAGE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                 tok_l: gl.constexpr, tile_l: gl.constexpr):
-    """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales; `blk` their
-    blocks) into the tile's buffers, as one commit group; tokens at or past `hi` copy
-    nothing."""
+    """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales) into the tile's
+    buffers, as one commit group; tokens at or past `hi` copy nothing. `blk`: their blocks, one
+    token a thread (the scales' copies); `rows`: their rows' offsets from `head` in 16-byte
+    units (`_row_units`), in the layout of the tile's rows (`SliceLayout(1, tile_l)`: the codes' copies), so no layout is converted
+    here."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
-    ok = tok < hi
-    pos = tok % PAGE
     blk = blk.to(gl.int64)  # widened here, not at the load: no wait on the load a tile early
-    cp.async_copy_global_to_shared(sc_smem, sc_head + blk * sc_b + pos, mask=ok)
-    rows = gl.convert_layout(head + blk * s_b + pos * s_s, gl.SliceLayout(1, tile_l))
-    ok2 = gl.convert_layout(ok, gl.SliceLayout(1, tile_l))
+    cp.async_copy_global_to_shared(sc_smem, sc_head + blk * sc_b + tok % PAGE, mask=tok < hi)
+    tok_r = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, tile_l))
     d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, tile_l))
-    cp.async_copy_global_to_shared(smem, gl.expand_dims(rows, 1) + gl.expand_dims(d, 0),
-                                   mask=gl.expand_dims(ok2, 1) & gl.expand_dims(d < BLOCK_D, 0))
+    rows = rows.to(gl.int64) * 16
+    cp.async_copy_global_to_shared(smem, gl.expand_dims(head + rows, 1) + gl.expand_dims(d, 0),
+                                   mask=gl.expand_dims(tok_r < hi, 1) & gl.expand_dims(d < BLOCK_D, 0))
     cp.commit_group()
 
 
-@gluon.jit(do_not_specialize=["s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
+@gluon.jit(do_not_specialize=["bt_tokens", "s_bt", "spo_s", "spo_h", "spl_s", "spl_h"])
 def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, lens_ptr,
-                              order_ptr, out_ptr, po_ptr, plse_ptr, scale_log2,
+                              order_ptr, out_ptr, po_ptr, plse_ptr, scale_log2, bt_tokens,
                               sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                               sks_b, sks_h, svs_b, svs_h, s_bt,
                               so_t, so_h, spo_s, spo_h, spo_p, spl_s, spl_h,
@@ -169,6 +186,10 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     v_head = v_ptr + kvh * sv_h
     ks_head = ks_ptr + kvh * sks_h
     vs_head = vs_ptr + kvh * svs_h
+    # the next tile's K and V row offsets on their way from one token a thread to the tiles'
+    # rows, through the loop's own barriers (a convert_layout would add two of its own each)
+    koff_smem = gl.allocate_shared_memory(gl.int32, [BLOCK_N], sc_sl)
+    voff_smem = gl.allocate_shared_memory(gl.int32, [BLOCK_N], sc_sl)
     k_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
     v_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_N, BLOCK_D], code_sl)
     ks_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sc_sl)
@@ -177,16 +198,29 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     # where the tile holds no row this step appends (that row, ctx - 1, is the kernel before's):
     # each program's first load is in flight while its prologue runs, and in the first round
     # while the kernel before ends (EARLY_TILE; H200 figures in docs/kernels.md).
-    blk = _tile_blocks(bt_row, lo, hi, PAGE, BLOCK_N, tok_l)
+    # The first two tiles' block ids: unsplit, bounded by the row's width (`bt_tokens`, the
+    # tokens a block-table row addresses) rather than the context, so their loads do not wait
+    # on seq_lens' (a program's start is a chain of dependent loads: order, then its row's
+    # step inputs, then these, then the copies).
+    if SPLIT:
+        bt_hi = hi
+    else:
+        bt_hi = bt_tokens
+    blk = _tile_blocks(bt_row, lo, bt_hi, PAGE, BLOCK_N, tok_l)
+    blk2 = _tile_blocks(bt_row, lo + BLOCK_N, bt_hi, PAGE, BLOCK_N, tok_l)
     if EARLY_TILE:
         early = lo + BLOCK_N < ctx
     else:  # A/B: INFER_CLUSTER_DECODE_EARLY_TILE=0
         early = ctx < 0  # never
+    rows_l: gl.constexpr = gl.SliceLayout(1, tile_l)  # the tiles' rows
+    koff_smem.store(_row_units(blk, lo, sk_b, sk_s, PAGE, BLOCK_N, tok_l))
+    voff_smem.store(_row_units(blk, lo, sv_b, sv_s, PAGE, BLOCK_N, tok_l))
+    _barrier()
     if not early:
         pdl_gluon(PDL, True)  # the tile holds this step's row: wait for the kernel before
-    _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, lo, hi, sk_b, sk_s, sks_b,
+    _issue_tile(k_smem, ks_smem, k_head, ks_head, blk, koff_smem.load(rows_l), lo, hi, sks_b,
                 PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
-    _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, lo, hi, sv_b, sv_s, svs_b,
+    _issue_tile(v_smem, vs_smem, v_head, vs_head, blk, voff_smem.load(rows_l), lo, hi, svs_b,
                 PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
     if early:
         pdl_gluon(PDL, True)  # q comes from the kernel before
@@ -208,7 +242,7 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
     v_pairs = v_smem._reinterpret(gl.int16, [BLOCK_N, BLOCK_D // 2], pair_sl)
     acc_e = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
     acc_o = gl.full([BLOCK_G, BLOCK_D // 2], 0.0, gl.float32, mma)
-    blk = _tile_blocks(bt_row, lo + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
+    blk = blk2
 
     m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, row_l)
     l_i = gl.full([BLOCK_G], 0.0, gl.float32, row_l)
@@ -217,12 +251,14 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         blk_nxt = blk
         blk = _tile_blocks(bt_row, nxt + BLOCK_N, hi, PAGE, BLOCK_N, tok_l)
         cp.wait_group(1)  # K(start) is in; V(start) may still be on its way
-        _barrier()
+        _barrier()  # (and every warp has read the ids of the tile before, below)
         k_t = k_smem.permute([1, 0]).load(b8)
         ks = ks_smem.load(col_l)
-        _barrier()  # every warp has K(start): its buffer takes K(nxt)
-        _issue_tile(k_smem, ks_smem, k_head, ks_head, blk_nxt, nxt, hi, sk_b, sk_s, sks_b,
-                    PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+        koff_smem.store(_row_units(blk_nxt, nxt, sk_b, sk_s, PAGE, BLOCK_N, tok_l))
+        voff_smem.store(_row_units(blk_nxt, nxt, sv_b, sv_s, PAGE, BLOCK_N, tok_l))
+        _barrier()  # every warp has K(start): its buffer takes K(nxt); the offsets are in
+        _issue_tile(k_smem, ks_smem, k_head, ks_head, blk_nxt, koff_smem.load(rows_l), nxt, hi,
+                    sks_b, PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
         if Q_SMEM:
             q8 = q_smem.load(a8)
         s = mma_v2(q8, k_t, gl.full([BLOCK_G, BLOCK_N], 0, gl.int32, mma))
@@ -235,8 +271,8 @@ def _decode_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_p
         v16 = v_pairs.load(b16)
         vs = vs_smem.load(col_l)
         _barrier()  # every warp has V(start): its buffer takes V(nxt)
-        _issue_tile(v_smem, vs_smem, v_head, vs_head, blk_nxt, nxt, hi, sv_b, sv_s, svs_b,
-                    PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
+        _issue_tile(v_smem, vs_smem, v_head, vs_head, blk_nxt, voff_smem.load(rows_l), nxt, hi,
+                    svs_b, PAGE, BLOCK_N, BLOCK_D, tok_l, tile_l)
         p16 = gl.convert_layout((p * gl.expand_dims(gl.where(tok_ok, vs, 0.0), 0)).to(gl.float16), a16)
         v_even, v_odd = _pairs_f16(v16)
         acc_e = mma_v2(p16, v_even, acc_e * gl.expand_dims(alpha, 1))

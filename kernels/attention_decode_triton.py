@@ -338,10 +338,13 @@ def _decode_persistent(q, k_cache, v_cache, block_tables, query_start_loc, seq_l
 def _gluon_fits(cfg, op_k, grouped, q, k_cache, v_cache, k_scale, v_scale, out) -> bool:
     """Whether `_decode_int8_gluon_kernel` takes this call: the config asks for it ("gluon"),
     int8 caches read by `mma_k` (OP_MMA), no runs, CUDA sm_80+, head_dim 128, 128-token tiles,
-    unit strides along the head dim (its layouts are written for that)."""
+    unit strides along the head dim (its layouts are written for that), block and token strides
+    of 16-byte multiples whose offsets fit int32 in 16-byte units (`_row_units`)."""
     return (bool(cfg.get("gluon")) and k_cache.dtype == torch.int8 and op_k == OP_MMA
             and not grouped and cfg["block_n"] == 128 and _gluon_layouts_fit(q, k_cache, v_cache, out)
-            and k_scale.stride(2) == v_scale.stride(2) == 1)
+            and k_scale.stride(2) == v_scale.stride(2) == 1
+            and all(c.stride(0) % 16 == 0 and c.stride(1) % 16 == 0 and c.shape[0] * c.stride(0) < 2**35
+                    for c in (k_cache, v_cache)))
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out,
@@ -415,8 +418,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_len
         q_smem = gluon_q_smem(cfg, num_seqs * num_kv_heads * splits, q.device)
         _decode_int8_gluon_kernel[(num_seqs, num_kv_heads, splits)](
             q, k_cache, v_cache, *scales, block_tables, query_start_loc, seq_lens, order_arg, out,
-            part_out, part_lse, scale * _LOG2E, q.stride(0), q.stride(1), k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            part_out, part_lse, scale * _LOG2E, block_tables.shape[1] * page_size, q.stride(0),
+            q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), k_scale.stride(0), k_scale.stride(1), v_scale.stride(0),
             v_scale.stride(1), block_tables.stride(0), out.stride(0), out.stride(1), *po_strides,
             *pl_strides, GROUP=group, PAGE=page_size, BLOCK_N=block_n, SPLIT=splits > 1,
