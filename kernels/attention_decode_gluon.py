@@ -117,8 +117,8 @@ def _issue_tile(smem, sc_smem, head, sc_head, blk, rows, start, hi, sc_b,
     """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales) into the tile's
     buffers, as one commit group; tokens at or past `hi` copy nothing. `blk`: their blocks, one
     token a thread (the scales' copies); `rows`: their rows' offsets from `head` in 16-byte
-    units (`_row_units`), in the layout of the tile's rows (`SliceLayout(1, tile_l)`: the codes' copies), so no layout is converted
-    here."""
+    units (`_row_units`), in the layout of the tile's rows (`SliceLayout(1, tile_l)`: the
+    codes' copies), so no layout is converted here."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
     blk = blk.to(gl.int64)  # widened here, not at the load: no wait on the load a tile early
     cp.async_copy_global_to_shared(sc_smem, sc_head + blk * sc_b + tok % PAGE, mask=tok < hi)
