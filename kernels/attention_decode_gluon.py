@@ -23,7 +23,7 @@ reload a tile) took 68.6 KB of shared memory and 168 registers; this takes 35.8 
 
 Row offsets: the block ids arrive one token a thread, the codes' copies want them in the
 tile's row layout. A `convert_layout` there costs a shared store and two barriers each time;
-instead each tile's K and V offsets (int32, 16-byte units) are stored into two small shared
+instead each tile's K and V offsets (int32, 16-element units) are stored into two small shared
 buffers between the loop's own barriers and read back in the copies' layout (17 barriers in
 the PTX instead of 28; H200, 2026-12-01: workload A with int8 KV +4%, docs/kernels.md).
 
@@ -104,8 +104,8 @@ def _tile_blocks(bt_row, start, hi, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
 def _row_units(blk, start, s_b, s_s, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
                tok_l: gl.constexpr):
     """The cache offsets of tokens [start, start+BLOCK_N) (`blk` their blocks, one token a
-    thread) in 16-byte units, int32 (the launcher checks that the strides are multiples of 16
-    and that a cache's units fit)."""
+    thread) in 16-element units (16 bytes of an int8 cache), int32 (the launchers check that the
+    strides are multiples of 16 and that a cache's units fit)."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
     return blk * (s_b // 16) + tok % PAGE * (s_s // 16)
 
@@ -116,7 +116,7 @@ def _issue_tile(smem, sc_smem, head, sc_head, blk, rows, start, hi, sc_b,
                 tok_l: gl.constexpr, tile_l: gl.constexpr):
     """Copies of tokens [start, start+BLOCK_N) below `hi` (codes and scales) into the tile's
     buffers, as one commit group; tokens at or past `hi` copy nothing. `blk`: their blocks, one
-    token a thread (the scales' copies); `rows`: their rows' offsets from `head` in 16-byte
+    token a thread (the scales' copies); `rows`: their rows' offsets from `head` in 16-element
     units (`_row_units`), in the layout of the tile's rows (`SliceLayout(1, tile_l)`: the
     codes' copies), so no layout is converted here."""
     tok = start + gl.arange(0, BLOCK_N, layout=tok_l)
