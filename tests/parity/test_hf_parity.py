@@ -51,6 +51,9 @@ def hf_reference(checkpoints):
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# The reference's device and dtype: on a CUDA host, device "auto" would pick the GPU in bf16,
+# which cannot be token-identical to a float32 reference (test_gpu.py checks the GPU in float32).
+CPU = dict(device="cpu", dtype="float32")
 
 SETTINGS = {
     "defaults": dict(),
@@ -68,7 +71,7 @@ SETTINGS = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_greedy_matches_hf(checkpoints, hf_reference, family, setting):
-    llm = LLM(checkpoints[family], **SETTINGS[setting])
+    llm = LLM(checkpoints[family], **CPU, **SETTINGS[setting])
     prompts = make_prompts()
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     for i, (out, (ref_tokens, _)) in enumerate(zip(outs, hf_reference[family])):
@@ -83,7 +86,7 @@ def test_greedy_matches_hf(checkpoints, hf_reference, family, setting):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_prefix_cache_repeated_prompts(checkpoints, hf_reference, family):
-    llm = LLM(checkpoints[family], block_size=16)
+    llm = LLM(checkpoints[family], block_size=16, **CPU)
     prompts = make_prompts()
     first = llm.generate(prompts, GREEDY, use_tqdm=False)
     second = llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -97,7 +100,7 @@ def test_prefix_cache_repeated_prompts(checkpoints, hf_reference, family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_logprobs_match_hf(checkpoints, hf_reference, family):
-    llm = LLM(checkpoints[family])
+    llm = LLM(checkpoints[family], **CPU)
     prompts = make_prompts()[:6]
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
     outs = llm.generate(prompts, params, use_tqdm=False)

@@ -20,7 +20,7 @@ from infer_cluster.protocol import SamplingParams
 from infer_cluster.worker import LLM
 
 from .conftest import FAMILIES
-from .test_hf_parity import make_prompts
+from .test_hf_parity import CPU, make_prompts
 
 MAX_TOKENS = 16
 PARAMS = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
@@ -63,12 +63,12 @@ def force_int8_cvt(monkeypatch, cvt):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_int8_kv_matches_model_dtype_kv(checkpoints, family):
     prompts = make_prompts()
-    with LLM(checkpoints[family], block_size=16) as llm:
+    with LLM(checkpoints[family], block_size=16, **CPU) as llm:
         ref = llm.generate(prompts, PARAMS, use_tqdm=False)
     # Pressure and prefix sharing on the int8 side: a small pool (preemption) and the prompts'
     # shared prefixes (cache hits) must not change what the int8 cache computes.
     with LLM(checkpoints[family], block_size=16, kv_cache_dtype="int8", num_kv_blocks=24,
-             max_num_batched_tokens=256) as llm:
+             max_num_batched_tokens=256, **CPU) as llm:
         got = llm.generate(prompts, PARAMS, use_tqdm=False)
         stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0
