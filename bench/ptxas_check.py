@@ -10,9 +10,10 @@ fused `_qkv_prep_kernel` (bf16 and int8 caches, q/k norm on and off), the sample
 (`sampler_variants`: the draw, the top-p cut, the uniforms, the penalty state) and the split
 argmax (`argmax_variants`), with the Gluon kernels' from bench/ptxas_gluon.py (the shapes and
 strides here are theirs too); and the report: each built for sm_90 as the JIT would for
-contiguous caches (bench/sm90_build.py), its registers and spill bytes, and a count of cp.async
-copies (pipelined loads). Prints one row per variant; exits 1 if any variant spills. Never runs
-a kernel.
+contiguous caches (bench/sm90_build.py), its registers and spill bytes, a count of cp.async
+copies (pipelined loads), and its warpgroup MMAs: "async", "serial" where ptxas serialized them
+(each waiting for the one before), "-" for none. Prints one row per variant; exits 1 if any
+variant spills or has serialized warpgroup MMAs. Never runs a kernel.
 
   python bench/ptxas_check.py            # bf16 and int8 caches
   python bench/ptxas_check.py --int8-variants   # int8 decode per `CVT_MODES` x tile/warps, with
@@ -30,7 +31,7 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.sm90_build import SASS_KINDS, compile_sm90, ptxas_info, sass_counts  # noqa: E402
+from bench.sm90_build import SASS_KINDS, compile_sm90, ptxas_report, sass_counts  # noqa: E402
 
 H, HK, PAGE = 16, 8, 16
 DECODE_DNS = ("s_bt", "spo_s", "spo_h", "spl_s", "spl_h")  # the kernel's do_not_specialize
@@ -375,16 +376,18 @@ def main(argv=None) -> int:
         rows = int8_decode_variants() if args.int8_variants else variants()
     rows = [r for r in rows if args.only is None or args.only in r[0]]
     bad = 0
-    head = f"{'variant':<42}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}"
+    head = f"{'variant':<42}{'regs':>6}{'spill B':>9}{'shared B':>10}{'cp.async':>10}{'wgmma':>8}"
     if args.int8_variants:
         head += "".join(f"{k:>9}" for k in SASS_KINDS)
     print(head)
     for name, kernel, ptrs, ints, consts, opts, dns in rows:
         c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
-        regs, spills = ptxas_info(c.asm["ptx"])
-        bad += spills > 0
+        r = ptxas_report(c.asm["ptx"])
+        regs, spills = r["regs"], r["spills"]
+        bad += spills > 0 or r["wgmma_serialized"]
+        wgmma = "serial" if r["wgmma_serialized"] else ("async" if "wgmma.mma_async" in c.asm["ptx"] else "-")
         line = (f"{name:<42}{regs:>6}{spills:>9}{c.metadata.shared:>10}"
-                f"{c.asm['ptx'].count('cp.async.'):>10}")
+                f"{c.asm['ptx'].count('cp.async.'):>10}{wgmma:>8}")
         if args.int8_variants:
             counts = sass_counts(c.asm["cubin"])
             line += "".join(f"{counts[k]:>9}" for k in SASS_KINDS)

@@ -5,7 +5,8 @@ tests/kernels/conftest.py) share.
 Owns: `compile_sm90` (a kernel specialised as the JIT would for the given pointer dtypes,
 integer arguments and constexprs: strides equal to 1 become constants, multiples of 16 carry
 the divisibility hint, 16-byte-aligned pointers; PDL on where the kernel has the switch),
-`ptxas_info` (registers and spill bytes from Triton's bundled `ptxas -v`) and `sass_counts`
+`ptxas_report` / `ptxas_info` (registers, spill bytes and serialized warpgroup MMAs from
+Triton's bundled `ptxas -v`) and `sass_counts`
 (static SASS instruction counts from its bundled nvdisasm). Never runs a kernel.
 """
 
@@ -61,7 +62,11 @@ def desc_sig(shape, block, dtype="bf16") -> str:
     return mangle_type(TensorDescriptor.from_tensor(torch.empty(*shape, dtype=tdt), list(block), layout))
 
 
-def ptxas_info(ptx: str) -> tuple[int, int]:
+def ptxas_report(ptx: str) -> dict:
+    """What Triton's bundled `ptxas -v` says of an sm_90a build: registers, spill bytes, and
+    whether it serialized the warpgroup MMAs (its "wgmma.mma_async instructions are serialized"
+    notes, C7513 and kin: each wgmma then waits for the one before, so nothing overlaps them;
+    the build still succeeds, so only this report shows it)."""
     import triton
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,9 +76,15 @@ def ptxas_info(ptx: str) -> tuple[int, int]:
         err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o",
                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
                              check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", err).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", err).group(1))
-    return regs, spills
+    return {"regs": int(re.search(r"Used (\d+) registers", err).group(1)),
+            "spills": int(re.search(r"(\d+) bytes spill stores", err).group(1)),
+            "wgmma_serialized": "wgmma.mma_async instructions are serialized" in err}
+
+
+def ptxas_info(ptx: str) -> tuple[int, int]:
+    """(registers, spill bytes) of `ptxas_report`."""
+    r = ptxas_report(ptx)
+    return r["regs"], r["spills"]
 
 
 SASS_KINDS = ("total", "LDS", "LDS.U8", "LDSM", "STS", "PRMT", "HADD2", "IMAD.MOV", "I2F", "HMMA", "IMMA")

@@ -15,11 +15,11 @@ is on the tensor cores, as the float kernel does.
 
 Numerics: the Triton kernel's "mma_k" method (its default on CUDA): q rounded to int8 codes per
 row by the KV append's rule (`_quant_rows`, shared with the int8 decode kernel), exact int8
-products, then the q row scales, the softmax scale and the K column scales in float32; the V scales multiply the probability columns
-before their rounding to fp16 (the row sums take them unscaled), float32 accumulation. So
-`int8_quantizes_q` holds for it, and the reference is `paged_attention_ref` on the int8 cache
-with q's codes dequantized. Must never read KV positions at or past a row's context, nor the
-block table there.
+products, then the q row scales, the softmax scale and the K column scales in float32; the V
+scales multiply the probability columns before their rounding to fp16 (the row sums take them
+unscaled), float32 accumulation. So `int8_quantizes_q` holds for it, and the reference is
+`paged_attention_ref` on the int8 cache with q's codes dequantized. Must never read KV
+positions at or past a row's context, nor the block table there.
 """
 
 from __future__ import annotations
@@ -130,12 +130,14 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
         s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)
         s = _masked(s, j * BLOCK_N, full_hi, hi, q_pos, BLOCK_N, col_s)
         p32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 1.0)
-        p16 = (p32 * gl.expand_dims(vs, 0)).to(gl.float16)
+        p32 = p32 * gl.expand_dims(vs, 0)
         ks, vs = _tile_scales(ks_head, vs_head, bt_row, (j + 1) * BLOCK_N, hi, sks_b, svs_b, PAGE,
                               BLOCK_N, col_s)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
-        p = gl.convert_layout(p16, p_l)
+        # P's fp16 registers are written only now: they are the operand of the P @ V just
+        # waited for, and writing them earlier makes ptxas serialize every wgmma (C7513)
+        p = gl.convert_layout(p32.to(gl.float16), p_l)
     _barrier()  # every warp is past the last P @ V but one: its staging buffer is free
     if n_tiles > 0:
         _to_f16(vc_smem.index((n_tiles + STAGES - 1) % STAGES), v16_smem, cp_l)

@@ -14,10 +14,11 @@ from tests.kernels.conftest import sm90_check
 BUILD = sm90_check("gemm_build", """
 import re
 from bench.ptxas_gluon import gemm_variants
-from bench.sm90_build import compile_sm90, ptxas_info
+from bench.sm90_build import compile_sm90, ptxas_report
 for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
     c = compile_sm90(kernel, ptrs, ints, consts, opts, dns)
-    regs, spills = ptxas_info(c.asm["ptx"])
+    r = ptxas_report(c.asm["ptx"])
+    regs, spills, serial = r["regs"], r["spills"], int(r["wgmma_serialized"])
     lines = [l.strip() for l in c.asm["ptx"].splitlines()]
     wait = next(i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait"))
     # TMA loads (global to shared: `shared::cta.global` from Triton 3.7, `shared::cluster.global`
@@ -26,20 +27,20 @@ for name, kernel, ptrs, ints, consts, opts, dns in gemm_variants():
            and re.search(r"[.]shared::[a-z]+[.]global", l)]
     before = sum(i < wait for i, _ in tma)
     wgmma = sum("wgmma.mma_async" in l for l in lines)
-    print(int(consts["SILU"]), consts["STAGES"], regs, spills, c.metadata.shared, before, wgmma)
+    print(int(consts["SILU"]), consts["STAGES"], regs, spills, c.metadata.shared, before, wgmma, serial)
 """)
 
 
 def test_sm90_build_prefetches_only_weights_before_the_wait(sm90_builds):
     rows = [tuple(map(int, line.split())) for line in sm90_builds.get(BUILD).splitlines()]
     assert sorted(r[0] for r in rows) == [0, 0, 0, 0, 1]
-    for silu, stages, regs, spills, shared, before_wait, wgmma in rows:
+    for silu, stages, regs, spills, shared, before_wait, wgmma, serialized in rows:
         assert spills == 0 and regs <= 255, (regs, spills)
         assert shared <= 227 * 1024
         # the first STAGES weight tiles (gate and up with SILU) are issued before
         # griddepcontrol.wait, x's after it
         assert before_wait == stages * (2 if silu else 1), before_wait
-        assert wgmma > 0
+        assert wgmma > 0 and not serialized, "ptxas serialized the warpgroup MMAs"
 
 
 def test_config_fits_and_programs():
