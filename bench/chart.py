@@ -93,8 +93,10 @@ def _from_dp_scaling(d: dict) -> list[dict]:
 
 def _from_roofline(d: dict) -> list[dict]:
     w = d.get("workload")
-    if w is not None and w != WORKLOAD_A:
+    if w is not None and ({k: v for k, v in w.items() if k != "seed"} != WORKLOAD_A or w.get("seed", 0) != 0):
         return []
+    if d.get("kv_cache_dtype", "auto") != "auto":
+        return []  # the chart's shares are of the bf16-cache ceiling
     run = d.get("run", {})
     device = device_short(run.get("device_name") or d.get("device", {}).get("device"))
     return [{"bench": "roofline", "device": device, "gpus": 1, "model": d["model"],

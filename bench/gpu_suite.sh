@@ -147,6 +147,7 @@ stage_roofline() {  # measured copy bandwidth and matmul rate; workload A's ceil
   for m in qwen3-0.6b-shape llama-3-8b-shape; do
     timeout "$(lim 90)" "$PY" bench/roofline.py --model $m --out "$OUT/roofline_${m%-shape}.json" || st=1
   done
+  timeout "$(lim 90)" "$PY" bench/roofline.py --kv-cache-dtype int8 --out "$OUT/roofline_qwen3-0.6b_int8.json" || st=1
   return $st
 }
 stage_parity_quick() { gpu_pytest 240 gpu_parity_quick.log tests/parity/test_gpu.py; }

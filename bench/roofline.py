@@ -2,7 +2,9 @@
 
 Measures device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate on the
 current GPU, then for a model shape and workload computes:
-  - decode floor: per step, all weight bytes + the live KV bytes of the batch, over bandwidth;
+  - decode floor: per step, all weight bytes + the live KV bytes of the batch, over bandwidth
+    (`--kv-cache-dtype int8`: a KV element is one byte, plus a float32 scale a token and KV head
+    for K and for V, as the int8 cache stores them);
   - prefill floor: 2 x params x prompt tokens (+ attention FLOPs), over the matmul rate;
   - the output tokens/s ceiling of the whole workload (sum of those floors), and the
     batch-1 TPOT bound (weight bytes / bandwidth).
@@ -54,9 +56,12 @@ def measure_device(size_mib: int = 1024, n: int = 4096):
             "device": torch.cuda.get_device_name()}
 
 
-def model_numbers(model: str) -> dict:
+def model_numbers(model: str, kv_cache_dtype: str = "auto") -> dict:
+    import torch
+
     from infer_cluster.worker.loading.loader import load_hf_config, resolve_model_path
     from infer_cluster.worker.models.decoder import ModelSpec
+    from infer_cluster.worker.runner.context import DynamicContext
 
     s = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(model)))
     d = s.head_dim
@@ -68,15 +73,18 @@ def model_numbers(model: str) -> dict:
     # per token: embedding row read is negligible; LM head is a full matmul
     matmul_params = layer_params + head
     return {"params": params, "matmul_params": matmul_params, "weight_bytes": 2 * matmul_params,
-            "kv_bytes_per_token": 2 * s.num_layers * s.num_kv_heads * d * 2,
+            # the cache's own accounting: bf16 K and V, or int8 codes plus a float32 scale a row
+            "kv_bytes_per_token": DynamicContext.bytes_per_block(
+                s.num_layers, 1, s.num_kv_heads, d, torch.int8 if kv_cache_dtype == "int8" else torch.bfloat16),
             "attn_flops_per_token_ctx": 4 * s.num_layers * s.num_heads * d}
 
 
 def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: dict,
-                     tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> dict:
+                     tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                     kv_cache_dtype: str = "auto") -> dict:
     """Tokens/s ceiling if decode ran at full bandwidth and prefill at full matmul rate, on
     T x P GPUs of `dev`'s kind."""
-    m = model_numbers(model)
+    m = model_numbers(model, kv_cache_dtype)
     gpus = tensor_parallel_size * pipeline_parallel_size
     bw, flops = dev["copy_GBps"] * 1e9 * gpus, dev["bf16_TFLOPs"] * 1e12 * gpus
     prefill_tokens = sum(prompt_lens)
@@ -96,7 +104,7 @@ def workload_ceiling(model: str, prompt_lens, output_lens, max_batch: int, dev: 
             "ceiling_tokens_per_s": total_out / (prefill_s + decode_s),
             "tpot_bound_ms": m["weight_bytes"] / bw * pipeline_parallel_size * 1e3,
             "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
-            **m}
+            "kv_cache_dtype": kv_cache_dtype, **m}
 
 
 def main(argv=None):
@@ -108,6 +116,8 @@ def main(argv=None):
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--pipeline-parallel-size", type=int, default=1)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                    help="the KV cache's storage: model dtype (bf16) or int8 codes with scales")
     ap.add_argument("--seed", type=int, default=0, help="the workload's seed (throughput.py's --seed)")
     ap.add_argument("--out", default="bench/results/roofline.json")
     args = ap.parse_args(argv)
@@ -122,9 +132,9 @@ def main(argv=None):
            "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
                         "output_len": args.output_len, "seed": args.seed},
            **workload_ceiling(args.model, [len(p) for p in prompts], outs, args.max_num_seqs, dev,
-                              args.tensor_parallel_size, args.pipeline_parallel_size)}
+                              args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype)}
     print(f"{dev['device']}: copy {dev['copy_GBps']:.0f} GB/s, bf16 matmul {dev['bf16_TFLOPs']:.0f} TFLOP/s")
-    print(f"layout T={args.tensor_parallel_size} x P={args.pipeline_parallel_size}")
+    print(f"layout T={args.tensor_parallel_size} x P={args.pipeline_parallel_size}, KV cache {args.kv_cache_dtype}")
     print(f"{args.model}: {res['params'] / 1e9:.2f} B params, weights {res['weight_bytes'] / 2**30:.2f} GiB")
     print(f"prefill floor {res['prefill_floor_s']:.2f} s, decode floor {res['decode_floor_s']:.2f} s, "
           f"ceiling {res['ceiling_tokens_per_s']:.0f} output tok/s, batch-1 TPOT bound {res['tpot_bound_ms']:.3f} ms")

@@ -55,3 +55,15 @@ def test_draw_writes_a_png(tmp_path):
     out = tmp_path / "throughput.png"
     assert chart.main(["--headline", str(_headline(tmp_path)), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_roofline_json_of_workload_a_only_bf16_seed_0(tmp_path):
+    def roofline(**extra):
+        w = {"num_seqs": 256, "prompt_len": [100, 1024], "output_len": [100, 1024], "seed": extra.pop("seed", 0)}
+        return {"bench": "roofline", "model": "qwen3-0.6b-shape", "workload": w, "ceiling_tokens_per_s": 1.0,
+                "run": {"device_name": "NVIDIA H200"}, **extra}
+
+    for name, d in {"a": roofline(), "held_out": roofline(seed=1), "int8": roofline(kv_cache_dtype="int8")}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    fresh = chart.figures_from_results(str(tmp_path))
+    assert [(f["bench"], f["device"], f["value"]) for f in fresh] == [("roofline", "H200", 1.0)]
