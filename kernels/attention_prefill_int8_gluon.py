@@ -7,7 +7,10 @@ head_dim 128, sm_90, no split KV; grid, contract and tiles as `_prefill_gluon_ke
 
 Why: the Triton prefill kernel over int8 caches ran at 0.72-0.91x of the same kernel over bf16
 (bench/int8_prefill.py), so an int8 cache made prompts slower than a bf16 one. Here a tile's
-codes are copied (`cp.async`, 8 KB per K or V tile instead of 16) into STAGES buffers; q @ K^T
+codes are copied (`cp.async`, 8 KB per K or V tile instead of 16) into STAGES buffers, its K
+and V scales (256 bytes each) in the same copy group, read back in the score columns' layout
+once the tile has landed (loading them per column from global memory had each thread compute
+the block id and address of its 16 columns a tile: 15% of the SASS instructions); q @ K^T
 runs on the int8 codes of q and K (`wgmma` s8, int32 accumulation), V(j-1) is converted to
 fp16 into a staging buffer (exact: |code| <= 127), and each iteration issues the scores of tile
 j and P(j-1) @ V(j-1) as asynchronous warpgroup MMAs and runs tile j's softmax while the second
@@ -37,16 +40,17 @@ from .attention_prefill_gluon import (_barrier, _issue_tile, _load_q, _masked, _
 
 
 @gluon.jit
-def _tile_scales(ks_head, vs_head, bt_row, start, hi, sks_b, svs_b, PAGE: gl.constexpr,
-                 BLOCK_N: gl.constexpr, col_s: gl.constexpr):
-    """The K and V scales of tokens [start, start+BLOCK_N) in the score columns' layout (0 at or
-    past `hi`). Loaded a tile before their use, so the loads are in flight meanwhile."""
-    tok = start + gl.arange(0, BLOCK_N, layout=col_s)
+def _issue_scales(ks_smem, vs_smem, ks_head, vs_head, bt_row, start, hi, sks_b, svs_b,
+                  PAGE: gl.constexpr, BLOCK_N: gl.constexpr, sc_l: gl.constexpr):
+    """Copies of the K and V scales of tokens [start, start+BLOCK_N) into one buffer of each,
+    in the commit group `_issue_tile` then closes (so the tile's wait covers them); tokens at or
+    past `hi` read nothing and land as zeros (cp.async's zero fill)."""
+    tok = start + gl.arange(0, BLOCK_N, layout=sc_l)
     ok = tok < hi
     blk = gl.load(bt_row + tok // PAGE, mask=ok, other=0).to(gl.int64)
     pos = tok % PAGE
-    return (gl.load(ks_head + blk * sks_b + pos, mask=ok, other=0.0),
-            gl.load(vs_head + blk * svs_b + pos, mask=ok, other=0.0))
+    cp.async_copy_global_to_shared(ks_smem, ks_head + blk * sks_b + pos, mask=ok)
+    cp.async_copy_global_to_shared(vs_smem, vs_head + blk * svs_b + pos, mask=ok)
 
 
 @gluon.jit
@@ -77,6 +81,8 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
     sw_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     sw8_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     code_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
+    sc_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])  # a tile's scales
+    sc_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     row_s: gl.constexpr = gl.SliceLayout(1, s_l)
     col_s: gl.constexpr = gl.SliceLayout(0, s_l)
 
@@ -91,6 +97,8 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
     q_scl = gl.convert_layout(q_scale, row_s) * scale_log2
     kc_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_D], sw8_l)
     vc_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_D], code_sl)
+    ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], sc_sl)
+    vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], sc_sl)
     # The first iteration's P @ V reads the staging buffer with P = 0: zeros, never junk.
     v16_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_D], sw_l,
                                          gl.zeros([BLOCK_N, BLOCK_D], gl.float16, ld_l))
@@ -101,9 +109,10 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
     ks_head = ks_ptr + hid * sks_h
     vs_head = vs_ptr + hid * svs_h
     for t in gl.static_range(STAGES - 2):
+        _issue_scales(ks_smem.index(t), vs_smem.index(t), ks_head, vs_head, bt_row, t * BLOCK_N,
+                      hi, sks_b, svs_b, PAGE, BLOCK_N, sc_l)
         _issue_tile(kc_smem.index(t), vc_smem.index(t), k_head, v_head, bt_row, t * BLOCK_N, hi,
                      sk_b, sk_s, sv_b, sv_s, PAGE, BLOCK_N, BLOCK_D, cp_l)
-    ks, vs = _tile_scales(ks_head, vs_head, bt_row, 0, hi, sks_b, svs_b, PAGE, BLOCK_N, col_s)
 
     q_pos = ctx - q_len + (mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)) // GROUP
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -118,6 +127,8 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
         if j > 0:
             _to_f16(vc_smem.index((j + STAGES - 1) % STAGES), v16_smem, cp_l)
         nxt = j + STAGES - 2  # into tile j-2's buffers: both of its tiles are converted
+        _issue_scales(ks_smem.index(nxt % STAGES), vs_smem.index(nxt % STAGES), ks_head, vs_head,
+                      bt_row, nxt * BLOCK_N, hi, sks_b, svs_b, PAGE, BLOCK_N, sc_l)
         _issue_tile(kc_smem.index(nxt % STAGES), vc_smem.index(nxt % STAGES), k_head, v_head,
                      bt_row, nxt * BLOCK_N, hi, sk_b, sk_s, sv_b, sv_s, PAGE, BLOCK_N, BLOCK_D,
                      cp_l)
@@ -126,13 +137,13 @@ def _prefill_int8_gluon_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_
         s = warpgroup_mma(q_smem, kc_smem.index(j % STAGES).permute((1, 0)), s0, use_acc=False,
                           is_async=True)
         acc = warpgroup_mma(p, v16_smem, acc, is_async=True)
+        ks = ks_smem.index(j % STAGES).load(col_s)  # landed with the tile's codes
+        vs = vs_smem.index(j % STAGES).load(col_s)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         s = s.to(gl.float32) * gl.expand_dims(q_scl, 1) * gl.expand_dims(ks, 0)
         s = _masked(s, j * BLOCK_N, full_hi, hi, q_pos, BLOCK_N, col_s)
         p32, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 1.0)
         p32 = p32 * gl.expand_dims(vs, 0)
-        ks, vs = _tile_scales(ks_head, vs_head, bt_row, (j + 1) * BLOCK_N, hi, sks_b, svs_b, PAGE,
-                              BLOCK_N, col_s)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
         # P's fp16 registers are written only now: they are the operand of the P @ V just
