@@ -40,6 +40,7 @@ stages outside the suites (run by name; environment variables set their runs):
   step_kernels       a workload-A decode step's GPU time by kernel family, bf16 and int8 KV
   decode_persistent  bf16 decode attention: persistent kernel rules vs the Triton kernel   DP_BATCHES
   decode_ncu         decode attention under ncu's counters, bf16 and int8 KV   NCU_CELL="--batch 256 --context 1024"
+  gemm_ncu           a layer's four mid-size GEMMs under ncu's counters (L2 against DRAM)   GEMM_NCU_M=256
   sampler            the sampler alone per request kind (ms per call, profiler table)
   mixed_step         host launch vs GPU time per step kind
   prepare_cost       a decode step's input preparation on the GPU
@@ -388,6 +389,16 @@ stage_decode_ncu() {  # one decode attention launch per KV dtype under Nsight Co
     timeout "$(lim 300)" "$PY" bench/ncu_profile.py --kernel _decode_kernel --out "$OUT/ncu" --name "decode_$kv" \
       -- "$PY" bench/decode_grid.py $NCU_CELL --kv $kv --spread 0.9 --longest-first --iters 2 --reps 1 \
       --out "$OUT/ncu/grid_$kv.json" 2>&1 | tail -50 || st=1
+  done
+  return $st
+}
+stage_gemm_ncu() {  # qkv, o, gate_up + SiLU, down of bench/gemm.py's layer chain, one launch each under ncu
+  local st=0 i names=(qkv o gate_up down)
+  for i in 0 1 2 3; do  # the chain launches them in this order, layer after layer
+    echo "--- ${names[$i]} at ${GEMM_NCU_M:=256} rows"
+    timeout "$(lim 150)" "$PY" bench/ncu_profile.py --kernel _gemm_kernel --skip $((4 + i)) --out "$OUT/ncu" \
+      --name "gemm_${names[$i]}_m$GEMM_NCU_M" -- "$PY" bench/gemm.py --m "$GEMM_NCU_M" --replays 1 \
+      --out "$OUT/ncu/gemm_chain.json" 2>&1 | grep -E "Duration|Throughput|Issue|Warps|^---|rror" | head -12 || st=1
   done
   return $st
 }

@@ -29,7 +29,8 @@ import subprocess
 import sys
 
 # Lines of the details page worth a glance, by their label.
-DETAIL_LABELS = ("Duration", "DRAM Throughput", "Memory Throughput", "Issue Slots Busy",
+DETAIL_LABELS = ("Duration", "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput",
+                 "Memory Throughput", "Issue Slots Busy",
                  "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Registers",
                  "Block Limit Shared Mem", "Achieved Active Warps Per SM",
                  "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction")

@@ -10,6 +10,7 @@ DETAILS = """  _decode_kernel (256, 8, 1)x(128, 1, 1), Context 1, Stream 7, Devi
     Metric Name             Metric Unit Metric Value
     ----------------------- ----------- ------------
     DRAM Throughput                   %        61.69
+    L2 Cache Throughput               %        83.10
     Duration                         us       188.80
     Issue Slots Busy               %        31.16
     Registers Per Thread             register/thread               160
@@ -29,6 +30,7 @@ def test_details_reads_labelled_values():
     info = details(DETAILS)
     assert info["DRAM Throughput"] == "61.69 %"
     assert info["Duration"] == "188.80 us"
+    assert info["L2 Cache Throughput"] == "83.10 %"
     assert info["Registers Per Thread"] == "160 register/thread"
     assert "Memory Throughput" not in info
 
