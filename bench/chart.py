@@ -65,8 +65,15 @@ def load_headline(path: str) -> list[dict]:
         return json.load(f)["figures"]
 
 
+def _is_workload_a(w: dict | None) -> bool:
+    """Workload A itself: its sizes and the benchmark's own lengths (seed 0; a JSON without a
+    seed predates `--seed`), not a held-out seed's."""
+    return (w is not None and {k: v for k, v in w.items() if k != "seed"} == WORKLOAD_A
+            and w.get("seed", 0) == 0)
+
+
 def _from_throughput(d: dict) -> list[dict]:
-    if d.get("workload") != WORKLOAD_A or d.get("layout", {}).get("kv_cache_dtype", "auto") != "auto":
+    if not _is_workload_a(d.get("workload")) or d.get("layout", {}).get("kv_cache_dtype", "auto") != "auto":
         return []
     run, lay = d.get("run", {}), d.get("layout", {})
     tp, pp = lay.get("tensor_parallel_size", 1), lay.get("pipeline_parallel_size", 1)
@@ -93,10 +100,8 @@ def _from_dp_scaling(d: dict) -> list[dict]:
 
 def _from_roofline(d: dict) -> list[dict]:
     w = d.get("workload")
-    if w is not None and ({k: v for k, v in w.items() if k != "seed"} != WORKLOAD_A or w.get("seed", 0) != 0):
-        return []
-    if d.get("kv_cache_dtype", "auto") != "auto":
-        return []  # the chart's shares are of the bf16-cache ceiling
+    if (w is not None and not _is_workload_a(w)) or d.get("kv_cache_dtype", "auto") != "auto":
+        return []  # the chart's shares are of workload A's bf16-cache ceiling
     run = d.get("run", {})
     device = device_short(run.get("device_name") or d.get("device", {}).get("device"))
     return [{"bench": "roofline", "device": device, "gpus": 1, "model": d["model"],

@@ -349,7 +349,7 @@ def main(argv=None):
     ours, path, dtype, device = run_ours(args, prompts, out_lens, kinds)
     result = {"bench": "throughput", "model": args.model,
               "workload": {"num_seqs": args.num_seqs, "prompt_len": args.prompt_len,
-                           "output_len": args.output_len},
+                           "output_len": args.output_len, "seed": args.seed},
               "layout": {"tensor_parallel_size": args.tensor_parallel_size,
                          "pipeline_parallel_size": args.pipeline_parallel_size,
                          "kv_cache_dtype": args.kv_cache_dtype},

@@ -35,10 +35,15 @@ def test_fresh_throughput_json_replaces_its_headline_figure(tmp_path):
     results.mkdir()
     (results / "a.json").write_text(json.dumps({
         "bench": "throughput", "model": "qwen3-0.6b-shape",
-        "workload": {"num_seqs": 256, "prompt_len": [100, 1024], "output_len": [100, 1024]},
+        "workload": {"num_seqs": 256, "prompt_len": [100, 1024], "output_len": [100, 1024], "seed": 0},
         "layout": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "kv_cache_dtype": "auto"},
         "run": {"date": "2026-12-01", "commit": "abc1234", "device_name": "NVIDIA H200"},
         "ours": {"sampling": {"greedy": {"tokens_per_s": 800.0}}}}))
+    (results / "held_out.json").write_text(json.dumps({
+        "bench": "throughput", "model": "qwen3-0.6b-shape",
+        "workload": {"num_seqs": 256, "prompt_len": [100, 1024], "output_len": [100, 1024], "seed": 1},
+        "layout": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "kv_cache_dtype": "auto"},
+        "ours": {"sampling": {"greedy": {"tokens_per_s": 900.0}}}}))
     (results / "other_workload.json").write_text(json.dumps({
         "bench": "throughput", "model": "qwen3-0.6b-shape", "workload": {"num_seqs": 4},
         "ours": {"sampling": {"greedy": {"tokens_per_s": 1.0}}}}))
