@@ -1,9 +1,8 @@
 """Mid-size decode GEMMs (17-256 rows): cuBLAS against the Gluon Hopper GEMM (kernels/gemm_gluon.py).
 
 Owns: `--sweep`, which times every candidate `GemmConfig` per (layer shape, M) against cuBLAS, and
-gate_up with SiLU-and-mul fused against the better unfused path, qkv with the attention prep in
-its epilogue (kernels/gemm_prep_gluon.py) against the better GEMM followed by `qkv_prep`, o and
-down also split-K (each timed with the add + norm after it, which sums the partials), and prints the winners as
+gate_up with SiLU-and-mul fused against the better unfused path, o and down also split-K (each
+timed with the add + norm after it, which sums the partials), and prints the winners as
 `kernels/gemm_table.py` entries (None where the baseline stays ahead by less than `--margin`;
 with `--write`, rewrites that model's rows); and the layer chain (default), which times a model's
 layers of the four projections, the SiLU-and-mul and the add + norms after o and down with
@@ -43,10 +42,6 @@ SHAPES = {  # per model: layers and the four projections as (N, K)
     "llama-3-8b": (32, {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                         "down": (4096, 14336)}),
 }
-HEADS = {  # per model: query heads, KV heads, head_dim, q/k norms (the qkv+prep cell's inputs)
-    "qwen3-0.6b": (16, 8, 128, True), "qwen3-0.6b-tp2": (8, 4, 128, True), "smollm2-135m": (9, 3, 64, False),
-    "llama-3-8b-tp2": (16, 4, 128, False), "llama-3-8b": (32, 8, 128, False),
-}
 _SMEM = 220 * 1024  # a program's shared memory budget (228 KB a SM, a little reserved)
 
 
@@ -84,35 +79,13 @@ def _time(op, ws, x, replays):
 
 
 def _cells(shapes):
-    """(name, N, K, kind) per swept cell: each projection (kind None), gate_up again with its
-    SiLU-and-mul fused ("silu": against the better of cuBLAS and the plain row, each + the SiLU
-    kernel), and qkv again with the attention prep fused ("prep": against the better of cuBLAS
-    and the plain row, each + `qkv_prep`)."""
+    """(name, N, K, silu) per swept cell kind: each projection, and gate_up again with its
+    SiLU-and-mul fused (against the better of cuBLAS and the plain table row, each + the SiLU
+    kernel)."""
     for name, (n, k) in shapes.items():
-        yield name, n, k, None
+        yield name, n, k, False
         if name == "gate_up":
-            yield "gate_up+silu", n, k, "silu"
-        if name == "qkv":
-            yield "qkv+prep", n, k, "prep"
-
-
-def _prep_inputs(model, m, dtype, dev):
-    """qkv_prep's arguments after qkv for `m` decode rows of `model` (a bf16 cache of distinct
-    slots, positions up to 4,096, q/k norm weights where the model has them) and its heads."""
-    import torch
-
-    from infer_cluster.kernels.rotary import build_rope_cache
-    heads, kv_heads, d, qk_norm = HEADS[model]
-    cos, sin = build_rope_cache(1e6 ** (-torch.arange(0, d, 2, device=dev).float() / d), 4096)
-    blocks, bs = 4 * m + 8, 16
-    kc = torch.zeros(blocks, bs, kv_heads, d, dtype=dtype, device=dev)
-    vc = torch.zeros_like(kc)
-    slots = torch.randperm(blocks * bs, device=dev)[:m]
-    pos = torch.randint(0, 4096, (m,), device=dev)
-    nw = (1 + 0.1 * torch.randn(d, device=dev)).to(dtype)
-    norms = (nw, nw.flip(0), 1e-6) if qk_norm else (None, None, 1e-6)
-    return (pos, cos, sin, slots, kc, vc, *norms, None, None), dict(num_heads=heads, num_kv_heads=kv_heads,
-                                                                  head_dim=d)
+            yield "gate_up+silu", n, k, True
 
 
 def _then_norm(op, res, nw):
@@ -128,17 +101,13 @@ def sweep(args, dev, dtype):
     from infer_cluster.kernels.activation import silu_and_mul
     from infer_cluster.kernels.gemm import sum_partials
     from infer_cluster.kernels.gemm_gluon import BLOCK_M, gemm_sm90
-    from infer_cluster.kernels.gemm_prep_gluon import gemm_prep_sm90, prep_supported
-    from infer_cluster.kernels.qkv_prep import qkv_prep
     layers, shapes = SHAPES[args.model]
     if args.shapes:
         shapes = {name: shapes[name] for name in args.shapes}
     rows, table, plain_best = [], {}, {}
-    for name, n, k, kind in _cells(shapes):
-        silu, prep = kind == "silu", kind == "prep"
+    for name, n, k, silu in _cells(shapes):
         ws = _weights(n, k, layers, dtype, dev)
         split = name in SPLIT_OK
-        plain = name.split("+")[0]  # the cell whose best plain config the fused cell's baseline tries
         for m in args.m:
             x = torch.randn(m, k, dtype=dtype, device=dev)
             ref = F.linear(x, ws[0])
@@ -146,47 +115,36 @@ def sweep(args, dev, dtype):
             nw = torch.ones(n, dtype=dtype, device=dev)
             if split:
                 t_base = _time(_then_norm(lambda a, w: F.linear(a, w), res, nw), ws, x, args.replays)
-            elif silu or prep:
-                if prep:
-                    pargs, heads = _prep_inputs(args.model, m, dtype, dev)
-                    after = lambda y: qkv_prep(y, *pargs, **heads)  # noqa: E731
-                else:
-                    after = silu_and_mul
-                ref = after(ref)
-                t_base = _time(lambda a, w: after(F.linear(a, w)), ws, x, args.replays)
-                if plain_best.get((plain, m)) is not None:
-                    t_base = min(t_base, _time(lambda a, w, c=plain_best[(plain, m)]: after(gemm_sm90(a, w, c)),
+            elif silu:
+                ref = silu_and_mul(ref)
+                t_base = _time(lambda a, w: silu_and_mul(F.linear(a, w)), ws, x, args.replays)
+                if plain_best.get(m) is not None:
+                    t_base = min(t_base, _time(lambda a, w, c=plain_best[m]: silu_and_mul(gemm_sm90(a, w, c)),
                                                ws, x, args.replays))
             else:
                 t_base = _time(lambda a, w: F.linear(a, w), ws, x, args.replays)
             best = (t_base, None)
             for cfg in candidates(m, n, k, silu, split):
-                if prep and not prep_supported(cfg, heads["head_dim"]):
-                    continue
-                if prep:
-                    op = lambda a, w, c=cfg: gemm_prep_sm90(a, w, c, *pargs, **heads)  # noqa: E731
-                else:
-                    op = lambda a, w, c=cfg: gemm_sm90(a, w, c, silu=silu, partials=split)  # noqa: E731
-                out = op(x, ws[0])
+                out = gemm_sm90(x, ws[0], cfg, silu=silu, partials=split)
                 if cfg.splits > 1:
                     out = sum_partials(out, m)
                 err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 if not err < 2e-2:
                     print(f"  MISMATCH {name} m={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
+                op = lambda a, w, c=cfg: gemm_sm90(a, w, c, silu=silu, partials=split)  # noqa: E731
                 t = _time(_then_norm(op, res, nw) if split else op, ws, x, args.replays)
                 rows.append(dict(shape=name, n=n, k=k, m=m, cfg=dataclasses.asdict(cfg), us=t * 1e6,
                                  baseline_us=t_base * 1e6))
                 if t < best[0]:
                     best = (t, cfg)
             t, cfg = best
-            if kind is None:
-                plain_best[(name, m)] = cfg
-            base = ("cuBLAS + SiLU" if silu else "cuBLAS + qkv_prep" if prep
-                    else "cuBLAS + add-norm" if split else "cuBLAS")
+            if name == "gate_up":
+                plain_best[m] = cfg
+            base = "cuBLAS + SiLU" if silu else ("cuBLAS + add-norm" if split else "cuBLAS")
             print(f"{name:12s} N={n:5d} K={k:5d} M={m:3d}: {base} {t_base * 1e6:6.2f} us, best "
                   f"{t * 1e6:6.2f} us ({t_base / t:.2f}x) {cfg}", flush=True)
-            key = (n, k, -(-m // BLOCK_M)) + ((kind,) if kind else ())
+            key = (n, k, -(-m // BLOCK_M)) + (("silu",) if silu else ())
             keep = cfg if cfg is not None and t_base / t >= 1 + args.margin else None
             note = f"{name} M={m}: {t * 1e6:.2f} us vs {base} {t_base * 1e6:.2f} us"
             # one entry per key: the largest M swept for it (its slowest case) decides
@@ -283,8 +241,7 @@ def main(argv=None):
     p.add_argument("--margin", type=float, default=0.03, help="the table keeps cuBLAS unless a config is this much faster")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--shapes", nargs="+", default=None,
-                   help="with --sweep: only these projections (qkv o gate_up down; gate_up includes its SiLU row, "
-                        "qkv its prep row)")
+                   help="with --sweep: only these projections (qkv o gate_up down; gate_up includes its SiLU row)")
     p.add_argument("--out", default=os.path.join(_ROOT, "bench", "results", "gemm.json"))
     args = p.parse_args(argv)
     import torch

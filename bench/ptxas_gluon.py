@@ -116,27 +116,3 @@ def gemm_variants():
                      dict(STEPS=k // bk // splits, STAGES=stages, SILU=silu, num_warps=4), dict(num_warps=4),
                      ("n_m",)))
     return rows
-
-
-def gemm_prep_variants():
-    """The qkv GEMM with the attention prep in its epilogue (`_gemm_prep_kernel`) at the Qwen3-0.6B
-    shape (16 query, 8 KV heads of 128), 256 rows: q/k norms, over a bf16 and an int8 cache."""
-    from bench.sm90_build import desc_sig
-    from infer_cluster.kernels.gemm_gluon import BLOCK_M
-    from infer_cluster.kernels.gemm_prep_gluon import _gemm_prep_kernel
-    rows = []
-    for bk, stages, int8 in ((128, 4, False), (128, 4, True), (64, 6, False)):
-        cache = "*i8" if int8 else "*bf16"
-        ptrs = {"a_desc": desc_sig((256, 1024), (BLOCK_M, bk)), "w_desc": desc_sig((4096, 1024), (128, bk)),
-                "q_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                "slot_ptr": "*i64", "kc_ptr": cache, "vc_ptr": cache,
-                "ks_ptr": "*fp32" if int8 else cache, "vs_ptr": "*fp32" if int8 else cache,
-                "qw_ptr": "*bf16", "kw_ptr": "*bf16"}
-        ints = dict(n_m=4, m=256, num_heads=16, num_kv_heads=8, block_size=16, s_q=2048, s_cos=64,
-                    s_sin=64, skc_b=16384, skc_s=1024, skc_h=128, svc_b=16384, svc_s=1024, svc_h=128,
-                    sks_b=128 if int8 else 0, sks_h=16 if int8 else 0, sks_s=1 if int8 else 0,
-                    svs_b=128 if int8 else 0, svs_h=16 if int8 else 0, svs_s=1 if int8 else 0)
-        rows.append((f"gemm_prep bk{bk} s{stages}{' int8' if int8 else ''}", _gemm_prep_kernel, ptrs, ints,
-                     dict(STEPS=1024 // bk, STAGES=stages, HAS_NORM=True, KV_INT8=int8, num_warps=4),
-                     dict(num_warps=4, enable_fp_fusion=False), ("n_m", "m")))
-    return rows

@@ -7,12 +7,8 @@ for a gate/up weight, in one launch where the table has a "silu" row for it),
 `mid_path(enabled, x, weight, silu)`, the one rule the model layers use to ask for either,
 `is_partials` / `sum_partials` (split-K partial sums, which `linear_mid(partials=True)` returns
 where the table splits a shape's K; `kernels.norm.add_rms_norm` adds them as it reads), and
-`prep_linear_mid(x, weight, positions, ...)` (= `qkv_prep(linear_mid(x, weight), positions, ...)`
-for a qkv weight, in one launch where the table has a "prep" row for it, kernels/gemm_prep_gluon.py),
 `gemm_enabled()` (`INFER_CLUSTER_GEMM=0` keeps every layer on cuBLAS; read once, when a layer is
-built), `gemm_split_enabled()` (`INFER_CLUSTER_GEMM_SPLIT=0` runs split entries unsplit) and
-`gemm_prep_enabled()` (`INFER_CLUSTER_GEMM_PREP=0` keeps the prep a launch of its own). No state
-here.
+built) and `gemm_split_enabled()` (`INFER_CLUSTER_GEMM_SPLIT=0` runs split entries unsplit). No state here.
 
 To tune: `python bench/gemm.py --sweep --write` on an H200 rewrites `gemm_table.py`.
 """
@@ -38,37 +34,24 @@ def gemm_split_enabled() -> bool:
     return env_switch("INFER_CLUSTER_GEMM_SPLIT")
 
 
-def gemm_prep_enabled() -> bool:
-    """False when `INFER_CLUSTER_GEMM_PREP=0`: the qkv GEMM and `qkv_prep` stay two launches (A/B)."""
-    return env_switch("INFER_CLUSTER_GEMM_PREP")
-
-
-def gemm_config(m: int, n: int, k: int, silu: bool = False, prep_head_dim: int = 0):
+def gemm_config(m: int, n: int, k: int, silu: bool = False):
     """The table's GemmConfig for (N, K, 64-row tiles of M) (with "silu" last: the gate/up GEMM
-    with SiLU-and-mul fused, N its weight's rows; with "prep": the qkv GEMM carrying the
-    attention prep of heads of `prep_head_dim`), None (cuBLAS) when unlisted."""
+    with SiLU-and-mul fused, N its weight's rows), None (cuBLAS) when unlisted."""
     from .gemm_gluon import BLOCK_M
     from .gemm_table import TABLE
     key = (n, k, -(-m // BLOCK_M))
-    cfg = TABLE.get(key + ("silu",) if silu else key + ("prep",) if prep_head_dim else key)
+    cfg = TABLE.get(key + ("silu",) if silu else key)
     n_out = n // 2 if silu else n
-    if cfg is None or (silu and n % 2) or not cfg.fits(m, n_out, k):
-        return None
-    if prep_head_dim:
-        from .gemm_prep_gluon import prep_supported
-        return cfg if prep_supported(cfg, prep_head_dim) else None
-    return cfg
+    return cfg if cfg is not None and not (silu and n % 2) and cfg.fits(m, n_out, k) else None
 
 
-def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = False,
-             prep_head_dim: int = 0) -> bool:
+def mid_path(enabled: bool, x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> bool:
     """The layers' rule: switch on, GEMV_MAX_M < rows <= MID_MAX_M, a table entry, and inputs
     the kernel takes (CUDA sm_90, bf16/fp16, contiguous)."""
     if not (enabled and x.dim() == 2 and GEMV_MAX_M < x.shape[0] <= MID_MAX_M and x.is_cuda):
         return False
     from .gemm_gluon import gemm_supported
-    return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape, silu=silu,
-                                                     prep_head_dim=prep_head_dim) is not None
+    return gemm_supported(x, weight) and gemm_config(x.shape[0], *weight.shape, silu=silu) is not None
 
 
 def _gluon(x: torch.Tensor, weight: torch.Tensor, cfg, silu: bool, partials: bool = False) -> torch.Tensor:
@@ -107,25 +90,3 @@ def silu_linear_mid(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         from .activation import silu_and_mul
         return silu_and_mul(linear_mid(x, weight))
     return _gluon(x, weight, cfg, silu=True)
-
-
-def prep_linear_mid(x: torch.Tensor, weight: torch.Tensor, positions, cos_cache, sin_cache, slot_mapping,
-                    k_cache, v_cache, q_norm_weight=None, k_norm_weight=None, eps=1e-6, k_scale=None,
-                    v_scale=None, *, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """`qkv_prep(linear_mid(x, weight), positions, ...)` (kernels/qkv_prep.py) for a qkv weight:
-    q `[M, num_heads, head_dim]`, k and v appended to the caches; one launch where the table has
-    the shape's "prep" row, else the GEMM and then `qkv_prep`."""
-    prep = (positions, cos_cache, sin_cache, slot_mapping, k_cache, v_cache, q_norm_weight, k_norm_weight,
-            eps, k_scale, v_scale)
-    heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
-    cfg = None
-    if x.dim() == 2 and x.is_cuda:
-        from .gemm_gluon import gemm_supported
-        if gemm_supported(x, weight):
-            cfg = gemm_config(x.shape[0], weight.shape[0], weight.shape[1], prep_head_dim=head_dim)
-    if cfg is None:
-        from .qkv_prep import qkv_prep
-        return qkv_prep(linear_mid(x, weight), *prep, **heads)
-    from .gemm_prep_gluon import gemm_prep_sm90
-    from .pdl import pdl_enabled
-    return gemm_prep_sm90(x, weight, cfg, *prep, **heads, pdl=pdl_enabled(x))

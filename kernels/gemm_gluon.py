@@ -79,21 +79,25 @@ def _store_tile(c_desc, acc, off_m, off_n):
 
 
 @gluon.jit
-def _gemm_start(a_desc, w_desc, off_m, off_n, k0, up_row, STEPS: gl.constexpr, STAGES: gl.constexpr,
-                SILU: gl.constexpr, PDL: gl.constexpr):
-    """The program's TMA ring, its first STAGES tiles requested: the weights', then (after the
-    PDL wait) x's. Returns `(a_smem, w_smem, u_smem, ready)` for `_gemm_loop` (`u_smem`, the up
-    tiles with SILU, is `w_smem` without)."""
+def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row, c_rows,
+                 STEPS: gl.constexpr, STAGES: gl.constexpr, SILU: gl.constexpr, PDL: gl.constexpr,
+                 num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     W_TILES: gl.constexpr = 2 if SILU else 1  # SILU: a gate tile and its up tile (`up_row` below)
     NBYTES: gl.constexpr = a_desc.block_type.nbytes + W_TILES * w_desc.block_type.nbytes
     PRE: gl.constexpr = STAGES if STAGES < STEPS else STEPS
+    pdl_gluon(PDL, False)
+
+    tile = gl.program_id(0)  # the programs of one W tile are adjacent: it is read once from HBM
+    off_m = (tile % n_m) * BM
+    off_n = (tile // n_m) * BN
+    k0 = gl.program_id(1) * (STEPS * BK)  # this split's first column of K (0 unsplit)
+    c_row0 = gl.program_id(1) * c_rows  # its slab of the partials (c_rows 0 unsplit)
 
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-    u_smem = w_smem
     if SILU:
         u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -108,24 +112,10 @@ def _gemm_start(a_desc, w_desc, off_m, off_n, k0, up_row, STEPS: gl.constexpr, S
     pdl_gluon(PDL, True)
     for s in gl.static_range(PRE):
         tma.async_copy_global_to_shared(a_desc, [off_m, k0 + s * BK], ready.index(s), a_smem.index(s))
-    return a_smem, w_smem, u_smem, ready
 
-
-@gluon.jit
-def _gemm_loop(a_desc, w_desc, a_smem, w_smem, u_smem, ready, off_m, off_n, k0, up_row, STEPS: gl.constexpr,
-               STAGES: gl.constexpr, SILU: gl.constexpr, num_warps: gl.constexpr):
-    """The float32 accumulator(s) of x[off_m:, k0:] @ W[off_n:, k0:]^T over STEPS K steps of the
-    ring `_gemm_start` began, in the wgmma layout: `(acc, acc_u)`, the second the up tile's with
-    SILU (`acc` again without)."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = w_desc.block_type.shape[0]
-    W_TILES: gl.constexpr = 2 if SILU else 1
-    NBYTES: gl.constexpr = a_desc.block_type.nbytes + W_TILES * w_desc.block_type.nbytes
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BN, 16])
     acc = gl.zeros([BM, BN], gl.float32, layout=mma_l)
-    acc_u = acc
     if SILU:
         acc_u = gl.zeros([BM, BN], gl.float32, layout=mma_l)
     for i in range(STEPS):
@@ -153,30 +143,9 @@ def _gemm_loop(a_desc, w_desc, a_smem, w_smem, u_smem, ready, off_m, off_n, k0, 
         acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_u))
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        acc_u = acc
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
-    return acc, acc_u
 
-
-@gluon.jit
-def _gemm_kernel(a_desc, w_desc, c_desc, n_m, up_row, c_rows,
-                 STEPS: gl.constexpr, STAGES: gl.constexpr, SILU: gl.constexpr, PDL: gl.constexpr,
-                 num_warps: gl.constexpr):
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = w_desc.block_type.shape[0]
-    pdl_gluon(PDL, False)
-
-    tile = gl.program_id(0)  # the programs of one W tile are adjacent: it is read once from HBM
-    off_m = (tile % n_m) * BM
-    off_n = (tile // n_m) * BN
-    k0 = gl.program_id(1) * (STEPS * BK)  # this split's first column of K (0 unsplit)
-    c_row0 = gl.program_id(1) * c_rows  # its slab of the partials (c_rows 0 unsplit)
-    a_smem, w_smem, u_smem, ready = _gemm_start(a_desc, w_desc, off_m, off_n, k0, up_row, STEPS, STAGES, SILU,
-                                                PDL)
-    acc, acc_u = _gemm_loop(a_desc, w_desc, a_smem, w_smem, u_smem, ready, off_m, off_n, k0, up_row, STEPS,
-                            STAGES, SILU, num_warps)
     if SILU:  # as _silu_and_mul_kernel: inputs rounded to the activation dtype, then SiLU rounded
         dt: gl.constexpr = c_desc.dtype
         gate = acc.to(dt).to(gl.float32)

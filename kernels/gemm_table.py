@@ -32,9 +32,4 @@ TABLE: dict = {
     (1024, 3072, 2): GemmConfig(block_n=64, block_k=128, stages=4, splits=4),  # down M=128: 7.26 us vs cuBLAS + add-norm 8.98 us
     (1024, 3072, 3): GemmConfig(block_n=64, block_k=128, stages=6, splits=2),  # down M=192: 7.76 us vs cuBLAS + add-norm 9.67 us
     (1024, 3072, 4): GemmConfig(block_n=64, block_k=128, stages=6, splits=2),  # down M=256: 7.97 us vs cuBLAS + add-norm 9.73 us
-    # qwen3-0.6b qkv with the attention prep fused, against the better of cuBLAS and the plain row followed by qkv_prep: `python bench/gemm.py --sweep --write --model qwen3-0.6b --shapes qkv --m 32 64 128 192 256` (prep rows only kept), NVIDIA H200, 2026-12-02
-    (4096, 1024, 1, 'prep'): None,  # qkv+prep M=64: 5.55 us vs cuBLAS + qkv_prep 5.55 us
-    (4096, 1024, 2, 'prep'): None,  # qkv+prep M=128: 6.25 us vs cuBLAS + qkv_prep 6.25 us
-    (4096, 1024, 3, 'prep'): GemmConfig(block_n=128, block_k=128, stages=4),  # qkv+prep M=192: 6.73 us vs cuBLAS + qkv_prep 7.34 us
-    (4096, 1024, 4, 'prep'): None,  # qkv+prep M=256: 7.49 us vs cuBLAS + qkv_prep 7.57 us
 }

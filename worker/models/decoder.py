@@ -24,7 +24,7 @@ from torch import nn
 from infer_cluster.kernels import build_rope_cache, paged_attention, qkv_prep, rms_norm, silu_and_mul
 from infer_cluster.kernels.attention import decode_order
 from infer_cluster.kernels.attention_decode_plan import longest_first_enabled
-from infer_cluster.kernels.gemm import gemm_prep_enabled, is_partials, prep_linear_mid
+from infer_cluster.kernels.gemm import is_partials
 from infer_cluster.kernels.mlp import fused_mlp_enabled, fused_mlp_small, use_fused_mlp
 from infer_cluster.kernels.norm import add_rms_norm
 
@@ -164,48 +164,25 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, False, ps)
         self.q_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps) if spec.qk_norm else None
-        self.fuse_prep = gemm_prep_enabled()  # INFER_CLUSTER_GEMM_PREP=0: prep a launch of its own
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         return self.attend(self.qkv_proj(x), positions, meta, kv_cache, rope_cache)
 
-    def _prep_args(self, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        """qkv_prep's arguments after qkv (positions through v_scale) and its head counts."""
-        k_cache, v_cache, k_scale, v_scale = kv_cache
-        qn, kn = self.q_norm, self.k_norm
-        norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
-        return ((positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args, k_scale, v_scale),
-                dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim))
-
-    def project(self, x, residual, norm: RMSNorm, positions, meta: AttentionMetadata, kv_cache, rope_cache):
-        """`(q, x + residual)`: the add + norm, the qkv projection and the attention prep (q/k
-        norm, rotary, KV append). The projection carries the prep in its epilogue where the
-        GEMM table has a "prep" row for these rows (kernels/gemm_prep_gluon.py); else the add +
-        norm runs where `forward_rms_norm` puts it and `qkv_prep` is a launch of its own."""
-        proj = self.qkv_proj
-        args, heads = self._prep_args(positions, meta, kv_cache, rope_cache)
-        if self.fuse_prep and proj.mid_rows(x):
-            h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-            if proj.prep_applies(h, self.head_dim):
-                return prep_linear_mid(h, proj.weight, *args, **heads), residual
-            return qkv_prep(proj(h), *args, **heads), residual
-        qkv, residual = proj.forward_rms_norm(x, residual, norm.weight, norm.eps)
-        return qkv_prep(qkv, *args, **heads), residual
-
     def attend(self, qkv, positions, meta: AttentionMetadata, kv_cache, rope_cache):
         """Everything after the qkv projection: prep, attention, o_proj."""
-        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
-        args, heads = self._prep_args(positions, meta, kv_cache, rope_cache)
-        return self.attend_q(qkv_prep(qkv, *args, **heads), meta, kv_cache)
-
-    def attend_q(self, q, meta: AttentionMetadata, kv_cache):
-        """Attention of prepared q over the caches, then o_proj."""
+        n = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
+        # q/k norm (Qwen3), rotary and the KV append in one kernel; q may be a view of qkv.
+        qn, kn = self.q_norm, self.k_norm
+        norm_args = (qn.weight, kn.weight, qn.eps) if qn is not None else (None, None, 1e-6)
+        q = qkv_prep(qkv, positions, *rope_cache, meta.slot_mapping, k_cache, v_cache, *norm_args,
+                     k_scale, v_scale, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                     head_dim=self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                               meta.seq_lens, self.scale, meta.max_query_len, k_scale, v_scale,
                               meta.row_span, meta.decode_order)
         # Split-K partial sums where the table splits o's K: the MLP's add + norm adds them.
-        return self.o_proj.forward_split(out.reshape(q.shape[0], self.q_size))
+        return self.o_proj.forward_split(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -268,8 +245,8 @@ class DecoderLayer(nn.Module):
         # next layer's add + norm adds up (never the last layer's: its rows are selected).
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        q, residual = attn.project(x, residual, norm1, positions, meta, kv_cache, rope_cache)
-        h = attn.attend_q(q, meta, kv_cache)
+        qkv, residual = attn.qkv_proj.forward_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h = attn.attend(qkv, positions, meta, kv_cache, rope_cache)
         if mlp_sums is not None:
             return mlp.forward_fused(h, residual, norm2, mlp_sums)
         return mlp.forward_rms_norm(h, residual, norm2, split_out)

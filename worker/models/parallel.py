@@ -37,10 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from infer_cluster.kernels import silu_and_mul
-from infer_cluster.kernels.gemm import (MID_MAX_M, gemm_enabled, gemm_split_enabled, linear_mid, mid_path,
-                                       silu_linear_mid)
+from infer_cluster.kernels.gemm import gemm_enabled, gemm_split_enabled, linear_mid, mid_path, silu_linear_mid
 from infer_cluster.kernels.norm import add_rms_norm
-from infer_cluster.kernels.gemv import (GEMV_MAX_M, gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
+from infer_cluster.kernels.gemv import (gemv_enabled, linear_small, norm_fuse_enabled, rms_norm_linear_small,
                                         silu_mul_linear_small, use_small_path)
 
 
@@ -131,17 +130,6 @@ class ColumnParallelLinear(nn.Module):
             return rms_norm_linear_small(x, residual, norm_weight, eps, self.weight, self.bias)
         h, residual = add_rms_norm(x, residual, norm_weight, eps)
         return self(h), residual
-
-    def mid_rows(self, x: torch.Tensor) -> bool:
-        """Whether rows like `x` (2-D activations or split-K partials) could take the mid-size
-        GEMM: the switch on, no bias, and not the small path's rows."""
-        rows = x.shape[-2]
-        return self.use_gemm and self.bias is None and x.is_cuda and GEMV_MAX_M < rows <= MID_MAX_M
-
-    def prep_applies(self, x: torch.Tensor, head_dim: int) -> bool:
-        """Whether a qkv layer's GEMM carries the attention prep for rows like `x`
-        (`kernels.gemm.prep_linear_mid` in one launch)."""
-        return self.bias is None and mid_path(self.use_gemm, x, self.weight, prep_head_dim=head_dim)
 
     def silu_applies(self, x: torch.Tensor) -> bool:
         """Whether `forward_silu` runs one launch for rows like `x` (a gate/up layer: gate rows,
