@@ -125,6 +125,7 @@ class ClientIO(threading.Thread):
         self._push_lock = threading.Lock()
         self._name = name
         self.last_heard = time.monotonic()
+        self._next_ping = self.last_heard + heartbeat_interval  # the next heartbeat (run() resets it)
         self.is_stopped = False
 
     # -------------------------------------------------------------- user-thread side
@@ -152,10 +153,10 @@ class ClientIO(threading.Thread):
         poller.register(self._cmd_pull, zmq.POLLIN)
         poller.register(self._monitor.socket, zmq.POLLIN)
         self._send_msg(ClientHello(client_name=self._name))
-        next_ping = time.monotonic() + self.heartbeat_interval
+        self._next_ping = time.monotonic() + self.heartbeat_interval
         try:
             while True:
-                wake = next_ping
+                wake = self._next_ping
                 if not self.is_connected:
                     wake = min(wake, time.monotonic() + UNCONNECTED_TICK)
                 timeout_ms = max(0, int((wake - time.monotonic()) * 1000) + 1)
@@ -170,9 +171,7 @@ class ClientIO(threading.Thread):
                 now = time.monotonic()
                 if not self.is_connected and self._on_connect_tick is not None:
                     self._on_connect_tick(now, self.refusal)
-                if now >= next_ping:
-                    self._send_msg(Ping())
-                    next_ping = now + self.heartbeat_interval
+                if self._ping_if_due(now):
                     silence = now - self.last_heard
                     if silence > self.coordinator_timeout:
                         self._on_silence(silence)
@@ -260,13 +259,24 @@ class ClientIO(threading.Thread):
                 return False
             self._send_raw(frames[1])
 
+    def _ping_if_due(self, now: float) -> bool:
+        """Send the heartbeat if it is due; True when it was sent."""
+        if now < self._next_ping:
+            return False
+        self._send_msg(Ping())
+        self._next_ping = now + self.heartbeat_interval
+        return True
+
     def _drain_replies(self) -> None:
         while True:
             try:
                 frames = self._dealer.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.last_heard = time.monotonic()
+            self.last_heard = now = time.monotonic()
+            # A client working through a backlog of replies must not fall silent: the
+            # coordinator ends the requests of a client it has not heard from in client_timeout.
+            self._ping_if_due(now)
             try:
                 if len(frames) != 2 or frames[0] != b"":
                     raise ProtocolError(f"expected ['', payload] from the coordinator, got "

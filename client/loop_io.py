@@ -31,7 +31,7 @@ from typing import Optional
 
 import zmq
 
-from infer_cluster.protocol.messages import ClientHello, Goodbye, Ping
+from infer_cluster.protocol.messages import ClientHello, Goodbye
 
 from .io_thread import UNCONNECTED_TICK, ClientIO
 
@@ -48,7 +48,6 @@ class LoopIO(ClientIO):
         self._loop_thread: Optional[int] = None
         self._fds: list[int] = []
         self._timer: Optional[asyncio.TimerHandle] = None
-        self._next_ping = 0.0
         self._closed = threading.Event()
 
     # -------------------------------------------------------------- any thread
@@ -141,10 +140,8 @@ class LoopIO(ClientIO):
         now = time.monotonic()
         if not self.is_connected and self._on_connect_tick is not None:
             self._on_connect_tick(now, self.refusal)
-        if now >= self._next_ping:
-            self._send_msg(Ping())
+        if self._ping_if_due(now):
             self._recheck()
-            self._next_ping = now + self.heartbeat_interval
             silence = now - self.last_heard
             if silence > self.coordinator_timeout:
                 self._on_silence(silence)

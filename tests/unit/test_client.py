@@ -277,3 +277,60 @@ def test_coordinator_restart_fails_in_flight_requests():
         c.close()
         if ct is not None:
             ct.stop()
+
+
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_client_working_through_a_backlog_keeps_its_heartbeat(on_loop):
+    """A replica sends 200 steps at once, then 100 more over 1.5 s, while the client takes 10 ms
+    a step to deliver them: two seconds of backlog against a one-second client timeout, with
+    the requests still running at the coordinator. Through the IO thread and on an event loop
+    (the gateway's client) the client keeps pinging from inside its drain, so the coordinator
+    does not end its requests as silent (it did: a loaded CI host lost a link-cut test so)."""
+    ct = CoordinatorThread(client_timeout=1.0, replica_timeout=5.0)
+    rep = FakeReplica(ct.back, "flood")
+    n, burst, paced = 4, 200, 100
+    steps = burst + paced
+
+    def slow(client):
+        deliver = client._deliver
+
+        def wrapped(payload):
+            time.sleep(0.0025)
+            deliver(payload)
+        client._deliver = wrapped
+
+    def flood():
+        rep.wait_for_requests(n)
+        for _ in range(burst):
+            rep.step(1)
+        for _ in range(paced):
+            time.sleep(0.015)
+            rep.step(1)
+            rep.heartbeat(num_running=len(rep.requests), num_free_blocks=100, num_total_blocks=100)
+
+    async def on_the_loop():
+        ac = AsyncInferenceClient(ct.front, on_loop=True, heartbeat_interval=0.2)
+        slow(ac._client)
+        handles = [ac.submit(f"p{i}", SamplingParams(max_tokens=steps)) for i in range(n)]
+        feeder = threading.Thread(target=flood, daemon=True)
+        feeder.start()
+        try:
+            return [await h.result(timeout=30) for h in handles]
+        finally:
+            feeder.join(10)
+            await ac.aclose()
+
+    try:
+        if on_loop:
+            outs = asyncio.run(on_the_loop())
+        else:
+            with InferenceClient(ct.front, heartbeat_interval=0.2) as c:
+                slow(c)
+                handles = [c.submit(f"p{i}", SamplingParams(max_tokens=steps)) for i in range(n)]
+                flood()
+                outs = [h.result(timeout=30) for h in handles]
+        assert [len(o.token_ids) for o in outs] == [steps] * n
+        assert all(o.finish_reason == "length" for o in outs)
+    finally:
+        rep.close()
+        ct.stop()
