@@ -2,7 +2,8 @@
 
 Owns: connecting, sending what user threads hand over (through an inproc PUSH/PULL pair, since a
 ZMQ socket must only be used by one thread), receiving and decoding replies, periodic PING so
-the coordinator knows this client is alive (it aborts the requests of silent clients), and
+the coordinator knows this client is alive (it aborts the requests of silent clients; the ping
+also goes out from inside a long drain of replies, so a client busy reading never looks silent), and
 noticing a silent coordinator. A message zmq will not queue goes to the client's
 `on_dropped`: a full send queue fails the request in it; before the first answer (no connection
 has worked yet) the client keeps it and sends it again (`send_now`) once the coordinator answers. It calls back into the client for
