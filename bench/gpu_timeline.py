@@ -7,7 +7,7 @@ of the copy time overlapped compute; and the host time spent inside CUDA runtime
 block (synchronize, event waits, memcpy). Used by bench/host_tier.py `--trace` to see whether
 host-tier copies overlap the forward or stall it.
 
-  python bench/gpu_timeline.py trace.json [--gap-ms 0.5]
+  python bench/gpu_timeline.py trace.json [--gap-ms 0.5] [--top 12] [--json summary.json]
 """
 
 from __future__ import annotations
@@ -244,9 +244,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--gap-ms", type=float, default=0.5)
+    ap.add_argument("--top", type=int, default=12, help="how many of the costliest compute kernels to list")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
-        s = summarise(json.load(f), args.gap_ms)
+        s = summarise(json.load(f), args.gap_ms, args.top)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(s, f, indent=1)
     print_summary(s)
     return 0
 

@@ -1,7 +1,8 @@
 """Hardware ceilings for a decode-heavy workload, from measured (not datasheet) rates.
 
 Measures device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate on the
-current GPU, then for a model shape and workload computes:
+current GPU (each the best of 30 timings after half a second of warm-up), then for a model shape
+and workload computes:
   - decode floor: per step, all weight bytes + the live KV bytes of the batch, over bandwidth
     (`--kv-cache-dtype int8`: a KV element is one byte, plus a float32 scale a token and KV head
     for K and for V, as the int8 cache stores them);
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,9 +39,13 @@ def measure_device(size_mib: int = 1024, n: int = 4096):
     a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
 
-    def timed(fn, reps=20):
-        for _ in range(3):
+    def timed(fn, reps=30, warm_s=0.5):
+        # Warm for `warm_s` first (a GPU fresh from idle runs its first copies at lower clocks),
+        # then the best of `reps`: a ceiling is the fastest rate the device sustains.
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:
             fn()
+            torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(reps):
@@ -48,7 +54,7 @@ def measure_device(size_mib: int = 1024, n: int = 4096):
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times)[len(times) // 2]
+        return min(times)
 
     t_copy = timed(lambda: y.copy_(x))
     t_mm = timed(lambda: torch.mm(a, b))
