@@ -30,35 +30,45 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.report import run_info, write_json  # noqa: E402
 
 
+def best_seconds(fn, reps: int = 30, warm_s: float = 0.5) -> float:
+    """The fastest of `reps` CUDA-event timings of `fn`, after running it for `warm_s` seconds
+    (a GPU fresh from idle runs its first copies at lower clocks): a ceiling is the fastest rate
+    the device sustains. Shared by the benchmarks that report a share of copy bandwidth."""
+    import torch
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_s:
+        fn()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return min(times)
+
+
+def copy_GBps(size_mib: int = 1024) -> float:
+    """Device-to-device copy bandwidth, bytes read + written (`best_seconds` of one copy)."""
+    import torch
+
+    x = torch.empty(size_mib * 2**20, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / best_seconds(lambda: y.copy_(x)) / 1e9
+
+
 def measure_device(size_mib: int = 1024, n: int = 4096):
     import torch
 
     dev = torch.device("cuda")
-    x = torch.randn(size_mib * 2**20 // 2, dtype=torch.bfloat16, device=dev)
-    y = torch.empty_like(x)
     a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-
-    def timed(fn, reps=30, warm_s=0.5):
-        # Warm for `warm_s` first (a GPU fresh from idle runs its first copies at lower clocks),
-        # then the best of `reps`: a ceiling is the fastest rate the device sustains.
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < warm_s:
-            fn()
-            torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return min(times)
-
-    t_copy = timed(lambda: y.copy_(x))
-    t_mm = timed(lambda: torch.mm(a, b))
-    return {"copy_GBps": 2 * x.numel() * 2 / t_copy / 1e9, "bf16_TFLOPs": 2 * n ** 3 / t_mm / 1e12,
+    copy = copy_GBps(size_mib)
+    t_mm = best_seconds(lambda: torch.mm(a, b))
+    return {"copy_GBps": copy, "bf16_TFLOPs": 2 * n ** 3 / t_mm / 1e12,
             "device": torch.cuda.get_device_name()}
 
 

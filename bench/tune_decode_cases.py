@@ -146,20 +146,6 @@ def check(fn, case, ref):
 
 
 def copy_bandwidth():
-    import torch
-    x = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")  # 512 MiB
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        y.copy_(x)
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b))
-    ms = statistics.median(samples)
-    del x, y
-    return 2 * (1 << 29) / (ms * 1e-3) / 1e9
+    """Copy bandwidth as `bench/roofline.py` measures it (the best of 30 after a warm-up)."""
+    from bench.roofline import copy_GBps
+    return copy_GBps(512)
