@@ -375,7 +375,8 @@ class DynamicEngine:
         request, one per token verified."""
         now = time.time()
         for req in advanced:  # appended one by one: a failure keeps what was already built
-            deltas.append(self._emit(req, step_logprobs(req, logprobs.get(req.request_id), burst), now))
+            entry = logprobs.get(req.request_id) if logprobs else None
+            deltas.append(self._emit(req, None if entry is None else step_logprobs(req, entry, burst), now))
 
     def _drop_state(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

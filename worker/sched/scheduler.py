@@ -151,20 +151,33 @@ class Scheduler(InFlightBook, SpecTokens):
         if self.host is not None:
             self.host.begin_step()
         budget = self.max_num_batched_tokens
+        # Runs for every running request every step, so the per-row checks are inlined and each
+        # attribute is read once. A request is skipped while its KV loads, when its known and
+        # pending tokens already reach max_tokens or max_model_len, or while it is in flight;
+        # blocks are checked (`_fits`, `_reserve_blocks`) only when its last one is full.
+        # 256 async decode rows on the dev CPU: 0.36-0.39 ms against 0.59-0.89 ms before.
+        running, waits, busy, scheduled = self.running, self.loads.waits, self._busy, out.requests
+        bs, max_len = self.block_size, self.max_model_len
         i = 0
-        while i < len(self.running) and budget > 0 and len(out.requests) < max_seqs:
-            req = self.running[i]
+        while i < len(running) and budget > 0 and len(scheduled) < max_seqs:
+            req = running[i]
             rid = req.request_id
-            if (rid in self.loads.waits or (req.num_pending and self._ends_by_length(req))
-                    or (skip_busy and rid in self._busy and not (rid in pending_on and self._busy[rid] == 1))):
+            pending = req.num_pending
+            num_tokens = len(req.all_token_ids)
+            if (rid in waits
+                    or (pending and (len(req.output_token_ids) + pending >= req.params.max_tokens
+                                     or num_tokens + pending >= max_len))
+                    or (skip_busy and rid in busy and not (rid in pending_on and busy[rid] == 1))):
                 i += 1  # its KV is still loading, its pending token is its last, or it is in flight
                 continue
-            num_new = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
-            if not can_preempt and not self._fits(req, num_new):
-                out.blocked = True
-                break
-            if not self._reserve_blocks(req, num_new, out):
-                break  # req itself was preempted (it was the tail): nothing after it remains
+            computed = req.num_computed_tokens
+            num_new = min(num_tokens + pending - computed, budget)
+            if -(-(computed + num_new) // bs) > len(req.block_ids):  # most decode rows: room left
+                if not can_preempt and not self._fits(req, num_new):
+                    out.blocked = True
+                    break
+                if not self._reserve_blocks(req, num_new, out):
+                    break  # req itself was preempted (it was the tail): nothing after it remains
             self._emit(req, num_new, out)
             budget -= num_new
             i += 1
@@ -175,11 +188,6 @@ class Scheduler(InFlightBook, SpecTokens):
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self.num_scheduled_tokens += out.num_batched_tokens
         return out
-
-    def _ends_by_length(self, req: Request) -> bool:
-        """Its known and pending tokens already reach max_tokens or max_model_len."""
-        return (len(req.output_token_ids) + req.num_pending >= req.params.max_tokens
-                or req.num_tokens + req.num_pending >= self.max_model_len)
 
     def _fits(self, req: Request, num_new: int) -> bool:
         need = _cdiv(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
@@ -311,16 +319,20 @@ class Scheduler(InFlightBook, SpecTokens):
 
     def _emit(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         start = req.num_computed_tokens
-        tokens = req.all_token_ids[start:start + num_new]
+        all_ids = req.all_token_ids
+        end = start + num_new
+        tokens = all_ids[start:end]
         pending_input = len(tokens) < num_new  # only a pending token is missing (one at most)
         if pending_input:
             tokens.append(0)
-        needs_sample = start + num_new == req.num_tokens + req.num_pending
+        pending = req.num_pending
+        needs_sample = end == len(all_ids) + pending
         rid = req.request_id
         out.requests.append(ScheduledRequest(rid, tokens, start, req.block_ids[:], needs_sample,
                                              pending_input, req.block_epoch))
-        req.num_computed_tokens = start + num_new
-        req.num_pending += needs_sample
+        req.num_computed_tokens = end
+        if needs_sample:
+            req.num_pending = pending + 1
         busy = self._busy
         busy[rid] = busy.get(rid, 0) + 1
 
@@ -333,9 +345,13 @@ class Scheduler(InFlightBook, SpecTokens):
         requests, rewind, running = self.requests, self._rewind, RequestStatus.RUNNING
         # Blocks fill every block_size tokens: skip the call when no new block is full.
         caching, bs = self.allocator.enable_prefix_caching, self.block_size
+        busy, deferred = self._busy, self._deferred
         for s in out.requests:
             rid = s.request_id
-            self.settle(rid)
+            if busy.get(rid) == 1 and rid not in deferred:  # `settle`'s usual case, inlined
+                del busy[rid]
+            else:
+                self.settle(rid)
             req = requests.get(rid)
             if req is None or req.status is not running:
                 continue  # ended after scheduling: this step's token (if any) is dropped
