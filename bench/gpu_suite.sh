@@ -26,6 +26,8 @@ suites (each ends inside 570 s, except full):
   full        all     every suite above in turn (no time limit: one call per suite)
 
 stages outside the suites (run by name; environment variables set their runs):
+  targets            issue 44's figures: per seed a roofline then workload A, bf16 and int8;
+                     the batch-256 decode grid; bench/targets.py's table     TARGET_SEEDS="0 1 2"
   tpot_ab            batch-1 TPOT alternating between env settings   TPOT_RUNS="A=0,-,A=0,-"
   workload_a_runs    workload A runs in order                        WLA_RUNS="model T P [ENV=V] [--flag v],..."
   workload_a_trees   workload A alternating this tree and AB_OLD     AB_OLD=dir AB_RUNS="new|old model T kind,..."
@@ -76,6 +78,7 @@ declare -A MIN_S=(
   [env]=5 [workload_a_hf]=240 [layouts_llama8b]=200 [layouts_qwen3]=120 [dp_scaling]=150
   [cold_start_empty]=120 [tpot_breakdown]=150 [kernel_tests]=120 [distributed_tests]=120
   [spec_decode]=150 [spec_decode_schema]=150 [structured]=150 [structured_sampled]=150
+  [targets]=480
 )
 DEFAULT_MIN_S=60
 
@@ -441,6 +444,23 @@ stage_backlog() {  # 1,024 requests against max_num_seqs 256: "seqs graph_max_to
       --graph-max-tokens "$gmt" --max-num-batched-tokens "$mbt" --out "$OUT/backlog_${seqs}_${gmt}_$mbt.json" 2>&1 \
       | grep -E "^infer-cluster|^phases|Error|error" | tail -3 || st=1
   done
+  return $st
+}
+stage_targets() {  # each run right after its own roofline, so a share is the same machine's
+  local st=0 seed kv suffix
+  for seed in ${TARGET_SEEDS:-0 1 2}; do
+    for kv in auto int8; do
+      suffix=$([ $kv = int8 ] && echo _int8)
+      timeout "$(lim 90)" "$PY" bench/roofline.py --model qwen3-0.6b-shape --kv-cache-dtype $kv --seed "$seed" \
+        --out "$OUT/roofline_s$seed$suffix.json" > /dev/null 2>&1 || st=1
+      timeout "$(lim 150)" "$PY" bench/throughput.py --model qwen3-0.6b-shape "${WLA[@]}" --kv-cache-dtype $kv \
+        --seed "$seed" --out "$OUT/wla_s$seed$suffix.json" 2>&1 | grep -E "Error|error" | tail -3
+      [ -f "$OUT/wla_s$seed$suffix.json" ] || st=1
+    done
+  done
+  timeout "$(lim 120)" "$PY" bench/decode_grid.py --batch 256 --kv bf16 int8 --spread 0.9 --longest-first \
+    --out "$OUT/decode_grid.json" > "$OUT/decode_grid.log" 2>&1 || st=1
+  "$PY" bench/targets.py "$OUT" || st=1
   return $st
 }
 stage_tp_tail() {  # TAIL_SEQS long sequences at T=1 and T=2, then each with a profiler trace of rank 0
