@@ -34,8 +34,11 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.tokens)
         self.stop = list(stop)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text = ""          # all text decoded so far (stop string cut off at the end)
-        self.num_emitted = 0    # characters of `text` already returned
+        # All text decoded so far (stop string cut off at the end), kept only while stop strings
+        # are set: without them each push's text goes out whole, and appending to one growing
+        # string would copy the whole output again at every token.
+        self.text = ""
+        self.num_emitted = 0    # characters already returned
 
     def _decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
@@ -69,8 +72,7 @@ class IncrementalDetokenizer:
     def _accept(self, new: str, final: bool) -> tuple[str, bool]:
         """Append decoded text, apply stop strings and the hold-back rule."""
         if not self.stop:  # no stop strings, so no hold-back: everything goes out now
-            self.text += new
-            self.num_emitted = len(self.text)
+            self.num_emitted += len(new)
             return new, False
         start_search = max(0, len(self.text) - self.hold)
         self.text += new
@@ -87,6 +89,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Release any held-back text (the request ended for another reason)."""
+        if not self.stop:
+            return ""  # nothing is held back without stop strings
         out = self.text[self.num_emitted:]
         self.num_emitted = len(self.text)
         return out
