@@ -454,7 +454,7 @@ stage_targets() {  # each run right after its own roofline, so a share is the sa
       timeout "$(lim 90)" "$PY" bench/roofline.py --model qwen3-0.6b-shape --kv-cache-dtype $kv --seed "$seed" \
         --out "$OUT/roofline_s$seed$suffix.json" > /dev/null 2>&1 || st=1
       timeout "$(lim 150)" "$PY" bench/throughput.py --model qwen3-0.6b-shape "${WLA[@]}" --kv-cache-dtype $kv \
-        --seed "$seed" --out "$OUT/wla_s$seed$suffix.json" 2>&1 | grep -E "Error|error" | tail -3
+        --seed "$seed" --step-timeline --out "$OUT/wla_s$seed$suffix.json" 2>&1 | grep -E "Error|error" | tail -3
       [ -f "$OUT/wla_s$seed$suffix.json" ] || st=1
     done
   done

@@ -3,7 +3,8 @@
 Reads, in DIR, `roofline_s{N}[_int8].json` and `wla_s{N}[_int8].json` for every seed N found
 (bench/roofline.py and bench/throughput.py, each roofline run just before its workload in the
 same call), and `decode_grid.json` (bench/decode_grid.py) if present, and prints one table:
-per seed the bf16 and int8 rates, each against its own ceiling, and int8 over bf16; then the
+per seed the bf16 and int8 rates, each against its own ceiling, the device's idle time between
+steps (the host late; from `--step-timeline`), and int8 over bf16; then the
 decode grid's share of copy bandwidth per batch, cache and context. The targets are issue 44's
 (bf16 at 85% of its ceiling on every seed, int8 at 1.5x bf16, decode attention at 85% of copy
 at batch 256); a figure below its target is marked. Plain Python; no GPU needed.
@@ -41,9 +42,12 @@ def rows(dirname: str) -> list[dict]:
             roof = _load(os.path.join(dirname, f"roofline_s{seed}{suffix}.json"))
             tps = run["ours"]["tokens_per_s"] if run else None
             ceiling = roof["ceiling_tokens_per_s"] if roof else None
+            timeline = (run or {}).get("ours", {}).get("step_timeline") or {}
             row[kv] = {"tok_s": tps, "ceiling": ceiling,
                        "share": tps / ceiling if tps and ceiling else None,
                        "copy_GBps": roof["device"]["copy_GBps"] if roof else None,
+                       # the device's wait for the host between steps (`--step-timeline`)
+                       "idle_ms": timeline.get("gpu_idle_between_steps_ms"),
                        "commit": (run or {}).get("run", {}).get("commit")}
         b, i = row["bf16"]["tok_s"], row["int8"]["tok_s"]
         row["int8_over_bf16"] = i / b if b and i else None
@@ -59,13 +63,14 @@ def _fmt(x, pattern: str, target=None, below_is_bad: bool = True) -> str:
 
 
 def report(dirname: str) -> str:
-    lines = [f"{'seed':>4} {'bf16 tok/s':>11} {'ceiling':>8} {'share':>8} {'int8 tok/s':>11} "
-             f"{'ceiling':>8} {'share':>7} {'int8/bf16':>10}"]
+    lines = [f"{'seed':>4} {'bf16 tok/s':>11} {'ceiling':>8} {'share':>8} {'idle ms':>8} {'int8 tok/s':>11} "
+             f"{'ceiling':>8} {'share':>7} {'idle ms':>8} {'int8/bf16':>10}"]
     for r in rows(dirname):
         b, i = r["bf16"], r["int8"]
         lines.append(f"{r['seed']:>4} {_fmt(b['tok_s'], '{:,.0f}'):>11} {_fmt(b['ceiling'], '{:,.0f}'):>8} "
-                     f"{_fmt(b['share'], '{:.1%}', BF16_SHARE):>8} {_fmt(i['tok_s'], '{:,.0f}'):>11} "
-                     f"{_fmt(i['ceiling'], '{:,.0f}'):>8} {_fmt(i['share'], '{:.1%}'):>7} "
+                     f"{_fmt(b['share'], '{:.1%}', BF16_SHARE):>8} {_fmt(b['idle_ms'], '{:.0f}'):>8} "
+                     f"{_fmt(i['tok_s'], '{:,.0f}'):>11} {_fmt(i['ceiling'], '{:,.0f}'):>8} "
+                     f"{_fmt(i['share'], '{:.1%}'):>7} {_fmt(i['idle_ms'], '{:.0f}'):>8} "
                      f"{_fmt(r['int8_over_bf16'], '{:.3f}x', INT8_RATIO):>10}")
     grid = _load(os.path.join(dirname, "decode_grid.json"))
     if grid:

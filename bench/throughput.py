@@ -187,14 +187,17 @@ def run_ours(args, prompts, out_lens, kinds):
             phases = {k: round(v - phases0.get(k, 0.0), 3) for k, v in llm.stats()["step_seconds"].items()}
             phases["outside the step"] = round(elapsed - sum(phases.values()), 3)
             phases["gc (within the above)"] = [round(b - a, 3) for a, b in zip(gc0, gc_timer.snapshot())]
-            if tl is not None:
-                print(f"--- step timeline, {kind}: {tl.gpu_summary()}")
+            timeline_summary = tl.gpu_summary() if tl is not None else None
+            if timeline_summary is not None:
+                print(f"--- step timeline, {kind}: {timeline_summary}")
             if prof:
                 print(f"--- cProfile, {kind} (host time per function; cProfile slows Python calls)")
                 for key in ("tottime", "cumulative"):
                     pstats.Stats(prof).sort_stats(key).print_stats(args.cprofile)
             run = {"tokens": n_tokens, "seconds": elapsed, "tokens_per_s": n_tokens / elapsed,
                    "cpu_seconds": cpu, "tokens_per_cpu_s": n_tokens / cpu, "phases": phases}
+            if timeline_summary is not None:
+                run["step_timeline"] = timeline_summary
             if ht is not None:
                 ht.print(kind)
                 run["host_timers"] = ht.table()
