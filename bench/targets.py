@@ -45,7 +45,6 @@ def rows(dirname: str) -> list[dict]:
             timeline = (run or {}).get("ours", {}).get("step_timeline") or {}
             row[kv] = {"tok_s": tps, "ceiling": ceiling,
                        "share": tps / ceiling if tps and ceiling else None,
-                       "copy_GBps": roof["device"]["copy_GBps"] if roof else None,
                        # the device's wait for the host between steps (`--step-timeline`)
                        "idle_ms": timeline.get("gpu_idle_between_steps_ms"),
                        "commit": (run or {}).get("run", {}).get("commit")}
@@ -55,10 +54,10 @@ def rows(dirname: str) -> list[dict]:
     return out
 
 
-def _fmt(x, pattern: str, target=None, below_is_bad: bool = True) -> str:
+def _fmt(x, pattern: str, target=None) -> str:
     if x is None:
         return "-"
-    mark = " <" if target is not None and below_is_bad and x < target else ""
+    mark = " <" if target is not None and x < target else ""
     return pattern.format(x) + mark
 
 
@@ -83,6 +82,8 @@ def report(dirname: str) -> str:
             target = DECODE_SHARE if batch == 256 else None
             lines.append(f"  {batch:>4} {kv:>5}: " + "  ".join(
                 f"{ctx}: {_fmt(share, '{:.0%}', target)}" for ctx, share in sorted(cells)))
+    commits = sorted({r[kv]["commit"] for r in rows(dirname) for kv in ("bf16", "int8") if r[kv]["commit"]})
+    lines.append(f"runs at commit {', '.join(commits) or '?'}")
     lines.append("'<' marks a figure below its target (bf16 85% of its ceiling, int8 1.5x bf16, "
                  "decode 85% of copy at batch 256)")
     return "\n".join(lines)

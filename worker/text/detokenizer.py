@@ -38,7 +38,7 @@ class IncrementalDetokenizer:
         # are set: without them each push's text goes out whole, and appending to one growing
         # string would copy the whole output again at every token.
         self.text = ""
-        self.num_emitted = 0    # characters already returned
+        self.num_emitted = 0    # characters of `text` already returned
 
     def _decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
@@ -72,7 +72,6 @@ class IncrementalDetokenizer:
     def _accept(self, new: str, final: bool) -> tuple[str, bool]:
         """Append decoded text, apply stop strings and the hold-back rule."""
         if not self.stop:  # no stop strings, so no hold-back: everything goes out now
-            self.num_emitted += len(new)
             return new, False
         start_search = max(0, len(self.text) - self.hold)
         self.text += new
