@@ -133,6 +133,21 @@ def test_metrics_reach_the_request_output_and_derive_queue_and_prefill_time():
     assert RequestMetrics(5.0).queue_time is None and RequestMetrics(5.0).prefill_time is None
 
 
+def test_request_output_text_folds_deltas_and_reads_as_a_plain_field():
+    out = RequestOutput("q", [1])
+    assert out.text == "" and RequestOutput("q", [1], text="hi").text == "hi"
+    for piece in ("The", "", " capital", " is"):
+        out.apply(RequestDelta(request_id="q", token_ids=[7], text=piece))
+    assert out.text == "The capital is" and out.token_ids == [7] * 4
+    out.apply(RequestDelta(request_id="q", token_ids=[8], text=" Paris.", finish_reason="stop"))
+    assert out == RequestOutput("q", [1], [7] * 4 + [8], "The capital is Paris.", "stop")
+    assert "text='The capital is Paris.'" in repr(out)
+    assert RequestOutput.from_dict(out.to_dict()).text == out.text
+    out.text = "replaced"
+    out.apply(RequestDelta(request_id="q", text="!"))
+    assert out.text == "replaced!" and out.to_dict()["text"] == "replaced!"
+
+
 def _wire(kind, **fields):
     return {"v": PROTOCOL_VERSION, "k": int(kind), **fields}
 
