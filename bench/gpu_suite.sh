@@ -78,7 +78,7 @@ declare -A MIN_S=(
   [env]=5 [workload_a_hf]=240 [layouts_llama8b]=200 [layouts_qwen3]=120 [dp_scaling]=150
   [cold_start_empty]=120 [tpot_breakdown]=150 [kernel_tests]=120 [distributed_tests]=120
   [spec_decode]=150 [spec_decode_schema]=150 [structured]=150 [structured_sampled]=150
-  [targets]=480
+  [targets]=300
 )
 DEFAULT_MIN_S=60
 

@@ -64,7 +64,8 @@ def _fmt(x, pattern: str, target=None) -> str:
 def report(dirname: str) -> str:
     lines = [f"{'seed':>4} {'bf16 tok/s':>11} {'ceiling':>8} {'share':>8} {'idle ms':>8} {'int8 tok/s':>11} "
              f"{'ceiling':>8} {'share':>7} {'idle ms':>8} {'int8/bf16':>10}"]
-    for r in rows(dirname):
+    seeds = rows(dirname)
+    for r in seeds:
         b, i = r["bf16"], r["int8"]
         lines.append(f"{r['seed']:>4} {_fmt(b['tok_s'], '{:,.0f}'):>11} {_fmt(b['ceiling'], '{:,.0f}'):>8} "
                      f"{_fmt(b['share'], '{:.1%}', BF16_SHARE):>8} {_fmt(b['idle_ms'], '{:.0f}'):>8} "
@@ -82,7 +83,7 @@ def report(dirname: str) -> str:
             target = DECODE_SHARE if batch == 256 else None
             lines.append(f"  {batch:>4} {kv:>5}: " + "  ".join(
                 f"{ctx}: {_fmt(share, '{:.0%}', target)}" for ctx, share in sorted(cells)))
-    commits = sorted({r[kv]["commit"] for r in rows(dirname) for kv in ("bf16", "int8") if r[kv]["commit"]})
+    commits = sorted({r[kv]["commit"] for r in seeds for kv in ("bf16", "int8") if r[kv]["commit"]})
     lines.append(f"runs at commit {', '.join(commits) or '?'}")
     lines.append("'<' marks a figure below its target (bf16 85% of its ceiling, int8 1.5x bf16, "
                  "decode 85% of copy at batch 256)")

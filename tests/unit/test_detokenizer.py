@@ -186,6 +186,21 @@ def test_held_text_released_by_flush(tokenizer):
     assert detok.flush() == ""
 
 
+def test_stop_search_keeps_a_window_not_the_whole_output(tokenizer):
+    # With stop strings only the unreturned text and the `hold` characters before it are kept,
+    # so a long output is not copied again at every token; the stream is unchanged.
+    text = "Hello, world! How are you today? " * 40
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["never"])  # holds 4 characters
+    emitted = ""
+    for i in ids:
+        piece, stopped = detok.push([i])
+        emitted += piece
+        assert not stopped
+        assert len(detok.text) <= detok.hold + len(tokenizer.decode([i]))
+    assert emitted + detok.flush() == text
+
+
 def test_partial_stop_prefix_at_the_end_is_released(tokenizer):
     # "How ar" looks like the start of "How are" and is held; the request ends another way.
     ids = encode(tokenizer, "Hello, world! How")

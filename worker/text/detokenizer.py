@@ -34,9 +34,9 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.tokens)
         self.stop = list(stop)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-        # All text decoded so far (stop string cut off at the end), kept only while stop strings
-        # are set: without them each push's text goes out whole, and appending to one growing
-        # string would copy the whole output again at every token.
+        # The window a stop search needs: the text not yet returned, after at most the last
+        # `hold` characters returned (a stop string may start there). Only that window is kept:
+        # appending to the whole output would copy it again at every token.
         self.text = ""
         self.num_emitted = 0    # characters of `text` already returned
 
@@ -76,20 +76,19 @@ class IncrementalDetokenizer:
         start_search = max(0, len(self.text) - self.hold)
         self.text += new
         stopped = False
-        if self.stop:
-            cut = self._find_stop(start_search)
-            if cut is not None:
-                self.text = self.text[:cut]
-                stopped = True
+        cut = self._find_stop(start_search)
+        if cut is not None:
+            self.text = self.text[:cut]
+            stopped = True
         limit = len(self.text) if (stopped or final) else max(self.num_emitted, len(self.text) - self.hold)
         out = self.text[self.num_emitted:limit]
-        self.num_emitted = limit
+        keep = max(0, len(self.text) - self.hold)  # <= limit: what is dropped was returned
+        self.text = self.text[keep:]
+        self.num_emitted = limit - keep
         return out, stopped
 
     def flush(self) -> str:
         """Release any held-back text (the request ended for another reason)."""
-        if not self.stop:
-            return ""  # nothing is held back without stop strings
         out = self.text[self.num_emitted:]
         self.num_emitted = len(self.text)
         return out
